@@ -1,0 +1,61 @@
+# llmop — the single entry point for people and CI. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+##@ General
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m\n"} \
+	  /^[a-zA-Z0-9_.-]+:.*?##/ { printf "  \033[36m%-20s\033[0m %s\n", $$1, $$2 } \
+	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: install
+install: $(STAMP) ## Create the virtualenv and install llmop with its dev tools.
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+.PHONY: lint
+lint: install ## Lint and check formatting (ruff).
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+.PHONY: fmt
+fmt: install ## Format and auto-fix (ruff).
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+.PHONY: typecheck
+typecheck: install ## Type-check (mypy strict, pydantic plugin).
+	$(BIN)/mypy
+
+.PHONY: generate
+generate: install ## Regenerate the CRD, the chart's CRD template and the API reference.
+	$(PY) -m llmop.crdgen
+
+.PHONY: verify
+verify: generate ## Fail when generated files differ from what is committed.
+	@git diff --exit-code -- crds helm/llmop/templates/crds docs/api-reference.md || \
+	  (echo "generated files are stale: run 'make generate' and commit" >&2; exit 1)
+
+.PHONY: unit
+unit: install ## Unit tests only (pure core, fast).
+	$(BIN)/pytest tests/unit -q
+
+.PHONY: test
+test: install lint typecheck ## Full suite from a fresh clone: lint, types, unit, engine and integration tests.
+	$(BIN)/pytest -q
+
+include $(wildcard mk/*.mk)
