@@ -1,0 +1,666 @@
+"""The `LLMDeployment` API (serving.llmop.dev/v1alpha1): the single source of the CRD schema.
+
+Field docstrings become `kubectl explain` descriptions; `Field` bounds become schema bounds;
+cross-field rules are CEL (`x-kubernetes-validations`) so the API server rejects bad objects at
+admission with a message that names the field and the fix. `crdgen` turns these models into YAML.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+GROUP = "serving.llmop.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "LLMDeployment"
+PLURAL = "llmdeployments"
+SINGULAR = "llmdeployment"
+SHORT_NAMES = ("llmd",)
+CATEGORIES = ("llmop",)
+
+MAX_NAME_LENGTH = 50
+"""Children are named after the CR; 50 leaves room for ReplicaSet/Pod suffixes under 63."""
+
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+]
+"""A Kubernetes resource quantity such as `4`, `500m`, `32Gi`."""
+
+FreeFormObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+"""A Kubernetes object passed through verbatim (affinity, topology spread constraints)."""
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry."""
+    entry = {"rule": rule, "message": message}
+    if field_path is not None:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class ApiModel(BaseModel):
+    """Base for every API object: camelCase on the wire, frozen, attribute docstrings as docs."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        extra="ignore",
+        use_attribute_docstrings=True,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# spec.model
+
+
+class SecretKeyRef(ApiModel):
+    """A key in a Secret in the LLMDeployment's namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Name of the Secret."""
+    key: str = Field(default="token", min_length=1, max_length=253)
+    """Key inside the Secret whose value is used."""
+
+
+class ModelArchitecture(ApiModel):
+    """Architecture facts the capacity planner needs, for models missing from the built-in catalog."""
+
+    parameters: int = Field(ge=1)
+    """Total parameter count (all experts for mixture-of-experts models), e.g. 8030261248."""
+    layers: int = Field(ge=1, le=1024)
+    """Number of transformer layers (`num_hidden_layers` in config.json)."""
+    kv_heads: int = Field(ge=1, le=1024)
+    """Key/value attention heads (`num_key_value_heads`; equals attention heads without GQA)."""
+    head_dim: int = Field(ge=1, le=4096)
+    """Dimension of one attention head (`head_dim`, or hidden_size / num_attention_heads)."""
+    max_position_embeddings: int = Field(ge=1)
+    """Longest context the model supports (`max_position_embeddings`)."""
+    kv_lora_rank: int | None = Field(default=None, ge=1)
+    """Multi-head latent attention only (DeepSeek V2/V3): `kv_lora_rank` from config.json."""
+    qk_rope_head_dim: int | None = Field(default=None, ge=0)
+    """Multi-head latent attention only: `qk_rope_head_dim` from config.json."""
+
+
+class ModelSpec(ApiModel):
+    """Which model to serve and where its weights come from."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    r"self.name.matches('^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.*"
+                    r"|[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?)$')",
+                    "spec.model.name must be a Hugging Face repo id like "
+                    "'meta-llama/Llama-3.1-8B-Instruct' or 'pvc://<claim>/<path>' for weights "
+                    "on a PersistentVolumeClaim",
+                    ".name",
+                ),
+                cel(
+                    "!has(self.architecture) || !has(self.architecture.kvLoraRank) "
+                    "|| has(self.architecture.qkRopeHeadDim)",
+                    "spec.model.architecture.qkRopeHeadDim is required when kvLoraRank is set "
+                    "(multi-head latent attention needs both)",
+                    ".architecture",
+                ),
+            ]
+        }
+    )
+
+    name: str = Field(min_length=1, max_length=512)
+    """Hugging Face repo id (`org/name`) or `pvc://<claim>/<path>` for weights on a volume."""
+    revision: str | None = Field(default=None, min_length=1, max_length=128)
+    """Model revision. Pin a commit sha for reproducible rollouts; a branch or tag is accepted
+    but reported as a floating revision in status."""
+    served_name: str | None = Field(default=None, min_length=1, max_length=256)
+    """Name clients use in the OpenAI API `model` field. Defaults to the LLMDeployment's name."""
+    token_secret_ref: SecretKeyRef | None = None
+    """Secret holding a Hugging Face token for gated models (exposed to the engine as HF_TOKEN)."""
+    architecture: ModelArchitecture | None = None
+    """Overrides the built-in architecture catalog for capacity planning."""
+
+
+# --------------------------------------------------------------------------------------------
+# spec.engine
+
+
+class SpeculativeSpec(ApiModel):
+    """Speculative decoding with a draft model."""
+
+    model: str = Field(min_length=1, max_length=512)
+    """Draft model (Hugging Face repo id) or method name understood by vLLM (e.g. `ngram`)."""
+    num_speculative_tokens: int = Field(default=4, ge=1, le=16)
+    """Tokens proposed per step."""
+
+
+class KeySelector(ApiModel):
+    """A key in a Secret or ConfigMap."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Name of the object."""
+    key: str = Field(min_length=1, max_length=253)
+    """Key inside the object."""
+
+
+class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.secretKeyRef) != has(self.configMapKeyRef)",
+                    "valueFrom needs exactly one of secretKeyRef or configMapKeyRef",
+                )
+            ]
+        }
+    )
+
+    secret_key_ref: KeySelector | None = None
+    """Value from a Secret key."""
+    config_map_key_ref: KeySelector | None = None
+    """Value from a ConfigMap key."""
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the engine container."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.value) && has(self.valueFrom))",
+                    "env entries take either value or valueFrom, not both",
+                )
+            ]
+        }
+    )
+
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+    """Variable name."""
+    value: str | None = Field(default=None, max_length=32768)
+    """Literal value."""
+    value_from: EnvVarSource | None = None
+    """Value taken from a Secret or ConfigMap."""
+
+
+Backend = Literal["vllm", "simulator"]
+Dtype = Literal["auto", "bfloat16", "float16", "half", "float32"]
+Quantization = Literal[
+    "none", "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors", "bitsandbytes"
+]
+KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+
+
+class EngineSpec(ApiModel):
+    """How the inference engine runs. Typed fields become vLLM flags; `args` are passed last."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.maxNumBatchedTokens) || !has(self.maxModelLen) "
+                    "|| (has(self.enableChunkedPrefill) && self.enableChunkedPrefill) "
+                    "|| self.maxNumBatchedTokens >= self.maxModelLen",
+                    "spec.engine.maxNumBatchedTokens must be at least spec.engine.maxModelLen "
+                    "unless enableChunkedPrefill is true: raise maxNumBatchedTokens or enable "
+                    "chunked prefill",
+                    ".maxNumBatchedTokens",
+                )
+            ]
+        }
+    )
+
+    backend: Backend = "vllm"
+    """`vllm` runs the real engine on GPUs; `simulator` runs llmop's vLLM-compatible simulator
+    (CPU only, for CI and clusters without GPUs)."""
+    image: str | None = Field(default=None, min_length=1, max_length=512)
+    """Engine image. Defaults to the operator's configured image for the backend."""
+    dtype: Dtype = "auto"
+    """Weight and activation dtype (`--dtype`); `auto` uses the model's own."""
+    quantization: Quantization = "none"
+    """Weight quantization method (`--quantization`); `none` serves the checkpoint as is."""
+    kv_cache_dtype: KvCacheDtype = "auto"
+    """KV cache dtype (`--kv-cache-dtype`); `fp8` halves KV memory."""
+    max_model_len: int | None = Field(default=None, ge=16, le=10_485_760)
+    """Longest sequence (prompt + output) in tokens (`--max-model-len`); defaults to the model's."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=0.98)
+    """Fraction of each GPU's memory vLLM may use (`--gpu-memory-utilization`), above 0 and at
+    most 0.98."""
+    max_num_seqs: int | None = Field(default=None, ge=1, le=65536)
+    """Most sequences in one batch (`--max-num-seqs`; vLLM default 256 on datacenter GPUs)."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=16, le=10_485_760)
+    """Most tokens in one scheduler step (`--max-num-batched-tokens`)."""
+    enable_prefix_caching: bool | None = None
+    """Automatic prefix caching (`--enable-prefix-caching` / `--no-enable-prefix-caching`)."""
+    enable_chunked_prefill: bool | None = None
+    """Chunked prefill (`--enable-chunked-prefill` / `--no-enable-chunked-prefill`)."""
+    tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
+    """GPUs one model replica is split across (`--tensor-parallel-size`); defaults to
+    `resources.gpus` and must divide it."""
+    speculative: SpeculativeSpec | None = None
+    """Speculative decoding (`--speculative-config`)."""
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=128)
+    """Extra engine flags, passed after the generated ones (so they win where the engine takes
+    the last value)."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    """Extra environment variables for the engine container."""
+
+
+# --------------------------------------------------------------------------------------------
+# spec.resources / spec.scheduling
+
+
+class ResourcesSpec(ApiModel):
+    """Compute resources of one engine pod."""
+
+    gpus: int = Field(default=1, ge=0, le=64)
+    """GPUs per pod (the GPU resource limit). Zero only with the simulator backend."""
+    gpu_resource_name: str = Field(
+        default="nvidia.com/gpu",
+        min_length=1,
+        max_length=253,
+        pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$",
+    )
+    """Extended resource name of the GPU device plugin."""
+    gpu_product: str | None = Field(default=None, min_length=1, max_length=128)
+    """GPU product as labelled by GPU feature discovery (`nvidia.com/gpu.product`, e.g.
+    `NVIDIA-H100-80GB-HBM3`). Becomes a node selector and tells the planner the GPU's memory."""
+    gpu_memory_gib: float | None = Field(default=None, gt=0, le=4096, alias="gpuMemoryGiB")
+    """Memory of one GPU in GiB, for products missing from the planner's catalog (wins over it)."""
+    cpu: Quantity | None = None
+    """CPU request and limit of the engine container, e.g. `8`."""
+    memory: Quantity | None = None
+    """Memory request and limit of the engine container, e.g. `64Gi`."""
+    shared_memory: Quantity | None = None
+    """Size of the in-memory `/dev/shm` volume (tensor parallelism needs it); defaults to 8Gi
+    for vLLM and 64Mi for the simulator."""
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration."""
+
+    key: str | None = Field(default=None, max_length=316)
+    """Taint key; empty with operator Exists matches every taint."""
+    operator: Literal["Exists", "Equal"] | None = None
+    """`Exists` or `Equal` (default Equal)."""
+    value: str | None = Field(default=None, max_length=63)
+    """Taint value for `Equal`."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; empty matches all."""
+    toleration_seconds: int | None = None
+    """For NoExecute: how long the pod stays bound after the taint appears."""
+
+
+class SchedulingSpec(ApiModel):
+    """Where engine pods may run."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the pods require (merged with the GPU product selector)."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    """Tolerations for tainted GPU nodes."""
+    affinity: FreeFormObject | None = None
+    """Pod affinity rules (core/v1 Affinity), passed through."""
+    priority_class_name: str | None = Field(default=None, max_length=253)
+    """PriorityClass of the engine pods."""
+    topology_spread_constraints: list[FreeFormObject] = Field(default_factory=list, max_length=16)
+    """Topology spread constraints (core/v1), passed through; the pod selector is filled in when
+    `labelSelector` is omitted."""
+
+
+# --------------------------------------------------------------------------------------------
+# spec.autoscaling
+
+
+class ScaleUpSpec(ApiModel):
+    """How fast the HPA adds replicas. GPU pods are slow to start, so scale up early."""
+
+    stabilization_window_seconds: int = Field(default=0, ge=0, le=3600)
+    """Look-back window before scaling up."""
+    max_pods_per_minute: int = Field(default=2, ge=1, le=1000)
+    """Pods added per minute at most (with `maxPercentPerMinute`, whichever allows more)."""
+    max_percent_per_minute: int = Field(default=100, ge=1, le=1000)
+    """Percent of current replicas added per minute at most."""
+
+
+class ScaleDownSpec(ApiModel):
+    """How slowly the HPA removes replicas. Model loads are expensive, so scale down late."""
+
+    stabilization_window_seconds: int = Field(default=300, ge=0, le=3600)
+    """Look-back window before scaling down (the highest recommendation in it wins)."""
+    pods_per_period: int = Field(default=1, ge=1, le=1000)
+    """Pods removed per period at most."""
+    period_seconds: int = Field(default=120, ge=1, le=1800)
+    """Length of the scale-down period."""
+
+
+class AutoscalingSpec(ApiModel):
+    """Queue-depth autoscaling through a HorizontalPodAutoscaler owned by this LLMDeployment."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.minReplicas <= self.maxReplicas",
+                    "spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas",
+                    ".minReplicas",
+                )
+            ]
+        }
+    )
+
+    min_replicas: int = Field(default=1, ge=1, le=1000)
+    """Fewest replicas."""
+    max_replicas: int = Field(ge=1, le=1000)
+    """Most replicas."""
+    target_queue_depth: float = Field(default=4, gt=0, le=10000)
+    """Average waiting requests per ready replica the HPA aims for (metric
+    `llmop_engine_queue_depth`)."""
+    scale_up: ScaleUpSpec = Field(default_factory=ScaleUpSpec)
+    """Scale-up behaviour."""
+    scale_down: ScaleDownSpec = Field(default_factory=ScaleDownSpec)
+    """Scale-down behaviour."""
+
+
+# --------------------------------------------------------------------------------------------
+# spec.health / spec.rollout / spec.service
+
+
+class DeepProbeSpec(ApiModel):
+    """The engine agent's real one-token generation, sent only while the engine is idle."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.timeoutSeconds < self.intervalSeconds",
+                    "spec.health.deepProbe.timeoutSeconds must be below intervalSeconds",
+                    ".timeoutSeconds",
+                )
+            ]
+        }
+    )
+
+    enabled: bool = True
+    """Send deep probes. When false, readiness relies on the engine's /health alone."""
+    interval_seconds: int = Field(default=10, ge=2, le=3600)
+    """Seconds between deep probes on an idle engine."""
+    timeout_seconds: int = Field(default=5, ge=1, le=600)
+    """Deadline of one deep probe."""
+    prompt: str = Field(default="ping", min_length=1, max_length=1024)
+    """Prompt of the probe request (one output token is generated)."""
+
+
+class HealthSpec(ApiModel):
+    """How the engine agent tells a busy engine from a hung one."""
+
+    deep_probe: DeepProbeSpec = Field(default_factory=DeepProbeSpec)
+    """Idle deep probe."""
+    stall_seconds: int = Field(default=60, ge=5, le=3600)
+    """An engine with pending work and no generated-token progress for this long is hung and
+    restarted."""
+    load_timeout_seconds: int | None = Field(default=None, ge=30, le=86400)
+    """Budget for the engine to load weights and start listening; defaults to a value derived
+    from the model's size. Downloads with growing bytes do not count against it."""
+
+
+class RolloutSpec(ApiModel):
+    """Rolling updates and drain."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.maxSurge + self.maxUnavailable > 0",
+                    "spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot both be 0: "
+                    "set maxSurge to 1 (needs spare GPUs) or maxUnavailable to 1",
+                    ".maxSurge",
+                )
+            ]
+        }
+    )
+
+    max_surge: int = Field(default=1, ge=0, le=100)
+    """Extra pods during a rollout (each needs its own GPUs)."""
+    max_unavailable: int = Field(default=0, ge=0, le=100)
+    """Pods that may be unavailable during a rollout."""
+    drain_seconds: int = Field(default=30, ge=1, le=3600)
+    """Upper bound for in-flight requests to finish on shutdown (vLLM `--shutdown-timeout`)."""
+    endpoint_propagation_seconds: int = Field(default=5, ge=0, le=120)
+    """Wait after readiness turns off before the engine stops accepting work, so Service
+    endpoints and load balancers stop sending requests first."""
+
+
+class ServiceSpec(ApiModel):
+    """The Service in front of the engine pods (OpenAI-compatible API)."""
+
+    port: int = Field(default=8000, ge=1, le=65535)
+    """API port of the Service and the engine."""
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    """Service type."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations on the Service (e.g. for a cloud load balancer)."""
+    api_key_secret_ref: SecretKeyRef | None = None
+    """Secret holding the API key clients must send (vLLM `--api-key`)."""
+
+
+# --------------------------------------------------------------------------------------------
+# The resource
+
+
+class LLMDeploymentSpec(ApiModel):
+    """Desired state of an LLMDeployment."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.replicas) && has(self.autoscaling))",
+                    "spec.replicas and spec.autoscaling are mutually exclusive: remove "
+                    "spec.replicas to let the autoscaler own the count, or remove "
+                    "spec.autoscaling for a fixed count",
+                    ".replicas",
+                ),
+                cel(
+                    "!has(self.engine.tensorParallelSize) "
+                    "|| self.resources.gpus % self.engine.tensorParallelSize == 0",
+                    "spec.engine.tensorParallelSize must divide spec.resources.gpus: set it to "
+                    "the GPU count or a divisor of it",
+                    ".engine.tensorParallelSize",
+                ),
+                cel(
+                    "self.engine.backend == 'simulator' || self.resources.gpus >= 1",
+                    "spec.resources.gpus must be at least 1 for the vllm backend (0 GPUs is only "
+                    "for backend: simulator)",
+                    ".resources.gpus",
+                ),
+                cel(
+                    "!has(self.engine.maxModelLen) || !has(self.model.architecture) "
+                    "|| self.engine.maxModelLen <= self.model.architecture.maxPositionEmbeddings",
+                    "spec.engine.maxModelLen exceeds "
+                    "spec.model.architecture.maxPositionEmbeddings: lower maxModelLen",
+                    ".engine.maxModelLen",
+                ),
+            ]
+        }
+    )
+
+    model: ModelSpec
+    """The model to serve."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """Inference engine settings."""
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    """Per-pod compute resources."""
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    """Node placement."""
+    replicas: int | None = Field(default=None, ge=0, le=1000)
+    """Fixed replica count (1 when neither this nor autoscaling is set). Mutually exclusive
+    with `autoscaling`. Changed by `kubectl scale`."""
+    autoscaling: AutoscalingSpec | None = None
+    """Queue-depth autoscaling; the HPA owns the replica count while this is set."""
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    """Probe behaviour."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    """Rollout and drain behaviour."""
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
+    """The API Service."""
+
+    @property
+    def desired_fixed_replicas(self) -> int:
+        """Replicas when autoscaling is off: absent `replicas` means one."""
+        return 1 if self.replicas is None else self.replicas
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(ApiModel):
+    """One observation of the LLMDeployment's state (metav1.Condition)."""
+
+    type: str = Field(max_length=316)
+    """Condition type: Ready, Reconciling, Stalled, CapacityPlanned, Degraded."""
+    status: ConditionStatus
+    """True, False or Unknown."""
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The .metadata.generation this condition was computed from."""
+    last_transition_time: str = Field(json_schema_extra={"format": "date-time"})
+    """When the status last changed (not when the reason or message did)."""
+    reason: str = Field(max_length=1024)
+    """CamelCase machine-readable cause."""
+    message: str = Field(default="", max_length=32768)
+    """Human-readable explanation."""
+
+
+class ActualCapacity(ApiModel):
+    """Capacity the running engine reported."""
+
+    kv_cache_tokens: int | None = Field(default=None, ge=0)
+    """KV cache tokens of one replica as reported by the engine."""
+
+
+class PlanStatus(ApiModel):
+    """The capacity planner's estimate for one replica."""
+
+    gpu_memory_gib: float | None = Field(default=None, alias="gpuMemoryGiB")
+    """Memory of one GPU used for the estimate."""
+    weights_gib_per_gpu: float | None = Field(default=None, alias="weightsGiBPerGPU")
+    """Model weights held by each GPU."""
+    kv_bytes_per_token: int | None = None
+    """KV cache bytes one token takes on each GPU."""
+    kv_cache_tokens: int | None = None
+    """Tokens the KV cache of one replica holds."""
+    max_model_len: int | None = None
+    """Effective maximum sequence length."""
+    max_concurrency: float | None = None
+    """Sequences of maxModelLen tokens that fit in the KV cache at once."""
+    fits: bool | None = None
+    """Whether the model fits with these settings."""
+    actual: ActualCapacity | None = None
+    """What the running engine reported."""
+
+
+class LLMDeploymentStatus(ApiModel):
+    """Observed state of an LLMDeployment (written only by the operator)."""
+
+    observed_generation: int | None = None
+    """The .metadata.generation the operator last acted on."""
+    replicas: int | None = None
+    """Engine pods that exist (the scale subresource's status replicas)."""
+    ready_replicas: int | None = None
+    """Engine pods that are ready to serve."""
+    updated_replicas: int | None = None
+    """Engine pods running the current template."""
+    selector: str | None = None
+    """Label selector of the engine pods (for the scale subresource and the HPA)."""
+    replica_summary: str | None = None
+    """Ready and desired replicas as `ready/desired` (printed by `kubectl get`)."""
+    endpoint: str | None = None
+    """In-cluster base URL of the OpenAI-compatible API."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    """Ready, Reconciling, Stalled, CapacityPlanned and Degraded conditions."""
+    plan: PlanStatus | None = None
+    """Capacity plan."""
+
+
+class ObjectMeta(ApiModel):
+    """The parts of metadata the operator reads."""
+
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = None
+    deletion_timestamp: str | None = None
+
+
+class LLMDeployment(ApiModel):
+    """An LLM served on GPUs: engine pods, a Service, and optionally an HPA and a PDB."""
+
+    api_version: str = API_VERSION
+    kind: str = KIND
+    metadata: ObjectMeta
+    spec: LLMDeploymentSpec
+    status: LLMDeploymentStatus = Field(default_factory=LLMDeploymentStatus)
+
+
+ROOT_VALIDATIONS = (
+    cel(
+        f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        f"metadata.name must be at most {MAX_NAME_LENGTH} characters (engine pods and the "
+        "Service are named after it)",
+    ),
+    cel(
+        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        "metadata.name must start with a letter and contain only lowercase letters, digits "
+        "and '-' (it names the Service, a DNS-1035 label)",
+    ),
+)
+"""CEL on the object root (only metadata.name is visible there)."""
+
+PRINTER_COLUMNS = (
+    {
+        "name": "Model",
+        "type": "string",
+        "jsonPath": ".spec.model.name",
+        "description": "Model being served",
+    },
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+        "description": "Ready condition",
+    },
+    {
+        "name": "Replicas",
+        "type": "string",
+        "jsonPath": ".status.replicaSummary",
+        "description": "Ready / desired replicas",
+    },
+    {
+        "name": "Endpoint",
+        "type": "string",
+        "jsonPath": ".status.endpoint",
+        "description": "In-cluster API URL",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "priority": 1,
+        "description": "Why the deployment is or is not ready",
+    },
+)

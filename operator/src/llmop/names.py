@@ -1,0 +1,59 @@
+"""Every name, label, annotation and port the operator puts on children, in one place."""
+
+from __future__ import annotations
+
+from llmop.api.v1alpha1 import GROUP
+
+FIELD_MANAGER = "llmop"
+"""Server-side apply field manager for everything the operator owns."""
+HANDOVER_FIELD_MANAGER = "llmop-handover"
+"""Field manager that hands `spec.replicas` over to the HPA when autoscaling turns on."""
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_DEPLOYMENT = f"{GROUP}/deployment"
+
+APP_NAME = "llmop-engine"
+MANAGED_BY = "llmop"
+COMPONENT = "engine"
+
+ANNOTATION_TEMPLATE_HASH = f"{GROUP}/template-hash"
+"""Hash of the rendered pod template; drift detection compares it."""
+KOPF_PREFIX = GROUP
+"""Prefix for kopf's own bookkeeping (progress, diff-base, finalizer) — never kopf.zalando.org."""
+
+ENGINE_CONTAINER = "engine"
+PROBE_PORT = 8081
+PROBE_PORT_NAME = "probe"
+API_PORT_NAME = "http"
+METRICS_PATH = "/metrics"
+QUEUE_DEPTH_METRIC = "llmop_engine_queue_depth"
+"""Per-pod gauge of waiting requests the HPA scales on (exposed by prometheus-adapter)."""
+
+DEV_SHM_VOLUME = "dshm"
+MODEL_CACHE_VOLUME = "model-cache"
+MODEL_CACHE_PATH = "/models/cache"
+PVC_MOUNT_ROOT = "/models/pvc"
+AGENT_SOCKET_DIR = "/run/llmop"
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """Labels that select one LLMDeployment's engine pods (stable across rollouts)."""
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_DEPLOYMENT: name}
+
+
+def child_labels(name: str) -> dict[str, str]:
+    """Labels on every child: ours only, never copied from the parent (GitOps tracks by those)."""
+    return {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: COMPONENT}
+
+
+def selector_string(name: str) -> str:
+    """`status.selector` for the scale subresource."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def service_endpoint(name: str, namespace: str, port: int) -> str:
+    """In-cluster base URL of the OpenAI-compatible API."""
+    return f"http://{name}.{namespace}.svc:{port}/v1"
