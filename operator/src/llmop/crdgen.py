@@ -30,7 +30,8 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The model's JSON schema rewritten into a Kubernetes structural schema."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     definitions = raw.get("$defs", {})
-    return _rewrite(raw, definitions)
+    rewritten: dict[str, Any] = _rewrite(raw, definitions)
+    return rewritten
 
 
 def _rewrite(node: Any, definitions: dict[str, Any]) -> Any:
@@ -69,7 +70,7 @@ def _collapse_nullable(node: dict[str, Any], definitions: dict[str, Any]) -> dic
     if not options:
         return node
     non_null = [o for o in options if o.get("type") != "null"]
-    if len(non_null) != 1 or len(options) != 2:  # noqa: PLR2004 - exactly X | None
+    if len(non_null) != 1 or len(options) != 2:
         return node
     base = _resolve(non_null[0], definitions)
     rest = {k: v for k, v in node.items() if k != "anyOf"}
@@ -96,7 +97,7 @@ def _fix_openapi_v3_details(node: dict[str, Any]) -> dict[str, Any]:
         del node["additionalProperties"]
     if isinstance(node.get("description"), str):
         node["description"] = " ".join(node["description"].split())
-    leading = {key: node[key] for key in ("type", "description") if key in node}
+    leading: dict[str, Any] = {k: node[k] for k in ("type", "description") if k in node}
     return {**leading, **{k: v for k, v in node.items() if k not in leading}}
 
 
@@ -162,7 +163,7 @@ def render_crd_yaml() -> str:
 
 
 def render_helm_crd_template() -> str:
-    """The CRD wrapped in the chart's guard: `crds.enabled`, and `crds.keep` to survive uninstall."""
+    """The CRD inside the chart guard: `crds.enabled`; `crds.keep` survives uninstall."""
     crd = build_crd()
     body = _dump(crd)
     keep = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.config import JsonDict
 from pydantic.alias_generators import to_camel
 
 GROUP = "serving.llmop.dev"
@@ -37,9 +38,9 @@ FreeFormObject = Annotated[
 """A Kubernetes object passed through verbatim (affinity, topology spread constraints)."""
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     """One `x-kubernetes-validations` entry."""
-    entry = {"rule": rule, "message": message}
+    entry: JsonDict = {"rule": rule, "message": message}
     if field_path is not None:
         entry["fieldPath"] = field_path
     return entry
@@ -71,7 +72,7 @@ class SecretKeyRef(ApiModel):
 
 
 class ModelArchitecture(ApiModel):
-    """Architecture facts the capacity planner needs, for models missing from the built-in catalog."""
+    """Architecture facts the capacity planner needs for models missing from its catalog."""
 
     parameters: int = Field(ge=1)
     """Total parameter count (all experts for mixture-of-experts models), e.g. 8030261248."""

@@ -1,0 +1,191 @@
+"""`llmop` command line: run the operator, print the CRD, render children, plan capacity.
+
+`render` and `plan` work offline on a manifest file, so a platform engineer sees exactly what
+will be created, and whether the model fits, before anything reaches a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from pydantic import ValidationError
+
+from llmop import crdgen, sizing
+from llmop.api.v1alpha1 import API_VERSION, KIND, LLMDeployment
+from llmop.render import RenderSettings, render_children
+from llmop.render.engine_args import tensor_parallel_size
+from llmop.render.settings import DEFAULT_SIMULATOR_IMAGE, DEFAULT_VLLM_IMAGE
+
+EXIT_OK = 0
+EXIT_DOES_NOT_FIT = 1
+EXIT_BAD_INPUT = 2
+
+
+class InputError(Exception):
+    """A manifest file that cannot be read as LLMDeployments."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `llmop` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args, sys.stdout)
+    except InputError as error:
+        print(f"llmop: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmop", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run the operator (all namespaces, standalone)")
+    run.add_argument("operator_args", nargs=argparse.REMAINDER, help="operator flags")
+    run.set_defaults(handler=_run)
+
+    crd = commands.add_parser("crd", help="print the LLMDeployment CRD")
+    crd.set_defaults(handler=_crd)
+
+    render = commands.add_parser("render", help="print the children of LLMDeployments")
+    render.add_argument("-f", "--filename", required=True, type=Path, help="manifest ('-': stdin)")
+    render.add_argument("--vllm-image", default=DEFAULT_VLLM_IMAGE)
+    render.add_argument("--simulator-image", default=DEFAULT_SIMULATOR_IMAGE)
+    render.add_argument("--service-monitor", action="store_true", help="also a ServiceMonitor")
+    render.set_defaults(handler=_render)
+
+    plan = commands.add_parser("plan", help="check that LLMDeployments fit their GPUs")
+    plan.add_argument("-f", "--filename", required=True, type=Path, help="manifest ('-': stdin)")
+    plan.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    plan.set_defaults(handler=_plan)
+    return parser
+
+
+def _run(args: argparse.Namespace, _out: TextIO) -> int:
+    from llmop import main as operator_main  # kopf is heavy: import it only to run
+
+    return operator_main.run(list(args.operator_args))
+
+
+def _crd(_args: argparse.Namespace, out: TextIO) -> int:
+    out.write(crdgen.render_crd_yaml())
+    return EXIT_OK
+
+
+def _render(args: argparse.Namespace, out: TextIO) -> int:
+    settings = RenderSettings(
+        vllm_image=args.vllm_image,
+        simulator_image=args.simulator_image,
+        service_monitor=args.service_monitor,
+    )
+    manifests: list[dict[str, Any]] = []
+    for deployment in load_deployments(args.filename):
+        sized = sizing.plan_for(deployment.spec)
+        children = render_children(
+            deployment, settings, load_timeout_seconds=sized.load_timeout_seconds
+        )
+        manifests += children.wanted()
+    yaml.safe_dump_all(manifests, out, sort_keys=False, width=100)
+    return EXIT_OK
+
+
+def _plan(args: argparse.Namespace, out: TextIO) -> int:
+    results = [(d, sizing.plan_for(d.spec)) for d in load_deployments(args.filename)]
+    if args.output == "json":
+        json.dump([_plan_json(d, r) for d, r in results], out, indent=2)
+        out.write("\n")
+    else:
+        for deployment, result in results:
+            out.write(_plan_table(deployment, result))
+    fits_all = all(result.fits is not False for _, result in results)
+    return EXIT_OK if fits_all else EXIT_DOES_NOT_FIT
+
+
+def _plan_json(deployment: LLMDeployment, result: sizing.SizingResult) -> dict[str, Any]:
+    plan = result.plan
+    body: dict[str, Any] = {
+        "name": deployment.metadata.name,
+        "model": deployment.spec.model.name,
+        "fits": result.fits,
+        "reason": result.reason,
+        "message": result.message,
+        "gpuMemoryGiB": result.gpu_memory_gib,
+        "loadTimeoutSeconds": result.load_timeout_seconds,
+    }
+    if plan is not None:
+        body |= {
+            "tensorParallelSize": tensor_parallel_size(deployment.spec),
+            "weightsGiBTotal": round(plan.weights_gib_total, 2),
+            "weightsGiBPerGPU": round(plan.weights_gib_per_gpu, 2),
+            "overheadGiBPerGPU": round(plan.overhead_gib_per_gpu, 2),
+            "kvCacheGiBPerGPU": round(plan.kv_cache_gib_per_gpu, 2),
+            "kvBytesPerToken": plan.kv_bytes_per_token,
+            "kvCacheTokens": plan.kv_cache_tokens,
+            "maxModelLen": plan.max_model_len,
+            "maxConcurrency": round(plan.max_concurrency, 2),
+            "suggestions": list(plan.suggestions),
+        }
+    return body
+
+
+def _plan_table(deployment: LLMDeployment, result: sizing.SizingResult) -> str:
+    plan = result.plan
+    lines = [f"{deployment.metadata.name} ({deployment.spec.model.name})"]
+    if plan is None:
+        lines.append(f"  not planned: {result.message}")
+        return "\n".join(lines) + "\n\n"
+    rows = [
+        ("GPU memory", f"{result.gpu_memory_gib:.2f} GiB × {tensor_parallel_size(deployment.spec)} (TP)"),
+        ("weights", f"{plan.weights_gib_total:.2f} GiB ({plan.weights_gib_per_gpu:.2f} per GPU)"),
+        ("runtime overhead", f"{plan.overhead_gib_per_gpu:.2f} GiB per GPU"),
+        ("KV cache", f"{plan.kv_cache_gib_per_gpu:.2f} GiB per GPU"),
+        ("KV bytes/token", f"{plan.kv_bytes_per_token:,} per GPU"),
+        ("KV tokens/replica", f"{plan.kv_cache_tokens:,}"),
+        ("max model len", f"{plan.max_model_len:,}"),
+        ("max concurrency", f"{plan.max_concurrency:.2f} sequences at max model len"),
+        ("verdict", "fits" if plan.fits else f"DOES NOT FIT ({plan.reason})"),
+    ]
+    lines += [f"  {label:<18} {value}" for label, value in rows]
+    if not plan.fits:
+        lines.append(f"  {plan.message}")
+        lines += [f"  try: {suggestion}" for suggestion in plan.suggestions]
+    return "\n".join(lines) + "\n\n"
+
+
+def load_deployments(path: Path) -> Iterator[LLMDeployment]:
+    """Every LLMDeployment document in a YAML file (other kinds are skipped)."""
+    text = sys.stdin.read() if str(path) == "-" else _read(path)
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc]
+    except yaml.YAMLError as error:
+        raise InputError(f"{path}: not valid YAML: {error}") from error
+    found = False
+    for document in documents:
+        if document.get("kind") != KIND or document.get("apiVersion") != API_VERSION:
+            continue
+        found = True
+        document.setdefault("metadata", {}).setdefault("namespace", "default")
+        try:
+            yield LLMDeployment.model_validate(document)
+        except ValidationError as error:
+            raise InputError(f"{path}: invalid {KIND}: {error}") from error
+    if not found:
+        raise InputError(f"{path}: no {API_VERSION} {KIND} in the file")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror}") from error
+
+
+if __name__ == "__main__":
+    sys.exit(main())

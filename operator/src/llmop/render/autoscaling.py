@@ -1,0 +1,90 @@
+"""Pure: the HorizontalPodAutoscaler that scales engine pods on queue depth.
+
+GPU-sane behaviour: scale up at once (a new replica takes minutes to load), scale down one pod at
+a time after a long stabilization window (reloading a model is expensive).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmop import names
+from llmop.api.v1alpha1 import AutoscalingSpec, LLMDeployment
+
+SCALE_UP_PERIOD_SECONDS = 60
+
+
+def quantity(value: float) -> str:
+    """A Kubernetes quantity for a target value: `4`, or `2500m` for 2.5."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{round(value * 1000)}m"
+
+
+def render_hpa(deployment: LLMDeployment) -> dict[str, Any] | None:
+    """The HPA, or None when autoscaling is off."""
+    autoscaling = deployment.spec.autoscaling
+    if autoscaling is None:
+        return None
+    name = deployment.metadata.name
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {
+            "name": name,
+            "namespace": deployment.metadata.namespace,
+            "labels": names.child_labels(name),
+        },
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": autoscaling.min_replicas,
+            "maxReplicas": autoscaling.max_replicas,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": names.QUEUE_DEPTH_METRIC},
+                        "target": {
+                            "type": "AverageValue",
+                            "averageValue": quantity(autoscaling.target_queue_depth),
+                        },
+                    },
+                }
+            ],
+            "behavior": _behavior(autoscaling),
+        },
+    }
+
+
+def _behavior(autoscaling: AutoscalingSpec) -> dict[str, Any]:
+    up = autoscaling.scale_up
+    down = autoscaling.scale_down
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": up.stabilization_window_seconds,
+            "selectPolicy": "Max",
+            "policies": [
+                {
+                    "type": "Percent",
+                    "value": up.max_percent_per_minute,
+                    "periodSeconds": SCALE_UP_PERIOD_SECONDS,
+                },
+                {
+                    "type": "Pods",
+                    "value": up.max_pods_per_minute,
+                    "periodSeconds": SCALE_UP_PERIOD_SECONDS,
+                },
+            ],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": down.stabilization_window_seconds,
+            "selectPolicy": "Min",
+            "policies": [
+                {
+                    "type": "Pods",
+                    "value": down.pods_per_period,
+                    "periodSeconds": down.period_seconds,
+                }
+            ],
+        },
+    }

@@ -1,0 +1,235 @@
+"""Pure: the engine Deployment — pod template, probes, drain arithmetic and scheduling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmop import names
+from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
+from llmop.render import engine_args
+from llmop.render.hashing import template_hash
+from llmop.render.settings import RenderSettings
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+DRAIN_MARGIN_SECONDS = 15
+"""Grace beyond propagation + drain for the engine's exit and the agent's own shutdown."""
+PROGRESS_DEADLINE_MARGIN_SECONDS = 600
+"""A rollout may take one model load plus scheduling before the Deployment calls it stuck."""
+RUN_AS_USER = 1000
+"""Both engine images create this non-root user."""
+DEFAULT_SHM = {"vllm": "8Gi", "simulator": "64Mi"}
+"""NCCL needs a large /dev/shm for tensor parallelism; the simulator needs almost none."""
+
+
+def termination_grace_period_seconds(spec: LLMDeploymentSpec) -> int:
+    """Long enough for readiness to propagate and in-flight work to drain — derived, not guessed."""
+    rollout = spec.rollout
+    return rollout.endpoint_propagation_seconds + rollout.drain_seconds + DRAIN_MARGIN_SECONDS
+
+
+def progress_deadline_seconds(load_timeout_seconds: int) -> int:
+    """Slow model loads must not read as a stuck rollout."""
+    return load_timeout_seconds + PROGRESS_DEADLINE_MARGIN_SECONDS
+
+
+def render_deployment(
+    deployment: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+) -> dict[str, Any]:
+    """The Deployment. Without `spec.replicas` when autoscaling is on: the HPA owns the count."""
+    name = deployment.metadata.name
+    spec = deployment.spec
+    pod_spec = _pod_spec(deployment, settings, load_timeout_seconds=load_timeout_seconds)
+    pod_metadata: dict[str, Any] = {
+        "labels": names.child_labels(name),
+        "annotations": {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(names.PROBE_PORT),
+            "prometheus.io/path": names.METRICS_PATH,
+        },
+    }
+    template: dict[str, Any] = {"metadata": pod_metadata, "spec": pod_spec}
+    digest = template_hash(template)
+    pod_metadata["annotations"][names.ANNOTATION_TEMPLATE_HASH] = digest
+
+    deployment_spec: dict[str, Any] = {}
+    if spec.autoscaling is None:
+        deployment_spec["replicas"] = spec.desired_fixed_replicas
+    deployment_spec |= {
+        "selector": {"matchLabels": names.selector_labels(name)},
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {
+                "maxSurge": spec.rollout.max_surge,
+                "maxUnavailable": spec.rollout.max_unavailable,
+            },
+        },
+        "progressDeadlineSeconds": progress_deadline_seconds(load_timeout_seconds),
+        "revisionHistoryLimit": 3,
+        "template": template,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": deployment.metadata.namespace,
+            "labels": names.child_labels(name),
+            "annotations": {names.ANNOTATION_TEMPLATE_HASH: digest},
+        },
+        "spec": deployment_spec,
+    }
+
+
+def _pod_spec(
+    deployment: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+) -> dict[str, Any]:
+    spec = deployment.spec
+    scheduling = spec.scheduling
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": termination_grace_period_seconds(spec),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_engine_container(deployment, settings, load_timeout_seconds)],
+        "volumes": _volumes(deployment),
+    }
+    node_selector = dict(sorted(scheduling.node_selector.items()))
+    if spec.resources.gpu_product:
+        node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_product
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in scheduling.tolerations]
+    if spec.resources.gpus > 0:
+        # GPU node pools are commonly tainted with the device resource name (GKE, AKS, EKS docs).
+        gpu_toleration = {
+            "key": spec.resources.gpu_resource_name,
+            "operator": "Exists",
+            "effect": "NoSchedule",
+        }
+        if gpu_toleration not in tolerations:
+            tolerations.append(gpu_toleration)
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if scheduling.affinity:
+        pod["affinity"] = scheduling.affinity
+    if scheduling.priority_class_name:
+        pod["priorityClassName"] = scheduling.priority_class_name
+    if scheduling.topology_spread_constraints:
+        selector = {"matchLabels": names.selector_labels(deployment.metadata.name)}
+        pod["topologySpreadConstraints"] = [
+            {"labelSelector": selector, **constraint}
+            for constraint in scheduling.topology_spread_constraints
+        ]
+    return pod
+
+
+def _engine_container(
+    deployment: LLMDeployment, settings: RenderSettings, load_timeout_seconds: int
+) -> dict[str, Any]:
+    spec = deployment.spec
+    probe_port = {"port": names.PROBE_PORT_NAME}
+    return {
+        "name": names.ENGINE_CONTAINER,
+        "image": _image(spec, settings),
+        "imagePullPolicy": settings.image_pull_policy,
+        "args": engine_args.agent_args(deployment),
+        "env": engine_args.agent_env(deployment, load_timeout_seconds=load_timeout_seconds),
+        "ports": [
+            {"name": names.API_PORT_NAME, "containerPort": spec.service.port, "protocol": "TCP"},
+            {"name": names.PROBE_PORT_NAME, "containerPort": names.PROBE_PORT, "protocol": "TCP"},
+        ],
+        "resources": _resources(spec),
+        # The agent answers /livez from its first second; it alone judges load progress and
+        # stalls, so the startup probe only covers the agent's own start.
+        "startupProbe": {
+            "httpGet": {"path": "/livez", **probe_port},
+            "periodSeconds": 2,
+            "failureThreshold": 30,
+            "timeoutSeconds": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/livez", **probe_port},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+            "timeoutSeconds": 5,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", **probe_port},
+            "periodSeconds": 5,
+            "failureThreshold": 1,
+            "successThreshold": 1,
+            "timeoutSeconds": 3,
+        },
+        "lifecycle": {"preStop": {"exec": {"command": ["llmop-engine", "drain"]}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+        "volumeMounts": _volume_mounts(deployment),
+    }
+
+
+def _image(spec: LLMDeploymentSpec, settings: RenderSettings) -> str:
+    if spec.engine.image:
+        return spec.engine.image
+    return settings.simulator_image if spec.engine.backend == "simulator" else settings.vllm_image
+
+
+def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
+    resources = spec.resources
+    limits: dict[str, Any] = {}
+    requests: dict[str, Any] = {}
+    if resources.gpus > 0:
+        limits[resources.gpu_resource_name] = resources.gpus
+    if resources.cpu is not None:
+        limits["cpu"] = requests["cpu"] = resources.cpu
+    if resources.memory is not None:
+        limits["memory"] = requests["memory"] = resources.memory
+    out: dict[str, Any] = {}
+    if limits:
+        out["limits"] = limits
+    if requests:
+        out["requests"] = requests
+    return out
+
+
+def _volumes(deployment: LLMDeployment) -> list[dict[str, Any]]:
+    spec = deployment.spec
+    shm = spec.resources.shared_memory or DEFAULT_SHM[spec.engine.backend]
+    volumes: list[dict[str, Any]] = [
+        {"name": names.DEV_SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+        {"name": names.MODEL_CACHE_VOLUME, "emptyDir": {}},
+        {"name": "agent-run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+    ]
+    claim = engine_args.pvc_claim(spec.model)
+    if claim is not None:
+        volumes.append(
+            {"name": "model-pvc", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+    return volumes
+
+
+def _volume_mounts(deployment: LLMDeployment) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
+        {"name": names.DEV_SHM_VOLUME, "mountPath": "/dev/shm"},
+        {"name": names.MODEL_CACHE_VOLUME, "mountPath": names.MODEL_CACHE_PATH},
+        {"name": "agent-run", "mountPath": names.AGENT_SOCKET_DIR},
+    ]
+    claim = engine_args.pvc_claim(deployment.spec.model)
+    if claim is not None:
+        mounts.append(
+            {
+                "name": "model-pvc",
+                "mountPath": f"{names.PVC_MOUNT_ROOT}/{claim}",
+                "readOnly": True,
+            }
+        )
+    return mounts

@@ -1,0 +1,39 @@
+"""Pure: the PodDisruptionBudget that lets node drains evict one engine pod at a time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmop import names
+from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
+
+
+def most_replicas(spec: LLMDeploymentSpec) -> int:
+    """The largest replica count this spec allows."""
+    if spec.autoscaling is not None:
+        return spec.autoscaling.max_replicas
+    return spec.desired_fixed_replicas
+
+
+def render_pdb(deployment: LLMDeployment) -> dict[str, Any] | None:
+    """`maxUnavailable: 1` when more than one replica can exist; None otherwise.
+
+    With a single replica a PDB would either block node drains forever (maxUnavailable 0) or
+    protect nothing (1), so there is none.
+    """
+    if most_replicas(deployment.spec) <= 1:
+        return None
+    name = deployment.metadata.name
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": name,
+            "namespace": deployment.metadata.namespace,
+            "labels": names.child_labels(name),
+        },
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": names.selector_labels(name)},
+        },
+    }

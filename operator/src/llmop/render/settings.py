@@ -1,0 +1,22 @@
+"""Operator-wide inputs to rendering that do not come from the LLMDeployment itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_VLLM_IMAGE = "ghcr.io/llmop/engine:0.1.0"
+DEFAULT_SIMULATOR_IMAGE = "ghcr.io/llmop/engine-sim:0.1.0"
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """Defaults the operator was configured with (read once at startup)."""
+
+    vllm_image: str = DEFAULT_VLLM_IMAGE
+    """Engine image for `backend: vllm` when the CR names none."""
+    simulator_image: str = DEFAULT_SIMULATOR_IMAGE
+    """Engine image for `backend: simulator` when the CR names none."""
+    service_monitor: bool = False
+    """Render a prometheus-operator ServiceMonitor for each LLMDeployment."""
+    image_pull_policy: str = "IfNotPresent"
+    """Pull policy of the engine container."""

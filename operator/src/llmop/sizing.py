@@ -1,0 +1,160 @@
+"""Pure: an LLMDeployment spec → a capacity plan, with the facts looked up from the catalogs.
+
+The planner itself knows nothing of the API; this module maps spec fields onto a planner request,
+decides when there are too few facts to plan (unknown model or GPU), and derives the engine's load
+budget from the model's size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llmop.api.v1alpha1 import LLMDeploymentSpec, PlanStatus
+from llmop.planner import (
+    CapacityPlan,
+    ModelArchitecture,
+    PlanRequest,
+    lookup_gpu,
+    lookup_model,
+    plan_capacity,
+)
+from llmop.render.engine_args import tensor_parallel_size
+
+REASON_FITS = "Fits"
+REASON_MODEL_UNKNOWN = "ModelUnknown"
+REASON_GPU_MEMORY_UNKNOWN = "GPUMemoryUnknown"
+REASON_NOT_PLANNED = "NoGPUs"
+
+BASE_LOAD_SECONDS = 600
+"""Engine start, CUDA graph capture and torch.compile take minutes even for small models."""
+LOAD_SECONDS_PER_GIB = 20
+"""~50 MiB/s effective read and shard speed: slow network volumes, not local NVMe."""
+UNKNOWN_SIZE_LOAD_SECONDS = 1800
+
+
+@dataclass(frozen=True)
+class SizingResult:
+    """The planner's verdict for one spec, or why there is none."""
+
+    plan: CapacityPlan | None
+    reason: str
+    message: str
+    gpu_memory_gib: float | None
+    load_timeout_seconds: int
+
+    @property
+    def fits(self) -> bool | None:
+        """True/False from the planner; None when it could not plan."""
+        return None if self.plan is None else self.plan.fits
+
+    def plan_status(self) -> PlanStatus | None:
+        """The `status.plan` stanza."""
+        if self.plan is None:
+            return None
+        plan = self.plan
+        return PlanStatus(
+            gpu_memory_gib=self.gpu_memory_gib,
+            weights_gib_per_gpu=round(plan.weights_gib_per_gpu, 2),
+            kv_bytes_per_token=plan.kv_bytes_per_token,
+            kv_cache_tokens=plan.kv_cache_tokens,
+            max_model_len=plan.max_model_len,
+            max_concurrency=round(plan.max_concurrency, 2),
+            fits=plan.fits,
+        )
+
+
+def architecture_for(spec: LLMDeploymentSpec) -> ModelArchitecture | None:
+    """The spec's architecture override, else the catalog entry, else None."""
+    override = spec.model.architecture
+    if override is None:
+        return lookup_model(spec.model.name)
+    return ModelArchitecture(
+        name=spec.model.name,
+        parameters=override.parameters,
+        layers=override.layers,
+        kv_heads=override.kv_heads,
+        head_dim=override.head_dim,
+        max_position_embeddings=override.max_position_embeddings,
+        kv_lora_rank=override.kv_lora_rank,
+        qk_rope_head_dim=override.qk_rope_head_dim,
+        attention="mla" if override.kv_lora_rank is not None else "gqa",
+    )
+
+
+def gpu_memory_for(spec: LLMDeploymentSpec) -> float | None:
+    """`resources.gpuMemoryGiB` wins over the catalog entry of `resources.gpuProduct`."""
+    if spec.resources.gpu_memory_gib is not None:
+        return spec.resources.gpu_memory_gib
+    if spec.resources.gpu_product is None:
+        return None
+    product = lookup_gpu(spec.resources.gpu_product)
+    return None if product is None else product.memory_gib
+
+
+def load_timeout_seconds(weights_gib_total: float | None) -> int:
+    """Load budget from the model's size: a base for engine start plus time per GiB."""
+    if weights_gib_total is None:
+        return UNKNOWN_SIZE_LOAD_SECONDS
+    return BASE_LOAD_SECONDS + math.ceil(weights_gib_total * LOAD_SECONDS_PER_GIB)
+
+
+def plan_for(spec: LLMDeploymentSpec) -> SizingResult:
+    """Plan one replica of `spec`; explain when the facts to plan are missing."""
+    architecture = architecture_for(spec)
+    gpu_memory = gpu_memory_for(spec)
+    if spec.resources.gpus == 0:
+        return SizingResult(
+            plan=None,
+            reason=REASON_NOT_PLANNED,
+            message="No GPUs requested (simulator backend): nothing to plan.",
+            gpu_memory_gib=None,
+            load_timeout_seconds=load_timeout_seconds(None),
+        )
+    if architecture is None:
+        return SizingResult(
+            plan=None,
+            reason=REASON_MODEL_UNKNOWN,
+            message=(
+                f"Model {spec.model.name!r} is not in the planner's catalog; set "
+                "spec.model.architecture (parameters, layers, kvHeads, headDim, "
+                "maxPositionEmbeddings) to get a capacity check."
+            ),
+            gpu_memory_gib=gpu_memory,
+            load_timeout_seconds=load_timeout_seconds(None),
+        )
+    if gpu_memory is None:
+        return SizingResult(
+            plan=None,
+            reason=REASON_GPU_MEMORY_UNKNOWN,
+            message=(
+                "GPU memory is unknown: set spec.resources.gpuProduct to a known product "
+                "(e.g. NVIDIA-H100-80GB-HBM3) or spec.resources.gpuMemoryGiB."
+            ),
+            gpu_memory_gib=None,
+            load_timeout_seconds=load_timeout_seconds(None),
+        )
+    engine = spec.engine
+    plan = plan_capacity(
+        PlanRequest(
+            architecture=architecture,
+            gpu_memory_gib=gpu_memory,
+            tensor_parallel_size=tensor_parallel_size(spec),
+            dtype=engine.dtype,
+            quantization=None if engine.quantization == "none" else engine.quantization,
+            kv_cache_dtype=engine.kv_cache_dtype,
+            max_model_len=engine.max_model_len,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            enforce_eager="--enforce-eager" in engine.args,
+            max_num_seqs=engine.max_num_seqs,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            gpu_product=spec.resources.gpu_product,
+        )
+    )
+    return SizingResult(
+        plan=plan,
+        reason=plan.reason,
+        message=plan.message,
+        gpu_memory_gib=gpu_memory,
+        load_timeout_seconds=load_timeout_seconds(plan.weights_gib_total),
+    )
