@@ -46,10 +46,25 @@ def _rewrite(node: Any, definitions: dict[str, Any]) -> Any:
         if key in _DROPPED_KEYS:
             continue
         if key in ("properties", "patternProperties"):
-            out[key] = {name: _rewrite(sub, definitions) for name, sub in value.items()}
+            required = set(node.get("required", ()))
+            out[key] = {
+                name: _default_nested_object(_rewrite(sub, definitions), name in required)
+                for name, sub in value.items()
+            }
         else:
             out[key] = _rewrite(value, definitions)
     return _fix_openapi_v3_details(out)
+
+
+def _default_nested_object(node: dict[str, Any], required: bool) -> dict[str, Any]:
+    """An optional, non-nullable nested object defaults to `{}`.
+
+    Such a field has a default factory in the model; `{}` makes the API server create it and
+    then apply its fields' own defaults, so every default lives in exactly one place.
+    """
+    if not required and "properties" in node and not node.get("nullable"):
+        node.setdefault("default", {})
+    return node
 
 
 def _resolve(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,105 @@
+"""Catalog of GPU products: usable device memory as PyTorch/vLLM sees it.
+
+vLLM sizes everything from ``torch.cuda.mem_get_info()[1]`` (total device memory), which is a
+little below the marketing size and below ``nvidia-smi``'s total (the driver reserves some).
+Keys are the values of the GPU-feature-discovery label ``nvidia.com/gpu.product``, so the
+operator can look a node selector up directly; :func:`lookup_gpu` also accepts short names
+(``H100``, ``A100-80GB``, ``L4``).
+
+Where a figure comes from (GiB = 2**30 bytes):
+
+* measured by vLLM: H100-80GB-HBM3 79.18 (llm-d/llm-d-benchmark
+  ``config_explorer/empirical-vllm-memory-results.md``: "H100 GPUs (79.18 GiB total memory)",
+  "Free memory on device: 78.57/79.18 GiB"); L40S 44.39 (vLLM log "total_gpu_memory (44.39GiB)"
+  in a public NIM troubleshooting note, "L40S (44.4 GiB CUDA visible)").
+* PyTorch OOM messages ("GPU 0 has a total capacity of X GiB") in public repositories: H100
+  79.18/79.19, A100-80GB 79.15, H200 139.80, B200 178.36, L4 22.03, A10G 21.98, RTX 4090 23.64,
+  A100-40GB 39.39, T4 14.75, V100-16GB 15.77, V100-32GB 31.74.
+* estimated (nvidia-smi total minus the ≈0.45 GiB gap seen on L4/H100): A10 22.02, H100 NVL
+  93.1, H100 PCIe 79.18, RTX 6000 Ada 47.4, A40 44.34, L40 44.39, H20 94.5, GH200 94.5.
+  These are marked ``measured=False``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPUProduct:
+    """One GPU model as the planner needs it."""
+
+    product: str
+    """GPU-feature-discovery ``nvidia.com/gpu.product`` label value."""
+    memory_gib: float
+    """Total device memory reported by ``torch.cuda.mem_get_info`` (GiB)."""
+    marketing_gb: int
+    """Nameplate memory (GB), for messages."""
+    aliases: tuple[str, ...] = ()
+    measured: bool = True
+    """False where ``memory_gib`` is estimated rather than seen in a real log."""
+    vllm_a100: bool = False
+    """vLLM gives A100s the small batch defaults even at 80 GB (arg_utils.get_batch_defaults)."""
+
+
+GPU_CATALOG: tuple[GPUProduct, ...] = (
+    GPUProduct("NVIDIA-H100-80GB-HBM3", 79.18, 80, ("H100", "H100-80GB", "H100-SXM", "H100-SXM5")),
+    GPUProduct("NVIDIA-H100-PCIe", 79.18, 80, ("H100-PCIE", "H100-80GB-PCIE"), measured=False),
+    GPUProduct("NVIDIA-H100-NVL", 93.1, 94, ("H100NVL", "H100-94GB"), measured=False),
+    GPUProduct("NVIDIA-H200", 139.80, 141, ("H200", "H200-141GB", "NVIDIA-H200-141GB-HBM3e")),
+    GPUProduct("NVIDIA-H20", 94.5, 96, ("H20",), measured=False),
+    GPUProduct("NVIDIA-GH200-480GB", 94.5, 96, ("GH200",), measured=False),
+    GPUProduct("NVIDIA-B200", 178.36, 192, ("B200", "B200-192GB")),
+    GPUProduct(
+        "NVIDIA-A100-SXM4-80GB",
+        79.15,
+        80,
+        ("A100-80GB", "A100-SXM4-80GB", "A100-80G", "A800-80GB"),
+        vllm_a100=True,
+    ),
+    GPUProduct("NVIDIA-A100-80GB-PCIe", 79.15, 80, ("A100-PCIE-80GB",), vllm_a100=True),
+    GPUProduct(
+        "NVIDIA-A100-SXM4-40GB", 39.39, 40, ("A100", "A100-40GB", "A100-SXM4-40GB"), vllm_a100=True
+    ),
+    GPUProduct("NVIDIA-A100-PCIE-40GB", 39.39, 40, ("A100-PCIE", "A100-PCIE-40GB"), vllm_a100=True),
+    GPUProduct("NVIDIA-L40S", 44.39, 48, ("L40S",)),
+    GPUProduct("NVIDIA-L40", 44.39, 48, ("L40",), measured=False),
+    GPUProduct("NVIDIA-A40", 44.34, 48, ("A40",), measured=False),
+    GPUProduct("NVIDIA-RTX-6000-Ada-Generation", 47.4, 48, ("RTX-6000-ADA",), measured=False),
+    GPUProduct("NVIDIA-L4", 22.03, 24, ("L4",)),
+    GPUProduct("NVIDIA-A10G", 21.98, 24, ("A10G",)),
+    GPUProduct("NVIDIA-A10", 22.02, 24, ("A10",), measured=False),
+    GPUProduct("NVIDIA-GeForce-RTX-4090", 23.64, 24, ("RTX-4090", "4090", "RTX4090")),
+    GPUProduct("Tesla-T4", 14.75, 16, ("T4", "NVIDIA-T4")),
+    GPUProduct("Tesla-V100-SXM2-16GB", 15.77, 16, ("V100", "V100-16GB")),
+    GPUProduct("Tesla-V100-SXM2-32GB", 31.74, 32, ("V100-32GB",)),
+)
+
+
+def _key(name: str) -> str:
+    """Case-, separator- and vendor-prefix-insensitive key: ``nvidia h100_80gb`` → ``H10080GB``."""
+    key = re.sub(r"[^A-Z0-9]", "", name.upper())
+    for prefix in ("NVIDIAGEFORCE", "NVIDIA", "TESLA"):
+        if key.startswith(prefix) and len(key) > len(prefix):
+            key = key[len(prefix) :]
+            break
+    return key
+
+
+def _build_index() -> dict[str, GPUProduct]:
+    index: dict[str, GPUProduct] = {}
+    for gpu in GPU_CATALOG:
+        for name in (gpu.product, *gpu.aliases):
+            # First entry wins: the catalog lists the most common variant of a short name first
+            # (``H100`` → SXM 80 GB, ``A100`` → 40 GB as in GFD's A100-SXM4-40GB).
+            index.setdefault(_key(name), gpu)
+    return index
+
+
+_INDEX = _build_index()
+
+
+def lookup_gpu(name: str) -> GPUProduct | None:
+    """Find a GPU by GFD product label or short name; None when unknown."""
+    return _INDEX.get(_key(name))

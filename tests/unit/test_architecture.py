@@ -1,0 +1,85 @@
+"""Import boundaries: the pure core imports no I/O library; each kind of I/O has one module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "src" / "llmop"
+
+OWNERS = {
+    "kubernetes": {"kube.py"},
+    "httpx": {"engine_client.py"},
+    "prometheus_client": {"metrics.py"},
+    "kopf": {"handlers.py", "main.py"},
+}
+PURE = (
+    "api/",
+    "planner/",
+    "render/",
+    "status.py",
+    "conditions.py",
+    "names.py",
+    "sizing.py",
+    "crdgen.py",
+)
+IMPURE_STDLIB = {"os", "time", "socket", "subprocess", "threading", "asyncio", "random"}
+
+
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def imported_roots(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    roots: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+@pytest.mark.parametrize("library", sorted(OWNERS))
+def test_each_io_library_has_exactly_its_owners(library: str) -> None:
+    importers = {relative(p) for p in modules() if library in imported_roots(p)}
+    assert importers <= OWNERS[library], (
+        f"{library} imported outside its owners: {importers - OWNERS[library]}"
+    )
+
+
+def test_pure_core_reads_no_clock_environment_or_network() -> None:
+    for path in modules():
+        name = relative(path)
+        if not name.startswith(PURE):
+            continue
+        bad = imported_roots(path) & (IMPURE_STDLIB | set(OWNERS) | {"llmop.kube"})
+        assert not bad, f"{name} is pure but imports {bad}"
+        source = path.read_text(encoding="utf-8")
+        for call in ("datetime.now(", "datetime.utcnow(", "time.time(", "os.environ"):
+            assert call not in source, f"{name} is pure but calls {call}"
+
+
+def test_pure_core_does_not_import_orchestration() -> None:
+    orchestration = {
+        "llmop.kube",
+        "llmop.handlers",
+        "llmop.main",
+        "llmop.metrics",
+        "llmop.engine_client",
+        "llmop.reconcile",
+    }
+    for path in modules():
+        if not relative(path).startswith(PURE):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in orchestration:
+                pytest.fail(f"{relative(path)} imports {node.module}")

@@ -1,0 +1,87 @@
+"""`llmop crd | render | plan` as a user runs them (the console script, in a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+LLMOP = [sys.executable, "-m", "llmop.cli"]
+
+
+def llmop(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*LLMOP, *args], capture_output=True, text=True, input=stdin, cwd=REPO, check=False
+    )
+
+
+def manifest(name: str, spec: dict[str, object]) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "serving.llmop.dev/v1alpha1",
+            "kind": "LLMDeployment",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+    )
+
+
+def test_crd_prints_the_committed_crd() -> None:
+    result = llmop("crd")
+    assert result.returncode == 0
+    assert result.stdout == (REPO / "crds/serving.llmop.dev_llmdeployments.yaml").read_text()
+
+
+def test_render_prints_every_child_of_every_example() -> None:
+    result = llmop("render", "-f", "examples/llama-3.1-8b-h100.yaml")
+    assert result.returncode == 0, result.stderr
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(result.stdout)]
+    assert kinds == ["Service", "Deployment", "PodDisruptionBudget", "HorizontalPodAutoscaler"]
+
+
+def test_plan_accepts_the_8b_example() -> None:
+    result = llmop("plan", "-f", "examples/llama-3.1-8b-h100.yaml", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    (plan,) = json.loads(result.stdout)
+    assert plan["fits"] is True
+    assert plan["maxModelLen"] == 8192
+    assert plan["kvCacheTokens"] > 0
+
+
+def test_plan_rejects_70b_on_one_gpu_and_suggests_tensor_parallelism() -> None:
+    spec = {
+        "model": {"name": "meta-llama/Llama-3.1-70B-Instruct"},
+        "resources": {"gpus": 1, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+        "engine": {"maxModelLen": 8192},
+    }
+    result = llmop("plan", "-f", "-", stdin=manifest("big", spec))
+    assert result.returncode == 1
+    assert "DOES NOT FIT" in result.stdout
+    assert "tensorParallelSize: 2" in result.stdout
+
+
+def test_plan_accepts_70b_on_two_h100s() -> None:
+    spec = {
+        "model": {"name": "meta-llama/Llama-3.1-70B-Instruct"},
+        "resources": {"gpus": 2, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+        "engine": {"maxModelLen": 8192},
+    }
+    result = llmop("plan", "-f", "-", "-o", "json", stdin=manifest("big", spec))
+    assert result.returncode == 0, result.stdout
+    assert json.loads(result.stdout)[0]["fits"] is True
+
+
+def test_bad_input_is_a_clear_error() -> None:
+    missing = llmop("plan", "-f", "does-not-exist.yaml")
+    assert missing.returncode == 2
+    assert "cannot read does-not-exist.yaml" in missing.stderr
+    wrong = llmop("plan", "-f", "-", stdin="kind: ConfigMap\napiVersion: v1\n")
+    assert wrong.returncode == 2
+    assert "no serving.llmop.dev/v1alpha1 LLMDeployment" in wrong.stderr
+    invalid = llmop("plan", "-f", "-", stdin=manifest("x", {"model": {}}))
+    assert invalid.returncode == 2
+    assert "model.name" in invalid.stderr
