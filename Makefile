@@ -58,4 +58,7 @@ unit: install ## Unit tests only (pure core, fast).
 test: install lint typecheck ## Full suite from a fresh clone: lint, types, unit, engine and integration tests.
 	$(BIN)/pytest -q
 
+.PHONY: bench
+bench: install ## Run every benchmark; each prints a table (not timed tests).
+
 include $(wildcard mk/*.mk)
