@@ -1,0 +1,228 @@
+"""The agent's main loop: supervise the engine, poll it, run deep probes, serve verdicts, drain.
+
+All judgement lives in `health` (pure); this module only gathers observations on a timer, starts
+one-token probes when `health.deep_probe_due` says so, and turns SIGTERM / preStop into the drain
+sequence. It exits with the engine's exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+
+from llmop_engine import health
+from llmop_engine.agent_metrics import AgentMetrics
+from llmop_engine.drain import drain_sequence
+from llmop_engine.engine_client import EngineClient
+from llmop_engine.health import Observation, Policy, Verdict
+from llmop_engine.probe_server import start as start_servers
+from llmop_engine.settings import AgentSettings, flag_value
+from llmop_engine.supervisor import FORWARDED, Supervisor, engine_command, engine_port
+
+log = logging.getLogger("llmop_engine.agent")
+
+
+def directory_bytes(path: str) -> int:
+    """Total size of the files under `path` (download progress of the model cache)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self.policy = Policy(
+            stall_seconds=settings.stall_seconds,
+            load_timeout_seconds=settings.load_timeout_seconds,
+            deep_probe_enabled=settings.deep_probe_enabled,
+            deep_probe_interval_seconds=settings.deep_probe_interval_seconds,
+            deep_probe_timeout_seconds=settings.deep_probe_timeout_seconds,
+        )
+        self.metrics = AgentMetrics()
+        self.supervisor = Supervisor(engine_command(settings))
+        self.client = EngineClient(engine_port(settings), settings.api_key)
+        self.state = health.initial(time.monotonic())
+        self.model_name = settings.served_model_name
+        self.ever_ready = False
+        self.drain_task: asyncio.Task[float] | None = None
+        self.drain_duration: float | None = None
+        self._probe_task: asyncio.Task[None] | None = None
+        self._last: Verdict | None = None
+
+    # -- views for the probe server ---------------------------------------------------------
+
+    def verdict(self) -> Verdict:
+        return health.verdict(self.state, self.policy, time.monotonic())
+
+    def status(self) -> dict[str, object]:
+        v = self.verdict()
+        m = self.state.metrics
+        probe = self.state.last_probe
+        return {
+            "phase": v.phase.value,
+            "ready": v.ready,
+            "live": v.live,
+            "reason": v.reason,
+            "queueDepth": None if m is None else m.waiting,
+            "running": None if m is None else m.running,
+            "kvCacheUsage": None if m is None else m.kv_usage,
+            "kvCacheCapacityTokens": None if m is None else m.kv_capacity_tokens,
+            "lastDeepProbe": None
+            if probe is None
+            else {
+                "ok": probe.ok,
+                "latencySeconds": round(probe.latency, 4),
+                "ageSeconds": round(time.monotonic() - probe.finished_at, 1),
+                "error": probe.error or None,
+            },
+            "servedModelName": self.model_name,
+            "modelRevision": flag_value(self.settings.engine_args, "--revision"),
+            "backend": self.settings.backend,
+            "enginePid": self.supervisor.pid,
+            "engineExitCode": self.supervisor.returncode,
+            "drainDurationSeconds": self.drain_duration,
+        }
+
+    def metrics_text(self) -> bytes:
+        self.metrics.update(self.verdict(), self.state.metrics)
+        return self.metrics.render()
+
+    def drain_progress(self) -> dict[str, object]:
+        return {
+            "draining": self.state.draining,
+            "done": self.drain_task is not None and self.drain_task.done(),
+            "durationSeconds": self.drain_duration,
+        }
+
+    # -- drain ------------------------------------------------------------------------------
+
+    def request_drain(self, source: str) -> None:
+        if self.drain_task is not None:
+            return
+        log.info("drain requested by %s", source)
+        # Readiness goes off before anything else: the very next /readyz answers 503.
+        self.state = health.start_drain(self.state, time.monotonic())
+        self._after_change()
+        self.drain_task = asyncio.create_task(self._drain(), name="drain")
+
+    async def _drain(self) -> float:
+        duration = await drain_sequence(
+            self.supervisor,
+            self.settings.endpoint_propagation_seconds,
+            self.settings.drain_seconds,
+            # A pod that never was ready is in no Service's endpoints: nothing to wait for.
+            skip_propagation=not self.ever_ready,
+        )
+        self.drain_duration = duration
+        self.metrics.drain_duration.set(duration)
+        return duration
+
+    # -- polling ----------------------------------------------------------------------------
+
+    def _after_change(self) -> None:
+        v = self.verdict()
+        self.metrics.update(v, self.state.metrics)
+        if v.ready:
+            self.ever_ready = True
+        last = self._last
+        if last is None or (last.phase, last.live, last.ready) != (v.phase, v.live, v.ready):
+            log.info("phase=%s live=%s ready=%s: %s", v.phase.value, v.live, v.ready, v.reason)
+        self._last = v
+
+    async def poll_once(self) -> None:
+        s = self.settings
+        timeout = max(1.0, min(5.0, s.deep_probe_timeout_seconds))
+        alive = self.supervisor.alive()
+        reach = await self.client.health(timeout)
+        metrics = None
+        if reach is health.Reach.OK:
+            metrics = await self.client.metrics(timeout)
+            if self.model_name is None:
+                self.model_name = await self.client.first_model(timeout)
+        cache_bytes = None
+        if s.model_cache_dir and self.state.listening_since is None:
+            cache_bytes = await asyncio.to_thread(directory_bytes, s.model_cache_dir)
+        self.state = health.observe(
+            self.state,
+            Observation(
+                now=time.monotonic(),
+                process_alive=alive and self.supervisor.alive(),
+                reach=reach,
+                metrics=metrics,
+                cache_bytes=cache_bytes,
+                exit_code=self.supervisor.returncode,
+            ),
+        )
+        self._after_change()
+        if self.model_name and health.deep_probe_due(self.state, self.policy, time.monotonic()):
+            self.state = health.probe_started(self.state)
+            self._probe_task = asyncio.create_task(self._deep_probe(self.model_name))
+
+    async def _deep_probe(self, model: str) -> None:
+        s = self.settings
+        result = await self.client.deep_probe(
+            model, s.deep_probe_prompt, s.deep_probe_timeout_seconds
+        )
+        if not result.ok:
+            log.warning("deep probe failed: %s", result.error)
+        self.metrics.probe(result)
+        self.state = health.record_probe(self.state, result)
+        self._after_change()
+
+    async def _monitor(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:  # never let one bad poll kill the probes
+                log.exception("poll failed")
+            delay = self.settings.poll_interval_seconds
+            due = health.next_probe_at(self.state, self.policy)
+            if due is not None and not self.state.probe_in_flight:
+                delay = min(delay, max(0.05, due - time.monotonic()))
+            await asyncio.sleep(delay)
+
+    # -- main -------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        s = self.settings
+        runners = await start_servers(self, s.probe_host, s.probe_port, s.agent_socket)
+        log.info(
+            "agent probes on %s:%d, drain socket %s", s.probe_host, s.probe_port, s.agent_socket
+        )
+        self.supervisor.start()
+        self.state = health.initial(time.monotonic())
+        loop.add_signal_handler(signal.SIGTERM, self.request_drain, "SIGTERM")
+        for sig in FORWARDED:
+            loop.add_signal_handler(sig, self.supervisor.send, sig)
+        monitor = asyncio.create_task(self._monitor(), name="monitor")
+        try:
+            code = await self.supervisor.wait()
+            if self.drain_task is not None:
+                await self.drain_task
+            else:
+                log.error("engine exited on its own with code %s", code)
+            return 1 if code is None else code
+        finally:
+            monitor.cancel()
+            if self._probe_task is not None:
+                self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await monitor
+            await self.client.close()
+            for runner in runners:
+                await runner.cleanup()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(s.agent_socket)
+
+
+def run(settings: AgentSettings) -> int:
+    return asyncio.run(Agent(settings).run())

@@ -1,0 +1,101 @@
+"""`llmop-engine run | drain | simulate`: the engine image's entrypoint.
+
+- `run [--backend vllm|simulator] [--port 8000] [--probe-port 8081] [flags] [-- <engine args>]`
+  is PID 1: it launches the engine, serves probes, drains on SIGTERM, exits with the engine's code.
+- `drain` is the preStop hook: asks the agent over its unix socket to drain, waits for it.
+- `simulate [<model>] [vLLM flags] [--sim-* flags]` runs the vLLM simulator in the foreground.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from llmop_engine import __version__
+
+
+def _setup_logging(name: str) -> None:
+    logging.basicConfig(
+        level=os.environ.get("LLMOP_LOG_LEVEL", "INFO").upper(),
+        format=f"%(asctime)s %(levelname)s {name}: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _split_engine_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    args = list(argv)
+    if "--" in args:
+        i = args.index("--")
+        return args[:i], args[i + 1 :]
+    return args, []
+
+
+def _run(argv: Sequence[str]) -> int:
+    from llmop_engine.agent import run as run_agent
+    from llmop_engine.settings import SettingsError, add_agent_flags, from_env_and_flags
+
+    own, engine_args = _split_engine_args(argv)
+    parser = argparse.ArgumentParser(
+        prog="llmop-engine run",
+        description="Supervise the engine (PID 1): probes on --probe-port, drain on SIGTERM. "
+        "Everything after `--` goes to the engine. Settings also come from LLMOP_* variables.",
+    )
+    add_agent_flags(parser)
+    ns = parser.parse_args(own)
+    try:
+        settings = from_env_and_flags(os.environ, ns, engine_args)
+    except SettingsError as exc:
+        parser.error(str(exc))
+    _setup_logging("agent")
+    return run_agent(settings)
+
+
+def _drain(argv: Sequence[str]) -> int:
+    from llmop_engine.drain import request_drain
+    from llmop_engine.settings import socket_path
+
+    parser = argparse.ArgumentParser(
+        prog="llmop-engine drain",
+        description="preStop hook: tell the agent (over its unix socket) to drain, and wait.",
+    )
+    parser.add_argument(
+        "--socket", default=None, help="[LLMOP_AGENT_SOCKET or /tmp/llmop-agent.sock]"
+    )
+    parser.add_argument("--no-wait", action="store_true", help="return once the drain started")
+    parser.add_argument("--timeout", type=float, default=600.0, help="give up waiting after this")
+    ns = parser.parse_args(argv)
+    _setup_logging("drain")
+    return asyncio.run(request_drain(ns.socket or socket_path(), not ns.no_wait, ns.timeout))
+
+
+def _simulate(argv: Sequence[str]) -> int:
+    from llmop_engine.simulator import config, server
+
+    if any(a in ("-h", "--help") for a in argv):
+        config.build_parser().print_help()
+        return 0
+    _setup_logging("simulator")
+    return server.run(config.parse(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = {"run": _run, "drain": _drain, "simulate": _simulate}
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if args else 2
+    if args[0] == "--version":
+        print(__version__)
+        return 0
+    command = commands.get(args[0])
+    if command is None:
+        print(
+            f"llmop-engine: unknown command {args[0]!r}; one of run, drain, simulate",
+            file=sys.stderr,
+        )
+        return 2
+    return command(args[1:])

@@ -1,0 +1,120 @@
+"""The agent's HTTP client to the engine on localhost: `/health`, `/metrics`, `/v1/models` and the
+one-token deep probe. Every call has its own timeout and never raises; results are plain values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from llmop_engine import __version__
+from llmop_engine.health import ProbeResult, Reach
+from llmop_engine.vllm_metrics import EngineMetrics, parse
+
+PROBE_USER_AGENT = f"llmop-engine-probe/{__version__}"
+
+
+class EngineClient:
+    def __init__(self, port: int, api_key: str | None = None, host: str = "127.0.0.1") -> None:
+        self.base = f"http://{host}:{port}"
+        self.api_key = api_key
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # One keep-alive connection pool for polls; the deep probe shares it.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=4, force_close=False),
+                headers={"User-Agent": PROBE_USER_AGENT},
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def health(self, timeout: float) -> Reach:
+        try:
+            async with self._http().get(
+                self.base + "/health", timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                await resp.read()
+                if resp.status == 200:
+                    return Reach.OK
+                return Reach.DEAD if resp.status == 503 else Reach.ERROR
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, ConnectionRefusedError):
+                return Reach.REFUSED
+            return Reach.ERROR
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return Reach.ERROR
+
+    async def metrics(self, timeout: float) -> EngineMetrics | None:
+        try:
+            async with self._http().get(
+                self.base + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+            return None
+        parsed = parse(text)
+        if parsed.pending is None and parsed.progress_tokens is None:
+            return None  # e.g. --disable-log-stats: no vllm:* metrics at all
+        return parsed
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    async def first_model(self, timeout: float) -> str | None:
+        try:
+            async with self._http().get(
+                self.base + "/v1/models",
+                headers=self._auth(),
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                body = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return None
+        data = body.get("data") if isinstance(body, dict) else None
+        if isinstance(data, list) and data and isinstance(data[0], dict):
+            model_id = data[0].get("id")
+            return str(model_id) if model_id else None
+        return None
+
+    async def deep_probe(self, model: str, prompt: str, timeout: float) -> ProbeResult:
+        """A real one-token completion through the engine's scheduler."""
+        started = time.monotonic()
+        payload = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+        try:
+            async with self._http().post(
+                self.base + "/v1/completions",
+                json=payload,
+                headers=self._auth(),
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    snippet = body[:120].decode(errors="replace")
+                    return ProbeResult(
+                        started, time.monotonic(), False, f"HTTP {resp.status}: {snippet}"
+                    )
+                data = await resp.json(content_type=None)
+        except TimeoutError:
+            return ProbeResult(started, time.monotonic(), False, f"timed out after {timeout:g}s")
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            return ProbeResult(started, time.monotonic(), False, type(exc).__name__)
+        except asyncio.CancelledError:
+            raise
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not choices:
+            return ProbeResult(started, time.monotonic(), False, "response without choices")
+        finish = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
+        if finish in ("abort", "error"):
+            return ProbeResult(started, time.monotonic(), False, f"finish_reason={finish}")
+        return ProbeResult(started, time.monotonic(), True)

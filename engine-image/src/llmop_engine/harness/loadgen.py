@@ -1,0 +1,164 @@
+"""A load generator that routes like a Kubernetes Service and audits every streamed response.
+
+`Endpoints` polls each replica's readiness URL every `poll_seconds` and round-robins only over those
+it last saw answer 200 — the lag between a pod flipping readiness and the poll noticing is the
+endpoint propagation delay the agent waits out. `run_clients` keeps N streaming completions in
+flight and classifies each: ok (HTTP 200, `max_tokens` tokens, finish_reason `length`, `[DONE]`),
+truncated (the stream ended early, aborted, or was cut), failed (no response: refused, reset, 5xx).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import aiohttp
+
+
+@dataclass
+class Backend:
+    name: str
+    api_url: str
+    readiness_url: str
+    ready: bool = False
+
+
+class Endpoints:
+    def __init__(self, poll_seconds: float = 0.5) -> None:
+        self.poll_seconds = poll_seconds
+        self.backends: dict[str, Backend] = {}
+        self._rr = itertools.count()
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, name: str, api_url: str, readiness_url: str) -> None:
+        self.backends[name] = Backend(name, api_url, readiness_url)
+
+    def remove(self, name: str) -> None:
+        self.backends.pop(name, None)
+
+    def pick(self) -> Backend | None:
+        ready = [b for b in self.backends.values() if b.ready]
+        if not ready:
+            return None
+        return ready[next(self._rr) % len(ready)]
+
+    async def _poll(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            while True:
+                for backend in list(self.backends.values()):
+                    ok = False
+                    with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
+                        async with http.get(
+                            backend.readiness_url, timeout=aiohttp.ClientTimeout(total=1)
+                        ) as r:
+                            ok = r.status == 200
+                    backend.ready = ok
+                await asyncio.sleep(self.poll_seconds)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._poll(), name="endpoints")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+@dataclass
+class LoadResult:
+    ok: int = 0
+    truncated: int = 0
+    failed: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.ok + self.truncated + self.failed
+
+    @property
+    def lost(self) -> int:
+        return self.truncated + self.failed
+
+
+async def stream_completion(
+    http: aiohttp.ClientSession, api_url: str, model: str, max_tokens: int
+) -> tuple[str, str]:
+    """One streaming completion; returns (outcome, reason)."""
+    payload = {
+        "model": model,
+        "prompt": "Tell me a story.",
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    tokens, finish, done = 0, None, False
+    try:
+        async with http.post(api_url + "/v1/completions", json=payload) as resp:
+            if resp.status != 200:
+                return "failed", f"HTTP {resp.status}"
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data)
+                for choice in chunk.get("choices", []):
+                    if choice.get("text"):
+                        tokens += 1
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+    except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+        return "failed", f"connect: {type(exc).__name__}"
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        return ("truncated" if tokens else "failed"), type(exc).__name__
+    if finish == "length" and tokens == max_tokens and done:
+        return "ok", ""
+    if finish == "abort" and tokens == 0:
+        return "failed", "aborted before any token"
+    if finish != "length":
+        return "truncated", f"finish_reason={finish}"
+    return "truncated", f"{tokens}/{max_tokens} tokens, [DONE]={done}"
+
+
+async def run_clients(
+    endpoints: Endpoints,
+    concurrency: int,
+    duration: float,
+    model: str,
+    max_tokens: int,
+) -> LoadResult:
+    result = LoadResult()
+    deadline = time.monotonic() + duration
+    timeout = aiohttp.ClientTimeout(total=120, sock_connect=5)
+
+    async def client(http: aiohttp.ClientSession) -> None:
+        while time.monotonic() < deadline:
+            backend = endpoints.pick()
+            if backend is None:
+                await asyncio.sleep(0.05)
+                continue
+            started = time.monotonic()
+            outcome, reason = await stream_completion(http, backend.api_url, model, max_tokens)
+            if outcome == "ok":
+                result.ok += 1
+                result.latencies.append(time.monotonic() - started)
+            else:
+                if outcome == "truncated":
+                    result.truncated += 1
+                else:
+                    result.failed += 1
+                result.reasons[f"{outcome}: {reason}"] += 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency * 2)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+    return result

@@ -1,0 +1,301 @@
+"""Pure progress/phase state machine: observations in, liveness and readiness verdicts out.
+
+No I/O and no clock: every function takes `now` (monotonic seconds), so the rules of DESIGN.md §7
+are table-tested without processes. The agent feeds it one `Observation` per poll and one
+`ProbeResult` per deep probe.
+
+Rules, in order:
+- the engine process exited → failed (not live);
+- draining → not ready, still live (the kubelet must not restart a pod that is finishing work);
+- never listened yet → downloading while the model cache grows, else loading within the load budget
+  (alive, not ready); past the budget → not live;
+- `/health` says dead (503) → not live; unreachable after having served → not ready at once
+  (connection refused) or after the probe timeout (hanging HTTP), not live after `stallSeconds`;
+- pending work (waiting + running > 0): progress means the generated/prefilled token counter grew.
+  No progress for `stallSeconds` → hung (not live, not ready); for the shorter readiness window
+  (min(stall, deep-probe interval)) → not ready. Otherwise ready however slow requests are;
+- idle: ready iff the last one-token deep probe passed; failing probes with no progress for
+  `stallSeconds` → not live.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from llmop_engine.vllm_metrics import EngineMetrics
+
+
+class Phase(enum.StrEnum):
+    STARTING = "starting"
+    DOWNLOADING = "downloading"
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+class Reach(enum.StrEnum):
+    """What one poll of the engine's `/health` found."""
+
+    OK = "ok"  # 200
+    DEAD = "dead"  # 503: vLLM's EngineDeadError
+    REFUSED = "refused"  # connection refused: not listening (loading, or gone)
+    ERROR = "error"  # timeout or any other failure
+
+
+@dataclass(frozen=True)
+class Policy:
+    stall_seconds: float = 60.0
+    load_timeout_seconds: float = 1800.0
+    deep_probe_enabled: bool = True
+    deep_probe_interval_seconds: float = 10.0
+    deep_probe_timeout_seconds: float = 5.0
+
+    @property
+    def ready_stall_seconds(self) -> float:
+        """Busy without progress for this long → stop routing new work here (before liveness)."""
+        return min(self.stall_seconds, self.deep_probe_interval_seconds)
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float
+    process_alive: bool
+    reach: Reach
+    metrics: EngineMetrics | None = None
+    cache_bytes: int | None = None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    started_at: float
+    finished_at: float
+    ok: bool
+    error: str = ""
+
+    @property
+    def latency(self) -> float:
+        return self.finished_at - self.started_at
+
+
+@dataclass(frozen=True)
+class HealthState:
+    started_at: float
+    observed: bool = False
+    exit_code: int | None = None
+    process_alive: bool = True
+    draining: bool = False
+    drain_started_at: float | None = None
+    reach: Reach = Reach.REFUSED
+    listening_since: float | None = None
+    last_reach_ok_at: float | None = None
+    cache_bytes: int | None = None
+    last_download_progress_at: float | None = None
+    metrics: EngineMetrics | None = None
+    busy_since: float | None = None
+    last_progress_value: float | None = None
+    last_progress_at: float | None = None
+    last_probe: ProbeResult | None = None
+    last_probe_ok_at: float | None = None
+    probe_in_flight: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    phase: Phase
+    live: bool
+    ready: bool
+    reason: str
+
+
+def initial(now: float) -> HealthState:
+    return HealthState(started_at=now)
+
+
+def observe(state: HealthState, obs: Observation) -> HealthState:
+    """Fold one poll into the state."""
+    now = obs.now
+    new = replace(state, observed=True, process_alive=obs.process_alive, reach=obs.reach)
+    if obs.exit_code is not None:
+        new = replace(new, exit_code=obs.exit_code, process_alive=False)
+    if obs.cache_bytes is not None:
+        if state.cache_bytes is not None and obs.cache_bytes > state.cache_bytes:
+            new = replace(new, last_download_progress_at=now)
+        new = replace(new, cache_bytes=obs.cache_bytes)
+    if obs.reach is Reach.OK:
+        new = replace(
+            new,
+            last_reach_ok_at=now,
+            listening_since=state.listening_since if state.listening_since is not None else now,
+        )
+    if obs.reach is Reach.OK and obs.metrics is not None:
+        new = _fold_metrics(new, obs.metrics, now)
+    return new
+
+
+def _fold_metrics(state: HealthState, metrics: EngineMetrics, now: float) -> HealthState:
+    progress = metrics.progress_tokens
+    last_value, last_at = state.last_progress_value, state.last_progress_at
+    if progress is not None:
+        if last_value is not None and progress > last_value:
+            last_at = now
+        # A counter reset (engine restarted in place) is a new baseline, not progress.
+        last_value = progress
+    pending = metrics.pending
+    busy_since = state.busy_since
+    if pending is not None and pending > 0:
+        busy_since = busy_since if busy_since is not None else now
+    else:
+        busy_since = None
+    return replace(
+        state,
+        metrics=metrics,
+        busy_since=busy_since,
+        last_progress_value=last_value,
+        last_progress_at=last_at,
+    )
+
+
+def probe_started(state: HealthState) -> HealthState:
+    return replace(state, probe_in_flight=True)
+
+
+def record_probe(state: HealthState, result: ProbeResult) -> HealthState:
+    return replace(
+        state,
+        probe_in_flight=False,
+        last_probe=result,
+        last_probe_ok_at=result.finished_at if result.ok else state.last_probe_ok_at,
+    )
+
+
+def start_drain(state: HealthState, now: float) -> HealthState:
+    if state.draining:
+        return state
+    return replace(state, draining=True, drain_started_at=now)
+
+
+def is_busy(state: HealthState) -> bool:
+    pending = state.metrics.pending if state.metrics is not None else None
+    return pending is not None and pending > 0
+
+
+def deep_probe_due(state: HealthState, policy: Policy, now: float) -> bool:
+    """A one-token probe is due: enabled, serving, idle, none in flight, interval elapsed."""
+    if not policy.deep_probe_enabled or state.draining or state.exit_code is not None:
+        return False
+    if state.reach is not Reach.OK or state.probe_in_flight:
+        return False
+    # Busy: progress counters decide; a probe would only queue behind real work.
+    if is_busy(state):
+        return False
+    if state.last_probe is None:
+        return True
+    return now - state.last_probe.started_at >= policy.deep_probe_interval_seconds
+
+
+def next_probe_at(state: HealthState, policy: Policy) -> float | None:
+    if state.last_probe is None:
+        return None
+    return state.last_probe.started_at + policy.deep_probe_interval_seconds
+
+
+def _latest(*times: float | None) -> float | None:
+    present = [t for t in times if t is not None]
+    return max(present) if present else None
+
+
+def verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
+    """Liveness and readiness for `now`."""
+    if state.exit_code is not None or not state.process_alive:
+        code = "unknown" if state.exit_code is None else str(state.exit_code)
+        return Verdict(Phase.FAILED, False, False, f"engine process exited (code {code})")
+    if state.draining:
+        return Verdict(Phase.DRAINING, True, False, "draining")
+    if not state.observed:
+        return Verdict(Phase.STARTING, True, False, "engine process starting")
+    if state.listening_since is None:
+        return _starting_verdict(state, policy, now)
+    return _serving_verdict(state, policy, now)
+
+
+def _starting_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
+    if state.reach is Reach.DEAD:
+        return Verdict(Phase.FAILED, False, False, "engine /health reports dead (503)")
+    dl = state.last_download_progress_at
+    if dl is not None and now - dl <= policy.stall_seconds:
+        return Verdict(Phase.DOWNLOADING, True, False, "model download in progress")
+    load_start = _latest(state.started_at, dl) or state.started_at
+    elapsed = now - load_start
+    if elapsed > policy.load_timeout_seconds:
+        return Verdict(
+            Phase.FAILED,
+            False,
+            False,
+            f"engine not listening {elapsed:.0f}s after start (load budget "
+            f"{policy.load_timeout_seconds:.0f}s)",
+        )
+    return Verdict(
+        Phase.LOADING, True, False, f"engine loading (port not listening, {elapsed:.0f}s)"
+    )
+
+
+def _serving_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
+    if state.reach is Reach.DEAD:
+        return Verdict(Phase.FAILED, False, False, "engine /health reports dead (503)")
+    if state.reach is not Reach.OK:
+        since = now - (state.last_reach_ok_at or now)
+        if since > policy.stall_seconds:
+            return Verdict(Phase.FAILED, False, False, f"engine unreachable for {since:.0f}s")
+        if state.reach is Reach.REFUSED or since > policy.deep_probe_timeout_seconds:
+            return Verdict(Phase.READY, True, False, f"engine not answering ({state.reach})")
+        # One slow /health answer is not enough to pull the pod out; judge by what we knew.
+    if is_busy(state):
+        return _busy_verdict(state, policy, now)
+    return _idle_verdict(state, policy, now)
+
+
+def _busy_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
+    metrics = state.metrics
+    assert metrics is not None
+    pending = int(metrics.pending or 0)
+    ref = _latest(state.busy_since, state.last_progress_at) or now
+    stalled = now - ref
+    if stalled > policy.stall_seconds:
+        return Verdict(
+            Phase.FAILED,
+            False,
+            False,
+            f"hung: {pending} pending requests and no generated tokens for {stalled:.0f}s",
+        )
+    if stalled > policy.ready_stall_seconds:
+        return Verdict(
+            Phase.READY, True, False, f"no progress for {stalled:.0f}s with {pending} pending"
+        )
+    probe = state.last_probe
+    if probe is not None and not probe.ok:
+        progressed_after = (
+            state.last_progress_at is not None and state.last_progress_at > probe.finished_at
+        )
+        if not progressed_after:
+            return Verdict(Phase.READY, True, False, f"deep probe failed: {probe.error}")
+    return Verdict(Phase.READY, True, True, f"busy, making progress ({pending} pending)")
+
+
+def _idle_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
+    if not policy.deep_probe_enabled:
+        return Verdict(Phase.READY, True, True, "serving (deep probe disabled)")
+    probe = state.last_probe
+    if probe is None:
+        return Verdict(Phase.LOADING, True, False, "listening; waiting for the first deep probe")
+    if probe.ok:
+        return Verdict(Phase.READY, True, True, f"deep probe ok ({probe.latency * 1000:.0f} ms)")
+    good = _latest(state.last_probe_ok_at, state.last_progress_at, state.listening_since) or now
+    failing = now - good
+    if failing > policy.stall_seconds:
+        return Verdict(
+            Phase.FAILED, False, False, f"deep probe failing for {failing:.0f}s: {probe.error}"
+        )
+    return Verdict(Phase.READY, True, False, f"deep probe failed: {probe.error}")

@@ -1,0 +1,142 @@
+"""Simulator command line: the vLLM flags it models plus `--sim-*` flags.
+
+The renderer emits the same flags for both backends, so any other vLLM flag is accepted and ignored
+with a log line rather than rejected. Defaults model a 7-8B model in bf16 on one 80 GB GPU:
+~20 ms per decode step at batch 1 growing ~0.15 ms per running sequence, 10k prompt tokens/s of
+prefill, 16k KV blocks of 16 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger("llmop_engine.simulator")
+
+FAULTS = ("none", "hang", "crash", "slow", "refuse")
+DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # what `vllm serve` serves without a model argument
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    model: str = DEFAULT_MODEL
+    served_model_names: tuple[str, ...] = ()
+    host: str = "0.0.0.0"
+    port: int = 8000
+    max_num_seqs: int = 256
+    max_model_len: int = 8192
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    num_gpu_blocks: int = 16384
+    gpu_memory_utilization: float = 0.92
+    shutdown_timeout: float = 0.0
+    api_key: str | None = None
+    disable_log_stats: bool = False
+    load_seconds: float = 5.0
+    decode_ms: float = 20.0
+    decode_ms_per_seq: float = 0.15
+    prefill_tokens_per_s: float = 10000.0
+    default_max_tokens: int = 256
+    fault: str = "none"
+    fault_after_seconds: float = 0.0
+    slow_factor: float = 10.0
+    crash_exit_delay_seconds: float = 1.0
+    crash_exit_code: int = 1
+
+    @property
+    def served_model_name(self) -> str:
+        return self.served_model_names[0] if self.served_model_names else self.model
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmop-engine simulate",
+        description="vLLM-compatible simulator. Runtime faults: POST /sim/fault "
+        '{"mode": "hang|crash|slow|refuse|none"}; counters: GET /sim/stats.',
+    )
+    p.add_argument("--model", default=None)
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    p.add_argument("--shutdown-timeout", type=float, default=0.0)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--disable-log-stats", action="store_true")
+    sim = p.add_argument_group("simulation")
+    sim.add_argument(
+        "--sim-load-seconds",
+        type=float,
+        default=5.0,
+        help="time before the port listens (weights loading)",
+    )
+    sim.add_argument("--sim-kv-blocks", type=int, default=None, help="KV cache blocks [16384]")
+    sim.add_argument("--sim-decode-ms", type=float, default=20.0, help="decode step at batch 1")
+    sim.add_argument(
+        "--sim-decode-ms-per-seq",
+        type=float,
+        default=0.15,
+        help="extra step time per running sequence",
+    )
+    sim.add_argument("--sim-prefill-tokens-per-s", type=float, default=10000.0)
+    sim.add_argument(
+        "--sim-default-max-tokens",
+        type=int,
+        default=256,
+        help="chat max_tokens when the request sets none",
+    )
+    sim.add_argument("--sim-fault", choices=FAULTS, default="none")
+    sim.add_argument(
+        "--sim-fault-after",
+        type=float,
+        default=0.0,
+        help="seconds after listening before --sim-fault applies",
+    )
+    sim.add_argument("--sim-slow-factor", type=float, default=10.0)
+    sim.add_argument("--sim-crash-exit-delay", type=float, default=1.0)
+    sim.add_argument("--sim-crash-exit-code", type=int, default=1)
+    return p
+
+
+def parse(argv: Sequence[str]) -> SimConfig:
+    """Parse `[<model>] [flags…]`; unknown vLLM flags are logged and ignored."""
+    args = list(argv)
+    model: str | None = None
+    if args and not args[0].startswith("-"):
+        model = args.pop(0)
+    ns, unknown = build_parser().parse_known_args(args)
+    if unknown:
+        log.info("simulator ignores vLLM flags it does not model: %s", " ".join(unknown))
+    model = ns.model or model or DEFAULT_MODEL
+    blocks = ns.sim_kv_blocks or ns.num_gpu_blocks_override or 16384
+    return SimConfig(
+        model=model,
+        served_model_names=tuple(ns.served_model_name or ()),
+        host=ns.host,
+        port=ns.port,
+        max_num_seqs=max(1, ns.max_num_seqs),
+        max_model_len=max(16, ns.max_model_len),
+        max_num_batched_tokens=max(1, ns.max_num_batched_tokens),
+        block_size=max(1, ns.block_size),
+        num_gpu_blocks=max(1, blocks),
+        gpu_memory_utilization=ns.gpu_memory_utilization,
+        shutdown_timeout=max(0.0, ns.shutdown_timeout),
+        api_key=ns.api_key,
+        disable_log_stats=ns.disable_log_stats,
+        load_seconds=max(0.0, ns.sim_load_seconds),
+        decode_ms=max(0.1, ns.sim_decode_ms),
+        decode_ms_per_seq=max(0.0, ns.sim_decode_ms_per_seq),
+        prefill_tokens_per_s=max(1.0, ns.sim_prefill_tokens_per_s),
+        default_max_tokens=max(1, ns.sim_default_max_tokens),
+        fault=ns.sim_fault,
+        fault_after_seconds=max(0.0, ns.sim_fault_after),
+        slow_factor=max(1.0, ns.sim_slow_factor),
+        crash_exit_delay_seconds=max(0.0, ns.sim_crash_exit_delay),
+        crash_exit_code=ns.sim_crash_exit_code,
+    )

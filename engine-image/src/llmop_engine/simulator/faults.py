@@ -1,0 +1,47 @@
+"""Fault injection for the simulator: the failure modes the agent must tell apart.
+
+- `hang`: the scheduler stops stepping (a wedged GPU). `/health` stays 200 and `/metrics` keeps
+  answering with frozen counters, exactly what real vLLM shows when a forward pass never returns.
+- `crash`: the engine dies: `/health` answers 503, open requests end with an error, and the process
+  exits shortly after with a non-zero code (vLLM's watchdog does the same within ~5 s).
+- `slow`: every decode step takes `slowFactor` times longer; tokens still flow.
+- `refuse`: generation endpoints answer 503 (overloaded or misconfigured); `/health` is 200.
+- `none`: normal operation.
+
+Switch at start with `--sim-fault MODE [--sim-fault-after S]`, or at run time with
+`POST /sim/fault {"mode": "hang"}` (optional `"slowFactor": 20`) on the API port.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmop_engine.simulator.config import FAULTS
+
+
+class FaultError(ValueError):
+    """An unknown fault mode or parameter."""
+
+
+@dataclass
+class FaultState:
+    mode: str = "none"
+    slow_factor: float = 10.0
+    since: float = 0.0
+
+    def set(self, mode: str, now: float, slow_factor: float | None = None) -> None:
+        if mode not in FAULTS:
+            raise FaultError(f"unknown fault mode {mode!r}; one of {', '.join(FAULTS)}")
+        if slow_factor is not None:
+            if slow_factor < 1.0:
+                raise FaultError("slowFactor must be >= 1")
+            self.slow_factor = slow_factor
+        self.mode = mode
+        self.since = now
+
+    @property
+    def step_factor(self) -> float:
+        return self.slow_factor if self.mode == "slow" else 1.0
+
+    def as_json(self) -> dict[str, object]:
+        return {"mode": self.mode, "slowFactor": self.slow_factor}

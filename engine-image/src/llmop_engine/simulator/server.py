@@ -1,0 +1,418 @@
+"""The simulator's HTTP server: vLLM's OpenAI-compatible routes over the batching model.
+
+Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (JSON or SSE streaming), `/health`
+(200; 503 once crashed), `/ping`, `/version`, `/metrics` (vLLM names), and the simulation controls
+`POST|GET /sim/fault` and `GET /sim/stats` (request counts, split by probe vs client traffic; probes
+are requests whose User-Agent starts with `llmop-engine-probe`).
+
+Lifecycle like `vllm serve`: nothing listens during the simulated load time (connection refused);
+SIGTERM with `--shutdown-timeout 0` aborts open requests at once, with N > 0 it finishes running and
+waiting work for up to N seconds while new requests come back aborted, then closes the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+from aiohttp import web
+
+from llmop_engine.simulator.batching import BatchEngine, RequestTooLongError, SimRequest
+from llmop_engine.simulator.config import SimConfig
+from llmop_engine.simulator.faults import FaultError, FaultState
+from llmop_engine.simulator.metrics import SimMetrics
+
+log = logging.getLogger("llmop_engine.simulator")
+
+PROBE_USER_AGENT = "llmop-engine-probe"
+VLLM_VERSION = "0.33.0"
+_WORDS = (
+    " the",
+    " model",
+    " is",
+    " serving",
+    " tokens",
+    " from",
+    " a",
+    " simulated",
+    " GPU",
+    " with",
+    " continuous",
+    " batching",
+    ".",
+    " It",
+    " keeps",
+    " going",
+)
+
+
+def estimate_tokens(text: str) -> int:
+    """Roughly four characters per token, as for English with a BPE tokenizer."""
+    return max(1, (len(text) + 3) // 4)
+
+
+def token_text(index: int) -> str:
+    return _WORDS[index % len(_WORDS)]
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+class SimServer:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.metrics = SimMetrics(cfg)
+        self.faults = FaultState(mode="none", slow_factor=cfg.slow_factor)
+        self.engine = BatchEngine(cfg, self.metrics, self.faults)
+        self.stats: Counter[str] = Counter()
+        self.active_handlers = 0
+        self.stop_event = asyncio.Event()
+        self.exit_code = 0
+        self.started = time.time()
+
+    # -- app --------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_route("*", "/ping", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get("/sim/stats", self.sim_stats)
+        app.router.add_get("/sim/fault", self.get_fault)
+        app.router.add_post("/sim/fault", self.post_fault)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self.engine.dead else 200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VLLM_VERSION})
+
+    async def models(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        names = self.cfg.served_model_names or (self.cfg.model,)
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(self.started),
+                "owned_by": "vllm",
+                "root": self.cfg.model,
+                "parent": None,
+                "max_model_len": self.cfg.max_model_len,
+            }
+            for name in names
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        if self.cfg.disable_log_stats:
+            return web.Response(body=b"", content_type="text/plain")
+        body = self.metrics.render(
+            len(self.engine.running), len(self.engine.waiting), self.engine.kv_usage
+        )
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def sim_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "requestsTotal": self.stats["requests"],
+                "probeRequestsTotal": self.stats["probe_requests"],
+                "clientRequestsTotal": self.stats["requests"] - self.stats["probe_requests"],
+                "running": len(self.engine.running),
+                "waiting": len(self.engine.waiting),
+                "kvCacheUsage": self.engine.kv_usage,
+                "generationTokensTotal": self.engine.generation_tokens_total,
+                "steps": self.engine.steps,
+                "fault": self.faults.as_json(),
+                "shuttingDown": self.engine.shutting_down,
+            }
+        )
+
+    async def get_fault(self, request: web.Request) -> web.Response:
+        return web.json_response(self.faults.as_json())
+
+    async def post_fault(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            mode = str(body["mode"])
+            factor = body.get("slowFactor")
+            self.apply_fault(mode, None if factor is None else float(factor))
+        except (ValueError, KeyError, TypeError, FaultError) as exc:
+            return _error(400, f"bad fault request: {exc}")
+        return web.json_response(self.faults.as_json())
+
+    def apply_fault(self, mode: str, slow_factor: float | None = None) -> None:
+        self.faults.set(mode, time.monotonic(), slow_factor)
+        log.warning("fault injected: %s", mode)
+        if mode == "crash":
+            self.engine.dead = True
+            self.engine.abort_all("error")
+            self.exit_code = self.cfg.crash_exit_code
+            asyncio.get_running_loop().call_later(
+                self.cfg.crash_exit_delay_seconds, self.stop_event.set
+            )
+        self.engine.notify()
+
+    # -- generation -------------------------------------------------------------------------
+
+    def _auth(self, request: web.Request) -> web.Response | None:
+        if self.cfg.api_key and request.headers.get("Authorization") != (
+            f"Bearer {self.cfg.api_key}"
+        ):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return None
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    def _prompt_tokens(self, body: dict[str, Any], chat: bool) -> int:
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise ValueError("messages must be a non-empty list")
+            total = 0
+            for m in messages:
+                content = m.get("content", "") if isinstance(m, dict) else ""
+                if isinstance(content, list):
+                    content = " ".join(
+                        str(p.get("text", "")) for p in content if isinstance(p, dict)
+                    )
+                total += estimate_tokens(str(content)) + 4  # chat template overhead per message
+            return total
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            if prompt and all(isinstance(t, int) for t in prompt):
+                return len(prompt)
+            prompt = " ".join(str(p) for p in prompt)
+        if not isinstance(prompt, str):
+            raise ValueError("prompt must be a string or a list")
+        return estimate_tokens(prompt)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        is_probe = request.headers.get("User-Agent", "").startswith(PROBE_USER_AGENT)
+        self.stats["requests"] += 1
+        if is_probe:
+            self.stats["probe_requests"] += 1
+        if self.faults.mode == "refuse":
+            return _error(
+                503, "The server is refusing requests (simulated fault)", "ServiceUnavailableError"
+            )
+        if self.engine.dead:
+            return _error(500, "EngineCore encountered an issue.", "EngineDeadError")
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise ValueError("body must be a JSON object")
+            model = body.get("model") or self.cfg.served_model_name
+            names = self.cfg.served_model_names or (self.cfg.model,)
+            if model not in names:
+                return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+            prompt_tokens = self._prompt_tokens(body, chat)
+            raw_max = body.get("max_completion_tokens") if chat else None
+            raw_max = raw_max or body.get("max_tokens")
+            default = self.cfg.default_max_tokens if chat else 16  # vLLM's completions default
+            max_tokens = int(raw_max) if raw_max is not None else default
+            if max_tokens < 1:
+                raise ValueError("max_tokens must be at least 1")
+            req = self.engine.submit(prompt_tokens, max_tokens, is_probe=is_probe)
+        except RequestTooLongError as exc:
+            return _error(400, str(exc))
+        except (ValueError, TypeError, json.JSONDecodeError) as exc:
+            return _error(400, str(exc))
+        self.active_handlers += 1
+        try:
+            if body.get("stream"):
+                opts = body.get("stream_options") or {}
+                usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+                return await self._stream(request, req, chat, str(model), usage)
+            return await self._complete(req, chat, str(model))
+        finally:
+            self.active_handlers -= 1
+
+    async def _wait_finished(self, req: SimRequest) -> None:
+        while not req.finished:
+            await req.changed.wait()
+            req.changed.clear()
+
+    async def _complete(self, req: SimRequest, chat: bool, model: str) -> web.Response:
+        try:
+            await self._wait_finished(req)
+        except asyncio.CancelledError:
+            self.engine.abort(req)
+            raise
+        text = "".join(token_text(i) for i in range(req.generated))
+        usage = {
+            "prompt_tokens": req.prompt_tokens,
+            "completion_tokens": req.generated,
+            "total_tokens": req.prompt_tokens + req.generated,
+        }
+        created = int(time.time())
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": req.finish_reason,
+                "stop_reason": None,
+            }
+            obj = "chat.completion"
+            rid = f"chatcmpl-{uuid.uuid4().hex}"
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": req.finish_reason,
+                "stop_reason": None,
+            }
+            obj = "text_completion"
+            rid = f"cmpl-{uuid.uuid4().hex}"
+        return web.json_response(
+            {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+
+    async def _stream(
+        self, request: web.Request, req: SimRequest, chat: bool, model: str, include_usage: bool
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        created = int(time.time())
+        if chat:
+            rid = f"chatcmpl-{uuid.uuid4().hex}"
+            head = json.dumps(
+                {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+            )[:-1]
+        else:
+            rid = f"cmpl-{uuid.uuid4().hex}"
+            head = json.dumps(
+                {"id": rid, "object": "text_completion", "created": created, "model": model}
+            )[:-1]
+
+        def chunk(text: str | None, finish: str | None, role: bool = False) -> str:
+            if chat:
+                delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
+                if text is not None:
+                    delta["content"] = text
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return f'data: {head}, "choices": [{json.dumps(choice)}]}}\n\n'
+
+        sent = 0
+        try:
+            await resp.prepare(request)
+            if chat:
+                await resp.write(chunk(None, None, role=True).encode())
+            while True:
+                if not req.finished:
+                    await req.changed.wait()
+                    req.changed.clear()
+                parts: list[str] = []
+                upto = req.generated
+                while sent < upto:
+                    last = sent == upto - 1 and req.finished
+                    parts.append(chunk(token_text(sent), req.finish_reason if last else None))
+                    sent += 1
+                if req.finished:
+                    if not parts:
+                        parts.append(chunk("" if not chat else None, req.finish_reason))
+                    if include_usage:
+                        usage = {
+                            "prompt_tokens": req.prompt_tokens,
+                            "completion_tokens": req.generated,
+                            "total_tokens": req.prompt_tokens + req.generated,
+                        }
+                        parts.append(
+                            f'data: {head}, "choices": [], "usage": {json.dumps(usage)}}}\n\n'
+                        )
+                    if req.finish_reason != "error":
+                        parts.append("data: [DONE]\n\n")
+                if parts:
+                    await resp.write("".join(parts).encode())
+                if req.finished:
+                    break
+            await resp.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            self.engine.abort(req)
+            raise
+        return resp
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_event.set)
+        log.info("loading model %s (simulated, %.1fs)", self.cfg.model, self.cfg.load_seconds)
+        # Like vLLM, nothing listens until the weights are loaded: clients get connection refused.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop_event.wait(), self.cfg.load_seconds)
+        if self.stop_event.is_set():
+            log.info("terminated during load")
+            return 0
+        blocks = self.cfg.num_gpu_blocks
+        log.info("GPU KV cache size: %s tokens (simulated)", f"{blocks * self.cfg.block_size:,}")
+        engine_task = asyncio.create_task(self.engine.run(), name="sim-scheduler")
+        runner = web.AppRunner(
+            self.app(), handle_signals=False, access_log=None, shutdown_timeout=2.0
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, self.cfg.host, self.cfg.port, backlog=1024, reuse_address=True)
+        await site.start()
+        log.info("Starting vLLM server on http://%s:%d", self.cfg.host, self.cfg.port)
+        if self.cfg.fault != "none":
+            loop.call_later(self.cfg.fault_after_seconds, self.apply_fault, self.cfg.fault)
+        await self.stop_event.wait()
+        if not self.engine.dead:
+            mode = "drain" if self.cfg.shutdown_timeout > 0 else "abort"
+            log.info("[shutdown] API server: shutdown triggered")
+            log.info("stopping engine client mode=%s timeout=%ss", mode, self.cfg.shutdown_timeout)
+            await self.engine.drain(self.cfg.shutdown_timeout)
+        # Let handlers write their final chunks before the socket closes.
+        deadline = time.monotonic() + 2.0
+        while self.active_handlers and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self.engine.stop()
+        await runner.cleanup()
+        engine_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await engine_task
+        log.info("simulator exited (code %d)", self.exit_code)
+        return self.exit_code
+
+
+def run(cfg: SimConfig) -> int:
+    return asyncio.run(SimServer(cfg).serve())

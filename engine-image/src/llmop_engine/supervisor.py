@@ -1,0 +1,146 @@
+"""The engine child process: start it, forward signals, reap it (and orphans, as PID 1), report its
+exit code.
+
+The child runs in its own session so that a SIGKILL escalation reaches its whole process tree
+(vLLM's EngineCore and workers). Reaping is done here with `waitpid(-1)` when the agent is PID 1,
+because orphaned grandchildren are re-parented to PID 1 and would otherwise stay zombies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from llmop_engine.settings import AgentSettings, flag_value, has_flag
+
+log = logging.getLogger("llmop_engine.supervisor")
+
+PR_SET_PDEATHSIG = 1
+# Resolved before any fork: only async-signal-safe work may run between fork and exec.
+_LIBC: ctypes.CDLL | None
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:
+    _LIBC = None
+
+# Signals passed straight through; SIGTERM is not among them because it starts the drain sequence.
+FORWARDED = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def engine_command(settings: AgentSettings, python: str = sys.executable) -> list[str]:
+    """The child's argv: `vllm serve …` or the built-in simulator, with the agent's defaults added.
+
+    `--host/--port` are appended when absent (contract), and `--shutdown-timeout` is set to the
+    drain budget when absent, so that even a bare `llmop-engine run` drains instead of aborting.
+    """
+    args = list(settings.engine_args)
+    if not has_flag(args, "--host"):
+        args += ["--host", "0.0.0.0"]
+    if not has_flag(args, "--port"):
+        args += ["--port", str(settings.api_port)]
+    if not has_flag(args, "--shutdown-timeout"):
+        args += ["--shutdown-timeout", f"{settings.drain_seconds:g}"]
+    if settings.backend == "simulator":
+        return [python, "-m", "llmop_engine", "simulate", *args]
+    return ["vllm", "serve", *args]
+
+
+def engine_port(settings: AgentSettings) -> int:
+    """The port the engine really listens on (engine flags win over `--port` of the agent)."""
+    raw = flag_value(settings.engine_args, "--port")
+    return int(raw) if raw else settings.api_port
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL if the agent dies, so an engine never outlives its
+    supervisor (in a container PID 1's death ends everything anyway; outside one it would not)."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def exit_status(status: int) -> int:
+    """A waitpid status as a shell-style exit code (128 + N for death by signal N)."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    return 1
+
+
+class Supervisor:
+    def __init__(self, argv: Sequence[str]) -> None:
+        self.argv = list(argv)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.returncode: int | None = None
+        self._exited = asyncio.Event()
+        self._reap_all = os.getpid() == 1
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        log.info("starting engine: %s", " ".join(self.argv))
+        # stdout/stderr are inherited: the engine's logs go to the container log unchanged.
+        # preexec_fn is safe here: the engine is spawned once, before the agent starts any thread.
+        self.proc = subprocess.Popen(
+            self.argv,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGCHLD, self.reap)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.returncode is None
+
+    def reap(self) -> None:
+        """Collect exited children without blocking; record the engine's status."""
+        if self.proc is None:
+            return
+        while True:
+            target = -1 if self._reap_all else self.proc.pid
+            try:
+                pid, status = os.waitpid(target, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.proc.pid and self.returncode is None:
+                self.returncode = exit_status(status)
+                # Tell Popen not to wait for it again.
+                self.proc.returncode = self.returncode
+                log.info("engine exited with code %d", self.returncode)
+                self._exited.set()
+            if not self._reap_all:
+                return
+
+    async def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the engine to exit; polls as a backstop in case a SIGCHLD was coalesced."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self.returncode is None:
+            remaining = 0.5 if deadline is None else min(0.5, deadline - loop.time())
+            if remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exited.wait(), remaining)
+            self.reap()
+        return self.returncode
+
+    def send(self, sig: int) -> None:
+        if self.proc is not None and self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+    def kill_tree(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)

@@ -1,0 +1,17 @@
+# Engine agent and simulator (engine-image/): benchmark and the simulator in the foreground.
+
+##@ Engine
+
+.PHONY: bench-engine
+bench-engine: install ## Drain loss with/without the agent, probe overhead, agent CPU/RSS (table).
+	$(PY) bench/engine_bench.py
+
+.PHONY: engine-test
+engine-test: install ## Engine tests only: agent + simulator as real processes (~3 min).
+	$(BIN)/pytest tests/engine tests/unit/test_engine_*.py -q
+
+.PHONY: sim
+sim: install ## Run agent + simulator locally (API :8000, probes :8081).
+	LLMOP_AGENT_SOCKET=/tmp/llmop-agent-dev.sock $(BIN)/llmop-engine run --backend simulator
+
+bench: bench-engine

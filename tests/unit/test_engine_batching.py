@@ -1,0 +1,156 @@
+"""The simulator's continuous-batching model, driven in-process with fast steps."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from llmop_engine.simulator.batching import BatchEngine, RequestTooLongError, SimRequest
+from llmop_engine.simulator.config import SimConfig, parse
+from llmop_engine.simulator.faults import FaultError, FaultState
+from llmop_engine.simulator.metrics import SimMetrics
+
+FAST = SimConfig(
+    decode_ms=2.0,
+    decode_ms_per_seq=0.0,
+    max_num_seqs=2,
+    num_gpu_blocks=64,
+    block_size=16,
+    max_model_len=512,
+)
+
+
+def engine(cfg: SimConfig = FAST) -> BatchEngine:
+    return BatchEngine(cfg, SimMetrics(cfg), FaultState())
+
+
+async def finished(reqs: list[SimRequest], timeout: float = 5.0) -> None:
+    async def one(r: SimRequest) -> None:
+        while not r.finished:
+            await r.changed.wait()
+            r.changed.clear()
+
+    await asyncio.wait_for(asyncio.gather(*(one(r) for r in reqs)), timeout)
+
+
+def test_max_num_seqs_bounds_the_batch() -> None:
+    async def scenario() -> None:
+        e = engine()
+        task = asyncio.create_task(e.run())
+        reqs = [e.submit(10, 20) for _ in range(5)]
+        await asyncio.sleep(0.01)
+        assert len(e.running) == 2
+        assert len(e.waiting) == 3
+        await finished(reqs)
+        assert all(r.finish_reason == "length" and r.generated == 20 for r in reqs)
+        assert e.generation_tokens_total == 100
+        e.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_kv_blocks_limit_admission() -> None:
+    async def scenario() -> None:
+        cfg = dataclasses.replace(FAST, max_num_seqs=10, num_gpu_blocks=10)
+        e = engine(cfg)
+        task = asyncio.create_task(e.run())
+        # 100 tokens = 7 blocks each: only one fits in 10 blocks.
+        reqs = [e.submit(50, 50) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert len(e.running) == 1
+        assert e.kv_usage == pytest.approx(0.7)
+        await finished(reqs)
+        assert e.used_blocks == 0
+        e.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_step_time_grows_with_batch_and_prefill() -> None:
+    e = engine(SimConfig())
+    assert e.step_seconds(1, 0) < e.step_seconds(64, 0) < e.step_seconds(256, 0)
+    assert e.step_seconds(1, 10000) == pytest.approx(e.step_seconds(1, 0) + 1.0)
+    # Realistic default: tens of milliseconds per output token, so 256 tokens take seconds.
+    assert 0.01 < e.step_seconds(32, 0) < 0.1
+
+
+def test_too_long_is_rejected() -> None:
+    with pytest.raises(RequestTooLongError):
+        engine().submit(500, 100)
+
+
+@pytest.mark.parametrize(("timeout", "reason"), [(0.0, "abort"), (5.0, "length")])
+def test_shutdown_timeout(timeout: float, reason: str) -> None:
+    async def scenario() -> None:
+        e = engine()
+        task = asyncio.create_task(e.run())
+        reqs = [e.submit(10, 30) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        await e.drain(timeout)
+        assert [r.finish_reason for r in reqs] == [reason, reason]
+        late = e.submit(10, 30)  # arrives during shutdown: rejected with an immediate abort
+        assert late.finish_reason == "abort"
+        e.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_hang_freezes_progress_and_aborts() -> None:
+    async def scenario() -> None:
+        e = engine()
+        task = asyncio.create_task(e.run())
+        r = e.submit(10, 400)
+        await asyncio.sleep(0.02)
+        e.faults.set("hang", 0.0)
+        e.notify()
+        await asyncio.sleep(0.01)
+        frozen = e.generation_tokens_total
+        e.abort(r)
+        await asyncio.sleep(0.05)
+        assert e.generation_tokens_total == frozen
+        assert not r.finished
+        e.faults.set("none", 0.0)
+        e.notify()
+        await finished([r])
+        assert r.finish_reason == "abort"
+        e.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_fault_validation() -> None:
+    with pytest.raises(FaultError):
+        FaultState().set("explode", 0.0)
+    with pytest.raises(FaultError):
+        FaultState().set("slow", 0.0, slow_factor=0.5)
+
+
+def test_simulator_flags_accept_and_ignore_vllm_flags() -> None:
+    cfg = parse(
+        [
+            "org/model",
+            "--served-model-name",
+            "a",
+            "b",
+            "--max-num-seqs",
+            "8",
+            "--tensor-parallel-size",
+            "2",
+            "--enable-prefix-caching",
+            "--shutdown-timeout",
+            "30",
+            "--sim-fault",
+            "slow",
+        ]
+    )
+    assert cfg.model == "org/model"
+    assert cfg.served_model_name == "a"
+    assert cfg.max_num_seqs == 8
+    assert cfg.shutdown_timeout == 30
+    assert cfg.fault == "slow"

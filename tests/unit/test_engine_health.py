@@ -1,0 +1,185 @@
+"""Table-driven tests of the agent's pure progress/phase state machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from llmop_engine import health
+from llmop_engine.health import Observation, Phase, Policy, ProbeResult, Reach
+from llmop_engine.vllm_metrics import EngineMetrics
+
+POLICY = Policy(
+    stall_seconds=30,
+    load_timeout_seconds=100,
+    deep_probe_enabled=True,
+    deep_probe_interval_seconds=10,
+    deep_probe_timeout_seconds=5,
+)
+
+
+def busy(gen: float, waiting: float = 2, running: float = 4) -> EngineMetrics:
+    return EngineMetrics(waiting=waiting, running=running, generation_tokens=gen, prompt_tokens=0)
+
+
+def idle(gen: float = 0) -> EngineMetrics:
+    return EngineMetrics(waiting=0, running=0, generation_tokens=gen, prompt_tokens=0)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One event at time t: an observation, or a probe result when `probe` is set."""
+
+    t: float
+    reach: Reach = Reach.OK
+    metrics: EngineMetrics | None = None
+    alive: bool = True
+    exit_code: int | None = None
+    cache_bytes: int | None = None
+    probe: bool | None = None  # True/False: a deep probe that finished at t with this result
+    drain: bool = False
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    steps: list[Step]
+    at: float
+    phase: Phase
+    live: bool
+    ready: bool
+    policy: Policy = field(default=POLICY)
+
+
+def run(case: Case) -> health.Verdict:
+    state = health.initial(0.0)
+    for s in case.steps:
+        if s.drain:
+            state = health.start_drain(state, s.t)
+        elif s.probe is not None:
+            state = health.probe_started(state)
+            state = health.record_probe(
+                state, ProbeResult(s.t - 0.05, s.t, s.probe, "" if s.probe else "timed out")
+            )
+        else:
+            state = health.observe(
+                state,
+                Observation(s.t, s.alive, s.reach, s.metrics, s.cache_bytes, s.exit_code),
+            )
+    return health.verdict(state, case.policy, case.at)
+
+
+SERVING = [Step(1, Reach.OK, idle()), Step(1.1, probe=True)]
+
+CASES = [
+    Case("nothing observed yet", [], 0.5, Phase.STARTING, live=True, ready=False),
+    Case("loading: port refused within budget", [Step(5, Reach.REFUSED)], 50,
+         Phase.LOADING, live=True, ready=False),
+    Case("loading past the budget", [Step(5, Reach.REFUSED), Step(101, Reach.REFUSED)], 101,
+         Phase.FAILED, live=False, ready=False),
+    Case("downloading: cache grows, budget restarts from last growth",
+         [Step(1, Reach.REFUSED, cache_bytes=10), Step(90, Reach.REFUSED, cache_bytes=500)], 110,
+         Phase.DOWNLOADING, live=True, ready=False),
+    Case("download stalled then loading within budget",
+         [Step(1, Reach.REFUSED, cache_bytes=10), Step(90, Reach.REFUSED, cache_bytes=500),
+          Step(150, Reach.REFUSED, cache_bytes=500)], 150,
+         Phase.LOADING, live=True, ready=False),
+    Case("listening, first deep probe pending", [Step(1, Reach.OK, idle())], 1.5,
+         Phase.LOADING, live=True, ready=False),
+    Case("idle, deep probe ok", SERVING, 2, Phase.READY, live=True, ready=True),
+    Case("idle, deep probe failed once", [*SERVING, Step(12, probe=False)], 12,
+         Phase.READY, live=True, ready=False),
+    Case("idle, deep probes failing for longer than stall",
+         [*SERVING, Step(12, probe=False), Step(22, probe=False), Step(32, probe=False)], 32,
+         Phase.FAILED, live=False, ready=False),
+    Case("deep probe recovers", [*SERVING, Step(12, probe=False), Step(22, probe=True)], 22,
+         Phase.READY, live=True, ready=True),
+    Case("busy with progress, however slow probes would be",
+         [*SERVING, Step(2, metrics=busy(10)), Step(25, metrics=busy(11)),
+          Step(50, metrics=busy(12))], 50.5,
+         Phase.READY, live=True, ready=True),
+    Case("busy, no progress beyond the readiness window",
+         [*SERVING, Step(2, metrics=busy(10)), Step(14, metrics=busy(10))], 14,
+         Phase.READY, live=True, ready=False),
+    Case("busy, no progress beyond stall: hung",
+         [*SERVING, Step(2, metrics=busy(10)), Step(20, metrics=busy(10)),
+          Step(33, metrics=busy(10))], 33,
+         Phase.FAILED, live=False, ready=False),
+    Case("hung engine that recovers progress is healthy again",
+         [*SERVING, Step(2, metrics=busy(10)), Step(33, metrics=busy(10)),
+          Step(34, metrics=busy(11))], 34,
+         Phase.READY, live=True, ready=True),
+    Case("pending work measured from when it appeared, not from old progress",
+         [*SERVING, Step(2, metrics=idle(5)), Step(100, metrics=busy(5))], 101,
+         Phase.READY, live=True, ready=True),
+    Case("failed probe while busy without later progress: not ready",
+         [*SERVING, Step(12, probe=False), Step(13, metrics=busy(0))], 13,
+         Phase.READY, live=True, ready=False),
+    Case("failed probe superseded by progress",
+         [*SERVING, Step(12, probe=False), Step(13, metrics=busy(0)), Step(14, metrics=busy(9))],
+         14, Phase.READY, live=True, ready=True),
+    Case("engine process exited", [*SERVING, Step(5, alive=False, exit_code=3)], 5,
+         Phase.FAILED, live=False, ready=False),
+    Case("draining: not ready, still live", [*SERVING, Step(5, drain=True)], 6,
+         Phase.DRAINING, live=True, ready=False),
+    Case("/health 503: engine dead", [*SERVING, Step(5, Reach.DEAD)], 5,
+         Phase.FAILED, live=False, ready=False),
+    Case("stopped listening after serving: not ready at once",
+         [*SERVING, Step(5, Reach.REFUSED)], 5, Phase.READY, live=True, ready=False),
+    Case("unreachable beyond stall", [*SERVING, Step(5, Reach.REFUSED), Step(40, Reach.REFUSED)],
+         40, Phase.FAILED, live=False, ready=False),
+    Case("one slow /health answer keeps the last verdict", [*SERVING, Step(5, Reach.ERROR)], 5,
+         Phase.READY, live=True, ready=True),
+    Case("no vLLM metrics (--disable-log-stats): deep probe decides",
+         [Step(1, Reach.OK, None), Step(1.1, probe=True)], 2, Phase.READY, live=True, ready=True),
+    Case("deep probe disabled: serving means ready", [Step(1, Reach.OK, idle())], 2,
+         Phase.READY, live=True, ready=True,
+         policy=Policy(stall_seconds=30, deep_probe_enabled=False)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_verdict(case: Case) -> None:
+    v = run(case)
+    assert (v.phase, v.live, v.ready) == (case.phase, case.live, case.ready), v.reason
+
+
+def _state_after(steps: list[Step]) -> health.HealthState:
+    state = health.initial(0.0)
+    for s in steps:
+        if s.probe is not None:
+            state = health.record_probe(state, ProbeResult(s.t, s.t + 0.02, s.probe))
+        else:
+            state = health.observe(state, Observation(s.t, True, s.reach, s.metrics))
+    return state
+
+
+@pytest.mark.parametrize(
+    ("steps", "now", "due"),
+    [
+        ([Step(1, Reach.REFUSED)], 1, False),  # not listening
+        ([Step(1, Reach.OK, idle())], 1, True),  # first probe right away
+        ([Step(1, Reach.OK, idle()), Step(1, probe=True)], 10.9, False),  # interval not elapsed
+        ([Step(1, Reach.OK, idle()), Step(1, probe=True)], 11.0, True),  # one per interval
+        ([Step(1, Reach.OK, idle()), Step(1, probe=True), Step(5, metrics=busy(3))], 30, False),
+        ([Step(1, Reach.OK, None), Step(1, probe=True)], 11.0, True),  # no metrics: keep probing
+    ],
+)
+def test_deep_probe_due(steps: list[Step], now: float, due: bool) -> None:
+    assert health.deep_probe_due(_state_after(steps), POLICY, now) is due
+
+
+def test_no_second_probe_while_one_in_flight() -> None:
+    state = health.probe_started(_state_after([Step(1, Reach.OK, idle())]))
+    assert not health.deep_probe_due(state, POLICY, 100)
+
+
+def test_no_probe_while_draining() -> None:
+    state = health.start_drain(_state_after([Step(1, Reach.OK, idle())]), 2)
+    assert not health.deep_probe_due(state, POLICY, 100)
+
+
+def test_counter_reset_is_a_baseline_not_progress() -> None:
+    state = _state_after([Step(1, Reach.OK, busy(100)), Step(2, Reach.OK, busy(5))])
+    assert state.last_progress_at is None
