@@ -75,10 +75,20 @@ def test_every_field_is_documented() -> None:
             assert node.get("description"), f"{path} has no description"
 
 
+def test_object_defaults_satisfy_their_own_cel_rules() -> None:
+    # The API server evaluates an object's rules against its default as written.
+    for path, node in walk(SPEC_SCHEMA):
+        if isinstance(node.get("default"), dict) and node.get("x-kubernetes-validations"):
+            assert violations(node["default"], node) == [], path
+
+
 def test_optionals_are_nullable_and_defaults_cascade() -> None:
     model = SPEC_SCHEMA["properties"]["model"]["properties"]
     assert model["revision"]["nullable"] is True
-    assert SPEC_SCHEMA["properties"]["engine"]["default"] == {}
+    engine_default = SPEC_SCHEMA["properties"]["engine"]["default"]
+    assert engine_default["gpuMemoryUtilization"] == 0.9
+    assert engine_default["backend"] == "vllm"
+    assert SPEC_SCHEMA["properties"]["health"]["default"]["deepProbe"]["timeoutSeconds"] == 5
     engine = SPEC_SCHEMA["properties"]["engine"]["properties"]
     assert engine["gpuMemoryUtilization"]["default"] == 0.9
     assert engine["gpuMemoryUtilization"]["exclusiveMinimum"] is True

@@ -34,7 +34,12 @@ class InputError(Exception):
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `llmop` console script."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    # `run` hands every flag it does not know to the operator's own parser.
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "run":
+        args.operator_args = [*unknown, *args.operator_args]
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         code: int = args.handler(args, sys.stdout)
     except InputError as error:
@@ -141,8 +146,9 @@ def _plan_table(deployment: LLMDeployment, result: sizing.SizingResult) -> str:
     if plan is None:
         lines.append(f"  not planned: {result.message}")
         return "\n".join(lines) + "\n\n"
+    tp = tensor_parallel_size(deployment.spec)
     rows = [
-        ("GPU memory", f"{result.gpu_memory_gib:.2f} GiB × {tensor_parallel_size(deployment.spec)} (TP)"),
+        ("GPU memory", f"{result.gpu_memory_gib:.2f} GiB x {tp} (tensor parallel)"),
         ("weights", f"{plan.weights_gib_total:.2f} GiB ({plan.weights_gib_per_gpu:.2f} per GPU)"),
         ("runtime overhead", f"{plan.overhead_gib_per_gpu:.2f} GiB per GPU"),
         ("KV cache", f"{plan.kv_cache_gib_per_gpu:.2f} GiB per GPU"),

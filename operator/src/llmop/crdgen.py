@@ -57,14 +57,22 @@ def _rewrite(node: Any, definitions: dict[str, Any]) -> Any:
 
 
 def _default_nested_object(node: dict[str, Any], required: bool) -> dict[str, Any]:
-    """An optional, non-nullable nested object defaults to `{}`.
+    """An optional, non-nullable nested object defaults to its children's defaults.
 
-    Such a field has a default factory in the model; `{}` makes the API server create it and
-    then apply its fields' own defaults, so every default lives in exactly one place.
+    Such a field has a default factory in the model. The API server checks an object's CEL rules
+    against its `default` as written, without filling in the children's defaults first, so the
+    default is spelled out in full (the children carry their own defaults too, for objects the
+    user writes partially).
     """
     if not required and "properties" in node and not node.get("nullable"):
-        node.setdefault("default", {})
+        node.setdefault("default", _children_defaults(node))
     return node
+
+
+def _children_defaults(node: dict[str, Any]) -> dict[str, Any]:
+    return {
+        name: sub["default"] for name, sub in node.get("properties", {}).items() if "default" in sub
+    }
 
 
 def _resolve(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
@@ -104,8 +112,7 @@ def _fix_openapi_v3_details(node: dict[str, Any]) -> dict[str, Any]:
         if default is None or default == [] or (default == {} and node.get("type") != "object"):
             del node["default"]
         elif isinstance(default, dict) and "properties" in node:
-            # `{}` lets the API server apply the nested defaults itself, so they live in one place.
-            node["default"] = {}
+            node["default"] = _children_defaults(node)
     if "properties" in node:
         node.pop("additionalProperties", None)
     if node.get("type") == "object" and node.get("additionalProperties") is False:

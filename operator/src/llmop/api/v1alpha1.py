@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
-from pydantic.config import JsonDict
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 GROUP = "serving.llmop.dev"
 VERSION = "v1alpha1"

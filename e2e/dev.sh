@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# `make dev` / `make dev-down`: the whole stack on the local cluster, from a fresh clone.
+#
+#   up    start (or reuse) the local cluster, install the CRD from crds/, (re)start the
+#         operator (`llmop run`, a local process using the cluster's admin kubeconfig), apply
+#         the simulator-backend samples from examples/, wait until they are Ready, show them.
+#   down  stop the operator and delete the local cluster.
+#
+# Idempotent: `up` twice reuses the running cluster and restarts the operator on the current
+# code. Nothing is written into the clone: the operator's pid file and log live in the
+# cluster's state directory (~/.cache/llmop/clusters/<name>/), which `down` removes.
+#
+# Environment: VENV (default .venv), LLMOP_DEV_TIMEOUT (seconds to wait for Ready, default 180),
+# and the cluster's own LLMOP_CLUSTER_* variables (e2e/cluster/cluster.sh).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CLUSTER_SH="$ROOT/e2e/cluster/cluster.sh"
+VENV="${VENV:-$ROOT/.venv}"
+[[ "$VENV" = /* ]] || VENV="$ROOT/$VENV"
+PY="$VENV/bin/python"
+TIMEOUT="${LLMOP_DEV_TIMEOUT:-180}"
+
+log() { echo "dev: $*" >&2; }
+
+state_dir() { dirname "$("$CLUSTER_SH" kubeconfig)"; }
+
+stop_operator() {
+  local pidfile
+  pidfile="$(state_dir)/operator.pid"
+  [[ -f "$pidfile" ]] || return 0
+  local pid
+  pid="$(cat "$pidfile")"
+  # Only signal the process we started: its command line must be our `llmop run`.
+  if kill -0 "$pid" 2>/dev/null && grep -qa "llmop" "/proc/$pid/cmdline" 2>/dev/null; then
+    log "stopping the operator (pid $pid)"
+    kill -INT "$pid" 2>/dev/null || true
+    for _ in $(seq 1 40); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -f "$pidfile"
+}
+
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# Simulator-backend samples only (the others need real GPUs and model credentials), one
+# "<file> <namespace> <name>" line per LLMDeployment.
+simulator_examples() {
+  "$PY" - "$ROOT/examples" <<'EOF'
+import pathlib, sys, yaml
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.yaml")):
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    sim = [d for d in docs if d.get("kind") == "LLMDeployment"
+           and (d.get("spec") or {}).get("engine", {}).get("backend") == "simulator"]
+    if sim and len(sim) == len(docs):
+        for d in sim:
+            print(path, d["metadata"].get("namespace", "default"), d["metadata"]["name"])
+EOF
+}
+
+cmd_up() {
+  [[ -x "$PY" ]] || { log "no virtualenv at $VENV: run 'make dev' (it runs 'make install' first)"; exit 1; }
+  local start=$SECONDS kubeconfig work bin
+  log "starting the local cluster (the first run builds Kubernetes from source: 20-40 min on 2 cores)"
+  kubeconfig="$("$CLUSTER_SH" up | tail -n 1)"
+  work="$(dirname "$kubeconfig")"
+  bin="$(cat "$work/bin-dir")"
+  kctl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+
+  log "installing the LLMDeployment CRD (crds/)"
+  kctl apply --server-side --force-conflicts --field-manager=llmop-dev -f "$ROOT/crds/" >&2
+  kctl wait --for=condition=Established crd/llmdeployments.serving.llmop.dev --timeout=60s >/dev/null
+
+  stop_operator
+  local liveness metrics
+  liveness="$(free_port)"
+  metrics="$(free_port)"
+  log "starting the operator (log: $work/operator.log)"
+  # setsid + nohup: the operator outlives `make dev`; stdin/stdout detached from the terminal.
+  KUBECONFIG="$kubeconfig" LLMOP_LOG_FORMAT=text LLMOP_BIND_ADDRESS=127.0.0.1 \
+    LLMOP_LIVENESS_PORT="$liveness" LLMOP_METRICS_PORT="$metrics" \
+    setsid nohup "$VENV/bin/llmop" run </dev/null >>"$work/operator.log" 2>&1 &
+  echo $! >"$work/operator.pid"
+  echo "$liveness $metrics" >"$work/operator.ports"
+  local deadline=$((SECONDS + 60))
+  until "$PY" -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:$liveness/healthz', timeout=2)" 2>/dev/null; do
+    if ! kill -0 "$(cat "$work/operator.pid")" 2>/dev/null || ((SECONDS > deadline)); then
+      log "the operator did not come up; last log lines:"
+      tail -n 40 "$work/operator.log" >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
+
+  local samples line file ns name
+  mapfile -t samples < <(simulator_examples)
+  ((${#samples[@]})) || { log "no simulator-backend samples in examples/"; exit 1; }
+  for line in "${samples[@]}"; do
+    read -r file ns name <<<"$line"
+    log "applying ${file#"$ROOT/"} ($ns/$name)"
+    kctl apply --server-side --field-manager=llmop-dev -f "$file" >/dev/null
+  done
+  log "waiting for the LLMDeployments to become Ready (up to ${TIMEOUT}s)"
+  for line in "${samples[@]}"; do
+    read -r file ns name <<<"$line"
+    if ! kctl wait -n "$ns" "llmdeployment/$name" --for=condition=Ready --timeout="${TIMEOUT}s" >/dev/null; then
+      log "$ns/$name is not Ready; its conditions:"
+      kctl get llmdeployment -n "$ns" "$name" \
+        -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}' >&2
+      exit 1
+    fi
+  done
+  echo
+  kctl get llmd -A
+  cat <<EOF
+
+llmop dev environment is up ($((SECONDS - start))s). To use it from this shell:
+  export KUBECONFIG=$kubeconfig
+  export PATH=$bin:\$PATH
+  kubectl get llmd -A                      # the LLMDeployments (short name llmd)
+  kubectl describe llmd qwen-small         # conditions, capacity plan, events
+Operator: log $work/operator.log, metrics http://127.0.0.1:$metrics/metrics
+Stop everything: make dev-down
+EOF
+}
+
+cmd_down() {
+  stop_operator
+  "$CLUSTER_SH" down
+}
+
+case "${1:-}" in
+up) cmd_up ;;
+down) cmd_down ;;
+*)
+  echo "usage: $0 up|down" >&2
+  exit 2
+  ;;
+esac

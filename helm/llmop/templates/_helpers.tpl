@@ -1,0 +1,87 @@
+{{/*
+Chart name, truncated to 63 characters (the DNS label limit of Kubernetes names).
+*/}}
+{{- define "llmop.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name: <release>-<chart>, or just <release> when it already contains the
+chart name (so `helm install llmop ./helm/llmop` gives "llmop", not "llmop-llmop").
+*/}}
+{{- define "llmop.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Chart label value: name-version.
+*/}}
+{{- define "llmop.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels on every object of the chart.
+*/}}
+{{- define "llmop.labels" -}}
+helm.sh/chart: {{ include "llmop.chart" . }}
+{{ include "llmop.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: llmop
+{{- end }}
+
+{{/*
+Selector labels of the operator pod. Stable across upgrades: a Deployment's selector is immutable.
+*/}}
+{{- define "llmop.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "llmop.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/*
+Name of the operator's ServiceAccount.
+*/}}
+{{- define "llmop.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "llmop.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Operator image reference: repository:tag, or repository@digest when a digest is pinned.
+*/}}
+{{- define "llmop.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector of every llmop engine pod (labels the operator's renderer puts on them).
+*/}}
+{{- define "llmop.engineSelectorLabels" -}}
+app.kubernetes.io/name: llmop-engine
+app.kubernetes.io/managed-by: llmop
+{{- end }}
+
+{{/*
+Grouping of engine metrics per LLMDeployment in PromQL: "namespace, <deploymentLabel>".
+*/}}
+{{- define "llmop.byDeployment" -}}
+{{- printf "namespace, %s" .Values.monitoring.deploymentLabel }}
+{{- end }}

@@ -1,0 +1,485 @@
+"""helm/llmop without a cluster: lint, schema, rendering, and the contracts between the chart and
+the code it deploys (operator flags/env, RBAC vs. what the operator writes, metric names vs. what
+the engine exports, the CRD vs. crds/)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+from chart_helpers import (
+    CHART_DIR,
+    MATRIX,
+    NAMESPACE,
+    REPO_ROOT,
+    env_of,
+    find,
+    kinds,
+    load_chart,
+    operator_container,
+    render,
+    render_files,
+)
+
+from llmop import cli, config, names
+from llmop.api.v1alpha1 import LLMDeployment
+from llmop.handlers import CHILD_RESOURCES
+from llmop.kube import PLURALS
+from llmop.render import HPA_KIND, PDB_KIND, RenderSettings, render_children
+
+CASES = {"default": {}, **MATRIX}
+SEVERITY_WARNING = 2
+
+
+def example(name: str) -> LLMDeployment:
+    return LLMDeployment.model_validate(yaml.safe_load((REPO_ROOT / "examples" / name).read_text()))
+
+
+# --- lint and schema ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lint_strict_has_no_warnings(case: str) -> None:
+    report = helm.lint(CHART_DIR, CASES[case], strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    serious = [m for m in report["messages"] if m["severity"] >= SEVERITY_WARNING]
+    assert serious == [], serious
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_case_passes_the_schema_and_renders(case: str) -> None:
+    with load_chart() as chart:
+        chart.validate_schema(CASES[case])
+    docs = render(CASES[case])
+    assert find(docs, "Deployment")["kind"] == "Deployment"
+
+
+@pytest.mark.parametrize(
+    ("values", "offender"),
+    [
+        ({"crds": {"enabeld": False}}, "enabeld"),
+        ({"operater": {"logFormat": "text"}}, "operater"),
+        ({"monitoring": {"prometheusRule": {"enable": True}}}, "enable"),
+        ({"operator": {"logFormat": "xml"}}, "logFormat"),
+        ({"operator": {"maxWorkers": "many"}}, "maxWorkers"),
+        ({"image": {"digest": "latest"}}, "digest"),
+        ({"monitoring": {"prometheusRule": {"errorRatio": 5}}}, "errorRatio"),
+        ({"replicaCount": 2}, "replicaCount"),
+    ],
+)
+def test_schema_rejects_typos_and_bad_values(values: dict[str, Any], offender: str) -> None:
+    # Rendering enforces the schema like `helm install`/`helm template` do: the release fails
+    # with a message that names the offending key, instead of silently ignoring it.
+    with pytest.raises(helm.HelmValuesError, match=offender):
+        render_files(values)
+
+
+def _structured_paths(schema: dict[str, Any], prefix: str = "") -> tuple[set[str], set[str]]:
+    """(dotted keys the schema names, the objects among them it closes with additionalProperties
+    false). Free-form maps such as resources or labels hold values, not chart keys."""
+    keys: set[str] = set()
+    closed: set[str] = set()
+    for key, sub in schema.get("properties", {}).items():
+        keys.add(prefix + key)
+        if sub.get("additionalProperties") is False:
+            closed.add(prefix + key)
+            sub_keys, sub_closed = _structured_paths(sub, f"{prefix}{key}.")
+            keys |= sub_keys
+            closed |= sub_closed
+    return keys, closed
+
+
+def _values_keys() -> list[tuple[str, int]]:
+    """(dotted key, 0-based line) of every mapping key in values.yaml, from its indentation."""
+    out: list[tuple[str, int]] = []
+    stack: list[tuple[int, str]] = []
+    for number, line in enumerate((CHART_DIR / "values.yaml").read_text().splitlines()):
+        match = re.match(r"^(\s*)([A-Za-z_][\w-]*):", line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, match.group(2)))
+        out.append((".".join(k for _, k in stack), number))
+    return out
+
+
+SCHEMA_PATHS, SCHEMA_OBJECTS = _structured_paths(
+    json.loads((CHART_DIR / "values.schema.json").read_text())
+)
+
+
+def test_schema_and_values_yaml_describe_the_same_keys() -> None:
+    in_values = {key for key, _ in _values_keys()}
+    assert in_values >= SCHEMA_PATHS
+    # A values.yaml key inside a closed object that the schema does not name would make the
+    # chart's own defaults fail at install.
+    unknown = {
+        key
+        for key in in_values
+        if key not in SCHEMA_PATHS
+        and (key.rpartition(".")[0] or "<root>") in SCHEMA_OBJECTS | {"<root>"}
+    }
+    assert unknown == set()
+
+
+def test_every_values_key_has_a_comment() -> None:
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    undocumented = [
+        f"{number + 1}: {key}"
+        for key, number in _values_keys()
+        if key in SCHEMA_PATHS and not lines[number - 1].lstrip().startswith("#")
+    ]
+    assert undocumented == []
+
+
+# --- the default install -----------------------------------------------------------------------
+
+
+def test_default_objects() -> None:
+    assert kinds(render()) == [
+        ("ClusterRole", "llmop"),
+        ("ClusterRole", "llmop-framework"),
+        ("ClusterRoleBinding", "llmop"),
+        ("ClusterRoleBinding", "llmop-framework"),
+        ("CustomResourceDefinition", "llmdeployments.serving.llmop.dev"),
+        ("Deployment", "llmop"),
+        ("Service", "llmop-metrics"),
+        ("ServiceAccount", "llmop"),
+    ]
+
+
+def test_operator_deployment_is_single_recreate_standalone_and_restricted() -> None:
+    docs = render()
+    deployment = find(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "llmop"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    container = operator_container(docs)
+    assert container["image"] == "ghcr.io/llmop/operator:0.1.0"
+    assert container["args"] == ["run"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"healthz": 8080, "metrics": 9090}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    service = find(docs, "Service", "llmop-metrics")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+@pytest.mark.parametrize("case", ["default", "custom-everything", "namespaced"])
+def test_operator_understands_the_chart_env(case: str) -> None:
+    """The operator parses exactly the flags and LLMOP_* env the chart gives it."""
+    values = CASES[case]
+    container = operator_container(render(values))
+    # The image's entrypoint is `llmop`: its own parser must accept the args, then `run` reads
+    # its flags and the environment the way the process in the pod would.
+    args = cli._parser().parse_args(container["args"])
+    assert args.command == "run"
+    cfg = config.load(args.operator_args, env_of(container))
+    operator = values.get("operator", {})
+    engine = values.get("engine", {})
+    metrics = values.get("metrics", {})
+    assert cfg.standalone is True
+    assert cfg.namespaces == tuple(operator.get("watchNamespaces", ()))
+    assert cfg.log_format == operator.get("logFormat", "json")
+    assert cfg.verbose is operator.get("verbose", False)
+    assert cfg.max_workers == operator.get("maxWorkers", 16)
+    assert cfg.retry_delay_seconds == operator.get("retryDelaySeconds", 10)
+    assert cfg.request_timeout_seconds == operator.get("requestTimeoutSeconds", 30)
+    assert cfg.liveness_port == operator.get("livenessPort", 8080)
+    assert cfg.metrics_port == metrics.get("port", 9090)
+    assert cfg.vllm_image == engine.get("vllmImage", "ghcr.io/llmop/engine:0.1.0")
+    assert cfg.simulator_image == engine.get("simulatorImage", "ghcr.io/llmop/engine-sim:0.1.0")
+    assert cfg.image_pull_policy == engine.get("imagePullPolicy", "IfNotPresent")
+    assert cfg.service_monitor is engine.get("serviceMonitor", False)
+
+
+def test_chart_engine_image_defaults_match_the_operator_defaults() -> None:
+    defaults = config.OperatorConfig()
+    env = env_of(operator_container(render()))
+    assert env["LLMOP_VLLM_IMAGE"] == defaults.vllm_image
+    assert env["LLMOP_SIMULATOR_IMAGE"] == defaults.simulator_image
+
+
+def test_metrics_disabled_turns_the_endpoint_off() -> None:
+    docs = render(MATRIX["no-crds-no-metrics"])
+    container = operator_container(docs)
+    assert config.load([], env_of(container)).metrics_port == 0
+    assert [p["name"] for p in container["ports"]] == ["healthz"]
+    assert ("Service", "llmop-metrics") not in kinds(docs)
+
+
+def test_custom_image_service_account_and_scheduling() -> None:
+    docs = render(MATRIX["custom-everything"])
+    assert ("ServiceAccount", "preexisting") not in kinds(docs)
+    deployment = find(docs, "Deployment", "llm-operator")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "preexisting"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["tolerations"][0]["key"] == "dedicated"
+    assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "ml"
+    container = operator_container(docs)
+    assert container["image"] == "registry.example.com/llmop/operator@sha256:" + "a" * 64
+    assert env_of(container)["LLMOP_PRIORITY"] == "5"
+    for binding in (d for d in docs if d["kind"].endswith("Binding")):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "preexisting", "namespace": NAMESPACE}
+        ]
+
+
+def test_service_account_name_is_required_when_not_created() -> None:
+    with pytest.raises(helm.HelmError, match=r"serviceAccount\.name is required"):
+        render_files({"serviceAccount": {"create": False}})
+
+
+# --- CRD ---------------------------------------------------------------------------------------
+
+
+def test_crd_template_is_the_generated_crd() -> None:
+    generated = yaml.safe_load(
+        (REPO_ROOT / "crds" / "serving.llmop.dev_llmdeployments.yaml").read_text()
+    )
+    templated = find(render(), "CustomResourceDefinition")
+    assert templated["spec"] == generated["spec"]
+    assert templated["metadata"]["name"] == generated["metadata"]["name"]
+    assert templated["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
+def test_crd_keep_and_enabled_switches() -> None:
+    crd = find(render(MATRIX["namespaced"]), "CustomResourceDefinition")
+    assert "annotations" not in crd["metadata"]
+    assert not [d for d in render(MATRIX["no-crds-no-metrics"]) if d["kind"].startswith("Custom")]
+    notes = render_files(MATRIX["namespaced"])["llmop/templates/NOTES.txt"]
+    assert "WARNING: crds.keep=false" in notes
+
+
+# --- RBAC --------------------------------------------------------------------------------------
+
+
+def _grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def _group(api_version: str) -> str:
+    return api_version.rpartition("/")[0]
+
+
+def test_rbac_grants_exactly_what_the_operator_uses() -> None:
+    docs = render(MATRIX["monitoring-all"])  # engine.serviceMonitor adds the servicemonitors rule
+    app = _grants(find(docs, "ClusterRole", "llmop"))
+    framework = _grants(find(docs, "ClusterRole", "llmop-framework"))
+    expected_app: dict[tuple[str, str], set[str]] = {
+        ("serving.llmop.dev", "llmdeployments"): {"get", "list", "watch", "patch"},
+        ("serving.llmop.dev", "llmdeployments/status"): {"patch"},
+        ("serving.llmop.dev", "llmdeployments/finalizers"): {"update"},
+        ("", "events"): {"create"},
+        ("monitoring.coreos.com", "servicemonitors"): {"create", "patch"},
+    }
+    # Every watched child kind: kopf lists and watches it; reconcile server-side applies it.
+    for api_version, plural in CHILD_RESOURCES:
+        expected_app[(_group(api_version), plural)] = {"list", "watch", "create", "patch"}
+    # The Deployment is read back (HPA hand-over); optional children are deleted when unwanted.
+    expected_app[("apps", "deployments")].add("get")
+    # Optional children (Children.unwanted) are deleted when the spec stops wanting them.
+    for api_version, kind in (HPA_KIND, PDB_KIND):
+        expected_app[(_group(api_version), PLURALS[kind])].add("delete")
+    assert app == expected_app
+    assert framework == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+    assert ("monitoring.coreos.com", "servicemonitors") not in _grants(
+        find(render(), "ClusterRole", "llmop")
+    )
+
+
+def test_every_rbac_rule_is_commented_at_the_source() -> None:
+    # The chart renders its rules from files/rbac.yaml, a symlink to deploy/rbac.yaml.
+    link = CHART_DIR / "files" / "rbac.yaml"
+    assert link.is_symlink()
+    assert link.resolve() == REPO_ROOT / "deploy" / "rbac.yaml"
+    text = link.read_text()
+    lines = text.splitlines()
+    uncommented = [
+        lines[i + 1]
+        for i, line in enumerate(lines[:-1])
+        if lines[i + 1].strip().startswith("- apiGroups") and not line.strip().startswith("#")
+    ]
+    assert uncommented == []
+    assert text.count("- apiGroups") >= 9
+
+
+def test_namespaced_install_binds_the_application_role_per_namespace() -> None:
+    docs = render(MATRIX["namespaced"])
+    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert all(b["roleRef"]["name"] == "llmop" for b in bindings)
+    cluster_bindings = [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert cluster_bindings == ["llmop-framework"]
+    assert env_of(operator_container(docs))["LLMOP_NAMESPACES"] == "team-a,team-b"
+
+
+def test_chart_grants_the_same_rules_as_deploy_rbac() -> None:
+    """The chart and the plain-kubectl install (deploy/rbac.yaml) grant identical permissions."""
+    chart: dict[tuple[str, str], set[str]] = {}
+    for role in (d for d in render(MATRIX["monitoring-all"]) if d["kind"] == "ClusterRole"):
+        for key, verbs in _grants(role).items():
+            chart.setdefault(key, set()).update(verbs)
+    plain: dict[tuple[str, str], set[str]] = {}
+    for doc in yaml.safe_load_all((REPO_ROOT / "deploy" / "rbac.yaml").read_text()):
+        if doc and doc["kind"] == "ClusterRole":
+            plain.update(_grants(doc))
+    assert plain == chart
+
+
+# --- monitoring --------------------------------------------------------------------------------
+
+
+def _engine_metric_names() -> set[str]:
+    """Every sample name the engine agent, the simulator (vLLM's names) and the operator export."""
+    from llmop.metrics import Metrics
+    from llmop_engine.agent_metrics import AgentMetrics
+    from llmop_engine.simulator.config import SimConfig
+    from llmop_engine.simulator.metrics import SimMetrics
+
+    sim = SimMetrics(SimConfig())
+    sim.finished("stop")  # labelled counters only appear once a label set exists
+    registries = [AgentMetrics().registry, sim.registry, Metrics().registry]
+    # Family names: a labelled family has no samples until a label set is used.
+    return {f.name for r in registries for f in r.collect()}
+
+
+METRIC_RE = re.compile(r"\b(llmop_[a-z0-9_]+|vllm:[a-z0-9_:]+)")
+SAMPLE_SUFFIX = re.compile(r"_(total|bucket|count|sum|created)$")
+
+
+def _promql_of_rules(docs: list[dict[str, Any]]) -> list[str]:
+    rule = find(docs, "PrometheusRule")
+    return [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+
+
+def test_alerts_and_dashboard_only_use_metrics_that_exist() -> None:
+    exported = _engine_metric_names()
+    docs = render(MATRIX["monitoring-all"])
+    dashboard = json.loads(find(docs, "ConfigMap", "llmop-dashboard")["data"]["llmop.json"])
+    exprs = _promql_of_rules(docs) + [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {SAMPLE_SUFFIX.sub("", m) for e in exprs for m in METRIC_RE.findall(e)}
+    assert used, "no metrics found in the rules"
+    assert used - exported == set()
+
+
+def test_alerts_cover_the_required_conditions_with_value_thresholds() -> None:
+    docs = render(MATRIX["monitoring-all"])
+    rule = find(docs, "PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert set(alerts) == {
+        "LLMOpTimeToFirstTokenHigh",
+        "LLMOpRequestErrorRateHigh",
+        "LLMOpReplicasNotReady",
+        "LLMOpDeepProbeFailures",
+        "LLMOpReplicasUnavailable",
+        "LLMOpReconcileErrors",
+    }
+    assert "histogram_quantile(0.99" in alerts["LLMOpTimeToFirstTokenHigh"]["expr"]
+    assert alerts["LLMOpTimeToFirstTokenHigh"]["expr"].rstrip().endswith("> 2")
+    assert alerts["LLMOpRequestErrorRateHigh"]["expr"].rstrip().endswith("> 0.05")
+    assert alerts["LLMOpReplicasNotReady"]["labels"] == {"severity": "warning", "team": "ml"}
+    # The default thresholds are the ones the issue asks for: TTFT p99 > 1 s, errors > 1 %.
+    default_rule = find(
+        render({"monitoring": {"prometheusRule": {"enabled": True}}}), "PrometheusRule"
+    )
+    exprs = [r["expr"].rstrip() for g in default_rule["spec"]["groups"] for r in g["rules"]]
+    assert any(e.endswith("> 1") and "time_to_first_token" in e for e in exprs)
+    assert any(e.endswith("> 0.01") and "request_success" in e for e in exprs)
+    assert not any("kube_deployment" in e for e in exprs)
+
+
+def test_deployment_label_follows_the_values() -> None:
+    docs = render(MATRIX["service-label"])
+    for expr in _promql_of_rules(docs)[:4]:
+        assert "namespace, service" in expr
+        assert "llmdeployment" not in expr
+    dashboard = find(docs, "ConfigMap", "llmop-dashboard")["data"]["llmop.json"]
+    assert "llmdeployment" not in dashboard
+    assert "$service" in dashboard
+
+
+def test_pod_monitor_scrapes_the_ports_the_renderer_exposes() -> None:
+    docs = render(MATRIX["monitoring-all"])
+    monitor = find(docs, "PodMonitor")
+    children = render_children(
+        example("simulator-small.yaml"), RenderSettings(), load_timeout_seconds=600
+    )
+    pod_template = children.deployment["spec"]["template"]
+    container_ports = {p["name"] for p in pod_template["spec"]["containers"][0]["ports"]}
+    scraped = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert scraped == container_ports == {names.PROBE_PORT_NAME, names.API_PORT_NAME}
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_template["metadata"]["labels"].items()
+    relabel = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][0]
+    # Prometheus turns the pod label serving.llmop.dev/deployment into this meta label.
+    meta = "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", names.LABEL_DEPLOYMENT)
+    assert relabel == {"sourceLabels": [meta], "targetLabel": "llmdeployment"}
+    assert names.LABEL_DEPLOYMENT in pod_template["metadata"]["labels"]
+
+
+def test_prometheus_adapter_exposes_the_hpa_metric_per_pod() -> None:
+    docs = render(MATRIX["monitoring-all"])
+    config_yaml = find(docs, "ConfigMap", "llmop-prometheus-adapter")["data"]["config.yaml"]
+    rules = yaml.safe_load(config_yaml)["rules"]
+    assert len(rules) == 1
+    rule = rules[0]
+    hpa = render_children(
+        example("llama-3.1-8b-h100.yaml"), RenderSettings(), load_timeout_seconds=600
+    ).hpa
+    assert hpa is not None
+    metric = hpa["spec"]["metrics"][0]
+    assert metric["type"] == "Pods"
+    assert rule["name"]["as"] == metric["pods"]["metric"]["name"] == names.QUEUE_DEPTH_METRIC
+    assert re.fullmatch(rule["name"]["matches"], names.QUEUE_DEPTH_METRIC)
+    assert rule["seriesQuery"].startswith(names.QUEUE_DEPTH_METRIC + "{")
+    assert rule["resources"]["overrides"] == {
+        "namespace": {"resource": "namespace"},
+        "pod": {"resource": "pod"},
+    }
+    assert "<<.GroupBy>>" in rule["metricsQuery"]
+
+
+def test_dashboard_is_valid_grafana_json() -> None:
+    dashboard = json.loads((CHART_DIR / "files" / "dashboards" / "llmop.json").read_text())
+    assert dashboard["uid"] == "llmop-overview"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert all(
+        p["targets"] and p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"]
+    )
+    docs = render({"monitoring": {"grafanaDashboard": {"enabled": True, "namespace": "grafana"}}})
+    configmap = find(docs, "ConfigMap", "llmop-dashboard")
+    assert configmap["metadata"]["namespace"] == "grafana"
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+# --- NOTES -------------------------------------------------------------------------------------
+
+
+def test_notes_show_how_to_apply_a_sample_and_wait_for_ready() -> None:
+    notes = render_files()["llmop/templates/NOTES.txt"]
+    sample = re.search(r"kubectl apply -f (\S+)", notes)
+    assert sample is not None
+    path = REPO_ROOT / sample.group(1)
+    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    assert f"kubectl wait llmdeployment/{name} --for=condition=Ready" in notes
+    assert "kubectl get llmd" in notes
+    assert "deployment/llmop" in notes
