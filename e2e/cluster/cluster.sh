@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# Local Kubernetes control plane for tests and `make dev`: the real upstream
+# etcd, kube-apiserver, kube-controller-manager and kube-scheduler, run as
+# local processes by `kwokctl --runtime binary`, with kwok simulating the
+# kubelets of a few fake GPU nodes (gpu-nodes.yaml).
+#
+# This is the ONE implementation: mk/cluster.mk and the pytest fixture
+# (tests/support/cluster.py) both call it.
+#
+# Usage: e2e/cluster/cluster.sh up|down|status|kubeconfig
+#
+# Environment:
+#   LLMOP_CLUSTER_NAME       cluster name (default: llmop-dev-<hash of the clone path>)
+#   LLMOP_CLUSTER_STATE      parent of the per-cluster work dirs
+#                            (default: ${XDG_CACHE_HOME:-~/.cache}/llmop/clusters)
+#   LLMOP_CLUSTER_OWNER_PID  if set, `up` starts a watchdog that deletes the
+#                            cluster as soon as that process is gone (pytest
+#                            sets it, so a killed session leaves nothing behind)
+#   LLMOP_CLUSTER_TIMEOUT    seconds to wait for the cluster (default 180)
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+
+NAME="${LLMOP_CLUSTER_NAME:-llmop-dev-$(printf '%s' "$ROOT" | sha256sum | cut -c1-8)}"
+STATE="${LLMOP_CLUSTER_STATE:-${XDG_CACHE_HOME:-$HOME/.cache}/llmop/clusters}"
+WORK="$STATE/$NAME"
+KUBECONFIG_FILE="$WORK/kubeconfig"
+TIMEOUT="${LLMOP_CLUSTER_TIMEOUT:-180}"
+# kwokctl keeps its pki, pid files, logs and etcd data under $KWOK_WORKDIR/clusters/<name>.
+export KWOK_WORKDIR="$WORK/kwok"
+
+log() { echo "cluster[$NAME]: $*" >&2; }
+
+bin_dir() {
+  if [[ -f "$WORK/bin-dir" ]]; then
+    cat "$WORK/bin-dir"
+  else
+    "$HERE/build.sh" --print-dir
+  fi
+}
+
+# Run the cluster's kubectl against the cluster's kubeconfig.
+kctl() { "$(bin_dir)/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+
+healthy() {
+  [[ -f "$KUBECONFIG_FILE" ]] && kctl get --raw /readyz >/dev/null 2>&1
+}
+
+pid_files() { compgen -G "$KWOK_WORKDIR/clusters/$NAME/pids/*.pid" || true; }
+
+# Stop whatever kwokctl started for this cluster.  kwokctl detaches its
+# processes (setsid), so nothing dies with our shell; its own `delete` reads
+# the pid files, and we fall back to those same pid files if it fails.
+teardown() {
+  local bin
+  bin="$(bin_dir)"
+  if [[ -x "$bin/kwokctl" && -d "$KWOK_WORKDIR/clusters/$NAME" ]]; then
+    "$bin/kwokctl" --name "$NAME" delete cluster --kubeconfig "$KUBECONFIG_FILE" >&2 ||
+      log "kwokctl delete failed; stopping the processes from their pid files"
+  fi
+  local f pid
+  for f in $(pid_files); do
+    pid="$(cat "$f" 2>/dev/null || true)"
+    if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+      kill "$pid" 2>/dev/null || true
+    fi
+  done
+  if [[ -f "$WORK/watchdog.pid" ]]; then
+    pid="$(cat "$WORK/watchdog.pid")"
+    # Never signal ourselves: the watchdog itself runs this teardown.
+    if [[ "$pid" != "$$" && "$pid" != "${WATCHDOG_SELF:-}" ]] && kill -0 "$pid" 2>/dev/null; then
+      kill "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -rf "$WORK"
+}
+
+# Delete test clusters whose owning pytest process is gone (killed with -9, or
+# the machine's watchdog never ran): their names are llmop-test-<pid>-<rand>.
+reap_orphans() {
+  local d n pid
+  for d in "$STATE"/llmop-test-*; do
+    [[ -d "$d" ]] || continue
+    n="$(basename "$d")"
+    pid="${n#llmop-test-}"
+    pid="${pid%%-*}"
+    if [[ "$pid" =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null; then
+      log "removing orphaned test cluster $n (owner $pid is gone)"
+      LLMOP_CLUSTER_NAME="$n" LLMOP_CLUSTER_OWNER_PID="" "$HERE/cluster.sh" down || true
+    fi
+  done
+}
+
+start_watchdog() {
+  local owner="$1"
+  # setsid + nohup: the watchdog must outlive the shell that started it, and
+  # must not hold pytest's stdout/stderr pipes open.
+  # shellcheck disable=SC2016 # the inner script expands its own positional args
+  setsid nohup bash -c '
+    while kill -0 "$1" 2>/dev/null; do sleep 2; done
+    WATCHDOG_SELF=$$ LLMOP_CLUSTER_NAME="$2" LLMOP_CLUSTER_STATE="$3" "$4" down
+  ' watchdog "$owner" "$NAME" "$STATE" "$HERE/cluster.sh" </dev/null >/dev/null 2>&1 &
+  echo $! >"$WORK/watchdog.pid"
+}
+
+apply_nodes() {
+  kctl apply -f "$HERE/gpu-nodes.yaml" >&2
+  # A create keeps the status we send, but an apply onto an existing node
+  # ignores it; (re)write capacity/allocatable through the status subresource.
+  kctl apply --server-side --force-conflicts --field-manager=llmop-cluster \
+    --subresource=status -f "$HERE/gpu-nodes.yaml" >/dev/null
+}
+
+wait_ready() {
+  local deadline=$((SECONDS + TIMEOUT))
+  until kctl wait --for=condition=Ready node --all --timeout=5s >/dev/null 2>&1 &&
+    kctl get serviceaccount default -n default >/dev/null 2>&1; do
+    if ((SECONDS > deadline)); then
+      log "nodes not Ready / default ServiceAccount missing after ${TIMEOUT}s"
+      kctl get nodes -o wide >&2 || true
+      return 1
+    fi
+    sleep 1
+  done
+}
+
+cmd_up() {
+  mkdir -p "$STATE"
+  reap_orphans
+  local bin
+  bin="$("$HERE/build.sh" | tail -n 1)"
+  if [[ -d "$WORK" ]]; then
+    if [[ "$(cat "$WORK/bin-dir" 2>/dev/null)" == "$bin" ]] && healthy; then
+      log "already running"
+      apply_nodes
+      wait_ready
+      echo "$KUBECONFIG_FILE"
+      return 0
+    fi
+    log "stale or unhealthy cluster state; recreating"
+    teardown
+  fi
+  mkdir -p "$WORK"
+  echo "$bin" >"$WORK/bin-dir"
+  if [[ -n "${LLMOP_CLUSTER_OWNER_PID:-}" ]]; then
+    start_watchdog "$LLMOP_CLUSTER_OWNER_PID"
+  fi
+  local k8s_version start=$SECONDS
+  k8s_version="$("$bin/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p')"
+  log "creating (kubernetes $k8s_version, binaries from $bin)"
+  # Every component comes from $bin: kwokctl must never download anything.
+  # kubectl is found first on PATH (and KWOK_KUBECTL_BINARY as a fallback).
+  # The optional components that it would fetch (metrics-server, prometheus,
+  # jaeger, dashboard) are off by default; --components pins the set anyway.
+  PATH="$bin:$PATH" \
+    KWOK_KUBE_VERSION="$k8s_version" \
+    KWOK_KUBE_BINARY_PREFIX="$bin" \
+    KWOK_KUBECTL_BINARY="$bin/kubectl" \
+    "$bin/kwokctl" --name "$NAME" create cluster \
+    --config "$HERE/kwokctl.yaml" \
+    --runtime binary \
+    --components etcd,kube-apiserver,kube-controller-manager,kube-scheduler,kwok-controller \
+    --etcd-binary "$bin/etcd" \
+    --kube-apiserver-binary "$bin/kube-apiserver" \
+    --kube-controller-manager-binary "$bin/kube-controller-manager" \
+    --kube-scheduler-binary "$bin/kube-scheduler" \
+    --kwok-controller-binary "$bin/kwok" \
+    --kubeconfig "$KUBECONFIG_FILE" \
+    --disable-qps-limits \
+    --extra-args etcd=unsafe-no-fsync=true \
+    --timeout "${TIMEOUT}s" \
+    --wait "${TIMEOUT}s" >&2 || {
+    log "kwokctl create failed"
+    teardown
+    return 1
+  }
+  # kwokctl names the context kwok-<name>; make it the file's default.
+  kctl config use-context "kwok-$NAME" >/dev/null
+  apply_nodes
+  wait_ready
+  log "ready in $((SECONDS - start))s; kubeconfig: $KUBECONFIG_FILE"
+  echo "$KUBECONFIG_FILE"
+}
+
+cmd_down() {
+  if [[ ! -d "$WORK" ]]; then
+    log "not running"
+    return 0
+  fi
+  log "deleting"
+  teardown
+}
+
+cmd_status() {
+  if [[ ! -d "$WORK" ]]; then
+    log "not running (state dir $WORK absent)"
+    return 1
+  fi
+  echo "name:       $NAME"
+  echo "kubeconfig: $KUBECONFIG_FILE"
+  echo "binaries:   $(bin_dir)"
+  if ! healthy; then
+    echo "apiserver:  NOT READY"
+    return 1
+  fi
+  echo "version:    $(kctl version -o json | sed -n '/serverVersion/,$ s/.*"gitVersion": "\([^"]*\)".*/\1/p')"
+  echo
+  kctl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count \
+    -o custom-columns='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GPU:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'
+  echo
+  local f pid total=0 rss
+  printf '%-28s %8s %10s\n' PROCESS PID RSS_MIB
+  for f in $(pid_files); do
+    pid="$(cat "$f")"
+    rss="$(awk '/^VmRSS:/ { print int($2 / 1024) }' "/proc/$pid/status" 2>/dev/null || echo 0)"
+    total=$((total + rss))
+    printf '%-28s %8s %10s\n' "$(basename "$f" .pid)" "$pid" "$rss"
+  done
+  printf '%-28s %8s %10s\n' total "" "$total"
+}
+
+case "${1:-}" in
+up) cmd_up ;;
+down) cmd_down ;;
+status) cmd_status ;;
+kubeconfig) echo "$KUBECONFIG_FILE" ;;
+*)
+  echo "usage: $0 up|down|status|kubeconfig" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,5 @@
+"""Suite-wide pytest configuration: loads the shared fixtures from ``tests/support``."""
+
+# The cluster fixtures (kube_cluster, namespace) live in support.cluster so that
+# other tooling can import start_cluster/stop_cluster without pytest magic.
+pytest_plugins = ["support.cluster"]

@@ -1,0 +1,256 @@
+"""The local Kubernetes cluster for integration tests, as pytest fixtures.
+
+``kube_cluster`` (session scope) builds the control-plane binaries if needed,
+starts a private cluster (real etcd, kube-apiserver, kube-controller-manager
+and kube-scheduler, kwok-simulated GPU nodes) and deletes it when the session
+ends.  All the work is done by ``e2e/cluster/cluster.sh``, the same script that
+``make cluster-up`` runs; this module only calls it.
+
+With ``LLMOP_TEST_KUBECONFIG=<path>`` or ``USE_EXISTING_CLUSTER=1`` (then
+``$KUBECONFIG`` or ``~/.kube/config``) the fixture uses that cluster instead and
+tears nothing down, so the same tests run on kind or a real cluster.
+
+``namespace`` (function scope) gives each test a fresh ``test-<random>``
+namespace.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import functools
+import os
+import pathlib
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+CLUSTER_SH = REPO_ROOT / "e2e" / "cluster" / "cluster.sh"
+BUILD_SH = REPO_ROOT / "e2e" / "cluster" / "build.sh"
+
+# Generous: a cold start includes building the binaries (tens of minutes on 2 cores).
+_UP_TIMEOUT_S = 90 * 60
+_KUBECTL_TIMEOUT_S = 120
+
+T = TypeVar("T")
+
+
+class KubectlError(subprocess.CalledProcessError):
+    """A failed kubectl call; unlike its base class, the message includes stderr."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\nstderr: {self.stderr}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """A running cluster: where its kubeconfig is and how to reach it."""
+
+    kubeconfig: pathlib.Path
+    # Directory of the locally built binaries; None for an existing cluster,
+    # where kubectl comes from PATH.
+    bin_dir: pathlib.Path | None
+    # kwokctl cluster name when this session owns the cluster, else None.
+    name: str | None = None
+
+    @property
+    def kubectl_path(self) -> str:
+        """The kubectl binary: the one built with the cluster, else the one on PATH."""
+        if self.bin_dir is not None:
+            return str(self.bin_dir / "kubectl")
+        return _fallback_kubectl()
+
+    def env(self) -> dict[str, str]:
+        """Environment for child processes (kopf, llmop run) that should talk to this cluster."""
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        if self.bin_dir is not None:
+            env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``kubectl --kubeconfig <this cluster> *args``, capturing text output."""
+        cmd = [self.kubectl_path, "--kubeconfig", str(self.kubeconfig), *args]
+        result = subprocess.run(
+            cmd,
+            input=input,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=_KUBECTL_TIMEOUT_S,
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(result.returncode, cmd, result.stdout, result.stderr)
+        return result
+
+    def api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` for this cluster (the library is untyped)."""
+        # Imported here so that kubectl-only users never pay for the client import.
+        from kubernetes import config
+
+        return config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.kubeconfig)
+        )
+
+
+@functools.cache
+def _fallback_kubectl() -> str:
+    # For an existing cluster: prefer our own build when it is there (known
+    # version, current skew), else whatever kubectl the machine has.
+    built = subprocess.run(
+        [str(BUILD_SH), "--print-dir"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if built and (pathlib.Path(built) / ".complete").exists():
+        return str(pathlib.Path(built) / "kubectl")
+    found = shutil.which("kubectl")
+    if found is None:
+        raise RuntimeError("kubectl is not on PATH (needed for an existing cluster)")
+    return found
+
+
+def _run_script(
+    action: str, name: str, state_dir: pathlib.Path | None, owner_pid: int | None
+) -> str:
+    env = dict(os.environ, LLMOP_CLUSTER_NAME=name)
+    if state_dir is not None:
+        env["LLMOP_CLUSTER_STATE"] = str(state_dir)
+    if owner_pid is not None:
+        env["LLMOP_CLUSTER_OWNER_PID"] = str(owner_pid)
+    else:
+        env.pop("LLMOP_CLUSTER_OWNER_PID", None)
+    # stderr is inherited, not captured: build and startup progress must stay
+    # visible (pytest -s, CI logs) rather than vanish until the end.
+    result = subprocess.run(
+        [str(CLUSTER_SH), action],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+        timeout=_UP_TIMEOUT_S,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{CLUSTER_SH.name} {action} failed for cluster {name!r}")
+    return result.stdout
+
+
+def start_cluster(
+    name: str, *, state_dir: pathlib.Path | None = None, owner_pid: int | None = None
+) -> Cluster:
+    """Build the binaries if needed and start (or reuse) the cluster ``name``.
+
+    With ``owner_pid`` the cluster deletes itself once that process exits, even
+    if it is killed before any Python clean-up can run.
+    """
+    out = _run_script("up", name, state_dir, owner_pid)
+    kubeconfig = pathlib.Path(out.strip().splitlines()[-1])
+    bin_dir = pathlib.Path((kubeconfig.parent / "bin-dir").read_text().strip())
+    return Cluster(kubeconfig=kubeconfig, bin_dir=bin_dir, name=name)
+
+
+def stop_cluster(name: str, *, state_dir: pathlib.Path | None = None) -> None:
+    """Delete the cluster ``name`` and its state; a no-op when it is not running."""
+    _run_script("down", name, state_dir, None)
+
+
+def existing_cluster() -> Cluster | None:
+    """The cluster named by LLMOP_TEST_KUBECONFIG / USE_EXISTING_CLUSTER=1, if any."""
+    explicit = os.environ.get("LLMOP_TEST_KUBECONFIG")
+    if explicit:
+        return Cluster(kubeconfig=pathlib.Path(explicit).expanduser(), bin_dir=None)
+    if os.environ.get("USE_EXISTING_CLUSTER", "").lower() in {"1", "true", "yes"}:
+        kubeconfig = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+        path = pathlib.Path(kubeconfig or "~/.kube/config").expanduser()
+        return Cluster(kubeconfig=path, bin_dir=None)
+    return None
+
+
+def wait_until(
+    probe: Callable[[], T | None], *, timeout: float = 60, interval: float = 0.5, what: str = ""
+) -> T:
+    """Poll ``probe`` until it returns something other than None/False; return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what or probe!r}")
+        time.sleep(interval)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the binaries before the first test when cluster tests were collected.
+
+    A cold build takes longer than pytest-timeout allows one test (and so its
+    fixtures' setup); done here, it runs before any test timer starts, and in
+    the open rather than inside captured output.
+    """
+    if session.config.option.collectonly or existing_cluster() is not None:
+        return
+    if not any(item.get_closest_marker("cluster") for item in session.items):
+        return
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    with uncaptured:
+        result = subprocess.run([str(BUILD_SH)], stdout=subprocess.DEVNULL, check=False)
+    if result.returncode != 0:
+        raise pytest.UsageError(f"{BUILD_SH} failed (exit {result.returncode})")
+
+
+@pytest.fixture(scope="session")
+def kube_cluster() -> Iterator[Cluster]:
+    """The cluster for this test session: an existing one, or a private local one."""
+    existing = existing_cluster()
+    if existing is not None:
+        existing.kubectl("get", "--raw", "/readyz")
+        yield existing
+        return
+
+    name = f"llmop-test-{os.getpid()}-{secrets.token_hex(3)}"
+
+    def stop() -> None:
+        try:
+            stop_cluster(name)
+        except Exception as exc:  # clean-up must not mask the test result
+            print(f"warning: stopping cluster {name}: {exc}", file=sys.stderr)
+
+    # atexit covers a session that dies in Python (KeyboardInterrupt, internal
+    # error); the owner-pid watchdog started by cluster.sh covers SIGKILL.
+    atexit.register(stop)
+    try:
+        yield start_cluster(name, owner_pid=os.getpid())
+    finally:
+        stop()
+        atexit.unregister(stop)
+
+
+@pytest.fixture
+def namespace(kube_cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace ``test-<random>``, deleted (without waiting) afterwards."""
+    name = f"test-{secrets.token_hex(4)}"
+    kube_cluster.kubectl("create", "namespace", name)
+    # Pods are rejected until the controller-manager creates the namespace's
+    # default ServiceAccount; wait so tests can create pods straight away.
+    wait_until(
+        lambda: (
+            kube_cluster.kubectl(
+                "get", "serviceaccount", "default", "-n", name, check=False
+            ).returncode
+            == 0
+        ),
+        timeout=30,
+        what=f"default ServiceAccount in {name}",
+    )
+    try:
+        yield name
+    finally:
+        kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
