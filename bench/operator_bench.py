@@ -1,0 +1,221 @@
+"""Operator throughput benchmark: apply N LLMDeployments at once against a running cluster and
+measure how long `llmop run` takes until every one has its children and a written status, and
+how much memory the operator uses. Not a test: prints a table.
+
+    KUBECONFIG=... python bench/operator_bench.py --counts 100,500,1000
+
+The CRs use the simulator backend with `replicas: 0`, so the numbers measure the operator
+(watch, plan, render, server-side apply, status) rather than the fake kubelets starting pods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llmop.kube import Kube, KubeError
+
+API_VERSION = "serving.llmop.dev/v1alpha1"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CRD_FILE = REPO_ROOT / "crds" / "serving.llmop.dev_llmdeployments.yaml"
+APPLY_THREADS = 16
+SERVICE_CIDR = {
+    "apiVersion": "networking.k8s.io/v1",
+    "kind": "ServiceCIDR",
+    "metadata": {"name": "llmop-bench"},
+    "spec": {"cidrs": ["10.96.0.0/16"]},
+}
+"""Room for thousands of ClusterIPs (Kubernetes >= 1.33 adds Service ranges at runtime)."""
+
+
+@dataclass
+class Row:
+    count: int
+    apply_seconds: float
+    children_seconds: float
+    status_seconds: float
+    rss_mib: float
+    peak_rss_mib: float
+    status_writes: float
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.split("{")[0].split(" ")[0] == name
+    )
+
+
+def _start_operator(log: Any) -> tuple[subprocess.Popen[bytes], int]:
+    liveness, metrics = _free_port(), _free_port()
+    llmop = Path(sys.executable).with_name("llmop")
+    env = dict(
+        os.environ,
+        LLMOP_LIVENESS_PORT=str(liveness),
+        LLMOP_METRICS_PORT=str(metrics),
+        LLMOP_BIND_ADDRESS="127.0.0.1",
+    )
+    process = subprocess.Popen([str(llmop), "run"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError("operator exited during startup")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{liveness}/healthz", timeout=2):
+                return process, metrics
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("operator did not become healthy")
+
+
+def _spec() -> dict[str, Any]:
+    return {
+        "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+        "engine": {"backend": "simulator"},
+        "resources": {"gpus": 1, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+        "replicas": 0,
+    }
+
+
+def _progress(kube: Kube, namespace: str) -> tuple[int, int]:
+    """(CRs with Deployment and Service, CRs with a written status)."""
+    deployments = {d["metadata"]["name"] for d in kube.list("apps/v1", "Deployment", namespace)}
+    services = {s["metadata"]["name"] for s in kube.list("v1", "Service", namespace)}
+    with_status = sum(
+        1
+        for item in kube.list(API_VERSION, "LLMDeployment", namespace)
+        if (item.get("status") or {}).get("observedGeneration") is not None
+    )
+    return len(deployments & services), with_status
+
+
+def run_one(kube: Kube, count: int, timeout: float, log: Any) -> Row:
+    namespace = f"bench-{count}-{secrets.token_hex(3)}"
+    kube.apply(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        field_manager="llmop-bench",
+    )
+    process, metrics_port = _start_operator(log)
+    peak = _rss_mib(process.pid)
+    try:
+        started = time.monotonic()
+
+        def create(index: int) -> None:
+            kube.apply(
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "LLMDeployment",
+                    "metadata": {"name": f"m{index:04d}", "namespace": namespace},
+                    "spec": _spec(),
+                },
+                field_manager="llmop-bench",
+            )
+
+        with ThreadPoolExecutor(APPLY_THREADS) as pool:
+            list(pool.map(create, range(count)))
+        applied = time.monotonic() - started
+        children_at = status_at = None
+        while time.monotonic() - started < timeout:
+            with_children, with_status = _progress(kube, namespace)
+            now = time.monotonic() - started
+            peak = max(peak, _rss_mib(process.pid))
+            if children_at is None and with_children == count:
+                children_at = now
+            if status_at is None and with_status == count:
+                status_at = now
+            if children_at is not None and status_at is not None:
+                break
+            time.sleep(0.5)
+        rss = _rss_mib(process.pid)
+        writes = _metric(metrics_port, "llmop_status_writes_total")
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        kube.delete("v1", "Namespace", None, namespace)
+    nan = float("nan")
+    return Row(
+        count,
+        applied,
+        children_at if children_at is not None else nan,
+        status_at if status_at is not None else nan,
+        rss,
+        max(peak, rss),
+        writes,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--counts", default=os.environ.get("N", "100,500,1000"))
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per N")
+    args = parser.parse_args()
+    counts = [int(n) for n in str(args.counts).split(",") if n.strip()]
+    try:
+        kube = Kube.connect(pool_size=APPLY_THREADS)
+    except KubeError as error:
+        print(f"operator_bench: {error}", file=sys.stderr)
+        return 2
+    # Each CR gets a ClusterIP Service; the local cluster's default ServiceCIDR is a /24.
+    kube.apply(SERVICE_CIDR, field_manager="llmop-bench")
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    crd_version = ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+    if kube.read(*crd_version, None, crd["metadata"]["name"]) is None:
+        kube.apply(crd, field_manager="llmop-bench")  # an installed CRD is left as it is
+    header = (
+        f"{'N':>6} {'apply s':>8} {'children s':>11} {'status s':>9} {'CR/s':>7} "
+        f"{'RSS MiB':>8} {'peak MiB':>9} {'status writes':>14}"
+    )
+    with tempfile.NamedTemporaryFile(
+        "ab", prefix="llmop-bench-", suffix=".log", delete=False
+    ) as log:
+        print(f"operator log: {log.name}", file=sys.stderr)
+        print(header)
+        print("-" * len(header), flush=True)
+        for count in counts:
+            row = run_one(kube, count, args.timeout, log)
+            rate = row.count / row.status_seconds if row.status_seconds == row.status_seconds else 0
+            print(
+                f"{row.count:>6} {row.apply_seconds:>8.1f} {row.children_seconds:>11.1f} "
+                f"{row.status_seconds:>9.1f} {rate:>7.1f} {row.rss_mib:>8.0f} "
+                f"{row.peak_rss_mib:>9.0f} {row.status_writes:>14.0f}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

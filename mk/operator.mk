@@ -1,0 +1,16 @@
+# The operator (`llmop run`) against the local cluster, and its throughput benchmark.
+
+##@ Operator
+
+N ?= 100,500,1000
+
+.PHONY: run
+run: install ## Run the operator against the local cluster (make cluster-up first).
+	KUBECONFIG=$(shell $(MAKE) -s --no-print-directory cluster-kubeconfig) $(BIN)/llmop run
+
+.PHONY: bench-operator
+bench-operator: install ## Operator benchmark: N CRs at once (N=100,500,1000): time to children + status, RSS.
+	KUBECONFIG=$$($(MAKE) -s --no-print-directory cluster-up | tail -n 1) \
+	  $(PY) bench/operator_bench.py --counts $(N)
+
+bench: bench-operator

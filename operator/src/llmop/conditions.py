@@ -1,0 +1,92 @@
+"""Pure: the LLMDeployment's condition types, reasons and transition-time bookkeeping.
+
+Conditions follow metav1.Condition and kstatus: `Ready`, `Reconciling` and `Stalled` (abnormal-true
+polarity for the last two) plus `CapacityPlanned`. `lastTransitionTime` moves only when a
+condition's status flips, never when only its reason or message changes; time is a parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from llmop.api.v1alpha1 import Condition, ConditionStatus
+
+READY = "Ready"
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
+CAPACITY_PLANNED = "CapacityPlanned"
+TYPES = (READY, RECONCILING, STALLED, CAPACITY_PLANNED)
+"""Every condition the operator writes, in the order it writes them."""
+
+# Reasons (CamelCase, machine-readable). Planner reasons come from llmop.sizing.
+REASON_ALL_REPLICAS_READY = "AllReplicasReady"
+REASON_SCALED_TO_ZERO = "ScaledToZero"
+REASON_CREATING = "Creating"
+REASON_ROLLING_OUT = "RollingOut"
+REASON_SCALING = "Scaling"
+REASON_WAITING_FOR_REPLICAS = "WaitingForReplicas"
+REASON_AS_EXPECTED = "AsExpected"
+REASON_STALLED = "Stalled"
+REASON_INVALID_SPEC = "InvalidSpec"
+REASON_CHILD_REJECTED = "ChildRejected"
+REASON_INTERNAL_ERROR = "InternalError"
+REASON_PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+REASON_NOT_PLANNED = "NotPlanned"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a condition should say now, before transition-time bookkeeping."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str = ""
+
+
+def format_time(now: datetime) -> str:
+    """RFC 3339 in UTC with second precision, as the API server stores metav1.Time."""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def find(conditions: Iterable[Condition], type_: str) -> Condition | None:
+    """The condition of `type_`, if present."""
+    return next((c for c in conditions if c.type == type_), None)
+
+
+def status_of(conditions: Iterable[Condition], type_: str) -> ConditionStatus | None:
+    """The status of condition `type_`, None when absent."""
+    found = find(conditions, type_)
+    return None if found is None else found.status
+
+
+def merge(
+    previous: Sequence[Condition],
+    observations: Sequence[Observation],
+    *,
+    generation: int | None,
+    now: datetime,
+) -> list[Condition]:
+    """The full conditions list: one entry per observation, keeping `lastTransitionTime` when
+    the status is unchanged. Types not observed are dropped (the operator owns the list)."""
+    merged = []
+    for observation in observations:
+        before = find(previous, observation.type)
+        unchanged = before is not None and before.status == observation.status
+        merged.append(
+            Condition(
+                type=observation.type,
+                status=observation.status,
+                observed_generation=generation,
+                last_transition_time=(
+                    before.last_transition_time
+                    if unchanged and before is not None
+                    else format_time(now)
+                ),
+                reason=observation.reason,
+                message=observation.message,
+            )
+        )
+    return merged

@@ -1,0 +1,210 @@
+"""The operator's settings, read once at startup from flags and `LLMOP_*` environment variables
+into a frozen `OperatorConfig` (flags win over the environment, the environment over defaults).
+
+The environment is a parameter, so tests pass a dict and nothing here reads `os.environ`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from llmop.render.settings import DEFAULT_SIMULATOR_IMAGE, DEFAULT_VLLM_IMAGE, RenderSettings
+
+ENV_PREFIX = "LLMOP_"
+LOG_FORMATS = ("json", "text")
+
+
+class ConfigError(ValueError):
+    """A setting has a value the operator cannot run with."""
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything the operator is configured with."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty means all namespaces (cluster-wide)."""
+    standalone: bool = True
+    """Run without kopf peering (one operator replica)."""
+    peering_name: str | None = None
+    """kopf peering object to join when not standalone."""
+    priority: int = 0
+    """kopf peering priority (the highest alive operator works; the others wait)."""
+    liveness_port: int = 8080
+    """Port of kopf's liveness endpoint `/healthz` (0 disables it)."""
+    metrics_port: int = 9090
+    """Port of the Prometheus `/metrics` endpoint (0 disables it)."""
+    bind_address: str = "0.0.0.0"
+    """Address the liveness and metrics endpoints listen on."""
+    vllm_image: str = DEFAULT_VLLM_IMAGE
+    """Default engine image for `backend: vllm`."""
+    simulator_image: str = DEFAULT_SIMULATOR_IMAGE
+    """Default engine image for `backend: simulator`."""
+    service_monitor: bool = False
+    """Render a prometheus-operator ServiceMonitor per LLMDeployment."""
+    image_pull_policy: str = "IfNotPresent"
+    """Pull policy of engine containers."""
+    max_workers: int = 16
+    """Threads running the synchronous handlers."""
+    retry_delay_seconds: float = 10.0
+    """Delay before a reconcile that hit a transient API error runs again."""
+    request_timeout_seconds: float = 30.0
+    """Deadline of one API request made by the operator's own client."""
+    log_format: str = "json"
+    """`json` (one object per line) or `text`."""
+    verbose: bool = False
+    """Debug logging."""
+
+    @property
+    def clusterwide(self) -> bool:
+        """Watch every namespace."""
+        return not self.namespaces
+
+    def render_settings(self) -> RenderSettings:
+        """The renderers' view of this config."""
+        return RenderSettings(
+            vllm_image=self.vllm_image,
+            simulator_image=self.simulator_image,
+            service_monitor=self.service_monitor,
+            image_pull_policy=self.image_pull_policy,
+        )
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"not a boolean: {text!r}")
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"not a port: {text!r}")
+    return port
+
+
+def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    def default(key: str, fallback: str) -> str:
+        return env.get(ENV_PREFIX + key, fallback)
+
+    defaults = OperatorConfig()
+    parser = argparse.ArgumentParser(
+        prog="llmop run",
+        description="Run the LLMDeployment operator (KUBECONFIG or in-cluster credentials).",
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        help="watch only this namespace (repeatable; env LLMOP_NAMESPACES, comma-separated)",
+    )
+    scope.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="watch every namespace (the default)",
+    )
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument(
+        "--standalone",
+        action="store_true",
+        default=None,
+        help="run without peering (the default; one operator replica)",
+    )
+    peering.add_argument("--peering", dest="peering_name", help="join this kopf peering object")
+    parser.add_argument("--priority", type=int, default=int(default("PRIORITY", "0")))
+    parser.add_argument(
+        "--liveness-port",
+        type=_port,
+        default=_port(default("LIVENESS_PORT", str(defaults.liveness_port))),
+        help="port of /healthz (0 disables it)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=_port(default("METRICS_PORT", str(defaults.metrics_port))),
+        help="port of the Prometheus /metrics endpoint (0 disables it)",
+    )
+    parser.add_argument("--bind-address", default=default("BIND_ADDRESS", defaults.bind_address))
+    parser.add_argument("--vllm-image", default=default("VLLM_IMAGE", defaults.vllm_image))
+    parser.add_argument(
+        "--simulator-image", default=default("SIMULATOR_IMAGE", defaults.simulator_image)
+    )
+    parser.add_argument(
+        "--service-monitor",
+        action=argparse.BooleanOptionalAction,
+        default=_bool(default("SERVICE_MONITOR", "false")),
+        help="render a ServiceMonitor per LLMDeployment (needs the prometheus-operator CRDs)",
+    )
+    parser.add_argument(
+        "--image-pull-policy",
+        choices=("Always", "IfNotPresent", "Never"),
+        default=default("IMAGE_PULL_POLICY", defaults.image_pull_policy),
+    )
+    parser.add_argument(
+        "--max-workers", type=int, default=int(default("MAX_WORKERS", str(defaults.max_workers)))
+    )
+    parser.add_argument(
+        "--retry-delay",
+        type=float,
+        dest="retry_delay_seconds",
+        default=float(default("RETRY_DELAY_SECONDS", str(defaults.retry_delay_seconds))),
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        dest="request_timeout_seconds",
+        default=float(default("REQUEST_TIMEOUT_SECONDS", str(defaults.request_timeout_seconds))),
+    )
+    parser.add_argument(
+        "--log-format", choices=LOG_FORMATS, default=default("LOG_FORMAT", defaults.log_format)
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=_bool(default("VERBOSE", "false"))
+    )
+    return parser
+
+
+def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
+    """Parse `argv` (without the program and `run` words) over `env`."""
+    try:
+        args = _parser(env).parse_args(list(argv))
+    except ValueError as error:  # a malformed LLMOP_* value, raised while building defaults
+        raise ConfigError(str(error)) from error
+    if args.all_namespaces:
+        namespaces: tuple[str, ...] = ()
+    elif args.namespaces:
+        namespaces = tuple(args.namespaces)
+    else:
+        listed = env.get(ENV_PREFIX + "NAMESPACES", "")
+        namespaces = tuple(ns.strip() for ns in listed.split(",") if ns.strip())
+    peering_name = args.peering_name or env.get(ENV_PREFIX + "PEERING") or None
+    if args.max_workers < 1:
+        raise ConfigError("--max-workers must be at least 1")
+    if args.log_format not in LOG_FORMATS:
+        raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
+    return OperatorConfig(
+        namespaces=namespaces,
+        standalone=peering_name is None,
+        peering_name=peering_name,
+        priority=args.priority,
+        liveness_port=args.liveness_port,
+        metrics_port=args.metrics_port,
+        bind_address=args.bind_address,
+        vllm_image=args.vllm_image,
+        simulator_image=args.simulator_image,
+        service_monitor=args.service_monitor,
+        image_pull_policy=args.image_pull_policy,
+        max_workers=args.max_workers,
+        retry_delay_seconds=args.retry_delay_seconds,
+        request_timeout_seconds=args.request_timeout_seconds,
+        log_format=args.log_format,
+        verbose=args.verbose,
+    )

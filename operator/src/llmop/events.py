@@ -1,0 +1,87 @@
+"""Pure: which Kubernetes Events a status change deserves, and the Event manifest itself.
+
+Only meaningful transitions produce an Event (became ready, started reconciling, stalled,
+recovered), so `kubectl describe llmd` tells the story without one Event per watch update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from llmop import conditions
+from llmop.api.v1alpha1 import Condition
+from llmop.conditions import format_time
+
+COMPONENT = "llmop"
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """One Event to post on the LLMDeployment."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def _flipped(
+    before: Sequence[Condition], after: Sequence[Condition], type_: str, to: str
+) -> Condition | None:
+    """The new condition when `type_` just became `to`, else None."""
+    new = conditions.find(after, type_)
+    if new is None or new.status != to:
+        return None
+    return None if conditions.status_of(before, type_) == to else new
+
+
+def transition_events(before: Sequence[Condition], after: Sequence[Condition]) -> list[EventSpec]:
+    """Events for the transitions from `before` to `after`."""
+    events = []
+    if (stalled := _flipped(before, after, conditions.STALLED, "True")) is not None:
+        events.append(EventSpec("Warning", stalled.reason, stalled.message))
+    elif (
+        conditions.status_of(before, conditions.STALLED) == "True"
+        and conditions.status_of(after, conditions.STALLED) == "False"
+    ):
+        events.append(EventSpec("Normal", "Recovered", "No longer stalled."))
+    if (reconciling := _flipped(before, after, conditions.RECONCILING, "True")) is not None:
+        events.append(EventSpec("Normal", reconciling.reason, reconciling.message))
+    if (ready := _flipped(before, after, conditions.READY, "True")) is not None:
+        events.append(EventSpec("Normal", "Ready", ready.message))
+    return events
+
+
+def render_event(
+    involved: Mapping[str, Any], event: EventSpec, *, now: datetime, instance: str
+) -> dict[str, Any]:
+    """A core/v1 Event about `involved` (the LLMDeployment body)."""
+    metadata = involved.get("metadata") or {}
+    timestamp = format_time(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "generateName": f"{metadata.get('name')}.",
+            "namespace": metadata.get("namespace"),
+        },
+        "involvedObject": {
+            "apiVersion": involved.get("apiVersion"),
+            "kind": involved.get("kind"),
+            "name": metadata.get("name"),
+            "namespace": metadata.get("namespace"),
+            "uid": metadata.get("uid"),
+            "resourceVersion": metadata.get("resourceVersion"),
+        },
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message[:1024],
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": instance,
+        "firstTimestamp": timestamp,
+        "lastTimestamp": timestamp,
+        "count": 1,
+    }

@@ -1,0 +1,140 @@
+"""`llmop run`: configure and start the kopf operator.
+
+Reads the config once, builds kopf's settings (our own annotation/finalizer prefixes,
+server-side label filtering of child watches, quiet Event posting, worker count), starts the
+metrics server, and runs kopf with the handlers from `llmop.handlers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+
+from llmop import handlers, names
+from llmop.config import ConfigError, OperatorConfig, load
+from llmop.kube import Kube, KubeError
+from llmop.metrics import Metrics
+from llmop.reconcile import Context
+
+log = logging.getLogger("llmop.main")
+
+DIFFBASE_KEY = "last-handled-configuration"
+FINALIZER = f"{names.KOPF_PREFIX}/finalizer"
+"""Never added (no delete handlers, timers or daemons), but named ours in case kopf needs one."""
+WATCH_CHUNK_SIZE = 500
+
+
+def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
+    """kopf's settings for `config`."""
+    settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=names.KOPF_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=names.KOPF_PREFIX, key=DIFFBASE_KEY
+    )
+    # kopf posts an Event for every handler log line at INFO; only warnings are worth one.
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = config.max_workers
+    settings.execution.default_backoff = config.retry_delay_seconds
+    settings.watching.chunk_size = WATCH_CHUNK_SIZE
+    selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
+    for api_version, plural in handlers.CHILD_RESOURCES:
+        # Without this, kopf would receive every Deployment/Service in the cluster and filter
+        # them client-side.
+        settings.watching.label_selectors[api_version, plural] = selector
+    settings.peering.standalone = config.standalone
+    if config.peering_name is not None:
+        settings.peering.name = config.peering_name
+        settings.peering.mandatory = True
+    settings.peering.priority = config.priority
+    return settings
+
+
+class _QuietWatchHandlers(logging.Filter):
+    """Drop kopf's "Handler 'child-…' succeeded." lines: low-level handlers run on every watch
+    event, so at INFO they would log every Deployment status change of every LLMDeployment."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO or not isinstance(record.msg, str):
+            return True
+        return not (
+            record.msg.startswith("Handler ")
+            and record.msg.endswith(" succeeded.")
+            and any(f"'{handler_id}'" in record.msg for handler_id in handlers.WATCH_HANDLER_IDS)
+        )
+
+
+def _configure_logging(config: OperatorConfig) -> None:
+    log_format = kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.FULL
+    kopf.configure(verbose=config.verbose, log_format=log_format, log_prefix=True)
+    quiet = _QuietWatchHandlers()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(quiet)
+    # The access log of the liveness endpoint is one line per probe.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _memo(config: OperatorConfig, metrics: Metrics) -> kopf.Memo:
+    kube = Kube.connect(pool_size=config.max_workers + 4, timeout=config.request_timeout_seconds)
+    context = Context(
+        kube=kube,
+        config=config,
+        metrics=metrics,
+        instance=os.environ.get("POD_NAME") or socket.gethostname(),
+    )
+    return kopf.Memo(context=context)
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run the operator until SIGINT/SIGTERM; returns the process exit code."""
+    try:
+        config = load(argv, os.environ)
+    except ConfigError as error:
+        print(f"llmop run: {error}", file=sys.stderr)
+        return 2
+    _configure_logging(config)
+    metrics = Metrics()
+    try:
+        memo = _memo(config, metrics)
+    except KubeError as error:
+        print(f"llmop run: {error}", file=sys.stderr)
+        return 1
+    server: Any = None
+    if config.metrics_port:
+        server = metrics.serve(config.metrics_port, config.bind_address)
+    liveness = (
+        f"http://{config.bind_address}:{config.liveness_port}/healthz"
+        if config.liveness_port
+        else None
+    )
+    log.info(
+        "starting llmop operator",
+        extra={"namespaces": list(config.namespaces) or "*", "standalone": config.standalone},
+    )
+    try:
+        asyncio.run(
+            kopf.operator(
+                settings=build_settings(config),
+                clusterwide=config.clusterwide,
+                namespaces=config.namespaces,
+                standalone=config.standalone,
+                peering_name=config.peering_name,
+                priority=config.priority,
+                liveness_endpoint=liveness,
+                memo=memo,
+            )
+        )
+    finally:
+        memo.context.kube.close()
+        if server is not None:
+            server.shutdown()
+    return 0

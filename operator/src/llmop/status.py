@@ -1,0 +1,284 @@
+"""Pure: derive an LLMDeployment's status from its spec, the planner's verdict and the observed
+child Deployment.
+
+One function serves both the reconcile path and the child-event path, so the status is the same
+whichever of them wrote it last. kstatus rules: `Ready=True` only when the current generation is
+fully rolled out and every desired replica is ready; `Reconciling=True` while getting there;
+`Stalled=True` (with a reason) for what will not fix itself without a human.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from llmop import conditions, names
+from llmop.api.v1alpha1 import Condition, LLMDeploymentSpec, LLMDeploymentStatus
+from llmop.conditions import Observation
+from llmop.sizing import SizingResult
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something the operator cannot fix by retrying: the reason and a sentence for humans."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What the child Deployment says about its rollout (all zero when it does not exist)."""
+
+    exists: bool = False
+    desired: int = 0
+    current_generation_observed: bool = False
+    template_current: bool = False
+    replicas: int = 0
+    ready: int = 0
+    updated: int = 0
+    available: int = 0
+    deadline_exceeded: bool = False
+    deadline_message: str = ""
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def observe_rollout(
+    deployment: Mapping[str, Any] | None, spec: LLMDeploymentSpec, *, template_hash: str | None
+) -> Rollout:
+    """Read the live Deployment. With autoscaling the HPA owns the count, so the desired
+    replicas are the Deployment's own; otherwise they are the spec's."""
+    if deployment is None:
+        desired = spec.desired_fixed_replicas if spec.autoscaling is None else 0
+        return Rollout(desired=desired)
+    metadata = deployment.get("metadata") or {}
+    dep_spec = deployment.get("spec") or {}
+    dep_status = deployment.get("status") or {}
+    if spec.autoscaling is None:
+        desired = spec.desired_fixed_replicas
+    else:
+        # Deployments default spec.replicas to 1; the HPA then clamps it into [min, max].
+        desired = dep_spec.get("replicas", 1)
+    progressing: Mapping[str, Any] = next(
+        (c for c in dep_status.get("conditions") or [] if c.get("type") == "Progressing"), {}
+    )
+    live_hash = (metadata.get("annotations") or {}).get(names.ANNOTATION_TEMPLATE_HASH)
+    return Rollout(
+        exists=True,
+        desired=_int(desired),
+        current_generation_observed=(
+            _int(dep_status.get("observedGeneration")) >= _int(metadata.get("generation"))
+        ),
+        template_current=template_hash is None or live_hash == template_hash,
+        replicas=_int(dep_status.get("replicas")),
+        ready=_int(dep_status.get("readyReplicas")),
+        updated=_int(dep_status.get("updatedReplicas")),
+        available=_int(dep_status.get("availableReplicas")),
+        deadline_exceeded=(
+            progressing.get("status") == "False"
+            and progressing.get("reason") == conditions.REASON_PROGRESS_DEADLINE_EXCEEDED
+        ),
+        deadline_message=str(progressing.get("message") or ""),
+    )
+
+
+def find_problem(sizing: SizingResult | None, rollout: Rollout) -> Problem | None:
+    """The reason the deployment is stuck for good, if any (the caller's own problems, such as
+    an invalid spec, take precedence and are passed to `derive_status` directly)."""
+    if sizing is not None and sizing.fits is False:
+        return Problem(sizing.reason, sizing.message)
+    if rollout.exists and rollout.deadline_exceeded:
+        return Problem(
+            conditions.REASON_PROGRESS_DEADLINE_EXCEEDED,
+            rollout.deadline_message or "The engine Deployment exceeded its progress deadline.",
+        )
+    return None
+
+
+def _progress(rollout: Rollout) -> tuple[str, str] | None:
+    """(reason, message) of why the rollout is not finished; None when it is."""
+    if not rollout.exists:
+        return conditions.REASON_CREATING, "Creating the engine Deployment."
+    if not (rollout.current_generation_observed and rollout.template_current):
+        return conditions.REASON_ROLLING_OUT, "Rolling out the new engine template."
+    if rollout.replicas > rollout.updated:
+        return (
+            conditions.REASON_ROLLING_OUT,
+            f"{rollout.updated}/{rollout.desired} replicas updated, "
+            f"{rollout.replicas - rollout.updated} old replicas remaining.",
+        )
+    if rollout.replicas != rollout.desired or rollout.updated < rollout.desired:
+        return (
+            conditions.REASON_SCALING,
+            f"Scaling from {rollout.replicas} to {rollout.desired} replicas.",
+        )
+    if rollout.ready < rollout.desired or rollout.available < rollout.desired:
+        return (
+            conditions.REASON_WAITING_FOR_REPLICAS,
+            f"{rollout.ready}/{rollout.desired} replicas ready.",
+        )
+    return None
+
+
+def _capacity_observation(sizing: SizingResult | None) -> Observation:
+    if sizing is None:
+        return Observation(
+            conditions.CAPACITY_PLANNED,
+            "Unknown",
+            conditions.REASON_NOT_PLANNED,
+            "The spec could not be read, so no capacity plan was made.",
+        )
+    if sizing.fits is None:
+        return Observation(conditions.CAPACITY_PLANNED, "Unknown", sizing.reason, sizing.message)
+    if sizing.fits:
+        return Observation(conditions.CAPACITY_PLANNED, "True", sizing.reason, sizing.message)
+    return Observation(conditions.CAPACITY_PLANNED, "False", sizing.reason, sizing.message)
+
+
+def observe_conditions(
+    rollout: Rollout, problem: Problem | None, sizing: SizingResult | None
+) -> list[Observation]:
+    """Ready, Reconciling, Stalled and CapacityPlanned, in that order."""
+    capacity = _capacity_observation(sizing)
+    if problem is not None:
+        return [
+            Observation(conditions.READY, "False", problem.reason, problem.message),
+            Observation(
+                conditions.RECONCILING,
+                "False",
+                conditions.REASON_STALLED,
+                "Stalled: waiting for the spec to change.",
+            ),
+            Observation(conditions.STALLED, "True", problem.reason, problem.message),
+            capacity,
+        ]
+    not_stalled = Observation(conditions.STALLED, "False", conditions.REASON_AS_EXPECTED)
+    progress = _progress(rollout)
+    if progress is not None:
+        reason, message = progress
+        return [
+            Observation(conditions.READY, "False", reason, message),
+            Observation(conditions.RECONCILING, "True", reason, message),
+            not_stalled,
+            capacity,
+        ]
+    if rollout.desired == 0:
+        ready = Observation(
+            conditions.READY, "True", conditions.REASON_SCALED_TO_ZERO, "Scaled to zero replicas."
+        )
+    else:
+        ready = Observation(
+            conditions.READY,
+            "True",
+            conditions.REASON_ALL_REPLICAS_READY,
+            f"{rollout.ready}/{rollout.desired} replicas ready.",
+        )
+    return [
+        ready,
+        Observation(conditions.RECONCILING, "False", conditions.REASON_AS_EXPECTED, "Rolled out."),
+        not_stalled,
+        capacity,
+    ]
+
+
+def derive_status(
+    *,
+    name: str,
+    namespace: str,
+    generation: int | None,
+    previous: LLMDeploymentStatus,
+    spec: LLMDeploymentSpec,
+    sizing: SizingResult | None,
+    deployment: Mapping[str, Any] | None,
+    template_hash: str | None,
+    problem: Problem | None,
+    now: datetime,
+) -> LLMDeploymentStatus:
+    """The whole status of a parsed LLMDeployment. `problem` is the caller's own stall reason
+    (a child the API server rejected); planner and rollout problems are found here."""
+    rollout = observe_rollout(deployment, spec, template_hash=template_hash)
+    problem = problem or find_problem(sizing, rollout)
+    observations = observe_conditions(rollout, problem, sizing)
+    return LLMDeploymentStatus(
+        observed_generation=generation,
+        replicas=rollout.replicas,
+        ready_replicas=rollout.ready,
+        updated_replicas=rollout.updated,
+        selector=names.selector_string(name),
+        replica_summary=f"{rollout.ready}/{rollout.desired}",
+        endpoint=names.service_endpoint(name, namespace, spec.service.port),
+        conditions=conditions.merge(
+            previous.conditions, observations, generation=generation, now=now
+        ),
+        plan=None if sizing is None else sizing.plan_status(),
+    )
+
+
+def derive_invalid_status(
+    *,
+    name: str,
+    generation: int | None,
+    previous: LLMDeploymentStatus,
+    problem: Problem,
+    now: datetime,
+) -> LLMDeploymentStatus:
+    """Status of an LLMDeployment whose spec cannot be read: Stalled, replica counts kept."""
+    observations = observe_conditions(Rollout(), problem, None)
+    return LLMDeploymentStatus(
+        observed_generation=generation,
+        replicas=previous.replicas,
+        ready_replicas=previous.ready_replicas,
+        updated_replicas=previous.updated_replicas,
+        selector=names.selector_string(name),
+        replica_summary=previous.replica_summary,
+        conditions=conditions.merge(
+            previous.conditions, observations, generation=generation, now=now
+        ),
+    )
+
+
+def parse_previous(raw: Any) -> LLMDeploymentStatus:
+    """The status as stored; an unreadable one counts as empty (it is rewritten whole)."""
+    if not isinstance(raw, Mapping):
+        return LLMDeploymentStatus()
+    try:
+        return LLMDeploymentStatus.model_validate(raw)
+    except ValueError:
+        return LLMDeploymentStatus()
+
+
+def dump(status: LLMDeploymentStatus) -> dict[str, Any]:
+    """The status as it goes on the wire."""
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def status_patch(raw_previous: Any, status: LLMDeploymentStatus) -> dict[str, Any] | None:
+    """A merge patch for `/status` that turns the stored status into `status`, or None when
+    they are equal (so an unchanged status is never written). Keys that disappear are nulled,
+    and lists (conditions) are replaced whole, as merge patches do."""
+    wanted = dump(status)
+    previous = raw_previous if isinstance(raw_previous, Mapping) else {}
+    if _same(previous, wanted):
+        return None
+    patch: dict[str, Any] = {key: None for key in previous if key not in wanted}
+    patch.update(wanted)
+    return patch
+
+
+def _same(stored: Any, wanted: Any) -> bool:
+    """JSON equality, except that 80 and 80.0 are one number (the API server drops `.0`)."""
+    if isinstance(stored, Mapping) and isinstance(wanted, Mapping):
+        return stored.keys() == wanted.keys() and all(_same(stored[k], wanted[k]) for k in wanted)
+    if isinstance(stored, list) and isinstance(wanted, list):
+        return len(stored) == len(wanted) and all(map(_same, stored, wanted))
+    return bool(stored == wanted)
+
+
+def ready_condition(status: LLMDeploymentStatus) -> Condition | None:
+    """The Ready condition of `status`."""
+    return conditions.find(status.conditions, conditions.READY)

@@ -1,0 +1,184 @@
+"""The CRD from crds/ installs, and the API server rejects invalid LLMDeployments with messages
+that name the field — one case per CEL rule in the CRD, and a check that no rule is left out."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from support.cluster import Cluster
+
+pytestmark = pytest.mark.cluster
+
+API_VERSION = "serving.llmop.dev/v1alpha1"
+CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "serving.llmop.dev_llmdeployments.yaml"
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def valid() -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "LLMDeployment",
+        "metadata": {"name": "cel-case", "namespace": "default"},
+        "spec": {
+            "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+            "engine": {"backend": "simulator"},
+            "resources": {"gpus": 1},
+        },
+    }
+
+
+def _set(path: str, value: Any) -> Mutation:
+    def mutate(obj: dict[str, Any]) -> None:
+        *parents, leaf = path.split(".")
+        node = obj
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+    return mutate
+
+
+def _all(*mutations: Mutation) -> Mutation:
+    def mutate(obj: dict[str, Any]) -> None:
+        for mutation in mutations:
+            mutation(obj)
+
+    return mutate
+
+
+ARCH = {"parameters": 1000, "layers": 2, "kvHeads": 2, "headDim": 64, "maxPositionEmbeddings": 4096}
+
+# (id, mutation, a distinctive part of the rule's message, the field the error must name)
+CASES: list[tuple[str, Mutation, str, str]] = [
+    (
+        "model-name-format",
+        _set("spec.model.name", "not a repo!"),
+        "Hugging Face repo id",
+        "spec.model.name",
+    ),
+    (
+        "mla-needs-rope-dim",
+        _set("spec.model.architecture", {**ARCH, "kvLoraRank": 512}),
+        "qkRopeHeadDim is required",
+        "spec.model.architecture",
+    ),
+    (
+        "env-value-from-exactly-one",
+        _set("spec.engine.env", [{"name": "A", "valueFrom": {}}]),
+        "exactly one of secretKeyRef",
+        "spec.engine.env[0].valueFrom",
+    ),
+    (
+        "env-value-xor-value-from",
+        _set(
+            "spec.engine.env",
+            [{"name": "A", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        ),
+        "either value or valueFrom",
+        "spec.engine.env[0]",
+    ),
+    (
+        "batched-tokens-vs-model-len",
+        _all(_set("spec.engine.maxModelLen", 8192), _set("spec.engine.maxNumBatchedTokens", 4096)),
+        "maxNumBatchedTokens must be at least",
+        "spec.engine.maxNumBatchedTokens",
+    ),
+    (
+        "min-not-above-max",
+        _set("spec.autoscaling", {"minReplicas": 5, "maxReplicas": 2}),
+        "minReplicas must not exceed",
+        "spec.autoscaling.minReplicas",
+    ),
+    (
+        "probe-timeout-below-interval",
+        _set("spec.health.deepProbe", {"intervalSeconds": 5, "timeoutSeconds": 5}),
+        "timeoutSeconds must be below intervalSeconds",
+        "spec.health.deepProbe.timeoutSeconds",
+    ),
+    (
+        "surge-or-unavailable",
+        _set("spec.rollout", {"maxSurge": 0, "maxUnavailable": 0}),
+        "cannot both be 0",
+        "spec.rollout.maxSurge",
+    ),
+    (
+        "replicas-xor-autoscaling",
+        _all(_set("spec.replicas", 2), _set("spec.autoscaling", {"maxReplicas": 3})),
+        "mutually exclusive",
+        "spec.replicas",
+    ),
+    (
+        "tp-divides-gpus",
+        _all(_set("spec.resources.gpus", 3), _set("spec.engine.tensorParallelSize", 2)),
+        "tensorParallelSize must divide",
+        "spec.engine.tensorParallelSize",
+    ),
+    (
+        "vllm-needs-gpus",
+        _all(_set("spec.engine.backend", "vllm"), _set("spec.resources.gpus", 0)),
+        "must be at least 1 for the vllm backend",
+        "spec.resources.gpus",
+    ),
+    (
+        "model-len-within-architecture",
+        _all(_set("spec.model.architecture", ARCH), _set("spec.engine.maxModelLen", 8192)),
+        "exceeds spec.model.architecture.maxPositionEmbeddings",
+        "spec.engine.maxModelLen",
+    ),
+    ("name-length", _set("metadata.name", "a" * 51), "at most 50 characters", "metadata.name"),
+    ("name-dns-label", _set("metadata.name", "x.y"), "must start with a letter", "metadata.name"),
+]
+
+
+def _rules(node: Any) -> Iterator[dict[str, str]]:
+    if isinstance(node, dict):
+        yield from node.get("x-kubernetes-validations", [])
+        for value in node.values():
+            yield from _rules(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _rules(value)
+
+
+def test_every_cel_rule_has_a_rejection_case() -> None:
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    messages = [rule["message"] for rule in _rules(crd)]
+    assert messages, "the CRD has no CEL rules"
+    uncovered = [m for m in messages if not any(case[2] in m for case in CASES)]
+    assert uncovered == []
+
+
+def test_valid_object_is_accepted(llmop_crd: Cluster) -> None:
+    obj = valid()
+    result = llmop_crd.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(obj)
+    )
+    created = json.loads(result.stdout)
+    # Defaults come from the CRD schema, not from the operator.
+    assert created["spec"]["engine"]["gpuMemoryUtilization"] == 0.9
+    assert created["spec"]["rollout"]["maxSurge"] == 1
+
+
+@pytest.mark.parametrize(
+    ("mutation", "message", "field"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_invalid_object_is_rejected_naming_the_field(
+    llmop_crd: Cluster, mutation: Mutation, message: str, field: str
+) -> None:
+    # Server-side dry runs in `default`: admission runs in full, nothing is stored.
+    obj = copy.deepcopy(valid())
+    mutation(obj)
+    result = llmop_crd.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False
+    )
+    assert result.returncode != 0, f"accepted: {json.dumps(obj)}"
+    assert message in result.stderr
+    assert field in result.stderr

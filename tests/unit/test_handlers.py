@@ -1,0 +1,57 @@
+"""The kopf wiring: which handlers exist (none that would add a finalizer) and the settings."""
+
+from __future__ import annotations
+
+import kopf
+
+from llmop import handlers, main
+from llmop.config import OperatorConfig
+
+
+def _handlers(kind: str) -> list[object]:
+    registry = getattr(kopf.get_default_registry(), kind)
+    return list(registry.get_all_handlers())
+
+
+def test_nothing_would_make_kopf_add_a_finalizer() -> None:
+    assert _handlers("_spawning") == []  # no timers, no daemons
+    changing = _handlers("_changing")
+    assert {getattr(h, "id", None) for h in changing} == {"reconcile"}
+    reasons = {str(getattr(h, "reason", None)) for h in changing}
+    assert not any("delete" in reason for reason in reasons)
+    assert not any(getattr(h, "requires_finalizer", None) for h in changing)
+
+
+def test_children_are_watched_with_low_level_handlers_only() -> None:
+    ids = {getattr(h, "id", None) for h in _handlers("_watching")}
+    assert ids == {"count-llmdeployments"} | {f"child-{p}" for _, p in handlers.CHILD_RESOURCES}
+
+
+def test_settings_use_our_prefixes_and_server_side_label_filters() -> None:
+    settings = main.build_settings(OperatorConfig(max_workers=7))
+    assert settings.persistence.finalizer.startswith("serving.llmop.dev/")
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert settings.persistence.progress_storage.prefix == "serving.llmop.dev"
+    assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+    assert settings.persistence.diffbase_storage.prefix == "serving.llmop.dev"
+    assert settings.execution.max_workers == 7
+    assert settings.peering.standalone is True
+    selectors = {
+        (s.group, s.version, s.any_name): v for s, v in settings.watching.label_selectors.items()
+    }
+    assert selectors == {
+        ("apps", "v1", "deployments"): "app.kubernetes.io/managed-by=llmop",
+        ("", "v1", "services"): "app.kubernetes.io/managed-by=llmop",
+        ("autoscaling", "v2", "horizontalpodautoscalers"): "app.kubernetes.io/managed-by=llmop",
+        ("policy", "v1", "poddisruptionbudgets"): "app.kubernetes.io/managed-by=llmop",
+    }
+
+
+def test_peering_settings() -> None:
+    settings = main.build_settings(
+        OperatorConfig(standalone=False, peering_name="default", priority=5)
+    )
+    assert settings.peering.standalone is False
+    assert settings.peering.name == "default"
+    assert settings.peering.mandatory is True
+    assert settings.peering.priority == 5

@@ -1,0 +1,269 @@
+"""Status derivation: kstatus semantics of Ready/Reconciling/Stalled/CapacityPlanned."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from llmop import status as status_mod
+from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentStatus
+from llmop.sizing import plan_for
+from llmop.status import Problem, derive_invalid_status, derive_status, status_patch
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+HASH = "abc123"
+
+
+def ld(**spec: Any) -> LLMDeployment:
+    body = {
+        "metadata": {"name": "x", "namespace": "ns", "uid": "u", "generation": 4},
+        "spec": {
+            "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+            "engine": {"backend": "simulator"},
+            "resources": {"gpus": 1, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+            **spec,
+        },
+    }
+    return LLMDeployment.model_validate(body)
+
+
+def deployment(
+    *,
+    replicas: int | None = 2,
+    generation: int = 7,
+    observed: int = 7,
+    status: dict[str, Any] | None = None,
+    template_hash: str = HASH,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {} if replicas is None else {"replicas": replicas}
+    return {
+        "metadata": {
+            "generation": generation,
+            "annotations": {"serving.llmop.dev/template-hash": template_hash},
+        },
+        "spec": spec,
+        "status": {"observedGeneration": observed, **(status or {})},
+    }
+
+
+ROLLED_OUT = {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "availableReplicas": 2}
+
+
+def derive(
+    resource: LLMDeployment,
+    dep: dict[str, Any] | None,
+    *,
+    problem: Problem | None = None,
+    previous: LLMDeploymentStatus | None = None,
+) -> LLMDeploymentStatus:
+    return derive_status(
+        name=resource.metadata.name,
+        namespace="ns",
+        generation=resource.metadata.generation,
+        previous=previous or LLMDeploymentStatus(),
+        spec=resource.spec,
+        sizing=plan_for(resource.spec),
+        deployment=dep,
+        template_hash=HASH,
+        problem=problem,
+        now=NOW,
+    )
+
+
+def conds(status: LLMDeploymentStatus) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in status.conditions}
+
+
+CASES = [
+    pytest.param(
+        {"replicas": 2},
+        None,
+        {"Ready": ("False", "Creating"), "Reconciling": ("True", "Creating")},
+        id="no-deployment-yet",
+    ),
+    pytest.param(
+        {"replicas": 2},
+        deployment(status=ROLLED_OUT),
+        {"Ready": ("True", "AllReplicasReady"), "Reconciling": ("False", "AsExpected")},
+        id="rolled-out",
+    ),
+    pytest.param(
+        {"replicas": 2},
+        deployment(generation=8, observed=7, status=ROLLED_OUT),
+        {"Ready": ("False", "RollingOut"), "Reconciling": ("True", "RollingOut")},
+        id="deployment-controller-has-not-seen-new-generation",
+    ),
+    pytest.param(
+        {"replicas": 2},
+        deployment(status=ROLLED_OUT, template_hash="old"),
+        {"Ready": ("False", "RollingOut"), "Reconciling": ("True", "RollingOut")},
+        id="live-template-is-stale",
+    ),
+    pytest.param(
+        {"replicas": 2},
+        deployment(
+            status={"replicas": 3, "readyReplicas": 2, "updatedReplicas": 1, "availableReplicas": 2}
+        ),
+        {"Ready": ("False", "RollingOut"), "Reconciling": ("True", "RollingOut")},
+        id="old-replicas-remaining",
+    ),
+    pytest.param(
+        {"replicas": 2},
+        deployment(
+            status={"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2, "availableReplicas": 1}
+        ),
+        {"Ready": ("False", "WaitingForReplicas"), "Reconciling": ("True", "WaitingForReplicas")},
+        id="waiting-for-ready",
+    ),
+    pytest.param(
+        {"replicas": 3},
+        deployment(replicas=3, status=ROLLED_OUT),
+        {"Ready": ("False", "Scaling"), "Reconciling": ("True", "Scaling")},
+        id="scaling-up",
+    ),
+    pytest.param(
+        {"replicas": 0},
+        deployment(replicas=0, status={}),
+        {"Ready": ("True", "ScaledToZero"), "Reconciling": ("False", "AsExpected")},
+        id="scaled-to-zero",
+    ),
+    pytest.param(
+        {"autoscaling": {"maxReplicas": 5}},
+        deployment(
+            replicas=3,
+            status={
+                "replicas": 3,
+                "readyReplicas": 3,
+                "updatedReplicas": 3,
+                "availableReplicas": 3,
+            },
+        ),
+        {"Ready": ("True", "AllReplicasReady")},
+        id="autoscaled-count-comes-from-the-deployment",
+    ),
+    pytest.param(
+        {"replicas": 2},
+        deployment(
+            status={
+                **ROLLED_OUT,
+                "readyReplicas": 1,
+                "conditions": [
+                    {
+                        "type": "Progressing",
+                        "status": "False",
+                        "reason": "ProgressDeadlineExceeded",
+                        "message": "ReplicaSet x has timed out progressing.",
+                    }
+                ],
+            }
+        ),
+        {
+            "Ready": ("False", "ProgressDeadlineExceeded"),
+            "Reconciling": ("False", "Stalled"),
+            "Stalled": ("True", "ProgressDeadlineExceeded"),
+        },
+        id="progress-deadline-exceeded-is-stalled",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "dep", "expected"), CASES)
+def test_condition_matrix(
+    spec: dict[str, Any], dep: dict[str, Any] | None, expected: dict[str, tuple[str, str]]
+) -> None:
+    got = conds(derive(ld(**spec), dep))
+    assert {k: got[k] for k in expected} == expected
+    assert list(got) == ["Ready", "Reconciling", "Stalled", "CapacityPlanned"]
+    if "Stalled" not in expected:
+        assert got["Stalled"] == ("False", "AsExpected")
+
+
+def test_ready_status_fields() -> None:
+    status = derive(ld(replicas=2), deployment(status=ROLLED_OUT))
+    assert status.observed_generation == 4
+    assert (status.replicas, status.ready_replicas, status.updated_replicas) == (2, 2, 2)
+    assert status.replica_summary == "2/2"
+    assert status.endpoint == "http://x.ns.svc:8000/v1"
+    assert status.selector is not None
+    assert "app.kubernetes.io/instance=x" in status.selector
+    assert status.plan is not None
+    assert status.plan.fits is True
+    assert conds(status)["CapacityPlanned"] == ("True", "Fits")
+
+
+def test_plan_that_does_not_fit_is_stalled_with_the_planner_reason() -> None:
+    resource = ld(model={"name": "meta-llama/Llama-3.1-70B-Instruct"}, engine={"backend": "vllm"})
+    status = derive(resource, None)
+    got = conds(status)
+    assert got["Stalled"][0] == "True"
+    assert got["Stalled"][1] == got["CapacityPlanned"][1] == "WeightsExceedMemory"
+    assert got["CapacityPlanned"][0] == "False"
+    assert got["Ready"] == ("False", "WeightsExceedMemory")
+    assert got["Reconciling"][0] == "False"
+    assert status.plan is not None
+    assert status.plan.fits is False
+
+
+def test_unknown_model_is_not_stalled() -> None:
+    status = derive(ld(model={"name": "acme/secret-model"}), None)
+    got = conds(status)
+    assert got["CapacityPlanned"] == ("Unknown", "ModelUnknown")
+    assert got["Stalled"][0] == "False"
+    assert status.plan is None
+
+
+def test_callers_problem_wins() -> None:
+    got = conds(derive(ld(), None, problem=Problem("ChildRejected", "bad")))
+    assert got["Stalled"] == ("True", "ChildRejected")
+
+
+def test_invalid_status_keeps_counts_and_stalls() -> None:
+    previous = LLMDeploymentStatus(replicas=2, ready_replicas=1, replica_summary="1/2")
+    status = derive_invalid_status(
+        name="x",
+        generation=9,
+        previous=previous,
+        problem=Problem("InvalidSpec", "spec.x: bad"),
+        now=NOW,
+    )
+    got = conds(status)
+    assert got["Stalled"] == ("True", "InvalidSpec")
+    assert got["CapacityPlanned"] == ("Unknown", "NotPlanned")
+    assert status.observed_generation == 9
+    assert status.replica_summary == "1/2"
+
+
+def test_unchanged_status_is_not_written_and_transition_time_is_kept() -> None:
+    first = derive(ld(replicas=2), deployment(status=ROLLED_OUT))
+    stored = status_mod.dump(first)
+    # The API server stores 80.0 as 80; that must not count as a change.
+    assert stored["plan"]["gpuMemoryGiB"] == pytest.approx(79.18, abs=1)
+    stored["plan"]["gpuMemoryGiB"] = float(stored["plan"]["gpuMemoryGiB"])
+    later = derive_status(
+        name="x",
+        namespace="ns",
+        generation=4,
+        previous=status_mod.parse_previous(stored),
+        spec=ld(replicas=2).spec,
+        sizing=plan_for(ld(replicas=2).spec),
+        deployment=deployment(status=ROLLED_OUT),
+        template_hash=HASH,
+        problem=None,
+        now=datetime(2030, 1, 1, tzinfo=UTC),
+    )
+    assert status_patch(stored, later) is None
+
+
+def test_status_patch_nulls_removed_keys_and_replaces_conditions() -> None:
+    new = derive(ld(), None)
+    patch = status_patch({"bogus": 1, "conditions": []}, new)
+    assert patch is not None
+    assert patch["bogus"] is None
+    assert len(patch["conditions"]) == 4
+
+
+def test_parse_previous_tolerates_garbage() -> None:
+    assert status_mod.parse_previous(None) == LLMDeploymentStatus()
+    assert status_mod.parse_previous({"conditions": "nope"}) == LLMDeploymentStatus()
