@@ -29,6 +29,7 @@ from gitops.argocd_lua import FIXTURES, health
 from integration.conftest import OperatorProcess
 from llmop.kube import Kube
 from support.cluster import Cluster, wait_until
+from support.manifests import llmd_manifest
 
 pytestmark = pytest.mark.cluster
 
@@ -234,15 +235,6 @@ def _service_account_kubeconfig(release: Release, path: Path) -> Path:
     return path
 
 
-def _llmd(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "LLMDeployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
-
-
 def _example(namespace: str) -> dict[str, Any]:
     body: dict[str, Any] = yaml.safe_load((REPO_ROOT / "examples/simulator-small.yaml").read_text())
     body["metadata"]["namespace"] = namespace
@@ -296,9 +288,9 @@ def test_operator_under_chart_rbac_drives_statuses_argo_cd_classifies(
         kube.apply(_example(app_namespace), field_manager="llmop-chart-test")
         # A GPU product no node has: the planner is happy, the pods stay Pending.
         kube.apply(
-            _llmd(
-                "pending",
+            llmd_manifest(
                 app_namespace,
+                "pending",
                 {
                     "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
                     "engine": {"backend": "simulator"},
@@ -310,9 +302,9 @@ def test_operator_under_chart_rbac_drives_statuses_argo_cd_classifies(
         )
         # 70B weights cannot fit one L4: the planner refuses it before any pod exists.
         kube.apply(
-            _llmd(
-                "too-big",
+            llmd_manifest(
                 app_namespace,
+                "too-big",
                 {
                     "model": {"name": "meta-llama/Llama-3.1-70B-Instruct"},
                     "engine": {"backend": "vllm"},

@@ -22,6 +22,7 @@ import pytest
 
 from llmop.kube import Kube
 from support.cluster import Cluster, wait_until
+from support.manifests import llmd_manifest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO_ROOT / "crds" / "serving.llmop.dev_llmdeployments.yaml"
@@ -30,8 +31,6 @@ RBAC_FILE = REPO_ROOT / "deploy" / "rbac.yaml"
 OPERATOR_NAMESPACE = "llmop-system"
 OPERATOR_SERVICE_ACCOUNT = "llmop"
 API_VERSION = "serving.llmop.dev/v1alpha1"
-H100 = "NVIDIA-H100-80GB-HBM3"
-SMALL_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 BIG_MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 TEST_MANAGER = "llmop-tests"
 LOG_TAIL_LINES = 150
@@ -51,26 +50,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def simulator_spec(**overrides: Any) -> dict[str, Any]:
-    """A small spec that fits: the simulator on one H100 (kwok pods become Ready at once)."""
-    spec: dict[str, Any] = {
-        "model": {"name": SMALL_MODEL},
-        "engine": {"backend": "simulator"},
-        "resources": {"gpus": 1, "gpuProduct": H100},
-    }
-    spec.update(overrides)
-    return spec
-
-
-def llmd(namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "LLMDeployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
 
 
 def conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -177,7 +156,7 @@ class Kit:
 
     def apply_llmd(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         """Create or update a CR the way `kubectl apply --server-side` would."""
-        return self.kube.apply(llmd(namespace, name, spec), field_manager=TEST_MANAGER)
+        return self.kube.apply(llmd_manifest(namespace, name, spec), field_manager=TEST_MANAGER)
 
     def get_llmd(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.kube.read(API_VERSION, "LLMDeployment", namespace, name)

@@ -4,28 +4,19 @@ keeps the running count; turning it off applies the CR's replicas and removes th
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from support.cluster import wait_until
+from support.manifests import simulator_spec as spec
 
 if TYPE_CHECKING:
     from conftest import Kit, OperatorProcess
 
 pytestmark = pytest.mark.cluster
 
-H100 = "NVIDIA-H100-80GB-HBM3"
 HPA = ("autoscaling/v2", "HorizontalPodAutoscaler")
-
-
-def spec(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
-        "engine": {"backend": "simulator"},
-        "resources": {"gpus": 1, "gpuProduct": H100},
-    }
-    return base | overrides
 
 
 def replicas(kit: Kit, namespace: str, name: str) -> int:

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from support.cluster import wait_until
+from support.manifests import H100
+from support.manifests import simulator_spec as spec
 
 if TYPE_CHECKING:
     from conftest import Kit, OperatorProcess
@@ -17,17 +19,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.cluster
 
 API_VERSION = "serving.llmop.dev/v1alpha1"
-H100 = "NVIDIA-H100-80GB-HBM3"
 OUR_PREFIX = "serving.llmop.dev/"
-
-
-def spec(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
-        "engine": {"backend": "simulator"},
-        "resources": {"gpus": 1, "gpuProduct": H100},
-    }
-    return base | overrides
 
 
 def conds(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:

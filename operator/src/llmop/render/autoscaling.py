@@ -10,6 +10,7 @@ from typing import Any
 
 from llmop import names
 from llmop.api.v1alpha1 import AutoscalingSpec, LLMDeployment
+from llmop.render.metadata import child_metadata
 
 SCALE_UP_PERIOD_SECONDS = 60
 
@@ -30,11 +31,7 @@ def render_hpa(deployment: LLMDeployment) -> dict[str, Any] | None:
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": {
-            "name": name,
-            "namespace": deployment.metadata.namespace,
-            "labels": names.child_labels(name),
-        },
+        "metadata": child_metadata(deployment),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
             "minReplicas": autoscaling.min_replicas,

@@ -8,6 +8,7 @@ from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
 from llmop.render import engine_args
 from llmop.render.hashing import template_hash
+from llmop.render.metadata import child_metadata
 from llmop.render.settings import RenderSettings
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -71,9 +72,7 @@ def render_deployment(
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "name": name,
-            "namespace": deployment.metadata.namespace,
-            "labels": names.child_labels(name),
+            **child_metadata(deployment),
             "annotations": {names.ANNOTATION_TEMPLATE_HASH: digest},
         },
         "spec": deployment_spec,

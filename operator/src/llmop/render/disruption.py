@@ -6,6 +6,7 @@ from typing import Any
 
 from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
+from llmop.render.metadata import child_metadata
 
 
 def most_replicas(spec: LLMDeploymentSpec) -> int:
@@ -27,11 +28,7 @@ def render_pdb(deployment: LLMDeployment) -> dict[str, Any] | None:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": {
-            "name": name,
-            "namespace": deployment.metadata.namespace,
-            "labels": names.child_labels(name),
-        },
+        "metadata": child_metadata(deployment),
         "spec": {
             "maxUnavailable": 1,
             "selector": {"matchLabels": names.selector_labels(name)},

@@ -6,6 +6,7 @@ from typing import Any
 
 from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment
+from llmop.render.metadata import child_metadata
 
 
 def render_service_monitor(deployment: LLMDeployment) -> dict[str, Any]:
@@ -14,11 +15,7 @@ def render_service_monitor(deployment: LLMDeployment) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": {
-            "name": name,
-            "namespace": deployment.metadata.namespace,
-            "labels": names.child_labels(name),
-        },
+        "metadata": child_metadata(deployment),
         "spec": {
             "selector": {"matchLabels": names.selector_labels(name)},
             "endpoints": [

@@ -6,17 +6,14 @@ from typing import Any
 
 from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment
+from llmop.render.metadata import child_metadata
 
 
 def render_service(deployment: LLMDeployment) -> dict[str, Any]:
     """ClusterIP (or the requested type) selecting this deployment's engine pods."""
     name = deployment.metadata.name
     service = deployment.spec.service
-    metadata: dict[str, Any] = {
-        "name": name,
-        "namespace": deployment.metadata.namespace,
-        "labels": names.child_labels(name),
-    }
+    metadata: dict[str, Any] = child_metadata(deployment)
     if service.annotations:
         metadata["annotations"] = dict(sorted(service.annotations.items()))
     return {
