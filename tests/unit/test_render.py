@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import re
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -361,3 +363,12 @@ def test_render_does_not_mutate_its_input() -> None:
     before = copy.deepcopy(source.model_dump())
     render_children(source, SETTINGS, load_timeout_seconds=900)
     assert source.model_dump() == before
+
+
+def test_pod_runs_as_the_user_the_engine_images_create() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    for dockerfile in ("engine-image/Dockerfile", "engine-image/Dockerfile.sim"):
+        text = (repo / dockerfile).read_text(encoding="utf-8")
+        user = re.search(r"^USER (\d+)", text, re.MULTILINE)
+        assert user is not None, dockerfile
+        assert pod_spec(render())["securityContext"]["runAsUser"] == int(user.group(1))

@@ -16,7 +16,7 @@ DRAIN_MARGIN_SECONDS = 15
 """Grace beyond propagation + drain for the engine's exit and the agent's own shutdown."""
 PROGRESS_DEADLINE_MARGIN_SECONDS = 600
 """A rollout may take one model load plus scheduling before the Deployment calls it stuck."""
-RUN_AS_USER = 1000
+RUN_AS_USER = 10001
 """Both engine images create this non-root user."""
 DEFAULT_SHM = {"vllm": "8Gi", "simulator": "64Mi"}
 """NCCL needs a large /dev/shm for tensor parallelism; the simulator needs almost none."""
