@@ -66,6 +66,7 @@ MATRIX: dict[str, dict[str, Any]] = {
             "vllmImage": "registry.example.com/llmop/engine:0.2.0",
             "simulatorImage": "registry.example.com/llmop/engine-sim:0.2.0",
             "imagePullPolicy": "Always",
+            "gpuResourceName": "amd.com/gpu",
         },
         "operator": {
             "verbose": True,

@@ -201,6 +201,7 @@ def test_operator_understands_the_chart_env(case: str) -> None:
     assert cfg.simulator_image == engine.get("simulatorImage", "ghcr.io/llmop/engine-sim:0.1.0")
     assert cfg.image_pull_policy == engine.get("imagePullPolicy", "IfNotPresent")
     assert cfg.service_monitor is engine.get("serviceMonitor", False)
+    assert cfg.gpu_resource_name == engine.get("gpuResourceName", "nvidia.com/gpu")
 
 
 def test_chart_engine_image_defaults_match_the_operator_defaults() -> None:
@@ -208,6 +209,7 @@ def test_chart_engine_image_defaults_match_the_operator_defaults() -> None:
     env = env_of(operator_container(render()))
     assert env["LLMOP_VLLM_IMAGE"] == defaults.vllm_image
     assert env["LLMOP_SIMULATOR_IMAGE"] == defaults.simulator_image
+    assert env["LLMOP_GPU_RESOURCE_NAME"] == defaults.gpu_resource_name
 
 
 def test_metrics_disabled_turns_the_endpoint_off() -> None:

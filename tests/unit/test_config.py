@@ -27,6 +27,7 @@ def test_environment_is_read() -> None:
             "LLMOP_METRICS_PORT": "0",
             "LLMOP_MAX_WORKERS": "4",
             "LLMOP_LOG_FORMAT": "text",
+            "LLMOP_GPU_RESOURCE_NAME": "amd.com/gpu",
         },
     )
     assert config.namespaces == ("a", "b")
@@ -35,6 +36,7 @@ def test_environment_is_read() -> None:
     assert config.max_workers == 4
     assert config.log_format == "text"
     settings = config.render_settings()
+    assert settings.gpu_resource_name == "amd.com/gpu"
     assert (settings.vllm_image, settings.simulator_image, settings.service_monitor) == (
         "registry/vllm:1",
         "registry/sim:1",
@@ -50,6 +52,7 @@ def test_flags_win_over_environment() -> None:
     assert config.namespaces == ("x", "y")
     assert config.vllm_image == "flag/vllm:2"
     assert config.service_monitor is False
+    assert load(["--gpu-resource-name", "intel.com/gpu"], {}).gpu_resource_name == "intel.com/gpu"
 
 
 def test_all_namespaces_overrides_the_environment() -> None:

@@ -119,6 +119,29 @@ def test_gpu_limits_selector_and_toleration() -> None:
     )["tolerations"]
 
 
+@pytest.mark.parametrize(
+    ("spec_name", "operator_name", "expected"),
+    [
+        (None, "nvidia.com/gpu", "nvidia.com/gpu"),
+        (None, "amd.com/gpu", "amd.com/gpu"),
+        ("intel.com/gpu", "amd.com/gpu", "intel.com/gpu"),
+    ],
+    ids=["default", "operator-setting", "cr-wins"],
+)
+def test_gpu_resource_name_from_cr_else_operator(
+    spec_name: str | None, operator_name: str, expected: str
+) -> None:
+    resources: dict[str, Any] = {"gpus": 1}
+    if spec_name:
+        resources["gpuResourceName"] = spec_name
+    settings = RenderSettings(gpu_resource_name=operator_name)
+    children = render_children(deployment(resources=resources), settings, load_timeout_seconds=900)
+    assert container(children)["resources"]["limits"] == {expected: 1}
+    assert pod_spec(children)["tolerations"] == [
+        {"key": expected, "operator": "Exists", "effect": "NoSchedule"}
+    ]
+
+
 def test_simulator_without_gpus_has_no_gpu_limit_or_toleration() -> None:
     children = render(resources={"gpus": 0}, engine={"backend": "simulator"})
     assert container(children)["image"] == "sim:1"

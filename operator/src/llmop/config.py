@@ -10,7 +10,12 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from llmop.render.settings import DEFAULT_SIMULATOR_IMAGE, DEFAULT_VLLM_IMAGE, RenderSettings
+from llmop.render.settings import (
+    DEFAULT_GPU_RESOURCE_NAME,
+    DEFAULT_SIMULATOR_IMAGE,
+    DEFAULT_VLLM_IMAGE,
+    RenderSettings,
+)
 
 ENV_PREFIX = "LLMOP_"
 LOG_FORMATS = ("json", "text")
@@ -46,6 +51,8 @@ class OperatorConfig:
     """Render a prometheus-operator ServiceMonitor per LLMDeployment."""
     image_pull_policy: str = "IfNotPresent"
     """Pull policy of engine containers."""
+    gpu_resource_name: str = DEFAULT_GPU_RESOURCE_NAME
+    """GPU extended resource requested for LLMDeployments that name none."""
     max_workers: int = 16
     """Threads running the synchronous handlers."""
     retry_delay_seconds: float = 10.0
@@ -69,6 +76,7 @@ class OperatorConfig:
             simulator_image=self.simulator_image,
             service_monitor=self.service_monitor,
             image_pull_policy=self.image_pull_policy,
+            gpu_resource_name=self.gpu_resource_name,
         )
 
 
@@ -149,6 +157,11 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=default("IMAGE_PULL_POLICY", defaults.image_pull_policy),
     )
     parser.add_argument(
+        "--gpu-resource-name",
+        default=default("GPU_RESOURCE_NAME", defaults.gpu_resource_name),
+        help="GPU extended resource for LLMDeployments that set no resources.gpuResourceName",
+    )
+    parser.add_argument(
         "--max-workers", type=int, default=int(default("MAX_WORKERS", str(defaults.max_workers)))
     )
     parser.add_argument(
@@ -202,6 +215,7 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
         simulator_image=args.simulator_image,
         service_monitor=args.service_monitor,
         image_pull_policy=args.image_pull_policy,
+        gpu_resource_name=args.gpu_resource_name,
         max_workers=args.max_workers,
         retry_delay_seconds=args.retry_delay_seconds,
         request_timeout_seconds=args.request_timeout_seconds,

@@ -264,13 +264,14 @@ class ResourcesSpec(ApiModel):
 
     gpus: int = Field(default=1, ge=0, le=64)
     """GPUs per pod (the GPU resource limit). Zero only with the simulator backend."""
-    gpu_resource_name: str = Field(
-        default="nvidia.com/gpu",
+    gpu_resource_name: str | None = Field(
+        default=None,
         min_length=1,
         max_length=253,
         pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$",
     )
-    """Extended resource name of the GPU device plugin."""
+    """Extended resource name of the GPU device plugin. Defaults to the operator's setting
+    (`nvidia.com/gpu` unless the operator was installed with another, e.g. `amd.com/gpu`)."""
     gpu_product: str | None = Field(default=None, min_length=1, max_length=128)
     """GPU product as labelled by GPU feature discovery (`nvidia.com/gpu.product`, e.g.
     `NVIDIA-H100-80GB-HBM3`). Becomes a node selector and tells the planner the GPU's memory."""

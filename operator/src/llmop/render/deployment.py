@@ -107,7 +107,7 @@ def _pod_spec(
     if spec.resources.gpus > 0:
         # GPU node pools are commonly tainted with the device resource name (GKE, AKS, EKS docs).
         gpu_toleration = {
-            "key": spec.resources.gpu_resource_name,
+            "key": gpu_resource_name(spec, settings),
             "operator": "Exists",
             "effect": "NoSchedule",
         }
@@ -143,7 +143,7 @@ def _engine_container(
             {"name": names.API_PORT_NAME, "containerPort": spec.service.port, "protocol": "TCP"},
             {"name": names.PROBE_PORT_NAME, "containerPort": names.PROBE_PORT, "protocol": "TCP"},
         ],
-        "resources": _resources(spec),
+        "resources": _resources(spec, settings),
         # The agent answers /livez from its first second; it alone judges load progress and
         # stalls, so the startup probe only covers the agent's own start.
         "startupProbe": {
@@ -182,12 +182,17 @@ def _image(spec: LLMDeploymentSpec, settings: RenderSettings) -> str:
     return settings.simulator_image if spec.engine.backend == "simulator" else settings.vllm_image
 
 
-def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
+def gpu_resource_name(spec: LLMDeploymentSpec, settings: RenderSettings) -> str:
+    """The CR's GPU resource name, else the operator's configured one."""
+    return spec.resources.gpu_resource_name or settings.gpu_resource_name
+
+
+def _resources(spec: LLMDeploymentSpec, settings: RenderSettings) -> dict[str, Any]:
     resources = spec.resources
     limits: dict[str, Any] = {}
     requests: dict[str, Any] = {}
     if resources.gpus > 0:
-        limits[resources.gpu_resource_name] = resources.gpus
+        limits[gpu_resource_name(spec, settings)] = resources.gpus
     if resources.cpu is not None:
         limits["cpu"] = requests["cpu"] = resources.cpu
     if resources.memory is not None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 DEFAULT_VLLM_IMAGE = "ghcr.io/llmop/engine:0.1.0"
 DEFAULT_SIMULATOR_IMAGE = "ghcr.io/llmop/engine-sim:0.1.0"
+DEFAULT_GPU_RESOURCE_NAME = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
@@ -20,3 +21,5 @@ class RenderSettings:
     """Render a prometheus-operator ServiceMonitor for each LLMDeployment."""
     image_pull_policy: str = "IfNotPresent"
     """Pull policy of the engine container."""
+    gpu_resource_name: str = DEFAULT_GPU_RESOURCE_NAME
+    """GPU extended resource for LLMDeployments that name none (the cluster's device plugin)."""
