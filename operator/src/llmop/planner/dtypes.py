@@ -77,13 +77,8 @@ _KV_BYTES: dict[str, float] = {
     "int8_per_token_head": 1.0,
     "fp8_per_token_head": 1.0,
     "nvfp4": 0.5,
-    "bfloat16": 2.0,
-    "bf16": 2.0,
-    "float16": 2.0,
-    "fp16": 2.0,
-    "half": 2.0,
-    "float32": 4.0,
-    "fp32": 4.0,
+    # An explicit plain dtype costs what the same dtype costs for weights.
+    **_DTYPE_BYTES,
 }
 
 
