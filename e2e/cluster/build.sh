@@ -46,7 +46,7 @@ KEY="$({
 } | sha256sum | cut -c1-12)"
 CACHE_ROOT="${LLMOP_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llmop}"
 BIN_DIR="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-$KEY"
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok kwokctl)
 
 if [[ "${1:-}" == "--print-dir" ]]; then
   echo "$BIN_DIR"
@@ -103,7 +103,7 @@ KWOK_LDFLAGS="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
 KWOK_LDFLAGS+=" -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${K8S_VERSION#v}"
 
 TOTAL_START=$(date +%s)
-for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+for c in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
   build "$c" "$HERE/k8s" "$K8S_LDFLAGS" "k8s.io/kubernetes/cmd/$c"
 done
 build etcd "$HERE/etcd" "-s -w" go.etcd.io/etcd/server/v3
@@ -111,11 +111,21 @@ build kwok "$HERE/kwok" "$KWOK_LDFLAGS" sigs.k8s.io/kwok/cmd/kwok
 build kwokctl "$HERE/kwok" "$KWOK_LDFLAGS" sigs.k8s.io/kwok/cmd/kwokctl
 echo "total $(($(date +%s) - TOTAL_START))s" >>"$TIMES"
 
-# Smoke-check that every binary runs and reports the version we pinned.
-"$STAGE/kube-apiserver" --version | grep -qF "$K8S_VERSION"
-"$STAGE/kubectl" version --client | grep -qF "$K8S_VERSION"
-"$STAGE/etcd" --version | grep -qF "${ETCD_VERSION#v}"
-"$STAGE/kwokctl" --version >/dev/null
+# Smoke-check that every binary runs and reports the version we pinned. Output is captured
+# first: `cmd | grep -q` under pipefail fails at random when grep exits before the writer
+# (SIGPIPE, exit 141).
+check_version() { # check_version <binary> <expected substring> [args...]
+  local bin="$1" want="$2" out
+  shift 2
+  out="$("$STAGE/$bin" "$@" 2>&1)" || { echo "build.sh: $bin $* failed: $out" >&2; exit 1; }
+  [[ "$out" == *"$want"* ]] || { echo "build.sh: $bin reports '$out', expected $want" >&2; exit 1; }
+}
+check_version kube-apiserver "$K8S_VERSION" --version
+check_version kubectl "$K8S_VERSION" version --client
+check_version kubelet "$K8S_VERSION" --version
+check_version kube-proxy "$K8S_VERSION" --version
+check_version etcd "${ETCD_VERSION#v}" --version
+check_version kwokctl "" --version
 (cd "$STAGE" && du -sh "${BINARIES[@]}") >>"$TIMES"
 
 touch "$STAGE/.complete"
