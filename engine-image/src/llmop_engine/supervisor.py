@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from llmop_engine.contract import EngineFlag
 from llmop_engine.settings import AgentSettings, flag_value, has_flag
 
 log = logging.getLogger("llmop_engine.supervisor")
@@ -41,12 +42,12 @@ def engine_command(settings: AgentSettings, python: str = sys.executable) -> lis
     drain budget when absent, so that even a bare `llmop-engine run` drains instead of aborting.
     """
     args = list(settings.engine_args)
-    if not has_flag(args, "--host"):
-        args += ["--host", "0.0.0.0"]
-    if not has_flag(args, "--port"):
-        args += ["--port", str(settings.api_port)]
-    if not has_flag(args, "--shutdown-timeout"):
-        args += ["--shutdown-timeout", f"{settings.drain_seconds:g}"]
+    if not has_flag(args, EngineFlag.HOST):
+        args += [EngineFlag.HOST, "0.0.0.0"]
+    if not has_flag(args, EngineFlag.PORT):
+        args += [EngineFlag.PORT, str(settings.api_port)]
+    if not has_flag(args, EngineFlag.SHUTDOWN_TIMEOUT):
+        args += [EngineFlag.SHUTDOWN_TIMEOUT, f"{settings.drain_seconds:g}"]
     if settings.backend == "simulator":
         return [python, "-m", "llmop_engine", "simulate", *args]
     return ["vllm", "serve", *args]
@@ -54,7 +55,7 @@ def engine_command(settings: AgentSettings, python: str = sys.executable) -> lis
 
 def engine_port(settings: AgentSettings) -> int:
     """The port the engine really listens on (engine flags win over `--port` of the agent)."""
-    raw = flag_value(settings.engine_args, "--port")
+    raw = flag_value(settings.engine_args, EngineFlag.PORT)
     return int(raw) if raw else settings.api_port
 
 
