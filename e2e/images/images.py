@@ -61,7 +61,13 @@ RECIPE = "3"
 STANDIN_RECIPE = "2"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("LLMOP_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-STANDIN_PACKAGES = ("python3", "python3-venv", "python3-pip", "python-is-python3", "ca-certificates")
+STANDIN_PACKAGES = (
+    "python3",
+    "python3-venv",
+    "python3-pip",
+    "python-is-python3",
+    "ca-certificates",
+)
 # Debian packages each path needs (installed with apt-get when missing, as root).
 BUILDAH_PACKAGES = {"buildah": "buildah", "umoci": "umoci", "debootstrap": "debootstrap"}
 IMPORT_PACKAGES = {"ctr": "containerd"}
@@ -113,7 +119,7 @@ class ImageError(Exception):
     """A failure with a message meant for the person running the build."""
 
 
-class Skipped(Exception):
+class SkippedError(Exception):
     """An image that cannot be built on this machine, for a reason that is not an error."""
 
 
@@ -131,7 +137,7 @@ def project_version() -> str:
 
 def specs() -> dict[str, ImageSpec]:
     tag = os.environ.get("LLMOP_IMAGE_TAG") or project_version()
-    reg = os.environ.get("LLMOP_IMAGE_REGISTRY", "ghcr.io/llmop")
+    reg = os.environ.get("LLMOP_IMAGE_REGISTRY") or "ghcr.io/llmop"
     out = {
         "operator": ImageSpec("operator", REPO / "operator/Dockerfile", f"{reg}/operator", tag),
         "engine-sim": ImageSpec(
@@ -145,6 +151,14 @@ def specs() -> dict[str, ImageSpec]:
             "pause", HERE / "pause/Dockerfile", "localhost/pause", "3.10", context=HERE / "pause"
         ),
     }
+    # A whole reference per image (make's OPERATOR_IMG etc.) wins over registry + tag.
+    for name, spec in list(out.items()):
+        ref = os.environ.get("LLMOP_IMG_" + name.upper().replace("-", "_"))
+        if ref:
+            repo, _, t = ref.rpartition(":")
+            if not repo or "/" in t:
+                raise ImageError(f"image reference {ref!r} needs an explicit :tag")
+            out[name] = ImageSpec(name, spec.dockerfile, repo, t, spec.context)
     return out
 
 
@@ -188,9 +202,7 @@ def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
 
 
 def _expand(value: str, args: dict[str, str]) -> str:
-    return re.sub(
-        r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: args.get(m.group(1), ""), value
-    )
+    return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: args.get(m.group(1), ""), value)
 
 
 def dockerfile_bases(text: str) -> list[str]:
@@ -207,10 +219,7 @@ def dockerfile_bases(text: str) -> list[str]:
             seen_from = True
             words = [w for w in rest.split() if not w.startswith("--")]
             image = _expand(words[0], args)
-            if len(words) >= 3 and words[1].upper() == "AS":
-                stages_to_add = words[2]
-            else:
-                stages_to_add = ""
+            stages_to_add = words[2] if len(words) >= 3 and words[1].upper() == "AS" else ""
             if image != "scratch" and image not in stages and image not in bases:
                 bases.append(image)
             if stages_to_add:
@@ -224,10 +233,7 @@ def dockerfile_sources(text: str) -> list[str]:
     for instr, rest in dockerfile_instructions(text):
         if instr not in ("COPY", "ADD"):
             continue
-        if rest.startswith("["):
-            words = json.loads(rest)
-        else:
-            words = shlex.split(rest)
+        words = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
         flags = [w for w in words if w.startswith("--")]
         paths = [w for w in words if not w.startswith("--")]
         if any(f.startswith("--from") for f in flags):
@@ -384,9 +390,13 @@ def ensure_tools(tools: dict[str, str]) -> None:
     if not missing:
         return
     if os.geteuid() != 0:
-        raise ImageError(f"missing tools; install them as root: apt-get install -y {' '.join(missing)}")
+        raise ImageError(
+            f"missing tools; install them as root: apt-get install -y {' '.join(missing)}"
+        )
     if shutil.which("apt-get") is None:
-        raise ImageError(f"missing Debian packages {' '.join(missing)} and no apt-get to install them")
+        raise ImageError(
+            f"missing Debian packages {' '.join(missing)} and no apt-get to install them"
+        )
     log(f"installing Debian packages: {' '.join(missing)}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
@@ -430,7 +440,10 @@ def locked(path: Path) -> Iterator[None]:
 
 def standin_key(s: StandIn) -> str:
     h = hashlib.sha256()
-    h.update(f"standin={STANDIN_RECIPE} suite={DEBIAN_SUITE} pkgs={','.join(STANDIN_PACKAGES)}\n".encode())
+    h.update(
+        f"standin={STANDIN_RECIPE} suite={DEBIAN_SUITE} "
+        f"pkgs={','.join(STANDIN_PACKAGES)}\n".encode()
+    )
     h.update(f"arch={os.uname().machine} timestamp={SOURCE_DATE_EPOCH}\n".encode())
     h.update(s.dockerfile.read_bytes())
     return h.hexdigest()[:16]
@@ -487,8 +500,17 @@ def standin_rootfs(dest: Path) -> None:
     # Sorted entries, numeric owners: the tar depends on the tree only (mtimes are reset to
     # SOURCE_DATE_EPOCH by buildah --timestamp when the layer is committed).
     subprocess.run(
-        ["tar", "-C", str(rootfs), "--sort=name", "--numeric-owner", "--xattrs", "-cf",
-         str(dest / "rootfs.tar"), "."],
+        [
+            "tar",
+            "-C",
+            str(rootfs),
+            "--sort=name",
+            "--numeric-owner",
+            "--xattrs",
+            "-cf",
+            str(dest / "rootfs.tar"),
+            ".",
+        ],
         check=True,
     )
     shutil.rmtree(rootfs)
@@ -526,7 +548,8 @@ def ensure_standin(s: StandIn) -> str:
         "--label",
         f"dev.llmop.stand-in.key={key}",
         "--annotation",
-        f"org.opencontainers.image.description=LOCAL STAND-IN for {s.ref} (Debian python3, debootstrap)",
+        "org.opencontainers.image.description="
+        f"LOCAL STAND-IN for {s.ref} (Debian python3, debootstrap)",
         "-f",
         str(work / "Dockerfile"),
         "-t",
@@ -549,7 +572,7 @@ def base_key(base: str, resolve: bool) -> str:
         return f"external:{base}"
     info = image_in_storage(base)
     if info is None:
-        raise Skipped(
+        raise SkippedError(
             f"base image {base} is not in local storage and cannot be pulled or made here "
             f"(a machine with docker can build it; or copy it into the store, see "
             f"engine-image/README.md)"
@@ -567,7 +590,7 @@ def input_key(spec: ImageSpec, resolve: bool = True) -> tuple[str, list[str]]:
     """Hash of everything the image is made of: the Dockerfile, the context files its COPY/ADD
     read, its bases' keys, the tag and this builder's recipe. Returns (key, bases)."""
     if not spec.dockerfile.is_file():
-        raise Skipped(f"{spec.dockerfile.relative_to(REPO)} does not exist (yet)")
+        raise SkippedError(f"{spec.dockerfile.relative_to(REPO)} does not exist (yet)")
     text = spec.dockerfile.read_text()
     bases = dockerfile_bases(text)
     h = hashlib.sha256()
@@ -606,8 +629,16 @@ def prepare_context(spec: ImageSpec, stage: Path) -> Path:
     if spec.name == "pause":
         env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOFLAGS="-buildvcs=false")
         subprocess.run(
-            ["go", "build", "-trimpath", "-ldflags", "-s -w -buildid=", "-o", str(ctx / "pause"),
-             "."],
+            [
+                "go",
+                "build",
+                "-trimpath",
+                "-ldflags",
+                "-s -w -buildid=",
+                "-o",
+                str(ctx / "pause"),
+                ".",
+            ],
             cwd=spec.context,
             env=env,
             check=True,
@@ -670,7 +701,9 @@ def build_buildah(spec: ImageSpec) -> dict[str, str]:
         shutil.rmtree(stage, ignore_errors=True)
         stage.mkdir(parents=True)
         start = time.monotonic()
-        log(f"{spec.name}: building {spec.ref} from {spec.dockerfile.relative_to(REPO)} (key {key})")
+        log(
+            f"{spec.name}: building {spec.ref} from {spec.dockerfile.relative_to(REPO)} (key {key})"
+        )
         ctx = prepare_context(spec, stage)
         buildah(
             "bud",
@@ -691,7 +724,9 @@ def build_buildah(spec: ImageSpec) -> dict[str, str]:
         )
         built = time.monotonic()
         layout = stage / "oci"
-        buildah("push", f"--signature-policy={POLICY}", "--quiet", spec.ref, f"oci:{layout}:{spec.tag}")
+        buildah(
+            "push", f"--signature-policy={POLICY}", "--quiet", spec.ref, f"oci:{layout}:{spec.tag}"
+        )
         write_archive(layout, stage / "image.tar", spec.ref)
         shutil.rmtree(ctx)
         meta = {
@@ -720,7 +755,7 @@ def build_buildah(spec: ImageSpec) -> dict[str, str]:
 
 def build_docker(tool: str, spec: ImageSpec) -> dict[str, str]:
     if not spec.dockerfile.is_file():
-        raise Skipped(f"{spec.dockerfile.relative_to(REPO)} does not exist (yet)")
+        raise SkippedError(f"{spec.dockerfile.relative_to(REPO)} does not exist (yet)")
     with tempfile.TemporaryDirectory() as tmp:
         ctx = spec.context
         if spec.name == "pause":
@@ -741,7 +776,7 @@ def build(names: list[str]) -> tuple[list[dict[str, str]], list[tuple[str, str]]
         t0 = time.monotonic()
         try:
             meta = build_docker(tool, spec) if tool else build_buildah(spec)
-        except Skipped as e:
+        except SkippedError as e:
             log(f"{name}: SKIPPED: {e}")
             skipped.append((name, str(e)))
             continue
@@ -797,7 +832,8 @@ def import_images(address: str, metas: list[dict[str, str]]) -> None:
         got = containerd_digest(address, meta["ref"])
         if got != meta["digest"]:
             raise ImageError(
-                f"import of {meta['archive']} left {meta['ref']} at {got}, expected {meta['digest']}"
+                f"import of {meta['archive']} left {meta['ref']} at {got}, "
+                f"expected {meta['digest']}"
             )
         log(f"import: {meta['ref']} {got[:19]} imported in {time.monotonic() - t0:.1f}s")
 
@@ -840,8 +876,10 @@ def main(argv: list[str] | None = None) -> int:
         names = expand_names(a.names)
         done, skipped = build(names)
         if a.cmd == "import":
-            if skipped:
-                raise ImageError(f"cannot import skipped images: {', '.join(n for n, _ in skipped)}")
+            # `all` means what can be built here; an image named on its own must be imported.
+            named = [n for n, _ in skipped if n in a.names]
+            if named:
+                raise ImageError(f"cannot import {', '.join(named)}: it could not be built here")
             import_images(a.address, done)
         elif a.json:
             for meta in done:
