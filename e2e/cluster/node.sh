@@ -436,9 +436,10 @@ cmd_up() {
   label_and_advertise kctl
   wait_for 60 "node Ready" kctl wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s ||
     die "node $NODE_NAME not Ready (log: $LOG_DIR/kubelet.log)"
-  # Restore what the kubelet changed at start (vm.overcommit_memory, kernel.panic*): its own
-  # operation needs none of them, and the host should keep its settings while the node runs.
-  restore_sysctls quiet
+  # Put back the kernel settings the kubelet changes at start (protectKernelDefaults=false): it
+  # needs none of them to run pods, and the host keeps its own while the node runs. The network
+  # ones (ip_forward, set by the CNI bridge) stay until `down`: pods need them.
+  restore_sysctls vm.overcommit_memory kernel.panic kernel.panic_on_oops
   log "Ready in $((SECONDS - start))s (pods $POD_CIDR on $BRIDGE, logs $LOG_DIR)"
 }
 
@@ -466,16 +467,17 @@ import_images() {
     die "building/importing images (${images[*]}) into the node's containerd failed"
 }
 
-restore_sysctls() { # restore_sysctls [quiet]: put back every stable sysctl that changed since up
+restore_sysctls() { # restore_sysctls [KEY...]: put back the stable sysctls (or just KEYs) that changed
   [[ -f "$SYSCTL_BEFORE" ]] || return 0
-  local key value now
+  local key value now only=" $* "
   while IFS= read -r line; do
     key="${line%% = *}"
     value="${line#* = }"
     volatile_sysctl "$key" && continue
+    [[ $# -eq 0 || "$only" == *" $key "* ]] || continue
     now="$(sysctl -n "$key" 2>/dev/null)" || continue # an interface that is gone
     if [[ "$now" != "$value" ]]; then
-      [[ "${1:-}" == quiet ]] || log "restoring sysctl $key=$value (was $now)"
+      log "restoring sysctl $key=$value (was $now)"
       sysctl -q -w "$key=$value" >/dev/null 2>&1 || log "could not restore sysctl $key"
     fi
   done <"$SYSCTL_BEFORE"

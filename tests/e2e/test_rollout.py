@@ -16,6 +16,7 @@ from support.cluster import wait_until
 from support.realnode import (
     KUBEAI_STYLE,
     BackgroundLoad,
+    RealCluster,
     plain_engine_deployment,
     plain_service,
     real_node_spec,
@@ -23,8 +24,6 @@ from support.realnode import (
     summary,
     wait_rolled_out,
 )
-
-from .conftest import RealCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 

@@ -6,20 +6,61 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from llmop_engine.harness.loadgen import LoadResult, ServiceEndpoint, run_clients
-from support.cluster import Cluster, wait_until
+from support.cluster import REPO_ROOT, Cluster, wait_until
+from support.operator import Kit, OperatorProcess
+
+NODE_SH = REPO_ROOT / "e2e" / "cluster" / "node.sh"
+REAL_NODE = "llmop-real-node"
 
 # Small enough that 3 replicas plus a surge pod fit the node's 2 CPUs with room for the operator
 # and the clients; limits equal requests, so each engine is throttled to this.
 ENGINE_CPU = "200m"
 ENGINE_MEMORY = "256Mi"
+
+
+def real_node_unavailable() -> str | None:
+    """Why this host cannot run the real node, or None when it can."""
+    result = subprocess.run(
+        [str(NODE_SH), "check"], capture_output=True, text=True, check=False, timeout=60
+    )
+    if result.returncode == 0:
+        return None
+    return (result.stdout + result.stderr).strip() or f"node.sh check exited {result.returncode}"
+
+
+@dataclass
+class RealCluster:
+    """The e2e cluster: kubectl access, the operator process and the reading kit."""
+
+    cluster: Cluster
+    operator: OperatorProcess
+    kit: Kit
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> Any:
+        return self.cluster.kubectl(*args, check=check, input=input)
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        out = self.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+        items: list[dict[str, Any]] = json.loads(out)["items"]
+        return items
+
+
+def node_log_dir() -> Path:
+    cache = os.environ.get("LLMOP_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmop"
+    )
+    return Path(cache) / "node" / "logs"
 
 
 def real_node_spec(replicas: int = 1, **overrides: Any) -> dict[str, Any]:
@@ -187,6 +228,8 @@ class BackgroundLoad:
     concurrency: int = 8
     duration: float = 60.0
     max_tokens: int = 64
+    # One connection per request (see run_clients): what kube-proxy can route per request.
+    keepalive: bool = False
     result: LoadResult | None = None
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -203,6 +246,7 @@ class BackgroundLoad:
                         self.model,
                         self.max_tokens,
                         should_stop=self._stop.is_set,
+                        keepalive=self.keepalive,
                     )
                 )
             except BaseException as exc:  # surfaced by join()
