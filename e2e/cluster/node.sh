@@ -124,20 +124,13 @@ check_ports() {
 # ---------------------------------------------------------------------------------------------
 # Host state: what `down` must put back
 
-# Sysctls whose values move on their own and say nothing about what we changed.
-volatile_sysctl() {
-  [[ "$1" =~ ^(fs\.(dentry-state|file-nr|inode-nr|inode-state|quota\.)|kernel\.(random\.|ns_last_pid|pty\.nr|tainted|sched_domain|core_modes)|net\.netfilter\.nf_conntrack_count|vm\.(nr_|stat_)|net\.ipv4\.tcp_(mem|available)|net\.ipv4\.udp_mem|net\.ipv4\.neigh\.|net\.ipv6\.neigh\.|dev\.|user\.) ]]
-}
+# Sysctls whose values move on their own and say nothing about what we changed (an awk regex).
+VOLATILE_SYSCTLS='^(fs[.](dentry-state|file-nr|inode-nr|inode-state|quota[.])|kernel[.](random[.]|ns_last_pid|pty[.]nr|tainted|sched_domain|core_modes)|net[.]netfilter[.]nf_conntrack_count|vm[.](nr_|stat_)|net[.]ipv4[.](tcp_mem|udp_mem)|net[.]ipv[46][.]neigh[.]|dev[.]|user[.])'
 
-sysctl_dump() { # key = value lines for the stable sysctls of interfaces that exist now
-  local line key all
+sysctl_dump() { # sorted "key = value" lines of the stable sysctls (multi-line values skipped)
+  local all
   all="$(sysctl -a 2>/dev/null || true)"
-  while IFS= read -r line; do
-    # Continuation lines of multi-line values (kernel.core_modes) carry no " = ".
-    [[ "$line" == *" = "* ]] || continue
-    key="${line%% = *}"
-    volatile_sysctl "$key" || echo "$line"
-  done < <(LC_ALL=C sort <<<"$all")
+  awk -v re="$VOLATILE_SYSCTLS" 'index($0, " = ") && $1 !~ re' <<<"$all" | LC_ALL=C sort
 }
 
 # Everything `down` promises to restore, in a comparable text form. Each command's output is
@@ -469,18 +462,19 @@ import_images() {
 
 restore_sysctls() { # restore_sysctls [KEY...]: put back the stable sysctls (or just KEYs) that changed
   [[ -f "$SYSCTL_BEFORE" ]] || return 0
-  local key value now only=" $* "
+  local now changed key value
+  now="$(sysctl_dump)"
+  # Lines of the snapshot whose key still exists (an interface may be gone) with another value.
+  changed="$(awk -v only=" $* " 'NR == FNR { cur[$1] = $0; next }
+    ($1 in cur) && cur[$1] != $0 && (only == "  " || index(only, " " $1 " "))' \
+    <(printf '%s\n' "$now") "$SYSCTL_BEFORE")"
   while IFS= read -r line; do
+    [[ -n "$line" ]] || continue
     key="${line%% = *}"
     value="${line#* = }"
-    volatile_sysctl "$key" && continue
-    [[ $# -eq 0 || "$only" == *" $key "* ]] || continue
-    now="$(sysctl -n "$key" 2>/dev/null)" || continue # an interface that is gone
-    if [[ "$now" != "$value" ]]; then
-      log "restoring sysctl $key=$value (was $now)"
-      sysctl -q -w "$key=$value" >/dev/null 2>&1 || log "could not restore sysctl $key"
-    fi
-  done <"$SYSCTL_BEFORE"
+    log "restoring sysctl $key=$value"
+    sysctl -q -w "$key=$value" >/dev/null 2>&1 || log "could not restore sysctl $key"
+  done <<<"$changed"
 }
 
 # Remove every iptables rule and chain that was not in the snapshot, for IPv4 and IPv6.
