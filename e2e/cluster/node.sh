@@ -138,7 +138,9 @@ sysctl_dump() { # sorted "key = value" lines of the stable sysctls (multi-line v
 snapshot() {
   local out t
   echo "## mounts"
-  awk '{ print $5, $9, $10 }' /proc/self/mountinfo | LC_ALL=C sort
+  # Not the image builder's (e2e/images may build while a node runs): not the node's doing.
+  awk -v skip="$CACHE/images/" 'index($5, skip) != 1 { print $5, $9, $10 }' /proc/self/mountinfo |
+    LC_ALL=C sort
   echo "## links"
   out="$(ip -o link show)"
   sed -E 's/^[0-9]+: //; s/@[^:]+:/:/' <<<"$out" | awk '{ print $1 }' | LC_ALL=C sort
