@@ -56,7 +56,7 @@ REPO = HERE.parent.parent
 
 # Bump when how images are built or exported changes (flags, export format), so stale cache
 # entries are not reused. It is part of every image's input key.
-RECIPE = "3"
+RECIPE = "4"
 # Bump when the stand-in's root filesystem recipe (packages, trimming) changes.
 STANDIN_RECIPE = "2"
 DEBIAN_SUITE = "bookworm"
@@ -332,7 +332,8 @@ def buildah(*args: str, capture: bool = False) -> str:
     res = subprocess.run(
         cmd,
         env=buildah_env(),
-        stdout=subprocess.PIPE if capture else None,
+        # Build logs go to stderr: stdout carries --json results.
+        stdout=subprocess.PIPE if capture else sys.stderr,
         stderr=subprocess.PIPE if capture else None,
         text=True,
         check=False,
@@ -400,10 +401,11 @@ def ensure_tools(tools: dict[str, str]) -> None:
     log(f"installing Debian packages: {' '.join(missing)}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
-    if subprocess.run(cmd, env=env, check=False).returncode != 0:
+    out = sys.stderr  # stdout carries --json results
+    if subprocess.run(cmd, env=env, check=False, stdout=out).returncode != 0:
         # A stale package index is the usual cause on a fresh machine.
-        subprocess.run(["apt-get", "update", "-q"], env=env, check=True)
-        subprocess.run(cmd, env=env, check=True)
+        subprocess.run(["apt-get", "update", "-q"], env=env, check=True, stdout=out)
+        subprocess.run(cmd, env=env, check=True, stdout=out)
 
 
 def docker_like_tool() -> str | None:
@@ -600,7 +602,7 @@ def input_key(spec: ImageSpec, resolve: bool = True) -> tuple[str, list[str]]:
         h.update(f"base {b} {base_key(b, resolve)}\n".encode())
     if spec.name == "pause":
         # The context is the compiled binary: key on its sources and the compiler instead.
-        h.update(f"go={go_version() if resolve else 'any'}\n".encode())
+        h.update(f"go={go_version()}\n".encode())
         for f in ("go.mod", "main.go"):
             h.update(f"{f} {sha256_file(spec.context / f)}\n".encode())
     else:
@@ -648,7 +650,24 @@ def prepare_context(spec: ImageSpec, stage: Path) -> Path:
         dst = ctx / f
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(spec.context / f, dst)
+        # COPY keeps mtimes, and .pyc files written at build time record them: pin them so the
+        # image does not depend on when the clone was checked out.
+        os.utime(dst, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
     return ctx
+
+
+def source_date_epoch_arg(spec: ImageSpec) -> list[str]:
+    """--build-arg SOURCE_DATE_EPOCH for Dockerfiles that declare `ARG SOURCE_DATE_EPOCH`.
+
+    RUN steps then see it: pip writes hash-based .pyc files instead of ones stamped with the
+    time the wheel was unpacked, useradd stamps /etc/shadow with it. buildah 1.28 has no other
+    way to give RUN steps a variable (its --env only edits the final config). A Dockerfile
+    without the ARG builds the same, only less reproducibly (reported by `--rebuild`)."""
+    declared = any(
+        instr == "ARG" and rest.split("=")[0].strip() == "SOURCE_DATE_EPOCH"
+        for instr, rest in dockerfile_instructions(spec.dockerfile.read_text())
+    )
+    return ["--build-arg", f"SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH}"] if declared else []
 
 
 def write_archive(layout: Path, archive: Path, ref: str) -> None:
@@ -682,9 +701,11 @@ def manifest_digest(layout: Path) -> str:
     return digest
 
 
-def build_buildah(spec: ImageSpec) -> dict[str, str]:
+def build_buildah(spec: ImageSpec, rebuild: bool = False) -> dict[str, str]:
     key, bases = input_key(spec, resolve=False)  # cheap: no buildah call on a cache hit
     d = entry_dir(spec, key)
+    if rebuild:
+        (d / ".complete").unlink(missing_ok=True)
     if (d / ".complete").is_file() and all(b in STANDINS for b in bases):
         return read_entry(d)
     need_root(f"building image {spec.name}")
@@ -716,6 +737,7 @@ def build_buildah(spec: ImageSpec) -> dict[str, str]:
             "--label",
             f"dev.llmop.input-key={key}",
             *build_trust_mounts(),
+            *source_date_epoch_arg(spec),
             "-f",
             str(spec.dockerfile),
             "-t",
@@ -761,12 +783,16 @@ def build_docker(tool: str, spec: ImageSpec) -> dict[str, str]:
         if spec.name == "pause":
             ctx = prepare_context(spec, Path(tmp))
         subprocess.run(
-            [tool, "build", "-f", str(spec.dockerfile), "-t", spec.ref, str(ctx)], check=True
+            [tool, "build", "-f", str(spec.dockerfile), "-t", spec.ref, str(ctx)],
+            check=True,
+            stdout=sys.stderr,
         )
     return {"name": spec.name, "ref": spec.ref, "tool": tool}
 
 
-def build(names: list[str]) -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
+def build(
+    names: list[str], rebuild: bool = False
+) -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
     all_specs = specs()
     tool = docker_like_tool()
     done: list[dict[str, str]] = []
@@ -775,7 +801,7 @@ def build(names: list[str]) -> tuple[list[dict[str, str]], list[tuple[str, str]]
         spec = all_specs[name]
         t0 = time.monotonic()
         try:
-            meta = build_docker(tool, spec) if tool else build_buildah(spec)
+            meta = build_docker(tool, spec) if tool else build_buildah(spec, rebuild)
         except SkippedError as e:
             log(f"{name}: SKIPPED: {e}")
             skipped.append((name, str(e)))
@@ -861,6 +887,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build or reuse images")
     b.add_argument("--json", action="store_true", help="print one JSON object per built image")
+    b.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build again even on a cache hit (not the stand-in base): checks reproducibility",
+    )
     b.add_argument("names", nargs="+")
     i = sub.add_parser("import", help="build or reuse, then import into containerd")
     i.add_argument("--address", required=True, help="containerd socket path")
@@ -874,7 +905,7 @@ def main(argv: list[str] | None = None) -> int:
             print(input_key(spec, resolve=True)[0])
             return 0
         names = expand_names(a.names)
-        done, skipped = build(names)
+        done, skipped = build(names, rebuild=a.cmd == "build" and a.rebuild)
         if a.cmd == "import":
             # `all` means what can be built here; an image named on its own must be imported.
             named = [n for n, _ in skipped if n in a.names]
