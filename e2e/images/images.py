@@ -768,11 +768,26 @@ def build_buildah(spec: ImageSpec, rebuild: bool = False) -> dict[str, str]:
         shutil.rmtree(d, ignore_errors=True)
         stage.rename(d)
         (d / ".complete").write_text(f"{time.time()}\n")
+        prune(spec, keep=d)
         log(
             f"{spec.name}: {spec.ref} {meta['digest'][:19]} built in {meta['build_seconds']}s, "
             f"exported in {meta['export_seconds']}s, {int(meta['size_bytes']) >> 20} MiB"
         )
         return meta
+
+
+def prune(spec: ImageSpec, keep: Path, entries: int = 2) -> None:
+    """Bound the cache: keep the newest few entries of this image (switching branches back and
+    forth stays a cache hit) and drop images in our store that lost their tag to a rebuild."""
+    mine = sorted(
+        (p for p in keep.parent.glob(f"{spec.name}-*") if (p / ".complete").is_file()),
+        key=lambda p: (p / ".complete").stat().st_mtime,
+        reverse=True,
+    )
+    for old in [p for p in mine if p != keep][entries - 1 :]:
+        shutil.rmtree(old, ignore_errors=True)
+    with contextlib.suppress(ImageError):
+        buildah("rmi", "--prune", capture=True)
 
 
 def build_docker(tool: str, spec: ImageSpec) -> dict[str, str]:
