@@ -58,7 +58,7 @@ REPO = HERE.parent.parent
 # entries are not reused. It is part of every image's input key.
 RECIPE = "4"
 # Bump when the stand-in's root filesystem recipe (packages, trimming) changes.
-STANDIN_RECIPE = "2"
+STANDIN_RECIPE = "3"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("LLMOP_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 STANDIN_PACKAGES = (
@@ -246,15 +246,21 @@ def dockerfile_sources(text: str) -> list[str]:
 
 
 def context_files(context: Path) -> list[str]:
-    """Files of a build context, relative paths: git's view (tracked + untracked, not ignored)."""
-    try:
-        out = subprocess.run(
+    """Files of a build context, relative paths: git's view (tracked + untracked, not ignored).
+
+    Outside a git work tree (a copy in a test) every file but __pycache__ counts. Inside one, a
+    git failure is an error: walking instead would count ignored files and change the key."""
+    in_git = any((d / ".git").exists() for d in (context, *context.parents))
+    if in_git:
+        res = subprocess.run(
             ["git", "-C", str(context), "ls-files", "-z", "-co", "--exclude-standard"],
-            check=True,
             capture_output=True,
-        ).stdout
-        files = [f for f in out.decode().split("\0") if f]
-    except (subprocess.CalledProcessError, FileNotFoundError):
+            check=False,
+        )
+        if res.returncode != 0:
+            raise ImageError(f"git ls-files in {context} failed: {res.stderr.decode().strip()}")
+        files = [f for f in res.stdout.decode().split("\0") if f]
+    else:
         files = [
             str(p.relative_to(context))
             for p in context.rglob("*")
@@ -484,6 +490,7 @@ def standin_rootfs(dest: Path) -> None:
         "var/cache/debconf/*-old",
         "var/lib/dpkg/*-old",
         "var/log/*",
+        "var/cache/ldconfig/aux-cache",  # ldconfig's own cache: differs between two runs
         "dev/*",
         "run/*",
         "tmp/*",
@@ -499,8 +506,8 @@ def standin_rootfs(dest: Path) -> None:
         p = rootfs / name
         if p.exists() or p.is_symlink():
             p.unlink()
-    # Sorted entries, numeric owners: the tar depends on the tree only (mtimes are reset to
-    # SOURCE_DATE_EPOCH by buildah --timestamp when the layer is committed).
+    # Sorted entries, numeric owners, one mtime, no atime/ctime: the tar depends on the tree
+    # only (its hash shows up in the image history as `ADD file:<hash>`).
     subprocess.run(
         [
             "tar",
@@ -509,6 +516,9 @@ def standin_rootfs(dest: Path) -> None:
             "--sort=name",
             "--numeric-owner",
             "--xattrs",
+            "--format=posix",
+            "--pax-option=delete=atime,delete=ctime",
+            f"--mtime=@{SOURCE_DATE_EPOCH}",
             "-cf",
             str(dest / "rootfs.tar"),
             ".",
@@ -583,6 +593,8 @@ def base_key(base: str, resolve: bool) -> str:
 
 
 def go_version() -> str:
+    if shutil.which("go") is None:
+        raise ImageError("the pause image is compiled from e2e/images/pause: it needs Go on PATH")
     return subprocess.run(
         ["go", "env", "GOVERSION"], check=True, capture_output=True, text=True
     ).stdout.strip()
