@@ -253,7 +253,18 @@ def context_files(context: Path) -> list[str]:
     in_git = any((d / ".git").exists() for d in (context, *context.parents))
     if in_git:
         res = subprocess.run(
-            ["git", "-C", str(context), "ls-files", "-z", "-co", "--exclude-standard"],
+            # Only reading: a clone owned by another user (root's, read by a user) is fine.
+            [
+                "git",
+                "-c",
+                "safe.directory=*",
+                "-C",
+                str(context),
+                "ls-files",
+                "-z",
+                "-co",
+                "--exclude-standard",
+            ],
             capture_output=True,
             check=False,
         )
@@ -547,6 +558,10 @@ def ensure_standin(s: StandIn) -> str:
         shutil.rmtree(work, ignore_errors=True)
         stage.rename(work)
         (work / ".complete").write_text(f"{time.time()}\n")
+    # Root filesystems of older recipes are 180 MB each and never used again.
+    for old in work.parent.glob(work.name.rsplit("-", 1)[0] + "-*"):
+        if old != work:
+            shutil.rmtree(old, ignore_errors=True)
     shutil.copyfile(s.dockerfile, work / "Dockerfile")
     buildah(
         "bud",

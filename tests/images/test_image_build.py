@@ -281,3 +281,20 @@ def test_import_into_containerd_is_idempotent(
     second = run_import()
     assert "imported" not in second
     assert second.count("already present") == 2
+
+
+def test_gpu_engine_is_skipped_without_its_base() -> None:
+    images = load_builder()
+    base = images.dockerfile_bases((REPO / "engine-image/Dockerfile").read_text())[0]
+    if images.image_in_storage(base) is not None:
+        pytest.skip(f"{base} is in the local store here: the GPU image would really be built")
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "build", "--json", "engine"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == ""
+    assert f"engine: SKIPPED: base image {base} is not in local storage" in res.stderr
