@@ -25,9 +25,12 @@ Environment:
   LLMOP_CACHE / XDG_CACHE_HOME   cache root: $LLMOP_CACHE/images (default ~/.cache/llmop/images)
   LLMOP_IMAGE_TAG                tag (default: version in pyproject.toml)
   LLMOP_IMAGE_REGISTRY           registry prefix (default ghcr.io/llmop)
+  LLMOP_IMG_<NAME>               a whole reference for one image (LLMOP_IMG_ENGINE_SIM=...)
   CONTAINER_TOOL                 docker | podman | buildah (default: docker when its daemon
                                  answers, else buildah)
   LLMOP_STORAGE_DRIVER           buildah storage driver: overlay (default) or vfs
+  LLMOP_BUILD_CA_BUNDLE          CA bundle RUN steps trust (default: the host's; `none`)
+  LLMOP_DEBIAN_MIRROR            Debian mirror for the stand-in (default deb.debian.org)
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import contextlib
 import fcntl
 import fnmatch
 import hashlib
+import io
 import json
 import os
 import re
@@ -710,16 +714,19 @@ def write_archive(layout: Path, archive: Path, ref: str) -> None:
         ti.size = len(payload)
         ti.mtime = SOURCE_DATE_EPOCH
         ti.mode = 0o644
-        import io
-
         tf.addfile(ti, io.BytesIO(payload))
+
+    def normalise(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+        ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = SOURCE_DATE_EPOCH, 0, 0, "", ""
+        ti.mode = 0o644
+        return ti
 
     with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tf:
         add_bytes(tf, "oci-layout", (layout / "oci-layout").read_bytes())
         add_bytes(tf, "index.json", data)
         for blob in sorted((layout / "blobs").rglob("*")):
-            if blob.is_file():
-                add_bytes(tf, str(blob.relative_to(layout)), blob.read_bytes())
+            if blob.is_file():  # streamed: layers of the vLLM images are gigabytes
+                tf.add(blob, arcname=str(blob.relative_to(layout)), filter=normalise)
 
 
 def manifest_digest(layout: Path) -> str:
