@@ -543,11 +543,23 @@ def standin_rootfs(dest: Path) -> None:
     shutil.rmtree(rootfs)
 
 
+def standin_own_name(s: StandIn, key: str) -> str:
+    return f"localhost/llmop-stand-in/{s.ref.split(':')[0]}:{s.ref.split(':')[1]}-{key}"
+
+
 def ensure_standin(s: StandIn) -> str:
     """Make the stand-in base present in our storage under its real name; returns its key."""
     key = standin_key(s)
     info = image_in_storage(s.full)
     if info is not None and image_labels(info).get("dev.llmop.stand-in.key") == key:
+        return key
+    # Every stand-in also keeps a name of its own, so two checkouts with different recipes
+    # sharing this cache (a branch and main) only move the real name back and forth (called
+    # under the build lock: the name is right for the whole build that follows).
+    own = standin_own_name(s, key)
+    if image_in_storage(own) is not None:
+        buildah("tag", own, s.full, capture=True)
+        log(f"stand-in for {s.ref}: {own}")
         return key
     need_root("building the base-image stand-in")
     ensure_tools(BUILDAH_PACKAGES)
@@ -562,10 +574,6 @@ def ensure_standin(s: StandIn) -> str:
         shutil.rmtree(work, ignore_errors=True)
         stage.rename(work)
         (work / ".complete").write_text(f"{time.time()}\n")
-    # Root filesystems of older recipes are 180 MB each and never used again.
-    for old in work.parent.glob(work.name.rsplit("-", 1)[0] + "-*"):
-        if old != work:
-            shutil.rmtree(old, ignore_errors=True)
     shutil.copyfile(s.dockerfile, work / "Dockerfile")
     buildah(
         "bud",
@@ -585,6 +593,8 @@ def ensure_standin(s: StandIn) -> str:
         str(work / "Dockerfile"),
         "-t",
         s.full,
+        "-t",
+        own,
         str(work),
     )
     log(f"stand-in for {s.ref}: built in {time.monotonic() - start:.0f}s (key {key})")
@@ -810,7 +820,7 @@ def build_buildah(spec: ImageSpec, rebuild: bool = False) -> dict[str, str]:
         return meta
 
 
-def prune(spec: ImageSpec, keep: Path, entries: int = 2) -> None:
+def prune(spec: ImageSpec, keep: Path, entries: int = 3) -> None:
     """Bound the cache: keep the newest few entries of this image (switching branches back and
     forth stays a cache hit) and drop images in our store that lost their tag to a rebuild."""
     mine = sorted(
