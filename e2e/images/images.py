@@ -563,9 +563,10 @@ def ensure_standin(s: StandIn) -> str:
         return key
     need_root("building the base-image stand-in")
     ensure_tools(BUILDAH_PACKAGES)
-    log(f"stand-in for {s.ref}: building (debootstrap; about 1-2 min)")
     start = time.monotonic()
     work = cache_root() / "standin" / f"{s.ref.replace(':', '-').replace('/', '_')}-{key}"
+    cached = (work / ".complete").is_file()
+    log(f"stand-in for {s.ref}: building" + ("" if cached else " (debootstrap: 2-4 min)"))
     stage = work.with_name(work.name + ".partial")
     if not (work / ".complete").is_file():
         shutil.rmtree(stage, ignore_errors=True)
@@ -615,8 +616,8 @@ def base_key(base: str, resolve: bool) -> str:
     if info is None:
         raise SkippedError(
             f"base image {base} is not in local storage and cannot be pulled or made here "
-            f"(a machine with docker can build it; or copy it into the store, see "
-            f"engine-image/README.md)"
+            "(with docker, `make images` builds it; or copy the base into the store: "
+            "docs/images.md)"
         )
     return f"external:{base}@{info.get('FromImageID', '')}"
 
