@@ -53,3 +53,15 @@ image-pause: ## Build the real node's sandbox image localhost/pause:3.10 (e2e/im
 .PHONY: images-import
 images-import: ## Import IMPORT_IMAGES (default: engine-sim pause) into the containerd at CONTAINERD_ADDRESS.
 	@e2e/images/import.sh $(CONTAINERD_ADDRESS) $(IMPORT_IMAGES)
+
+# tests/images builds the simulator and pause images (or reuses them from the cache): build them
+# first, in the open, so a cold build (the stand-in's debootstrap, minutes) shows in the CI log
+# instead of inside pytest. Only where the builder can run (root on Linux); elsewhere those
+# tests skip and say why.
+.PHONY: images-for-tests
+images-for-tests:
+	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then \
+	  $(IMAGES_PY) build engine-sim pause; \
+	else echo "images: not root on Linux: tests/images will skip (builds need root)"; fi
+
+test: images-for-tests

@@ -152,13 +152,27 @@ def test_input_key_follows_copied_files(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def sim_rootfs(sim: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    bundle = tmp_path_factory.mktemp("sim-bundle") / "bundle"
-    subprocess.run(
-        ["umoci", "unpack", "--image", f"{sim['layout']}:{sim['layout_ref']}", str(bundle)],
-        check=True,
-        capture_output=True,
-    )
+def sim_rootfs(sim: dict[str, str]) -> Path:
+    """The image's root filesystem, unpacked by umoci once per digest (kept in the cache beside
+    the image: unpacking takes 10-20 s, a warm run reuses it; one digest is kept)."""
+    images = load_builder()
+    root = Path(images.cache_root()) / "test-rootfs"
+    digest = sim["digest"].replace(":", "-")
+    bundle = root / digest
+    if not (bundle / ".complete").is_file():
+        stage = root / (digest + ".partial")
+        shutil.rmtree(stage, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["umoci", "unpack", "--image", f"{sim['layout']}:{sim['layout_ref']}", str(stage)],
+            check=True,
+            capture_output=True,
+        )
+        for old in root.iterdir():
+            if old.name not in (digest, stage.name):
+                shutil.rmtree(old, ignore_errors=True)
+        stage.rename(bundle)
+        (bundle / ".complete").write_text("")
     return bundle / "rootfs"
 
 
