@@ -2,7 +2,7 @@
 #
 # Without a Docker engine (CI, the e2e real node) images are built from the same Dockerfiles with
 # buildah (Debian package, installed on demand; needs root) into a private store under
-# ~/.cache/llmop/images, exported as OCI layouts/archives keyed on their inputs: a second run with
+# ~/.cache/llmop/images, exported as OCI layouts keyed on their inputs: a second run with
 # unchanged inputs does nothing. Bases that cannot be pulled are local stand-ins (see
 # engine-image/README.md). With a Docker daemon answering, or CONTAINER_TOOL=docker|podman, the
 # tool builds them instead, as it always did.

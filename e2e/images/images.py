@@ -4,8 +4,9 @@
 Why: CI machines and the e2e real node have no Docker daemon and no reachable registry, yet the
 node must run our images. This builds the repository's own Dockerfiles (they stay the single
 description of each image) with `buildah bud` (daemonless, chroot isolation, --pull=never) into a
-private buildah storage under the cache, exports each image as an OCI layout plus an OCI archive
-keyed on a hash of its inputs, and imports archives into a containerd given by its socket.
+private buildah storage under the cache, exports each image as an OCI layout keyed on a hash of
+its inputs, and imports images into a containerd given by its socket (an OCI archive streamed
+into `ctr images import -`: no second copy of gigabyte layers on disk).
 
 Base images that cannot be pulled are replaced by local stand-ins built from Debian packages
 (python:3.11.11-slim-bookworm <- debootstrap + Debian's python3), clearly labelled as such. An
@@ -19,6 +20,7 @@ Usage (thin wrappers: mk/images.mk, e2e/images/import.sh):
   images.py build [--json] NAME...        build or reuse; NAME: operator engine-sim engine
                                           engine-cpu pause (and `all`: what can be built here)
   images.py import --address SOCK NAME... build or reuse, then import into that containerd
+  images.py archive --out F.tar NAME     build or reuse, then write an OCI archive of it
   images.py key NAME                      print the input key (no build)
 
 Environment:
@@ -54,6 +56,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -712,7 +715,7 @@ def source_date_epoch_arg(spec: ImageSpec) -> list[str]:
     return ["--build-arg", f"SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH}"] if declared else []
 
 
-def write_archive(layout: Path, archive: Path, ref: str) -> None:
+def write_archive(layout: Path, archive: Path | IO[bytes], ref: str) -> None:
     """An OCI archive (tar of the layout) whose index names the image for `ctr images import`:
     containerd reads io.containerd.image.name before org.opencontainers.image.ref.name."""
     index = json.loads((layout / "index.json").read_text())
@@ -732,7 +735,10 @@ def write_archive(layout: Path, archive: Path, ref: str) -> None:
         ti.mode = 0o644
         return ti
 
-    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tf:
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(archive.open("wb")) if isinstance(archive, Path) else archive
+        # Stream mode (no seeking): the same code writes a file or ctr's stdin.
+        tf = stack.enter_context(tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT))
         add_bytes(tf, "oci-layout", (layout / "oci-layout").read_bytes())
         add_bytes(tf, "index.json", data)
         for blob in sorted((layout / "blobs").rglob("*")):
@@ -794,7 +800,6 @@ def build_buildah(spec: ImageSpec, rebuild: bool = False) -> dict[str, str]:
         buildah(
             "push", f"--signature-policy={POLICY}", "--quiet", spec.ref, f"oci:{layout}:{spec.tag}"
         )
-        write_archive(layout, stage / "image.tar", spec.ref)
         shutil.rmtree(ctx)
         meta = {
             "name": spec.name,
@@ -803,8 +808,7 @@ def build_buildah(spec: ImageSpec, rebuild: bool = False) -> dict[str, str]:
             "digest": manifest_digest(layout),
             "layout": str(d / "oci"),
             "layout_ref": spec.tag,
-            "archive": str(d / "image.tar"),
-            "size_bytes": str((stage / "image.tar").stat().st_size),
+            "size_bytes": str(sum(f.stat().st_size for f in layout.rglob("*") if f.is_file())),
             "build_seconds": f"{built - start:.1f}",
             "export_seconds": f"{time.monotonic() - built:.1f}",
             "bases": " ".join(bases),
@@ -904,7 +908,7 @@ def import_images(address: str, metas: list[dict[str, str]]) -> None:
     if not Path(address).exists():
         raise ImageError(f"no containerd socket at {address} (is the node's containerd running?)")
     for meta in metas:
-        if "archive" not in meta:
+        if "layout" not in meta:
             raise ImageError(
                 f"{meta['ref']} was built by {meta.get('tool')}, not into the OCI cache; "
                 f"import it with `{meta.get('tool')} save {meta['ref']} | ctr ... images import -`"
@@ -914,13 +918,24 @@ def import_images(address: str, metas: list[dict[str, str]]) -> None:
             log(f"import: {meta['ref']} already present ({have[:19]})")
             continue
         t0 = time.monotonic()
-        ctr(address, "images", "import", meta["archive"])
+        proc = subprocess.Popen(
+            ["ctr", "--address", address, "--namespace", "k8s.io", "images", "import", "-"],
+            stdin=subprocess.PIPE,
+            stdout=sys.stderr,
+        )
+        assert proc.stdin is not None
+        try:
+            write_archive(Path(meta["layout"]), proc.stdin, meta["ref"])
+        except BrokenPipeError:
+            pass  # ctr gave up; its exit status and message follow
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
+        if proc.wait() != 0:
+            raise ImageError(f"ctr images import of {meta['ref']} failed (see above)")
         got = containerd_digest(address, meta["ref"])
         if got != meta["digest"]:
-            raise ImageError(
-                f"import of {meta['archive']} left {meta['ref']} at {got}, "
-                f"expected {meta['digest']}"
-            )
+            raise ImageError(f"import left {meta['ref']} at {got}, expected {meta['digest']}")
         log(f"import: {meta['ref']} {got[:19]} imported in {time.monotonic() - t0:.1f}s")
 
 
@@ -958,11 +973,22 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("names", nargs="+")
     k = sub.add_parser("key", help="print an image's input key")
     k.add_argument("name")
+    ar = sub.add_parser("archive", help="build or reuse, then write an OCI archive (one image)")
+    ar.add_argument("--out", required=True, type=Path, help="the .tar to write")
+    ar.add_argument("name")
     a = p.parse_args(argv)
     try:
         if a.cmd == "key":
             spec = specs()[expand_names([a.name])[0]]
             print(input_key(spec, resolve=True)[0])
+            return 0
+        if a.cmd == "archive":
+            (name,) = expand_names([a.name])
+            done, skipped = build([name])
+            if skipped or "layout" not in done[0]:
+                raise ImageError(f"{name}: no OCI layout to archive (skipped, or built by docker)")
+            write_archive(Path(done[0]["layout"]), a.out, done[0]["ref"])
+            print(a.out)
             return 0
         names = expand_names(a.names)
         done, skipped = build(names, rebuild=a.cmd == "build" and a.rebuild)

@@ -87,7 +87,7 @@ def test_config_matches_the_dockerfile(sim: dict[str, str]) -> None:
     assert cfg["Labels"]["dev.llmop.stand-in.for"] == "python:3.11.11-slim-bookworm"
 
 
-def test_oci_layout_is_valid(sim: dict[str, str]) -> None:
+def test_oci_layout_is_valid(sim: dict[str, str], tmp_path: Path) -> None:
     layout = Path(sim["layout"])
     assert json.loads((layout / "oci-layout").read_text())["imageLayoutVersion"] == "1.0.0"
     index = json.loads((layout / "index.json").read_text())
@@ -103,8 +103,14 @@ def test_oci_layout_is_valid(sim: dict[str, str]) -> None:
         assert "sha256:" + hashlib.sha256(data).hexdigest() == d["digest"]
         assert len(data) == d["size"]
     # The archive is what `ctr images import` reads: same index, named for containerd.
+    archive = tmp_path / "sim.tar"
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "archive", "--out", str(archive), "engine-sim"],
+        capture_output=True,
+        check=True,
+    )
     out = subprocess.run(
-        ["tar", "-xOf", sim["archive"], "index.json"], capture_output=True, check=True
+        ["tar", "-xOf", str(archive), "index.json"], capture_output=True, check=True
     ).stdout
     (named,) = json.loads(out)["manifests"]
     assert named["digest"] == desc["digest"]
