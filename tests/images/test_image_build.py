@@ -11,14 +11,18 @@ skips with the reason; the Dockerfile-reading tests in test_dockerfile_parse.py 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -212,6 +216,82 @@ def test_llmop_engine_runs_in_the_image(sim: dict[str, str], sim_rootfs: Path) -
         host_certs = host_bundle.read_text().count("BEGIN CERTIFICATE")
         image_certs = image_bundle.read_text().count("BEGIN CERTIFICATE")
         assert image_certs <= host_certs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_image_serves_under_runc(sim_rootfs: Path, tmp_path: Path) -> None:
+    """The image as a runtime runs it: runc, the image's user 10001, read-only root, a tmpfs
+    /tmp (a pod's emptyDir), the agent as PID 1 supervising the simulator; ready, serving,
+    drained by SIGTERM with exit 0. The host network, so the test reaches it on localhost."""
+    if shutil.which("runc") is None:
+        pytest.skip("runc is not installed (apt-get install runc; containerd depends on it)")
+    api, probe = free_port(), free_port()
+    config = json.loads((sim_rootfs.parent / "config.json").read_text())
+    assert config["process"]["user"]["uid"] == 10001
+    config["root"] = {"path": str(sim_rootfs), "readonly": True}
+    config["process"]["terminal"] = False
+    config["process"]["args"] = [
+        *config["process"]["args"],
+        f"--port={api}",
+        f"--probe-port={probe}",
+        "--endpoint-propagation-seconds=0",
+        "--",
+        "Qwen/Qwen3-0.6B",
+        "--sim-load-seconds=0.5",
+    ]
+    config["linux"]["namespaces"] = [
+        n for n in config["linux"]["namespaces"] if n["type"] != "network"
+    ]
+    config["mounts"].append(
+        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["mode=1777"]}
+    )
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps(config))
+    state = tmp_path / "runc"
+    name = f"llmop-image-test-{os.getpid()}"
+    log = (tmp_path / "out.log").open("w")
+    proc = subprocess.Popen(
+        ["runc", "--root", str(state), "run", "--bundle", str(bundle), name],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        status, body = 0, ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                status, body = get(f"http://127.0.0.1:{probe}/readyz")
+                if status == 200:
+                    break
+            time.sleep(0.3)
+        assert status == 200, f"not ready: {status} {body}\n{(tmp_path / 'out.log').read_text()}"
+        status, body = get(f"http://127.0.0.1:{api}/v1/models")
+        assert status == 200
+        assert json.loads(body)["data"][0]["id"] == "Qwen/Qwen3-0.6B"
+        subprocess.run(["runc", "--root", str(state), "kill", name, "TERM"], check=True)
+        assert proc.wait(timeout=40) == 0, (tmp_path / "out.log").read_text()
+    finally:
+        if proc.poll() is None:
+            subprocess.run(["runc", "--root", str(state), "kill", name, "KILL"], check=False)
+            proc.wait(timeout=10)
+        subprocess.run(["runc", "--root", str(state), "delete", "--force", name], check=False)
+        log.close()
 
 
 def test_pause_image_exits_cleanly_on_sigterm(pause: dict[str, str], tmp_path: Path) -> None:
