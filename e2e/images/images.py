@@ -41,6 +41,7 @@ import argparse
 import contextlib
 import fcntl
 import fnmatch
+import functools
 import hashlib
 import io
 import json
@@ -176,8 +177,23 @@ def cache_root() -> Path:
     return Path(base) / "images"
 
 
+@functools.cache
 def storage_driver() -> str:
-    return os.environ.get("LLMOP_STORAGE_DRIVER", "overlay")
+    """overlay (fast, the default) unless chosen otherwise or impossible: an overlay store cannot
+    live on an overlay filesystem (a cache inside a container), vfs (full copies) can."""
+    chosen = os.environ.get("LLMOP_STORAGE_DRIVER")
+    if chosen:
+        return chosen
+    d = cache_root()
+    while not d.exists():
+        d = d.parent
+    res = subprocess.run(
+        ["stat", "-f", "-c", "%T", str(d)], capture_output=True, text=True, check=False
+    )
+    if res.returncode == 0 and res.stdout.strip() in ("overlayfs", "overlay"):
+        log(f"{d} is on overlayfs: using buildah's vfs storage driver (slower, more disk)")
+        return "vfs"
+    return "overlay"
 
 
 # ---------------------------------------------------------------------------------------------
