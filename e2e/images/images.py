@@ -601,6 +601,7 @@ def ensure_standin(s: StandIn) -> str:
         "--isolation=chroot",
         "--pull=never",
         "--layers=false",
+        "--force-rm",  # no leftover working containers after a failed build
         "--identity-label=false",
         "--format=oci",
         f"--timestamp={SOURCE_DATE_EPOCH}",
@@ -798,6 +799,7 @@ def build_buildah(spec: ImageSpec, rebuild: bool = False) -> dict[str, str]:
             "--isolation=chroot",
             "--pull=never",
             "--layers=false",
+            "--force-rm",  # no leftover working containers after a failed build
             "--identity-label=false",
             "--format=oci",
             f"--timestamp={SOURCE_DATE_EPOCH}",
