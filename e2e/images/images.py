@@ -66,7 +66,7 @@ REPO = HERE.parent.parent
 # entries are not reused. It is part of every image's input key.
 RECIPE = "4"
 # Bump when the stand-in's root filesystem recipe (packages, trimming) changes.
-STANDIN_RECIPE = "3"
+STANDIN_RECIPE = "4"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("LLMOP_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 STANDIN_PACKAGES = (
@@ -515,10 +515,11 @@ def standin_rootfs(dest: Path) -> None:
             link.symlink_to(target)
     # Trim what a slim image does not carry; host files debootstrap copied in; run-time dirs.
     for pattern in (
-        "usr/share/doc/*",
+        "usr/share/doc/*/*",  # all but the copyright files (kept, as in debian -slim)
         "usr/share/man/*",
         "usr/share/info/*",
         "usr/share/lintian/*",
+        "usr/share/locale/*",  # translations (32 MB); locale.alias stays, as in debian -slim
         "var/lib/apt/lists/*",
         "var/cache/apt/*",
         "var/cache/debconf/*-old",
@@ -532,10 +533,23 @@ def standin_rootfs(dest: Path) -> None:
         "sys/*",
     ):
         for p in rootfs.glob(pattern):
+            if p.name in ("locale.alias", "copyright"):
+                continue
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
             else:
                 p.unlink()
+    # Like debian:bookworm-slim (under the official python image): packages installed later by
+    # a Dockerfile leave out docs, man pages and translations too.
+    (rootfs / "etc/dpkg/dpkg.cfg.d/llmop-slim").write_text(
+        "# LOCAL STAND-IN (llmop): trimmed like debian:bookworm-slim\n"
+        "path-exclude /usr/share/doc/*\n"
+        "path-include /usr/share/doc/*/copyright\n"
+        "path-exclude /usr/share/man/*\n"
+        "path-exclude /usr/share/info/*\n"
+        "path-exclude /usr/share/locale/*\n"
+        "path-include /usr/share/locale/locale.alias\n"
+    )
     for name in ("etc/resolv.conf", "etc/hostname", "etc/hosts", "etc/machine-id"):
         p = rootfs / name
         if p.exists() or p.is_symlink():
