@@ -592,6 +592,11 @@ def ensure_standin(s: StandIn) -> str:
     own = standin_own_name(s, key)
     if image_in_storage(own) is not None:
         buildah("tag", own, s.full, capture=True)
+        # buildah records an image's first name as the org.opencontainers.image.base.name
+        # annotation of images built on it: put the real name first again (drop the own name,
+        # add it back) so the digest of what we build does not depend on this retag.
+        buildah("rmi", own, capture=True)
+        buildah("tag", s.full, own, capture=True)
         log(f"stand-in for {s.ref}: {own}")
         return key
     need_root("building the base-image stand-in")
