@@ -2,7 +2,7 @@
 #
 # Without a Docker engine (CI, the e2e real node) images are built from the same Dockerfiles with
 # buildah (Debian package, installed on demand; needs root) into a private store under
-# ~/.cache/llmop/images, exported as OCI layouts/archives keyed on their inputs: a second run with
+# ~/.cache/llmop/images, exported as OCI layouts keyed on their inputs: a second run with
 # unchanged inputs does nothing. Bases that cannot be pulled are local stand-ins (see
 # engine-image/README.md). With a Docker daemon answering, or CONTAINER_TOOL=docker|podman, the
 # tool builds them instead, as it always did.
@@ -53,3 +53,15 @@ image-pause: ## Build the real node's sandbox image localhost/pause:3.10 (e2e/im
 .PHONY: images-import
 images-import: ## Import IMPORT_IMAGES (default: engine-sim pause) into the containerd at CONTAINERD_ADDRESS.
 	@e2e/images/import.sh $(CONTAINERD_ADDRESS) $(IMPORT_IMAGES)
+
+# tests/images builds the simulator and pause images (or reuses them from the cache): build them
+# first, in the open, so a cold build (the stand-in's debootstrap, minutes) shows in the CI log
+# instead of inside pytest. Only where the builder can run (root on Linux); elsewhere those
+# tests skip and say why.
+.PHONY: images-for-tests
+images-for-tests:
+	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then \
+	  $(IMAGES_PY) build engine-sim pause; \
+	else echo "images: not root on Linux: tests/images will skip (builds need root)"; fi
+
+test: images-for-tests

@@ -4,8 +4,9 @@
 Why: CI machines and the e2e real node have no Docker daemon and no reachable registry, yet the
 node must run our images. This builds the repository's own Dockerfiles (they stay the single
 description of each image) with `buildah bud` (daemonless, chroot isolation, --pull=never) into a
-private buildah storage under the cache, exports each image as an OCI layout plus an OCI archive
-keyed on a hash of its inputs, and imports archives into a containerd given by its socket.
+private buildah storage under the cache, exports each image as an OCI layout keyed on a hash of
+its inputs, and imports images into a containerd given by its socket (an OCI archive streamed
+into `ctr images import -`: no second copy of gigabyte layers on disk).
 
 Base images that cannot be pulled are replaced by local stand-ins built from Debian packages
 (python:3.11.11-slim-bookworm <- debootstrap + Debian's python3), clearly labelled as such. An
@@ -19,15 +20,19 @@ Usage (thin wrappers: mk/images.mk, e2e/images/import.sh):
   images.py build [--json] NAME...        build or reuse; NAME: operator engine-sim engine
                                           engine-cpu pause (and `all`: what can be built here)
   images.py import --address SOCK NAME... build or reuse, then import into that containerd
+  images.py archive --out F.tar NAME     build or reuse, then write an OCI archive of it
   images.py key NAME                      print the input key (no build)
 
 Environment:
   LLMOP_CACHE / XDG_CACHE_HOME   cache root: $LLMOP_CACHE/images (default ~/.cache/llmop/images)
   LLMOP_IMAGE_TAG                tag (default: version in pyproject.toml)
   LLMOP_IMAGE_REGISTRY           registry prefix (default ghcr.io/llmop)
+  LLMOP_IMG_<NAME>               a whole reference for one image (LLMOP_IMG_ENGINE_SIM=...)
   CONTAINER_TOOL                 docker | podman | buildah (default: docker when its daemon
                                  answers, else buildah)
   LLMOP_STORAGE_DRIVER           buildah storage driver: overlay (default) or vfs
+  LLMOP_BUILD_CA_BUNDLE          CA bundle RUN steps trust (default: the host's; `none`)
+  LLMOP_DEBIAN_MIRROR            Debian mirror for the stand-in (default deb.debian.org)
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ import argparse
 import contextlib
 import fcntl
 import fnmatch
+import functools
 import hashlib
+import io
 import json
 import os
 import re
@@ -50,15 +57,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
 # Bump when how images are built or exported changes (flags, export format), so stale cache
 # entries are not reused. It is part of every image's input key.
-RECIPE = "3"
+RECIPE = "4"
 # Bump when the stand-in's root filesystem recipe (packages, trimming) changes.
-STANDIN_RECIPE = "2"
+STANDIN_RECIPE = "4"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("LLMOP_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 STANDIN_PACKAGES = (
@@ -169,8 +177,23 @@ def cache_root() -> Path:
     return Path(base) / "images"
 
 
+@functools.cache
 def storage_driver() -> str:
-    return os.environ.get("LLMOP_STORAGE_DRIVER", "overlay")
+    """overlay (fast, the default) unless chosen otherwise or impossible: an overlay store cannot
+    live on an overlay filesystem (a cache inside a container), vfs (full copies) can."""
+    chosen = os.environ.get("LLMOP_STORAGE_DRIVER")
+    if chosen:
+        return chosen
+    d = cache_root()
+    while not d.exists():
+        d = d.parent
+    res = subprocess.run(
+        ["stat", "-f", "-c", "%T", str(d)], capture_output=True, text=True, check=False
+    )
+    if res.returncode == 0 and res.stdout.strip() in ("overlayfs", "overlay"):
+        log(f"{d} is on overlayfs: using buildah's vfs storage driver (slower, more disk)")
+        return "vfs"
+    return "overlay"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,15 +269,32 @@ def dockerfile_sources(text: str) -> list[str]:
 
 
 def context_files(context: Path) -> list[str]:
-    """Files of a build context, relative paths: git's view (tracked + untracked, not ignored)."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(context), "ls-files", "-z", "-co", "--exclude-standard"],
-            check=True,
+    """Files of a build context, relative paths: git's view (tracked + untracked, not ignored).
+
+    Outside a git work tree (a copy in a test) every file but __pycache__ counts. Inside one, a
+    git failure is an error: walking instead would count ignored files and change the key."""
+    in_git = any((d / ".git").exists() for d in (context, *context.parents))
+    if in_git:
+        res = subprocess.run(
+            # Only reading: a clone owned by another user (root's, read by a user) is fine.
+            [
+                "git",
+                "-c",
+                "safe.directory=*",
+                "-C",
+                str(context),
+                "ls-files",
+                "-z",
+                "-co",
+                "--exclude-standard",
+            ],
             capture_output=True,
-        ).stdout
-        files = [f for f in out.decode().split("\0") if f]
-    except (subprocess.CalledProcessError, FileNotFoundError):
+            check=False,
+        )
+        if res.returncode != 0:
+            raise ImageError(f"git ls-files in {context} failed: {res.stderr.decode().strip()}")
+        files = [f for f in res.stdout.decode().split("\0") if f]
+    else:
         files = [
             str(p.relative_to(context))
             for p in context.rglob("*")
@@ -332,7 +372,8 @@ def buildah(*args: str, capture: bool = False) -> str:
     res = subprocess.run(
         cmd,
         env=buildah_env(),
-        stdout=subprocess.PIPE if capture else None,
+        # Build logs go to stderr: stdout carries --json results.
+        stdout=subprocess.PIPE if capture else sys.stderr,
         stderr=subprocess.PIPE if capture else None,
         text=True,
         check=False,
@@ -400,10 +441,11 @@ def ensure_tools(tools: dict[str, str]) -> None:
     log(f"installing Debian packages: {' '.join(missing)}")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
-    if subprocess.run(cmd, env=env, check=False).returncode != 0:
+    out = sys.stderr  # stdout carries --json results
+    if subprocess.run(cmd, env=env, check=False, stdout=out).returncode != 0:
         # A stale package index is the usual cause on a fresh machine.
-        subprocess.run(["apt-get", "update", "-q"], env=env, check=True)
-        subprocess.run(cmd, env=env, check=True)
+        subprocess.run(["apt-get", "update", "-q"], env=env, check=True, stdout=out)
+        subprocess.run(cmd, env=env, check=True, stdout=out)
 
 
 def docker_like_tool() -> str | None:
@@ -473,15 +515,17 @@ def standin_rootfs(dest: Path) -> None:
             link.symlink_to(target)
     # Trim what a slim image does not carry; host files debootstrap copied in; run-time dirs.
     for pattern in (
-        "usr/share/doc/*",
+        "usr/share/doc/*/*",  # all but the copyright files (kept, as in debian -slim)
         "usr/share/man/*",
         "usr/share/info/*",
         "usr/share/lintian/*",
+        "usr/share/locale/*",  # translations (32 MB); locale.alias stays, as in debian -slim
         "var/lib/apt/lists/*",
         "var/cache/apt/*",
         "var/cache/debconf/*-old",
         "var/lib/dpkg/*-old",
         "var/log/*",
+        "var/cache/ldconfig/aux-cache",  # ldconfig's own cache: differs between two runs
         "dev/*",
         "run/*",
         "tmp/*",
@@ -489,16 +533,29 @@ def standin_rootfs(dest: Path) -> None:
         "sys/*",
     ):
         for p in rootfs.glob(pattern):
+            if p.name in ("locale.alias", "copyright"):
+                continue
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
             else:
                 p.unlink()
+    # Like debian:bookworm-slim (under the official python image): packages installed later by
+    # a Dockerfile leave out docs, man pages and translations too.
+    (rootfs / "etc/dpkg/dpkg.cfg.d/llmop-slim").write_text(
+        "# LOCAL STAND-IN (llmop): trimmed like debian:bookworm-slim\n"
+        "path-exclude /usr/share/doc/*\n"
+        "path-include /usr/share/doc/*/copyright\n"
+        "path-exclude /usr/share/man/*\n"
+        "path-exclude /usr/share/info/*\n"
+        "path-exclude /usr/share/locale/*\n"
+        "path-include /usr/share/locale/locale.alias\n"
+    )
     for name in ("etc/resolv.conf", "etc/hostname", "etc/hosts", "etc/machine-id"):
         p = rootfs / name
         if p.exists() or p.is_symlink():
             p.unlink()
-    # Sorted entries, numeric owners: the tar depends on the tree only (mtimes are reset to
-    # SOURCE_DATE_EPOCH by buildah --timestamp when the layer is committed).
+    # Sorted entries, numeric owners, one mtime, no atime/ctime: the tar depends on the tree
+    # only (its hash shows up in the image history as `ADD file:<hash>`).
     subprocess.run(
         [
             "tar",
@@ -507,6 +564,9 @@ def standin_rootfs(dest: Path) -> None:
             "--sort=name",
             "--numeric-owner",
             "--xattrs",
+            "--format=posix",
+            "--pax-option=delete=atime,delete=ctime",
+            f"--mtime=@{SOURCE_DATE_EPOCH}",
             "-cf",
             str(dest / "rootfs.tar"),
             ".",
@@ -516,17 +576,35 @@ def standin_rootfs(dest: Path) -> None:
     shutil.rmtree(rootfs)
 
 
+def standin_own_name(s: StandIn, key: str) -> str:
+    return f"localhost/llmop-stand-in/{s.ref.split(':')[0]}:{s.ref.split(':')[1]}-{key}"
+
+
 def ensure_standin(s: StandIn) -> str:
     """Make the stand-in base present in our storage under its real name; returns its key."""
     key = standin_key(s)
     info = image_in_storage(s.full)
     if info is not None and image_labels(info).get("dev.llmop.stand-in.key") == key:
         return key
+    # Every stand-in also keeps a name of its own, so two checkouts with different recipes
+    # sharing this cache (a branch and main) only move the real name back and forth (called
+    # under the build lock: the name is right for the whole build that follows).
+    own = standin_own_name(s, key)
+    if image_in_storage(own) is not None:
+        buildah("tag", own, s.full, capture=True)
+        # buildah records an image's first name as the org.opencontainers.image.base.name
+        # annotation of images built on it: put the real name first again (drop the own name,
+        # add it back) so the digest of what we build does not depend on this retag.
+        buildah("rmi", own, capture=True)
+        buildah("tag", s.full, own, capture=True)
+        log(f"stand-in for {s.ref}: {own}")
+        return key
     need_root("building the base-image stand-in")
     ensure_tools(BUILDAH_PACKAGES)
-    log(f"stand-in for {s.ref}: building (debootstrap; about 1-2 min)")
     start = time.monotonic()
     work = cache_root() / "standin" / f"{s.ref.replace(':', '-').replace('/', '_')}-{key}"
+    cached = (work / ".complete").is_file()
+    log(f"stand-in for {s.ref}: building" + ("" if cached else " (debootstrap: 2-4 min)"))
     stage = work.with_name(work.name + ".partial")
     if not (work / ".complete").is_file():
         shutil.rmtree(stage, ignore_errors=True)
@@ -542,6 +620,7 @@ def ensure_standin(s: StandIn) -> str:
         "--isolation=chroot",
         "--pull=never",
         "--layers=false",
+        "--force-rm",  # no leftover working containers after a failed build
         "--identity-label=false",
         "--format=oci",
         f"--timestamp={SOURCE_DATE_EPOCH}",
@@ -554,6 +633,8 @@ def ensure_standin(s: StandIn) -> str:
         str(work / "Dockerfile"),
         "-t",
         s.full,
+        "-t",
+        own,
         str(work),
     )
     log(f"stand-in for {s.ref}: built in {time.monotonic() - start:.0f}s (key {key})")
@@ -574,13 +655,15 @@ def base_key(base: str, resolve: bool) -> str:
     if info is None:
         raise SkippedError(
             f"base image {base} is not in local storage and cannot be pulled or made here "
-            f"(a machine with docker can build it; or copy it into the store, see "
-            f"engine-image/README.md)"
+            "(with docker, `make images` builds it; or copy the base into the store: "
+            "docs/images.md)"
         )
     return f"external:{base}@{info.get('FromImageID', '')}"
 
 
 def go_version() -> str:
+    if shutil.which("go") is None:
+        raise ImageError("the pause image is compiled from e2e/images/pause: it needs Go on PATH")
     return subprocess.run(
         ["go", "env", "GOVERSION"], check=True, capture_output=True, text=True
     ).stdout.strip()
@@ -600,7 +683,7 @@ def input_key(spec: ImageSpec, resolve: bool = True) -> tuple[str, list[str]]:
         h.update(f"base {b} {base_key(b, resolve)}\n".encode())
     if spec.name == "pause":
         # The context is the compiled binary: key on its sources and the compiler instead.
-        h.update(f"go={go_version() if resolve else 'any'}\n".encode())
+        h.update(f"go={go_version()}\n".encode())
         for f in ("go.mod", "main.go"):
             h.update(f"{f} {sha256_file(spec.context / f)}\n".encode())
     else:
@@ -648,10 +731,27 @@ def prepare_context(spec: ImageSpec, stage: Path) -> Path:
         dst = ctx / f
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(spec.context / f, dst)
+        # COPY keeps mtimes, and .pyc files written at build time record them: pin them so the
+        # image does not depend on when the clone was checked out.
+        os.utime(dst, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
     return ctx
 
 
-def write_archive(layout: Path, archive: Path, ref: str) -> None:
+def source_date_epoch_arg(spec: ImageSpec) -> list[str]:
+    """--build-arg SOURCE_DATE_EPOCH for Dockerfiles that declare `ARG SOURCE_DATE_EPOCH`.
+
+    RUN steps then see it: pip writes hash-based .pyc files instead of ones stamped with the
+    time the wheel was unpacked, useradd stamps /etc/shadow with it. buildah 1.28 has no other
+    way to give RUN steps a variable (its --env only edits the final config). A Dockerfile
+    without the ARG builds the same, only less reproducibly (reported by `--rebuild`)."""
+    declared = any(
+        instr == "ARG" and rest.split("=")[0].strip() == "SOURCE_DATE_EPOCH"
+        for instr, rest in dockerfile_instructions(spec.dockerfile.read_text())
+    )
+    return ["--build-arg", f"SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH}"] if declared else []
+
+
+def write_archive(layout: Path, archive: Path | IO[bytes], ref: str) -> None:
     """An OCI archive (tar of the layout) whose index names the image for `ctr images import`:
     containerd reads io.containerd.image.name before org.opencontainers.image.ref.name."""
     index = json.loads((layout / "index.json").read_text())
@@ -664,16 +764,22 @@ def write_archive(layout: Path, archive: Path, ref: str) -> None:
         ti.size = len(payload)
         ti.mtime = SOURCE_DATE_EPOCH
         ti.mode = 0o644
-        import io
-
         tf.addfile(ti, io.BytesIO(payload))
 
-    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tf:
+    def normalise(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+        ti.mtime, ti.uid, ti.gid, ti.uname, ti.gname = SOURCE_DATE_EPOCH, 0, 0, "", ""
+        ti.mode = 0o644
+        return ti
+
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(archive.open("wb")) if isinstance(archive, Path) else archive
+        # Stream mode (no seeking): the same code writes a file or ctr's stdin.
+        tf = stack.enter_context(tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT))
         add_bytes(tf, "oci-layout", (layout / "oci-layout").read_bytes())
         add_bytes(tf, "index.json", data)
         for blob in sorted((layout / "blobs").rglob("*")):
-            if blob.is_file():
-                add_bytes(tf, str(blob.relative_to(layout)), blob.read_bytes())
+            if blob.is_file():  # streamed: layers of the vLLM images are gigabytes
+                tf.add(blob, arcname=str(blob.relative_to(layout)), filter=normalise)
 
 
 def manifest_digest(layout: Path) -> str:
@@ -682,9 +788,11 @@ def manifest_digest(layout: Path) -> str:
     return digest
 
 
-def build_buildah(spec: ImageSpec) -> dict[str, str]:
+def build_buildah(spec: ImageSpec, rebuild: bool = False) -> dict[str, str]:
     key, bases = input_key(spec, resolve=False)  # cheap: no buildah call on a cache hit
     d = entry_dir(spec, key)
+    if rebuild:
+        (d / ".complete").unlink(missing_ok=True)
     if (d / ".complete").is_file() and all(b in STANDINS for b in bases):
         return read_entry(d)
     need_root(f"building image {spec.name}")
@@ -710,12 +818,14 @@ def build_buildah(spec: ImageSpec) -> dict[str, str]:
             "--isolation=chroot",
             "--pull=never",
             "--layers=false",
+            "--force-rm",  # no leftover working containers after a failed build
             "--identity-label=false",
             "--format=oci",
             f"--timestamp={SOURCE_DATE_EPOCH}",
             "--label",
             f"dev.llmop.input-key={key}",
             *build_trust_mounts(),
+            *source_date_epoch_arg(spec),
             "-f",
             str(spec.dockerfile),
             "-t",
@@ -727,7 +837,6 @@ def build_buildah(spec: ImageSpec) -> dict[str, str]:
         buildah(
             "push", f"--signature-policy={POLICY}", "--quiet", spec.ref, f"oci:{layout}:{spec.tag}"
         )
-        write_archive(layout, stage / "image.tar", spec.ref)
         shutil.rmtree(ctx)
         meta = {
             "name": spec.name,
@@ -736,8 +845,7 @@ def build_buildah(spec: ImageSpec) -> dict[str, str]:
             "digest": manifest_digest(layout),
             "layout": str(d / "oci"),
             "layout_ref": spec.tag,
-            "archive": str(d / "image.tar"),
-            "size_bytes": str((stage / "image.tar").stat().st_size),
+            "size_bytes": str(sum(f.stat().st_size for f in layout.rglob("*") if f.is_file())),
             "build_seconds": f"{built - start:.1f}",
             "export_seconds": f"{time.monotonic() - built:.1f}",
             "bases": " ".join(bases),
@@ -746,11 +854,26 @@ def build_buildah(spec: ImageSpec) -> dict[str, str]:
         shutil.rmtree(d, ignore_errors=True)
         stage.rename(d)
         (d / ".complete").write_text(f"{time.time()}\n")
+        prune(spec, keep=d)
         log(
             f"{spec.name}: {spec.ref} {meta['digest'][:19]} built in {meta['build_seconds']}s, "
             f"exported in {meta['export_seconds']}s, {int(meta['size_bytes']) >> 20} MiB"
         )
         return meta
+
+
+def prune(spec: ImageSpec, keep: Path, entries: int = 3) -> None:
+    """Bound the cache: keep the newest few entries of this image (switching branches back and
+    forth stays a cache hit) and drop images in our store that lost their tag to a rebuild."""
+    mine = sorted(
+        (p for p in keep.parent.glob(f"{spec.name}-*") if (p / ".complete").is_file()),
+        key=lambda p: (p / ".complete").stat().st_mtime,
+        reverse=True,
+    )
+    for old in [p for p in mine if p != keep][entries - 1 :]:
+        shutil.rmtree(old, ignore_errors=True)
+    with contextlib.suppress(ImageError):
+        buildah("rmi", "--prune", capture=True)
 
 
 def build_docker(tool: str, spec: ImageSpec) -> dict[str, str]:
@@ -761,12 +884,16 @@ def build_docker(tool: str, spec: ImageSpec) -> dict[str, str]:
         if spec.name == "pause":
             ctx = prepare_context(spec, Path(tmp))
         subprocess.run(
-            [tool, "build", "-f", str(spec.dockerfile), "-t", spec.ref, str(ctx)], check=True
+            [tool, "build", "-f", str(spec.dockerfile), "-t", spec.ref, str(ctx)],
+            check=True,
+            stdout=sys.stderr,
         )
     return {"name": spec.name, "ref": spec.ref, "tool": tool}
 
 
-def build(names: list[str]) -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
+def build(
+    names: list[str], rebuild: bool = False
+) -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
     all_specs = specs()
     tool = docker_like_tool()
     done: list[dict[str, str]] = []
@@ -775,7 +902,7 @@ def build(names: list[str]) -> tuple[list[dict[str, str]], list[tuple[str, str]]
         spec = all_specs[name]
         t0 = time.monotonic()
         try:
-            meta = build_docker(tool, spec) if tool else build_buildah(spec)
+            meta = build_docker(tool, spec) if tool else build_buildah(spec, rebuild)
         except SkippedError as e:
             log(f"{name}: SKIPPED: {e}")
             skipped.append((name, str(e)))
@@ -818,7 +945,7 @@ def import_images(address: str, metas: list[dict[str, str]]) -> None:
     if not Path(address).exists():
         raise ImageError(f"no containerd socket at {address} (is the node's containerd running?)")
     for meta in metas:
-        if "archive" not in meta:
+        if "layout" not in meta:
             raise ImageError(
                 f"{meta['ref']} was built by {meta.get('tool')}, not into the OCI cache; "
                 f"import it with `{meta.get('tool')} save {meta['ref']} | ctr ... images import -`"
@@ -828,13 +955,24 @@ def import_images(address: str, metas: list[dict[str, str]]) -> None:
             log(f"import: {meta['ref']} already present ({have[:19]})")
             continue
         t0 = time.monotonic()
-        ctr(address, "images", "import", meta["archive"])
+        proc = subprocess.Popen(
+            ["ctr", "--address", address, "--namespace", "k8s.io", "images", "import", "-"],
+            stdin=subprocess.PIPE,
+            stdout=sys.stderr,
+        )
+        assert proc.stdin is not None
+        try:
+            write_archive(Path(meta["layout"]), proc.stdin, meta["ref"])
+        except BrokenPipeError:
+            pass  # ctr gave up; its exit status and message follow
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
+        if proc.wait() != 0:
+            raise ImageError(f"ctr images import of {meta['ref']} failed (see above)")
         got = containerd_digest(address, meta["ref"])
         if got != meta["digest"]:
-            raise ImageError(
-                f"import of {meta['archive']} left {meta['ref']} at {got}, "
-                f"expected {meta['digest']}"
-            )
+            raise ImageError(f"import left {meta['ref']} at {got}, expected {meta['digest']}")
         log(f"import: {meta['ref']} {got[:19]} imported in {time.monotonic() - t0:.1f}s")
 
 
@@ -861,20 +999,36 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build or reuse images")
     b.add_argument("--json", action="store_true", help="print one JSON object per built image")
+    b.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build again even on a cache hit (not the stand-in base): checks reproducibility",
+    )
     b.add_argument("names", nargs="+")
     i = sub.add_parser("import", help="build or reuse, then import into containerd")
     i.add_argument("--address", required=True, help="containerd socket path")
     i.add_argument("names", nargs="+")
     k = sub.add_parser("key", help="print an image's input key")
     k.add_argument("name")
+    ar = sub.add_parser("archive", help="build or reuse, then write an OCI archive (one image)")
+    ar.add_argument("--out", required=True, type=Path, help="the .tar to write")
+    ar.add_argument("name")
     a = p.parse_args(argv)
     try:
         if a.cmd == "key":
             spec = specs()[expand_names([a.name])[0]]
             print(input_key(spec, resolve=True)[0])
             return 0
+        if a.cmd == "archive":
+            (name,) = expand_names([a.name])
+            done, skipped = build([name])
+            if skipped or "layout" not in done[0]:
+                raise ImageError(f"{name}: no OCI layout to archive (skipped, or built by docker)")
+            write_archive(Path(done[0]["layout"]), a.out, done[0]["ref"])
+            print(a.out)
+            return 0
         names = expand_names(a.names)
-        done, skipped = build(names)
+        done, skipped = build(names, rebuild=a.cmd == "build" and a.rebuild)
         if a.cmd == "import":
             # `all` means what can be built here; an image named on its own must be imported.
             named = [n for n, _ in skipped if n in a.names]

@@ -11,14 +11,18 @@ skips with the reason; the Dockerfile-reading tests in test_dockerfile_parse.py 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,7 +91,7 @@ def test_config_matches_the_dockerfile(sim: dict[str, str]) -> None:
     assert cfg["Labels"]["dev.llmop.stand-in.for"] == "python:3.11.11-slim-bookworm"
 
 
-def test_oci_layout_is_valid(sim: dict[str, str]) -> None:
+def test_oci_layout_is_valid(sim: dict[str, str], tmp_path: Path) -> None:
     layout = Path(sim["layout"])
     assert json.loads((layout / "oci-layout").read_text())["imageLayoutVersion"] == "1.0.0"
     index = json.loads((layout / "index.json").read_text())
@@ -103,8 +107,14 @@ def test_oci_layout_is_valid(sim: dict[str, str]) -> None:
         assert "sha256:" + hashlib.sha256(data).hexdigest() == d["digest"]
         assert len(data) == d["size"]
     # The archive is what `ctr images import` reads: same index, named for containerd.
+    archive = tmp_path / "sim.tar"
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "archive", "--out", str(archive), "engine-sim"],
+        capture_output=True,
+        check=True,
+    )
     out = subprocess.run(
-        ["tar", "-xOf", sim["archive"], "index.json"], capture_output=True, check=True
+        ["tar", "-xOf", str(archive), "index.json"], capture_output=True, check=True
     ).stdout
     (named,) = json.loads(out)["manifests"]
     assert named["digest"] == desc["digest"]
@@ -152,13 +162,27 @@ def test_input_key_follows_copied_files(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def sim_rootfs(sim: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    bundle = tmp_path_factory.mktemp("sim-bundle") / "bundle"
-    subprocess.run(
-        ["umoci", "unpack", "--image", f"{sim['layout']}:{sim['layout_ref']}", str(bundle)],
-        check=True,
-        capture_output=True,
-    )
+def sim_rootfs(sim: dict[str, str]) -> Path:
+    """The image's root filesystem, unpacked by umoci once per digest (kept in the cache beside
+    the image: unpacking takes 10-20 s, a warm run reuses it; one digest is kept)."""
+    images = load_builder()
+    root = Path(images.cache_root()) / "test-rootfs"
+    digest = sim["digest"].replace(":", "-")
+    bundle = root / digest
+    if not (bundle / ".complete").is_file():
+        stage = root / (digest + ".partial")
+        shutil.rmtree(stage, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["umoci", "unpack", "--image", f"{sim['layout']}:{sim['layout_ref']}", str(stage)],
+            check=True,
+            capture_output=True,
+        )
+        for old in root.iterdir():
+            if old.name not in (digest, stage.name):
+                shutil.rmtree(old, ignore_errors=True)
+        stage.rename(bundle)
+        (bundle / ".complete").write_text("")
     return bundle / "rootfs"
 
 
@@ -192,6 +216,82 @@ def test_llmop_engine_runs_in_the_image(sim: dict[str, str], sim_rootfs: Path) -
         host_certs = host_bundle.read_text().count("BEGIN CERTIFICATE")
         image_certs = image_bundle.read_text().count("BEGIN CERTIFICATE")
         assert image_certs <= host_certs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_image_serves_under_runc(sim_rootfs: Path, tmp_path: Path) -> None:
+    """The image as a runtime runs it: runc, the image's user 10001, read-only root, a tmpfs
+    /tmp (a pod's emptyDir), the agent as PID 1 supervising the simulator; ready, serving,
+    drained by SIGTERM with exit 0. The host network, so the test reaches it on localhost."""
+    if shutil.which("runc") is None:
+        pytest.skip("runc is not installed (apt-get install runc; containerd depends on it)")
+    api, probe = free_port(), free_port()
+    config = json.loads((sim_rootfs.parent / "config.json").read_text())
+    assert config["process"]["user"]["uid"] == 10001
+    config["root"] = {"path": str(sim_rootfs), "readonly": True}
+    config["process"]["terminal"] = False
+    config["process"]["args"] = [
+        *config["process"]["args"],
+        f"--port={api}",
+        f"--probe-port={probe}",
+        "--endpoint-propagation-seconds=0",
+        "--",
+        "Qwen/Qwen3-0.6B",
+        "--sim-load-seconds=0.5",
+    ]
+    config["linux"]["namespaces"] = [
+        n for n in config["linux"]["namespaces"] if n["type"] != "network"
+    ]
+    config["mounts"].append(
+        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["mode=1777"]}
+    )
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps(config))
+    state = tmp_path / "runc"
+    name = f"llmop-image-test-{os.getpid()}"
+    log = (tmp_path / "out.log").open("w")
+    proc = subprocess.Popen(
+        ["runc", "--root", str(state), "run", "--bundle", str(bundle), name],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        status, body = 0, ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                status, body = get(f"http://127.0.0.1:{probe}/readyz")
+                if status == 200:
+                    break
+            time.sleep(0.3)
+        assert status == 200, f"not ready: {status} {body}\n{(tmp_path / 'out.log').read_text()}"
+        status, body = get(f"http://127.0.0.1:{api}/v1/models")
+        assert status == 200
+        assert json.loads(body)["data"][0]["id"] == "Qwen/Qwen3-0.6B"
+        subprocess.run(["runc", "--root", str(state), "kill", name, "TERM"], check=True)
+        assert proc.wait(timeout=40) == 0, (tmp_path / "out.log").read_text()
+    finally:
+        if proc.poll() is None:
+            subprocess.run(["runc", "--root", str(state), "kill", name, "KILL"], check=False)
+            proc.wait(timeout=10)
+        subprocess.run(["runc", "--root", str(state), "delete", "--force", name], check=False)
+        log.close()
 
 
 def test_pause_image_exits_cleanly_on_sigterm(pause: dict[str, str], tmp_path: Path) -> None:
@@ -281,3 +381,20 @@ def test_import_into_containerd_is_idempotent(
     second = run_import()
     assert "imported" not in second
     assert second.count("already present") == 2
+
+
+def test_gpu_engine_is_skipped_without_its_base() -> None:
+    images = load_builder()
+    base = images.dockerfile_bases((REPO / "engine-image/Dockerfile").read_text())[0]
+    if images.image_in_storage(base) is not None:
+        pytest.skip(f"{base} is in the local store here: the GPU image would really be built")
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "build", "--json", "engine"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == ""
+    assert f"engine: SKIPPED: base image {base} is not in local storage" in res.stderr
