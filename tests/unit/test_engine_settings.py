@@ -31,8 +31,9 @@ def test_defaults_with_no_flags() -> None:
         "0.0.0.0",
         "--port",
         "8000",
+        # The agent runs the drain and SIGTERMs the engine only when idle or out of budget.
         "--shutdown-timeout",
-        "30",
+        "0",
     ]
 
 
@@ -81,7 +82,26 @@ def test_engine_flags_kept_and_served_name_read() -> None:
     assert s.served_model_name == "chat"
     assert engine_port(s) == 9000
     cmd = engine_command(s, python="py")
-    assert cmd == ["py", "-m", "llmop_engine", "simulate", *engine, "--host", "0.0.0.0"]
+    kept = ["m", "--served-model-name", "chat", "--port", "9000"]
+    # The renderer's --shutdown-timeout is replaced: the agent owns the drain.
+    assert cmd == [
+        *["py", "-m", "llmop_engine", "simulate", *kept, "--host", "0.0.0.0"],
+        *["--shutdown-timeout", "0"],
+    ]
+
+
+@pytest.mark.parametrize(
+    ("engine", "timeout"),
+    [
+        (["m", "--disable-log-stats"], "30"),  # the drain budget
+        (["m", "--disable-log-stats", "--shutdown-timeout", "12"], "12"),  # the flag's own
+    ],
+)
+def test_engine_drains_itself_without_metrics(engine: list[str], timeout: str) -> None:
+    """No vllm:* metrics: the agent cannot see the queue, so vLLM's own drain mode stays."""
+    cmd = engine_command(settings([], {}, engine))
+    assert cmd.count("--shutdown-timeout") == 1
+    assert cmd[cmd.index("--shutdown-timeout") + 1] == timeout
 
 
 @pytest.mark.parametrize(

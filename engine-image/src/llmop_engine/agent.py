@@ -2,7 +2,12 @@
 
 All judgement lives in `health` (pure); this module only gathers observations on a timer, starts
 one-token probes when `health.deep_probe_due` says so, and turns SIGTERM / preStop into the drain
-sequence. It exits with the engine's exit code.
+sequence.
+
+Exit code: non-zero exactly when the engine failed. vLLM exits 0 after its EngineCore died, so an
+engine that exits without being asked to, or that reported itself dead (/health 503), makes the
+agent exit with the engine's code or 1; an engine the agent ended (drain, over-budget end, a stop
+while loading) exits 0 unless the engine itself returned an error code.
 """
 
 from __future__ import annotations
@@ -16,12 +21,19 @@ import time
 
 from llmop_engine import health
 from llmop_engine.agent_metrics import AgentMetrics
-from llmop_engine.drain import drain_sequence
+from llmop_engine.drain import DrainOutcome, drain_sequence
 from llmop_engine.engine_client import EngineClient
 from llmop_engine.health import Observation, Policy, Verdict
 from llmop_engine.probe_server import start as start_servers
 from llmop_engine.settings import AgentSettings, flag_value
-from llmop_engine.supervisor import FORWARDED, Supervisor, engine_command, engine_port
+from llmop_engine.supervisor import (
+    FORWARDED,
+    Supervisor,
+    agent_owns_drain,
+    engine_command,
+    engine_port,
+)
+from llmop_engine.vllm_metrics import EngineMetrics
 
 log = logging.getLogger("llmop_engine.agent")
 
@@ -52,8 +64,10 @@ class Agent:
         self.state = health.initial(time.monotonic())
         self.model_name = settings.served_model_name
         self.ever_ready = False
-        self.drain_task: asyncio.Task[float] | None = None
+        self.drain_task: asyncio.Task[DrainOutcome] | None = None
         self.drain_duration: float | None = None
+        self.drain_cut: int | None = None
+        self._warned_no_metrics = False
         self._probe_task: asyncio.Task[None] | None = None
         self._last: Verdict | None = None
 
@@ -64,7 +78,8 @@ class Agent:
 
     def status(self) -> dict[str, object]:
         v = self.verdict()
-        m = self.state.metrics
+        # Only what the latest poll read: an unreachable engine's last queue is not its queue.
+        m = health.published_load(self.state)
         probe = self.state.last_probe
         return {
             "phase": v.phase.value,
@@ -89,10 +104,11 @@ class Agent:
             "enginePid": self.supervisor.pid,
             "engineExitCode": self.supervisor.returncode,
             "drainDurationSeconds": self.drain_duration,
+            "drainCutRequests": self.drain_cut,
         }
 
     def metrics_text(self) -> bytes:
-        self.metrics.update(self.verdict(), self.state.metrics)
+        self.metrics.update(self.verdict(), health.published_load(self.state))
         return self.metrics.render()
 
     def drain_progress(self) -> dict[str, object]:
@@ -113,17 +129,40 @@ class Agent:
         self._after_change()
         self.drain_task = asyncio.create_task(self._drain(), name="drain")
 
-    async def _drain(self) -> float:
-        duration = await drain_sequence(
+    async def _read_load(self) -> EngineMetrics | None:
+        return await self.client.metrics(1.0)
+
+    async def _drain(self) -> DrainOutcome:
+        outcome = await drain_sequence(
             self.supervisor,
             self.settings.endpoint_propagation_seconds,
             self.settings.drain_seconds,
+            read_load=self._read_load,
+            listened=self.state.listening_since is not None,
             # A pod that never was ready is in no Service's endpoints: nothing to wait for.
             skip_propagation=not self.ever_ready,
+            engine_drains=not agent_owns_drain(self.settings),
+            on_cut=self.metrics.cut,
         )
-        self.drain_duration = duration
-        self.metrics.drain_duration.set(duration)
-        return duration
+        self.drain_duration = outcome.duration
+        self.drain_cut = outcome.cut_requests
+        self.metrics.drained(outcome)
+        return outcome
+
+    def exit_code(self, code: int | None, outcome: DrainOutcome | None) -> int:
+        """The agent's exit status: non-zero exactly when the engine failed (module docstring)."""
+        engine_code = 1 if code is None else code
+        if outcome is None:
+            log.error("engine exited on its own with code %s: failed", code)
+            return engine_code or 1
+        if self.state.dead_at is not None:
+            log.error("engine reported itself dead (/health 503) before the drain ended: failed")
+            return engine_code or 1
+        if outcome.exited_on_its_own:
+            return engine_code or 1
+        if outcome.killed:
+            return 0  # the agent ended it (SIGKILL of an engine that would not stop): no fault
+        return engine_code
 
     # -- polling ----------------------------------------------------------------------------
 
@@ -147,6 +186,13 @@ class Agent:
             metrics = await self.client.metrics(timeout)
             if self.model_name is None:
                 self.model_name = await self.client.first_model(timeout)
+        if reach is health.Reach.OK and metrics is None and not self._warned_no_metrics:
+            self._warned_no_metrics = True
+            log.warning(
+                "the engine serves but exports no vllm:* metrics (--disable-log-stats?): queue "
+                "depth, KV usage and progress are unknown, so a busy engine cannot be told from a "
+                "hung one; deep-probe timeouts will not fail liveness and hangs go undetected"
+            )
         cache_bytes = None
         if s.model_cache_dir and self.state.listening_since is None:
             cache_bytes = await asyncio.to_thread(directory_bytes, s.model_cache_dir)
@@ -206,11 +252,8 @@ class Agent:
         monitor = asyncio.create_task(self._monitor(), name="monitor")
         try:
             code = await self.supervisor.wait()
-            if self.drain_task is not None:
-                await self.drain_task
-            else:
-                log.error("engine exited on its own with code %s", code)
-            return 1 if code is None else code
+            outcome = await self.drain_task if self.drain_task is not None else None
+            return self.exit_code(code, outcome)
         finally:
             monitor.cancel()
             if self._probe_task is not None:

@@ -2,10 +2,28 @@
 client that the preStop hook executes.
 
 The client only speaks to the agent's unix socket (`LLMOP_AGENT_SOCKET`): drain is never reachable
-from the pod network. The sequence: readiness is already off when this runs (the caller flips it
-first), then wait for endpoint propagation so that no Service still routes here, SIGTERM the engine
-(which runs with `--shutdown-timeout`, so it finishes in-flight work and rejects nothing that was
-routed to it), wait for it to exit, SIGKILL its process tree past the budget.
+from the pod network.
+
+The sequence (readiness is already off when it runs; the caller flips it first), within one
+budget, `deadline = start + propagation + drain`:
+
+1. An engine that never listened (still loading) has nothing to drain: SIGTERM, and SIGKILL its
+   process tree after `LOADING_STOP_SECONDS` (vLLM ignores SIGTERM while it loads).
+2. Wait for endpoint propagation, so that no Service still routes here.
+3. The agent owns the drain (the engine runs with `--shutdown-timeout 0`, see
+   `supervisor.engine_command`): the engine keeps serving normally while the agent watches its
+   queue on /metrics, so requests that still arrive late (slow endpoint propagation) are served
+   rather than refused. vLLM in its own drain mode answers them HTTP 500 ("cannot schedule new
+   futures after shutdown"), and past its `--shutdown-timeout` it kills its EngineCore and then
+   never exits while streams are open, leaving every client hanging without a finish reason.
+4. When two reads in a row show nothing running, nothing waiting and no counter moving, or at the
+   deadline, SIGTERM: vLLM then aborts whatever is left at once (`finish_reason: "abort"`, the
+   stream closed) and exits in about a second. What was cut is logged and returned.
+5. SIGKILL the tree if it has not exited `EXIT_GRACE_SECONDS` after that.
+
+Without load figures (`--disable-log-stats`: no `vllm:*` metrics) step 3 cannot see the queue,
+so the engine drains itself with `--shutdown-timeout` = the budget, and the agent kills it
+`EXIT_GRACE_SECONDS` past the deadline: the only over-budget end possible in that mode.
 """
 
 from __future__ import annotations
@@ -14,48 +32,157 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 
 import aiohttp
 
 from llmop_engine.supervisor import Supervisor
+from llmop_engine.vllm_metrics import EngineMetrics
 
 log = logging.getLogger("llmop_engine.drain")
 
-# After the engine's own shutdown timeout, how long before the agent kills it: the engine needs a
-# moment to abort leftovers and close its socket (vLLM joins its EngineCore, then stops uvicorn).
-EXIT_GRACE_SECONDS = 10.0
+# After the final SIGTERM, how long the engine gets to exit before its process tree is killed.
+# vLLM aborting its requests and exiting took 0.6 s idle and ~2 s on a loaded 2-core machine.
+EXIT_GRACE_SECONDS = 5.0
+# An engine still loading ignores SIGTERM; it holds no requests, so it is killed after this.
+LOADING_STOP_SECONDS = 2.0
+# How often the queue is read while the agent waits for in-flight work to finish.
+DRAIN_POLL_SECONDS = 0.25
+
+LoadReader = Callable[[], Awaitable[EngineMetrics | None]]
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    duration: float
+    # The budget ran out with work still in the engine, which the agent then ended.
+    over_budget: bool = False
+    # Requests the engine still held at the deadline (None: unknown, the engine exports no load).
+    cut_requests: int | None = 0
+    # The engine exited before the agent signalled it: it failed on its own during the drain.
+    exited_on_its_own: bool = False
+    # SIGKILL was needed.
+    killed: bool = False
+
+
+async def _stop(supervisor: Supervisor, grace: float, why: str) -> bool:
+    """SIGTERM, then SIGKILL the tree after `grace`; True when SIGKILL was needed."""
+    supervisor.send(signal.SIGTERM)
+    if await supervisor.wait(timeout=grace) is not None:
+        return False
+    log.error("drain: engine still running %.1fs after SIGTERM (%s); killing it", grace, why)
+    supervisor.kill_tree()
+    await supervisor.wait(timeout=5.0)
+    return True
+
+
+async def _until_idle(
+    supervisor: Supervisor, read_load: LoadReader, deadline: float
+) -> EngineMetrics | None:
+    """Wait until the engine holds no work, it exits, or the deadline; returns the last reading."""
+    last: EngineMetrics | None = None
+    previous: tuple[float | None, float | None] | None = None
+    while supervisor.alive() and time.monotonic() < deadline:
+        m = await read_load()
+        if m is not None:
+            last = m
+            signature = (m.pending, m.progress_tokens)
+            # Twice idle with no counter moving in between: nothing arrived meanwhile either.
+            if m.pending == 0 and signature == previous:
+                return m
+            previous = signature
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            await supervisor.wait(timeout=min(DRAIN_POLL_SECONDS, remaining))
+    return last
 
 
 async def drain_sequence(
     supervisor: Supervisor,
     propagation_seconds: float,
     drain_seconds: float,
+    *,
+    read_load: LoadReader,
+    listened: bool = True,
     skip_propagation: bool = False,
-) -> float:
-    """Run the drain after readiness went off; returns its duration in seconds."""
+    engine_drains: bool = False,
+    on_cut: Callable[[int | None], None] | None = None,
+) -> DrainOutcome:
+    """Run the drain after readiness went off (see the module docstring).
+
+    `on_cut` hears about work cut at the deadline before the engine is ended, so the agent's
+    metric shows it while the pod still exists to be scraped.
+    """
     started = time.monotonic()
+
+    def done(result: DrainOutcome | None = None) -> DrainOutcome:
+        outcome = replace(result or DrainOutcome(0.0), duration=time.monotonic() - started)
+        log.info(
+            "drain: done in %.1fs (engine exit code %s)", outcome.duration, supervisor.returncode
+        )
+        return outcome
+
+    if not listened:
+        log.info("drain: the engine never listened (still loading): nothing to drain; stopping it")
+        killed = supervisor.alive() and await _stop(supervisor, LOADING_STOP_SECONDS, "loading")
+        return done(DrainOutcome(0.0, killed=killed))
+
     if not skip_propagation and propagation_seconds > 0:
         log.info(
             "drain: readiness off; waiting %.1fs for endpoint propagation", propagation_seconds
         )
-        # Returns early if the engine dies meanwhile.
-        await supervisor.wait(timeout=propagation_seconds)
-    if supervisor.alive():
+        await supervisor.wait(timeout=propagation_seconds)  # returns early if the engine dies
+    deadline = time.monotonic() + drain_seconds
+    if not supervisor.alive():
+        log.error("drain: the engine exited on its own during the drain")
+        return done(DrainOutcome(0.0, exited_on_its_own=True))
+
+    if engine_drains:
         log.info(
-            "drain: SIGTERM to the engine (it finishes in-flight work within %.0fs)", drain_seconds
+            "drain: no load figures from the engine; SIGTERM, it drains itself within %.0fs",
+            drain_seconds,
         )
         supervisor.send(signal.SIGTERM)
         code = await supervisor.wait(timeout=drain_seconds + EXIT_GRACE_SECONDS)
-        if code is None:
-            log.error(
-                "drain: engine still running after %.0fs; killing it",
-                drain_seconds + EXIT_GRACE_SECONDS,
-            )
-            supervisor.kill_tree()
-            await supervisor.wait(timeout=5.0)
-    duration = time.monotonic() - started
-    log.info("drain: done in %.1fs (engine exit code %s)", duration, supervisor.returncode)
-    return duration
+        if code is not None:
+            return done()
+        log.error(
+            "drain: budget of %.0fs exhausted with unknown work left (the engine exports no "
+            "metrics); killing the engine: open streams are cut",
+            drain_seconds,
+        )
+        if on_cut is not None:
+            on_cut(None)
+        supervisor.kill_tree()
+        await supervisor.wait(timeout=5.0)
+        return done(DrainOutcome(0.0, over_budget=True, cut_requests=None, killed=True))
+
+    log.info("drain: waiting up to %.0fs for in-flight requests to finish", drain_seconds)
+    last = await _until_idle(supervisor, read_load, deadline)
+    if not supervisor.alive():
+        log.error("drain: the engine exited on its own during the drain")
+        return done(DrainOutcome(0.0, exited_on_its_own=True))
+    over = time.monotonic() >= deadline
+    cut: int | None = 0
+    if over:
+        cut = None if last is None or last.pending is None else int(last.pending)
+        running = "?" if last is None or last.running is None else f"{last.running:.0f}"
+        waiting = "?" if last is None or last.waiting is None else f"{last.waiting:.0f}"
+        log.warning(
+            "drain: budget of %.0fs exhausted with %s requests in the engine (%s running, %s "
+            "waiting); ending the engine: they end with finish_reason=abort",
+            drain_seconds,
+            "?" if cut is None else cut,
+            running,
+            waiting,
+        )
+        if on_cut is not None:
+            on_cut(cut)
+    else:
+        log.info("drain: no request left in the engine; SIGTERM")
+    killed = await _stop(supervisor, EXIT_GRACE_SECONDS, "over budget" if over else "idle")
+    return done(DrainOutcome(0.0, over_budget=over, cut_requests=cut, killed=killed))
 
 
 async def request_drain(socket_path: str, wait: bool = True, timeout: float = 600.0) -> int:

@@ -106,7 +106,9 @@ class EngineClient:
                     )
                 data = await resp.json(content_type=None)
         except TimeoutError:
-            return ProbeResult(started, time.monotonic(), False, f"timed out after {timeout:g}s")
+            return ProbeResult(
+                started, time.monotonic(), False, f"timed out after {timeout:g}s", timed_out=True
+            )
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             return ProbeResult(started, time.monotonic(), False, type(exc).__name__)
         except asyncio.CancelledError:

@@ -34,18 +34,44 @@ except OSError:
 FORWARDED = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
+def agent_owns_drain(settings: AgentSettings) -> bool:
+    """The agent can see the engine's queue (vLLM metrics on), so it runs the drain itself."""
+    return not has_flag(settings.engine_args, "--disable-log-stats")
+
+
+def without_flag(args: Sequence[str], flag: str) -> list[str]:
+    """`args` minus `--flag value` / `--flag=value`."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
+
+
 def engine_command(settings: AgentSettings, python: str = sys.executable) -> list[str]:
     """The child's argv: `vllm serve …` or the built-in simulator, with the agent's defaults added.
 
-    `--host/--port` are appended when absent (contract), and `--shutdown-timeout` is set to the
-    drain budget when absent, so that even a bare `llmop-engine run` drains instead of aborting.
+    `--host/--port` are appended when absent (contract). `--shutdown-timeout` is the agent's:
+    - `0` when the agent owns the drain (it waits for in-flight work itself and SIGTERMs the
+      engine only when it is idle or the budget is spent, so a SIGTERM must abort at once: vLLM's
+      own drain answers late requests HTTP 500 and, past its timeout, never exits while streams
+      are open); a value in the engine flags is replaced;
+    - the drain budget (unless the flags set one) when the engine exports no metrics
+      (`--disable-log-stats`): the agent cannot see the queue, so the engine drains itself.
     """
     args = list(settings.engine_args)
     if not has_flag(args, "--host"):
         args += ["--host", "0.0.0.0"]
     if not has_flag(args, "--port"):
         args += ["--port", str(settings.api_port)]
-    if not has_flag(args, "--shutdown-timeout"):
+    if agent_owns_drain(settings):
+        args = [*without_flag(args, "--shutdown-timeout"), "--shutdown-timeout", "0"]
+    elif not has_flag(args, "--shutdown-timeout"):
         args += ["--shutdown-timeout", f"{settings.drain_seconds:g}"]
     if settings.backend == "simulator":
         return [python, "-m", "llmop_engine", "simulate", *args]
