@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `make dev` / `make dev-down`: the whole stack on the local cluster, from a fresh clone.
 #
-#   up    start (or reuse) the local cluster, install the CRD from crds/, (re)start the
-#         operator (`llmop run`, a local process using the cluster's admin kubeconfig), apply
-#         the simulator-backend samples from examples/, wait until they are Ready, show them.
+#   up    start (or reuse) the local cluster with its real node (e2e/cluster/node.sh), install
+#         the CRD from crds/, (re)start the operator (`llmop run`, a local process using the
+#         cluster's admin kubeconfig, with the settings the Helm chart gives it by default), apply
+#         the simulator-backend samples from examples/, wait until they are Ready, show them,
+#         and send one completion through the sample's Service (its ClusterIP, via kube-proxy).
 #   down  stop the operator and delete the local cluster.
 #
 # Idempotent: `up` twice reuses the running cluster and restarts the operator on the current
@@ -46,6 +48,24 @@ stop_operator() {
   rm -f "$pidfile"
 }
 
+# The operator's LLMOP_* settings as the chart's default values render them (helm/llmop), so the
+# dev operator behaves like the installed one; ports are chosen here instead.
+chart_env() {
+  "$PY" - "$ROOT/helm/llmop" <<'EOF'
+import shlex, sys, yaml
+import helm_python as helm
+out = helm.Chart.load(sys.argv[1]).render({}, name="llmop", namespace="llmop-system")
+for text in out.values():
+    for doc in yaml.safe_load_all(text):
+        if not doc or doc.get("kind") != "Deployment":
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            for e in c.get("env") or []:
+                if "value" in e and e["name"] not in {"LLMOP_LIVENESS_PORT", "LLMOP_METRICS_PORT"}:
+                    print(f"{e['name']}={shlex.quote(str(e['value']))}")
+EOF
+}
+
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # Simulator-backend samples only (the others need real GPUs and model credentials), one
@@ -82,7 +102,11 @@ cmd_up() {
   metrics="$(free_port)"
   log "starting the operator (log: $work/operator.log)"
   # setsid + nohup: the operator outlives `make dev`; stdin/stdout detached from the terminal.
-  KUBECONFIG="$kubeconfig" LLMOP_LOG_FORMAT=text LLMOP_BIND_ADDRESS=127.0.0.1 \
+  local settings
+  settings="$(chart_env)"
+  # One NAME=value word per line, each value quoted by the renderer (shlex.quote).
+  eval "env $(tr '\n' ' ' <<<"$settings")" \
+    KUBECONFIG="$kubeconfig" LLMOP_LOG_FORMAT=text LLMOP_BIND_ADDRESS=127.0.0.1 \
     LLMOP_LIVENESS_PORT="$liveness" LLMOP_METRICS_PORT="$metrics" \
     setsid nohup "$VENV/bin/llmop" run </dev/null >>"$work/operator.log" 2>&1 &
   echo $! >"$work/operator.pid"
@@ -117,6 +141,24 @@ cmd_up() {
   done
   echo
   kctl get llmd -A
+  local real_node=0 first_ns first_name svc_ip url
+  [[ "$(cat /run/llmop-node/owner 2>/dev/null || true)" == "$(basename "$work")" ]] && real_node=1
+  read -r _ first_ns first_name <<<"${samples[0]}"
+  svc_ip="$(kctl get service -n "$first_ns" "$first_name" -o jsonpath='{.spec.clusterIP}')"
+  url="http://$svc_ip:8000/v1/completions"
+  if ((real_node)); then
+    echo
+    kctl get pods -n "$first_ns" -l "serving.llmop.dev/deployment=$first_name" -o wide
+    echo
+    echo "One completion through the Service (ClusterIP $svc_ip, routed by kube-proxy):"
+    local body="{\"model\": \"$first_name\", \"prompt\": \"Hello\", \"max_tokens\": 12}"
+    echo "\$ curl -sS $url -H 'Content-Type: application/json' -d '$body'"
+    curl -sS "$url" -H 'Content-Type: application/json' -d "$body" || { log "the completion failed"; exit 1; }
+    echo
+  else
+    log "WARNING: no real node joined (see the cluster log above): the pods run on kwok's fake"
+    log "nodes, which start no containers, so nothing answers requests"
+  fi
   cat <<EOF
 
 llmop dev environment is up ($((SECONDS - start))s). To use it from this shell:
@@ -124,6 +166,8 @@ llmop dev environment is up ($((SECONDS - start))s). To use it from this shell:
   export PATH=$bin:\$PATH
   kubectl get llmd -A                      # the LLMDeployments (short name llmd)
   kubectl describe llmd qwen-small         # conditions, capacity plan, events
+  curl -sS $url -H 'Content-Type: application/json' \\
+    -d '{"model": "$first_name", "prompt": "Hello", "max_tokens": 12}'
 Operator: log $work/operator.log, metrics http://127.0.0.1:$metrics/metrics
 Stop everything: make dev-down
 EOF

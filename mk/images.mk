@@ -1,37 +1,55 @@
-# Container images. They need a container engine (docker or podman), which CI machines without
-# one lack: these targets then fail with a clear message; nothing else depends on them.
-# Tags default to the version in pyproject.toml, the same tags the chart and the operator use
-# by default (ghcr.io/llmop/{operator,engine,engine-sim}:<version>).
+# Container images. The logic lives in e2e/images/images.py; these targets are thin wrappers.
+#
+# Without a Docker engine (CI, the e2e real node) images are built from the same Dockerfiles with
+# buildah (Debian package, installed on demand; needs root) into a private store under
+# ~/.cache/llmop/images, exported as OCI layouts/archives keyed on their inputs: a second run with
+# unchanged inputs does nothing. Bases that cannot be pulled are local stand-ins (see
+# engine-image/README.md). With a Docker daemon answering, or CONTAINER_TOOL=docker|podman, the
+# tool builds them instead, as it always did.
+# Tags default to the version in pyproject.toml, the same tags the chart and the operator use by
+# default (ghcr.io/llmop/{operator,engine,engine-sim,engine-cpu}:<version>).
 
-CONTAINER_TOOL ?= docker
+CONTAINER_TOOL ?=
 IMAGE_REGISTRY ?= ghcr.io/llmop
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 OPERATOR_IMG ?= $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG)
 ENGINE_IMG ?= $(IMAGE_REGISTRY)/engine:$(IMAGE_TAG)
+ENGINE_CPU_IMG ?= $(IMAGE_REGISTRY)/engine-cpu:$(IMAGE_TAG)
 SIMULATOR_IMG ?= $(IMAGE_REGISTRY)/engine-sim:$(IMAGE_TAG)
+# The containerd `make images-import` talks to (the e2e real node's by default).
+CONTAINERD_ADDRESS ?= /run/llmop-node/containerd/containerd.sock
+IMPORT_IMAGES ?= engine-sim pause
 
-define need-container-tool
-	@command -v $(CONTAINER_TOOL) >/dev/null 2>&1 || { \
-	  echo "$(CONTAINER_TOOL) not found: building images needs a container engine (set CONTAINER_TOOL=podman?)" >&2; \
-	  exit 1; }
-endef
+IMAGES_PY = CONTAINER_TOOL=$(CONTAINER_TOOL) LLMOP_IMG_OPERATOR=$(OPERATOR_IMG) \
+	LLMOP_IMG_ENGINE=$(ENGINE_IMG) LLMOP_IMG_ENGINE_CPU=$(ENGINE_CPU_IMG) \
+	LLMOP_IMG_ENGINE_SIM=$(SIMULATOR_IMG) $(PYTHON) e2e/images/images.py
 
 ##@ Images
 
 .PHONY: images
-images: image-operator image-engine image-simulator ## Build the operator, engine and simulator images.
+images: ## Build every image this machine can build (skips the GPU engine when its base is absent).
+	@$(IMAGES_PY) build all
 
 .PHONY: image-operator
-image-operator: ## Build the operator image (operator/Dockerfile); tag: OPERATOR_IMG=ghcr.io/llmop/operator:<version>.
-	$(need-container-tool)
-	$(CONTAINER_TOOL) build -f operator/Dockerfile -t $(OPERATOR_IMG) .
+image-operator: ## Build the operator image (operator/Dockerfile); tag: ghcr.io/llmop/operator:<version>.
+	@$(IMAGES_PY) build operator
 
 .PHONY: image-engine
-image-engine: ## Build the vLLM engine image (engine-image/Dockerfile); tag: ENGINE_IMG=ghcr.io/llmop/engine:<version>.
-	$(need-container-tool)
-	$(CONTAINER_TOOL) build -f engine-image/Dockerfile -t $(ENGINE_IMG) .
+image-engine: ## Build the vLLM GPU engine image (engine-image/Dockerfile); needs vllm/vllm-openai locally.
+	@$(IMAGES_PY) build engine
+
+.PHONY: image-engine-cpu
+image-engine-cpu: ## Build the vLLM CPU engine image (engine-image/Dockerfile.cpu, when present).
+	@$(IMAGES_PY) build engine-cpu
 
 .PHONY: image-simulator
-image-simulator: ## Build the simulator engine image (engine-image/Dockerfile.sim); tag: SIMULATOR_IMG=ghcr.io/llmop/engine-sim:<version>.
-	$(need-container-tool)
-	$(CONTAINER_TOOL) build -f engine-image/Dockerfile.sim -t $(SIMULATOR_IMG) .
+image-simulator: ## Build the simulator engine image (engine-image/Dockerfile.sim); tag: ghcr.io/llmop/engine-sim:<version>.
+	@$(IMAGES_PY) build engine-sim
+
+.PHONY: image-pause
+image-pause: ## Build the real node's sandbox image localhost/pause:3.10 (e2e/images/pause).
+	@$(IMAGES_PY) build pause
+
+.PHONY: images-import
+images-import: ## Import IMPORT_IMAGES (default: engine-sim pause) into the containerd at CONTAINERD_ADDRESS.
+	@e2e/images/import.sh $(CONTAINERD_ADDRESS) $(IMPORT_IMAGES)

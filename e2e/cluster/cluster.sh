@@ -17,6 +17,10 @@
 #                            cluster as soon as that process is gone (pytest
 #                            sets it, so a killed session leaves nothing behind)
 #   LLMOP_CLUSTER_TIMEOUT    seconds to wait for the cluster (default 180)
+#   LLMOP_REAL_NODE          auto (default) | on | off: join a real node (node.sh: containerd +
+#                            kubelet + kube-proxy running real containers) beside the kwok nodes.
+#                            auto joins it when this host can run one and no other cluster holds
+#                            it, and says why not otherwise; on fails instead; off never joins.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -27,6 +31,8 @@ STATE="${LLMOP_CLUSTER_STATE:-${XDG_CACHE_HOME:-$HOME/.cache}/llmop/clusters}"
 WORK="$STATE/$NAME"
 KUBECONFIG_FILE="$WORK/kubeconfig"
 TIMEOUT="${LLMOP_CLUSTER_TIMEOUT:-180}"
+REAL_NODE="${LLMOP_REAL_NODE:-auto}"
+NODE_SH="$HERE/node.sh"
 # kwokctl keeps its pki, pid files, logs and etcd data under $KWOK_WORKDIR/clusters/<name>.
 export KWOK_WORKDIR="$WORK/kwok"
 
@@ -54,6 +60,10 @@ pid_files() { compgen -G "$KWOK_WORKDIR/clusters/$NAME/pids/*.pid" || true; }
 # the pid files, and we fall back to those same pid files if it fails.
 teardown() {
   local bin
+  # The real node first: it needs the cluster's state (and stops its pods' containers).
+  if [[ "$(cat /run/llmop-node/owner 2>/dev/null || true)" == "$NAME" ]]; then
+    "$NODE_SH" down || log "real node teardown failed; run '$NODE_SH down' by hand"
+  fi
   bin="$(bin_dir)"
   if [[ -x "$bin/kwokctl" && -d "$KWOK_WORKDIR/clusters/$NAME" ]]; then
     "$bin/kwokctl" --name "$NAME" delete cluster --kubeconfig "$KUBECONFIG_FILE" >&2 ||
@@ -125,6 +135,36 @@ wait_ready() {
   done
 }
 
+join_real_node() {
+  case "$REAL_NODE" in
+  off)
+    log "real node: off (LLMOP_REAL_NODE=off)"
+    return 0
+    ;;
+  on | auto) ;;
+  *)
+    log "LLMOP_REAL_NODE must be auto, on or off (got '$REAL_NODE')"
+    return 1
+    ;;
+  esac
+  local why owner
+  if ! why="$("$NODE_SH" check)"; then
+    [[ "$REAL_NODE" == on ]] && { log "real node: cannot run here: $why"; return 1; }
+    log "real node: NOT joined ($why); pods run only on kwok's fake nodes (set LLMOP_REAL_NODE=off to silence)"
+    return 0
+  fi
+  owner="$(cat /run/llmop-node/owner 2>/dev/null || true)"
+  if [[ -n "$owner" && "$owner" != "$NAME" && -d "$STATE/$owner" && "$REAL_NODE" == auto ]]; then
+    log "real node: NOT joined (cluster '$owner' holds this machine's real node; one per machine)"
+    return 0
+  fi
+  "$NODE_SH" up "$NAME" "$WORK" || {
+    log "real node: failed to join (see the lines above)"
+    "$NODE_SH" down || true
+    return 1
+  }
+}
+
 cmd_up() {
   mkdir -p "$STATE"
   reap_orphans
@@ -135,6 +175,7 @@ cmd_up() {
       log "already running"
       apply_nodes
       wait_ready
+      join_real_node
       echo "$KUBECONFIG_FILE"
       return 0
     fi
@@ -147,6 +188,9 @@ cmd_up() {
     start_watchdog "$LLMOP_CLUSTER_OWNER_PID"
   fi
   local k8s_version start=$SECONDS
+  # kwokctl writes the cluster CA and its admin cert here before it starts the API server, which
+  # presents that cert to kubelets (the real node trusts the CA); kwok manages only the fake nodes.
+  local pki="$KWOK_WORKDIR/clusters/$NAME/pki"
   k8s_version="$("$bin/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p')"
   log "creating (kubernetes $k8s_version, binaries from $bin)"
   # Every component comes from $bin: kwokctl must never download anything.
@@ -169,6 +213,12 @@ cmd_up() {
     --kubeconfig "$KUBECONFIG_FILE" \
     --disable-qps-limits \
     --extra-args etcd=unsafe-no-fsync=true \
+    --extra-args kube-apiserver=kubelet-preferred-address-types=InternalIP \
+    --extra-args "kube-apiserver=kubelet-client-certificate=$pki/admin.crt" \
+    --extra-args "kube-apiserver=kubelet-client-key=$pki/admin.key" \
+    --extra-args "kube-apiserver=kubelet-certificate-authority=$pki/ca.crt" \
+    --extra-args kwok-controller=manage-all-nodes=false \
+    --extra-args kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --timeout "${TIMEOUT}s" \
     --wait "${TIMEOUT}s" >&2 || {
     log "kwokctl create failed"
@@ -179,6 +229,7 @@ cmd_up() {
   kctl config use-context "kwok-$NAME" >/dev/null
   apply_nodes
   wait_ready
+  join_real_node
   log "ready in $((SECONDS - start))s; kubeconfig: $KUBECONFIG_FILE"
   echo "$KUBECONFIG_FILE"
 }
@@ -205,6 +256,8 @@ cmd_status() {
     return 1
   fi
   echo "version:    $(kctl version -o json | sed -n '/serverVersion/,$ s/.*"gitVersion": "\([^"]*\)".*/\1/p')"
+  echo
+  "$NODE_SH" status 2>/dev/null || true
   echo
   kctl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count \
     -o custom-columns='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GPU:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'

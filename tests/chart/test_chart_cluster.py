@@ -26,10 +26,10 @@ import yaml
 from chart_helpers import CHART_DIR, MATRIX, REPO_ROOT, render, render_yaml
 
 from gitops.argocd_lua import FIXTURES, health
-from integration.conftest import OperatorProcess
 from llmop.kube import Kube
 from support.cluster import Cluster, wait_until
 from support.manifests import llmd_manifest
+from support.operator import OperatorProcess
 
 pytestmark = pytest.mark.cluster
 

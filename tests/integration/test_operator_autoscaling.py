@@ -12,7 +12,7 @@ from support.cluster import wait_until
 from support.manifests import simulator_spec as spec
 
 if TYPE_CHECKING:
-    from conftest import Kit, OperatorProcess
+    from support.operator import Kit, OperatorProcess
 
 pytestmark = pytest.mark.cluster
 

@@ -14,7 +14,7 @@ from support.manifests import H100
 from support.manifests import simulator_spec as spec
 
 if TYPE_CHECKING:
-    from conftest import Kit, OperatorProcess
+    from support.operator import Kit, OperatorProcess
 
 pytestmark = pytest.mark.cluster
 

@@ -11,7 +11,7 @@ import pytest
 from support.cluster import wait_until
 
 if TYPE_CHECKING:
-    from conftest import Kit, OperatorProcess
+    from support.operator import Kit, OperatorProcess
 
 pytestmark = pytest.mark.cluster
 

@@ -118,9 +118,13 @@ def _fallback_kubectl() -> str:
 
 
 def _run_script(
-    action: str, name: str, state_dir: pathlib.Path | None, owner_pid: int | None
+    action: str,
+    name: str,
+    state_dir: pathlib.Path | None,
+    owner_pid: int | None,
+    real_node: str = "off",
 ) -> str:
-    env = dict(os.environ, LLMOP_CLUSTER_NAME=name)
+    env = dict(os.environ, LLMOP_CLUSTER_NAME=name, LLMOP_REAL_NODE=real_node)
     if state_dir is not None:
         env["LLMOP_CLUSTER_STATE"] = str(state_dir)
     if owner_pid is not None:
@@ -143,14 +147,20 @@ def _run_script(
 
 
 def start_cluster(
-    name: str, *, state_dir: pathlib.Path | None = None, owner_pid: int | None = None
+    name: str,
+    *,
+    state_dir: pathlib.Path | None = None,
+    owner_pid: int | None = None,
+    real_node: str = "off",
 ) -> Cluster:
     """Build the binaries if needed and start (or reuse) the cluster ``name``.
 
     With ``owner_pid`` the cluster deletes itself once that process exits, even
-    if it is killed before any Python clean-up can run.
+    if it is killed before any Python clean-up can run. ``real_node`` is
+    cluster.sh's LLMOP_REAL_NODE: "off" (kwok nodes only, the default for the
+    integration tests, so their pods never run for real), "auto" or "on".
     """
-    out = _run_script("up", name, state_dir, owner_pid)
+    out = _run_script("up", name, state_dir, owner_pid, real_node)
     kubeconfig = pathlib.Path(out.strip().splitlines()[-1])
     bin_dir = pathlib.Path((kubeconfig.parent / "bin-dir").read_text().strip())
     return Cluster(kubeconfig=kubeconfig, bin_dir=bin_dir, name=name)

@@ -83,3 +83,23 @@ def test_pure_core_does_not_import_orchestration() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module in orchestration:
                 pytest.fail(f"{relative(path)} imports {node.module}")
+
+
+def test_operator_meets_the_engine_only_through_the_contract() -> None:
+    """The operator imports one engine module, the contract, which imports only the stdlib
+    (the simulator image ships `llmop_engine` alone)."""
+    for path in modules():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module]
+                if node.module == "llmop_engine":
+                    targets = [f"llmop_engine.{alias.name}" for alias in node.names]
+            for target in targets:
+                if target.split(".")[0] == "llmop_engine":
+                    assert target == "llmop_engine.contract", f"{relative(path)} imports {target}"
+    contract = PACKAGE.parents[2] / "engine-image" / "src" / "llmop_engine" / "contract.py"
+    assert imported_roots(contract) <= {"__future__", "collections", "typing"}

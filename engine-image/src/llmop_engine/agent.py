@@ -21,6 +21,7 @@ import time
 
 from llmop_engine import health
 from llmop_engine.agent_metrics import AgentMetrics
+from llmop_engine.contract import EngineFlag
 from llmop_engine.drain import DrainOutcome, drain_sequence
 from llmop_engine.engine_client import EngineClient
 from llmop_engine.health import Observation, Policy, Verdict
@@ -99,7 +100,7 @@ class Agent:
                 "error": probe.error or None,
             },
             "servedModelName": self.model_name,
-            "modelRevision": flag_value(self.settings.engine_args, "--revision"),
+            "modelRevision": flag_value(self.settings.engine_args, EngineFlag.REVISION),
             "backend": self.settings.backend,
             "enginePid": self.supervisor.pid,
             "engineExitCode": self.supervisor.returncode,

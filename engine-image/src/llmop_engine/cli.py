@@ -26,30 +26,11 @@ def _setup_logging(name: str) -> None:
     )
 
 
-def _split_engine_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    args = list(argv)
-    if "--" in args:
-        i = args.index("--")
-        return args[:i], args[i + 1 :]
-    return args, []
-
-
 def _run(argv: Sequence[str]) -> int:
     from llmop_engine.agent import run as run_agent
-    from llmop_engine.settings import SettingsError, add_agent_flags, from_env_and_flags
+    from llmop_engine.settings import parse_run_args
 
-    own, engine_args = _split_engine_args(argv)
-    parser = argparse.ArgumentParser(
-        prog="llmop-engine run",
-        description="Supervise the engine (PID 1): probes on --probe-port, drain on SIGTERM. "
-        "Everything after `--` goes to the engine. Settings also come from LLMOP_* variables.",
-    )
-    add_agent_flags(parser)
-    ns = parser.parse_args(own)
-    try:
-        settings = from_env_and_flags(os.environ, ns, engine_args)
-    except SettingsError as exc:
-        parser.error(str(exc))
+    settings = parse_run_args(argv, os.environ)
     _setup_logging("agent")
     return run_agent(settings)
 

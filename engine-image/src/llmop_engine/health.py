@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from llmop_engine import contract
 from llmop_engine.vllm_metrics import EngineMetrics
 
 
@@ -56,11 +57,11 @@ class Reach(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Policy:
-    stall_seconds: float = 60.0
-    load_timeout_seconds: float = 1800.0
-    deep_probe_enabled: bool = True
-    deep_probe_interval_seconds: float = 10.0
-    deep_probe_timeout_seconds: float = 5.0
+    stall_seconds: float = contract.STALL_SECONDS
+    load_timeout_seconds: float = contract.LOAD_TIMEOUT_SECONDS
+    deep_probe_enabled: bool = contract.DEEP_PROBE_ENABLED
+    deep_probe_interval_seconds: float = contract.DEEP_PROBE_INTERVAL_SECONDS
+    deep_probe_timeout_seconds: float = contract.DEEP_PROBE_TIMEOUT_SECONDS
 
     @property
     def ready_stall_seconds(self) -> float:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from llmop_engine.contract import EngineFlag
 from llmop_engine.settings import AgentSettings, flag_value, has_flag
 
 log = logging.getLogger("llmop_engine.supervisor")
@@ -36,7 +37,7 @@ FORWARDED = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signa
 
 def agent_owns_drain(settings: AgentSettings) -> bool:
     """The agent can see the engine's queue (vLLM metrics on), so it runs the drain itself."""
-    return not has_flag(settings.engine_args, "--disable-log-stats")
+    return not has_flag(settings.engine_args, EngineFlag.DISABLE_LOG_STATS)
 
 
 def without_flag(args: Sequence[str], flag: str) -> list[str]:
@@ -65,14 +66,14 @@ def engine_command(settings: AgentSettings, python: str = sys.executable) -> lis
       (`--disable-log-stats`): the agent cannot see the queue, so the engine drains itself.
     """
     args = list(settings.engine_args)
-    if not has_flag(args, "--host"):
-        args += ["--host", "0.0.0.0"]
-    if not has_flag(args, "--port"):
-        args += ["--port", str(settings.api_port)]
+    if not has_flag(args, EngineFlag.HOST):
+        args += [EngineFlag.HOST, "0.0.0.0"]
+    if not has_flag(args, EngineFlag.PORT):
+        args += [EngineFlag.PORT, str(settings.api_port)]
     if agent_owns_drain(settings):
-        args = [*without_flag(args, "--shutdown-timeout"), "--shutdown-timeout", "0"]
-    elif not has_flag(args, "--shutdown-timeout"):
-        args += ["--shutdown-timeout", f"{settings.drain_seconds:g}"]
+        args = [*without_flag(args, EngineFlag.SHUTDOWN_TIMEOUT), EngineFlag.SHUTDOWN_TIMEOUT, "0"]
+    elif not has_flag(args, EngineFlag.SHUTDOWN_TIMEOUT):
+        args += [EngineFlag.SHUTDOWN_TIMEOUT, f"{settings.drain_seconds:g}"]
     if settings.backend == "simulator":
         return [python, "-m", "llmop_engine", "simulate", *args]
     return ["vllm", "serve", *args]
@@ -80,7 +81,7 @@ def engine_command(settings: AgentSettings, python: str = sys.executable) -> lis
 
 def engine_port(settings: AgentSettings) -> int:
     """The port the engine really listens on (engine flags win over `--port` of the agent)."""
-    raw = flag_value(settings.engine_args, "--port")
+    raw = flag_value(settings.engine_args, EngineFlag.PORT)
     return int(raw) if raw else settings.api_port
 
 

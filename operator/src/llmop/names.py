@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmop.api.v1alpha1 import GROUP
+from llmop_engine import contract
 
 FIELD_MANAGER = "llmop"
 """Server-side apply field manager for everything the operator owns."""
@@ -25,11 +26,12 @@ KOPF_PREFIX = GROUP
 """Prefix for kopf's own bookkeeping (progress, diff-base, finalizer) — never kopf.zalando.org."""
 
 ENGINE_CONTAINER = "engine"
-PROBE_PORT = 8081
+PROBE_PORT = contract.PROBE_PORT
+"""The agent's probe port: the engine contract's, never a second literal."""
 PROBE_PORT_NAME = "probe"
 API_PORT_NAME = "http"
-METRICS_PATH = "/metrics"
-QUEUE_DEPTH_METRIC = "llmop_engine_queue_depth"
+METRICS_PATH = contract.METRICS_PATH
+QUEUE_DEPTH_METRIC = contract.QUEUE_DEPTH_METRIC
 """Per-pod gauge of waiting requests the HPA scales on (exposed by prometheus-adapter)."""
 
 DEV_SHM_VOLUME = "dshm"

@@ -20,6 +20,7 @@ from llmop.planner import (
     plan_capacity,
 )
 from llmop.render.engine_args import tensor_parallel_size
+from llmop_engine import contract
 
 REASON_FITS = "Fits"
 REASON_MODEL_UNKNOWN = "ModelUnknown"
@@ -30,7 +31,8 @@ BASE_LOAD_SECONDS = 600
 """Engine start, CUDA graph capture and torch.compile take minutes even for small models."""
 LOAD_SECONDS_PER_GIB = 20
 """~50 MiB/s effective read and shard speed: slow network volumes, not local NVMe."""
-UNKNOWN_SIZE_LOAD_SECONDS = 1800
+UNKNOWN_SIZE_LOAD_SECONDS = contract.LOAD_TIMEOUT_SECONDS
+"""The agent's own default budget when the model's size is unknown."""
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,11 @@
 
 `Endpoints` polls each replica's readiness URL every `poll_seconds` and round-robins only over those
 it last saw answer 200 — the lag between a pod flipping readiness and the poll noticing is the
-endpoint propagation delay the agent waits out. `run_clients` keeps N streaming completions in
-flight and classifies each: ok (HTTP 200, `max_tokens` tokens, finish_reason `length`, `[DONE]`),
-truncated (the stream ended early, aborted, or was cut), failed (no response: refused, reset, 5xx).
+endpoint propagation delay the agent waits out. `ServiceEndpoint` is one fixed URL instead (a
+Service's ClusterIP: kube-proxy does the routing, as clients in a cluster see it). `run_clients`
+keeps N streaming completions in flight and classifies each: ok (HTTP 200, `max_tokens` tokens,
+finish_reason `length`, `[DONE]`), truncated (the stream ended early, aborted, or was cut), failed
+(no response: refused, reset, 5xx).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import itertools
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 
@@ -26,6 +30,22 @@ class Backend:
     api_url: str
     readiness_url: str
     ready: bool = False
+
+
+class Router(Protocol):
+    """Picks the backend for the next request (None: nothing ready yet)."""
+
+    def pick(self) -> Backend | None: ...
+
+
+class ServiceEndpoint:
+    """One fixed API URL, e.g. a Service's ClusterIP: the cluster does the routing."""
+
+    def __init__(self, api_url: str) -> None:
+        self.backend = Backend("service", api_url, readiness_url="", ready=True)
+
+    def pick(self) -> Backend:
+        return self.backend
 
 
 class Endpoints:
@@ -77,6 +97,8 @@ class LoadResult:
     failed: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    """Seconds from sending a request to its first streamed token (requests that got one)."""
 
     @property
     def total(self) -> int:
@@ -86,11 +108,22 @@ class LoadResult:
     def lost(self) -> int:
         return self.truncated + self.failed
 
+    def ttft_quantile(self, q: float) -> float:
+        """The q-quantile (nearest rank) of the time to first token; NaN when none."""
+        if not self.ttfts:
+            return float("nan")
+        ordered = sorted(self.ttfts)
+        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
 
 async def stream_completion(
-    http: aiohttp.ClientSession, api_url: str, model: str, max_tokens: int
+    http: aiohttp.ClientSession,
+    api_url: str,
+    model: str,
+    max_tokens: int,
+    ttfts: list[float] | None = None,
 ) -> tuple[str, str]:
-    """One streaming completion; returns (outcome, reason)."""
+    """One streaming completion; returns (outcome, reason). Appends its TTFT to `ttfts`."""
     payload = {
         "model": model,
         "prompt": "Tell me a story.",
@@ -98,6 +131,7 @@ async def stream_completion(
         "stream": True,
     }
     tokens, finish, done = 0, None, False
+    started = time.monotonic()
     try:
         async with http.post(api_url + "/v1/completions", json=payload) as resp:
             if resp.status != 200:
@@ -113,6 +147,8 @@ async def stream_completion(
                 chunk = json.loads(data)
                 for choice in chunk.get("choices", []):
                     if choice.get("text"):
+                        if tokens == 0 and ttfts is not None:
+                            ttfts.append(time.monotonic() - started)
                         tokens += 1
                     if choice.get("finish_reason"):
                         finish = choice["finish_reason"]
@@ -130,24 +166,30 @@ async def stream_completion(
 
 
 async def run_clients(
-    endpoints: Endpoints,
+    endpoints: Router,
     concurrency: int,
     duration: float,
     model: str,
     max_tokens: int,
+    *,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> LoadResult:
+    """N clients, each sending one streaming request after another until `duration` ends or
+    `should_stop()` says so (checked between requests; requests in flight always finish)."""
     result = LoadResult()
     deadline = time.monotonic() + duration
     timeout = aiohttp.ClientTimeout(total=120, sock_connect=5)
 
     async def client(http: aiohttp.ClientSession) -> None:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not should_stop():
             backend = endpoints.pick()
             if backend is None:
                 await asyncio.sleep(0.05)
                 continue
             started = time.monotonic()
-            outcome, reason = await stream_completion(http, backend.api_url, model, max_tokens)
+            outcome, reason = await stream_completion(
+                http, backend.api_url, model, max_tokens, result.ttfts
+            )
             if outcome == "ok":
                 result.ok += 1
                 result.latencies.append(time.monotonic() - started)

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
+from llmop_engine import contract
+
 GROUP = "serving.llmop.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -390,13 +392,13 @@ class DeepProbeSpec(ApiModel):
         }
     )
 
-    enabled: bool = True
+    enabled: bool = contract.DEEP_PROBE_ENABLED
     """Send deep probes. When false, readiness relies on the engine's /health alone."""
-    interval_seconds: int = Field(default=10, ge=2, le=3600)
+    interval_seconds: int = Field(default=contract.DEEP_PROBE_INTERVAL_SECONDS, ge=2, le=3600)
     """Seconds between deep probes on an idle engine."""
-    timeout_seconds: int = Field(default=5, ge=1, le=600)
+    timeout_seconds: int = Field(default=contract.DEEP_PROBE_TIMEOUT_SECONDS, ge=1, le=600)
     """Deadline of one deep probe."""
-    prompt: str = Field(default="ping", min_length=1, max_length=1024)
+    prompt: str = Field(default=contract.DEEP_PROBE_PROMPT, min_length=1, max_length=1024)
     """Prompt of the probe request (one output token is generated)."""
 
 
@@ -405,7 +407,7 @@ class HealthSpec(ApiModel):
 
     deep_probe: DeepProbeSpec = Field(default_factory=DeepProbeSpec)
     """Idle deep probe."""
-    stall_seconds: int = Field(default=60, ge=5, le=3600)
+    stall_seconds: int = Field(default=contract.STALL_SECONDS, ge=5, le=3600)
     """An engine with pending work and no generated-token progress for this long is hung and
     restarted."""
     load_timeout_seconds: int | None = Field(default=None, ge=30, le=86400)
@@ -433,9 +435,11 @@ class RolloutSpec(ApiModel):
     """Extra pods during a rollout (each needs its own GPUs)."""
     max_unavailable: int = Field(default=0, ge=0, le=100)
     """Pods that may be unavailable during a rollout."""
-    drain_seconds: int = Field(default=30, ge=1, le=3600)
+    drain_seconds: int = Field(default=contract.DRAIN_SECONDS, ge=1, le=3600)
     """Upper bound for in-flight requests to finish on shutdown (vLLM `--shutdown-timeout`)."""
-    endpoint_propagation_seconds: int = Field(default=5, ge=0, le=120)
+    endpoint_propagation_seconds: int = Field(
+        default=contract.ENDPOINT_PROPAGATION_SECONDS, ge=0, le=120
+    )
     """Wait after readiness turns off before the engine stops accepting work, so Service
     endpoints and load balancers stop sending requests first."""
 
@@ -443,7 +447,7 @@ class RolloutSpec(ApiModel):
 class ServiceSpec(ApiModel):
     """The Service in front of the engine pods (OpenAI-compatible API)."""
 
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: int = Field(default=contract.API_PORT, ge=1, le=65535)
     """API port of the Service and the engine."""
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     """Service type."""

@@ -10,6 +10,7 @@ from llmop.render import engine_args
 from llmop.render.hashing import template_hash
 from llmop.render.metadata import child_metadata
 from llmop.render.settings import RenderSettings
+from llmop_engine import contract
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 DRAIN_MARGIN_SECONDS = 15
@@ -147,25 +148,25 @@ def _engine_container(
         # The agent answers /livez from its first second; it alone judges load progress and
         # stalls, so the startup probe only covers the agent's own start.
         "startupProbe": {
-            "httpGet": {"path": "/livez", **probe_port},
+            "httpGet": {"path": contract.LIVEZ_PATH, **probe_port},
             "periodSeconds": 2,
             "failureThreshold": 30,
             "timeoutSeconds": 2,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/livez", **probe_port},
+            "httpGet": {"path": contract.LIVEZ_PATH, **probe_port},
             "periodSeconds": 10,
             "failureThreshold": 3,
             "timeoutSeconds": 5,
         },
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", **probe_port},
+            "httpGet": {"path": contract.READYZ_PATH, **probe_port},
             "periodSeconds": 5,
             "failureThreshold": 1,
             "successThreshold": 1,
             "timeoutSeconds": 3,
         },
-        "lifecycle": {"preStop": {"exec": {"command": ["llmop-engine", "drain"]}}},
+        "lifecycle": {"preStop": {"exec": {"command": contract.drain_command()}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "privileged": False,

@@ -2,6 +2,8 @@
 
 Typed fields come first; `engine.args` last, so a user flag overrides a generated one where vLLM
 takes the last occurrence. The same flags go to the simulator, which models or ignores them.
+Every name the agent reads back (its flags, its variables, the vLLM flags it inspects) comes from
+`llmop_engine.contract`, the one module both sides import.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from typing import Any
 
 from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec, ModelSpec, SpeculativeSpec
+from llmop_engine import contract
+from llmop_engine.contract import EngineFlag, Env
 
 PVC_SCHEME = "pvc://"
 
@@ -45,9 +49,9 @@ def engine_flags(deployment: LLMDeployment) -> list[str]:
     spec = deployment.spec
     engine = spec.engine
     flags: list[str] = [model_location(spec.model)]
-    flags += ["--served-model-name", served_model_name(deployment)]
+    flags += [EngineFlag.SERVED_MODEL_NAME, served_model_name(deployment)]
     if spec.model.revision and not spec.model.name.startswith(PVC_SCHEME):
-        flags += ["--revision", spec.model.revision]
+        flags += [EngineFlag.REVISION, spec.model.revision]
     if engine.dtype != "auto":
         flags += ["--dtype", engine.dtype]
     if engine.quantization != "none":
@@ -70,24 +74,19 @@ def engine_flags(deployment: LLMDeployment) -> list[str]:
         speculative = json.dumps(_speculative_config(engine.speculative), separators=(",", ":"))
         flags += ["--speculative-config", speculative]
     # Drain mode: in-flight requests finish within drainSeconds instead of being aborted.
-    flags += ["--shutdown-timeout", str(spec.rollout.drain_seconds)]
+    flags += [EngineFlag.SHUTDOWN_TIMEOUT, str(spec.rollout.drain_seconds)]
     return flags + list(engine.args)
 
 
 def agent_args(deployment: LLMDeployment) -> list[str]:
     """Container args: the agent's own flags, then `--` and the engine flags."""
     spec = deployment.spec
-    return [
-        "run",
-        "--backend",
-        spec.engine.backend,
-        "--port",
-        str(spec.service.port),
-        "--probe-port",
-        str(names.PROBE_PORT),
-        "--",
-        *engine_flags(deployment),
-    ]
+    return contract.run_args(
+        backend=spec.engine.backend,
+        api_port=spec.service.port,
+        probe_port=names.PROBE_PORT,
+        engine_args=engine_flags(deployment),
+    )
 
 
 def agent_env(deployment: LLMDeployment, *, load_timeout_seconds: int) -> list[dict[str, Any]]:
@@ -95,26 +94,26 @@ def agent_env(deployment: LLMDeployment, *, load_timeout_seconds: int) -> list[d
     spec = deployment.spec
     probe = spec.health.deep_probe
     plain = {
-        "LLMOP_SERVED_MODEL_NAME": served_model_name(deployment),
-        "LLMOP_STALL_SECONDS": str(spec.health.stall_seconds),
-        "LLMOP_LOAD_TIMEOUT_SECONDS": str(spec.health.load_timeout_seconds or load_timeout_seconds),
-        "LLMOP_DEEP_PROBE_ENABLED": "true" if probe.enabled else "false",
-        "LLMOP_DEEP_PROBE_INTERVAL_SECONDS": str(probe.interval_seconds),
-        "LLMOP_DEEP_PROBE_TIMEOUT_SECONDS": str(probe.timeout_seconds),
-        "LLMOP_DEEP_PROBE_PROMPT": probe.prompt,
-        "LLMOP_ENDPOINT_PROPAGATION_SECONDS": str(spec.rollout.endpoint_propagation_seconds),
-        "LLMOP_DRAIN_SECONDS": str(spec.rollout.drain_seconds),
-        "LLMOP_MODEL_CACHE_DIR": names.MODEL_CACHE_PATH,
-        "LLMOP_AGENT_SOCKET": f"{names.AGENT_SOCKET_DIR}/agent.sock",
-        "HF_HOME": names.MODEL_CACHE_PATH,
+        Env.SERVED_MODEL_NAME: served_model_name(deployment),
+        Env.STALL_SECONDS: str(spec.health.stall_seconds),
+        Env.LOAD_TIMEOUT_SECONDS: str(spec.health.load_timeout_seconds or load_timeout_seconds),
+        Env.DEEP_PROBE_ENABLED: contract.encode_bool(probe.enabled),
+        Env.DEEP_PROBE_INTERVAL_SECONDS: str(probe.interval_seconds),
+        Env.DEEP_PROBE_TIMEOUT_SECONDS: str(probe.timeout_seconds),
+        Env.DEEP_PROBE_PROMPT: probe.prompt,
+        Env.ENDPOINT_PROPAGATION_SECONDS: str(spec.rollout.endpoint_propagation_seconds),
+        Env.DRAIN_SECONDS: str(spec.rollout.drain_seconds),
+        Env.MODEL_CACHE_DIR: names.MODEL_CACHE_PATH,
+        Env.AGENT_SOCKET: f"{names.AGENT_SOCKET_DIR}/agent.sock",
+        Env.HF_HOME: names.MODEL_CACHE_PATH,
     }
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
     if spec.model.token_secret_ref is not None:
         token = spec.model.token_secret_ref
-        env.append(_secret_env("HF_TOKEN", token.name, token.key))
+        env.append(_secret_env(Env.HF_TOKEN, token.name, token.key))
     if spec.service.api_key_secret_ref is not None:
         ref = spec.service.api_key_secret_ref
-        env.append(_secret_env("VLLM_API_KEY", ref.name, ref.key))
+        env.append(_secret_env(Env.API_KEY, ref.name, ref.key))
     env += [var.model_dump(by_alias=True, exclude_none=True) for var in spec.engine.env]
     return env
 

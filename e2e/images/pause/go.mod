@@ -1,0 +1,3 @@
+module llmop.dev/e2e/images/pause
+
+go 1.22

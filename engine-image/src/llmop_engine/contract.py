@@ -1,0 +1,158 @@
+"""The operator ↔ engine-agent contract: command line, environment, ports, paths and defaults.
+
+The operator's renderer (`llmop.render.engine_args`) writes a container's `args` and `env` from
+these names; the agent (`llmop_engine.settings`) reads them back with the same names. Both sides
+import this module and nothing else of each other, so a renamed variable or flag cannot drift
+apart silently. It is stdlib-only and free of I/O: the simulator image ships only
+`llmop_engine`, and the operator imports this one module from it. `docs/engine-contract.md`
+describes the same contract for humans; `tests/unit/test_engine_contract.py` renders a real
+Deployment and feeds its args and env through the agent's own parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final, Literal
+
+# --- Command line -------------------------------------------------------------------------------
+
+ENTRYPOINT: Final = "llmop-engine"
+"""The image's entrypoint; container `args` start with a subcommand."""
+RUN: Final = "run"
+"""Subcommand that supervises the engine (PID 1)."""
+DRAIN: Final = "drain"
+"""Subcommand of the preStop hook."""
+ENGINE_ARGS_SEPARATOR: Final = "--"
+"""Everything after it goes to the engine unchanged."""
+
+Backend = Literal["vllm", "simulator"]
+BACKENDS: Final[tuple[Backend, ...]] = ("vllm", "simulator")
+"""Engines the agent can launch (`--backend`, `LLMOP_BACKEND`)."""
+
+
+class Flag:
+    """Flags of `llmop-engine run` (each overrides its environment variable)."""
+
+    BACKEND: Final = "--backend"
+    PORT: Final = "--port"
+    PROBE_PORT: Final = "--probe-port"
+    PROBE_HOST: Final = "--probe-host"
+    STALL_SECONDS: Final = "--stall-seconds"
+    LOAD_TIMEOUT_SECONDS: Final = "--load-timeout-seconds"
+    DEEP_PROBE: Final = "--deep-probe"
+    DEEP_PROBE_INTERVAL_SECONDS: Final = "--deep-probe-interval-seconds"
+    DEEP_PROBE_TIMEOUT_SECONDS: Final = "--deep-probe-timeout-seconds"
+    DEEP_PROBE_PROMPT: Final = "--deep-probe-prompt"
+    ENDPOINT_PROPAGATION_SECONDS: Final = "--endpoint-propagation-seconds"
+    DRAIN_SECONDS: Final = "--drain-seconds"
+    MODEL_CACHE_DIR: Final = "--model-cache-dir"
+    SOCKET: Final = "--socket"
+    POLL_INTERVAL_SECONDS: Final = "--poll-interval-seconds"
+
+
+class EngineFlag:
+    """vLLM flags the renderer writes after `--` and the agent reads back from there."""
+
+    SERVED_MODEL_NAME: Final = "--served-model-name"
+    REVISION: Final = "--revision"
+    SHUTDOWN_TIMEOUT: Final = "--shutdown-timeout"
+    API_KEY: Final = "--api-key"
+    HOST: Final = "--host"
+    PORT: Final = "--port"
+    DISABLE_LOG_STATS: Final = "--disable-log-stats"
+    """No `vllm:*` metrics: the agent cannot see the queue, so the engine drains itself."""
+
+
+class Env:
+    """Environment variables the renderer sets and the agent reads (all optional)."""
+
+    BACKEND: Final = "LLMOP_BACKEND"
+    SERVED_MODEL_NAME: Final = "LLMOP_SERVED_MODEL_NAME"
+    STALL_SECONDS: Final = "LLMOP_STALL_SECONDS"
+    LOAD_TIMEOUT_SECONDS: Final = "LLMOP_LOAD_TIMEOUT_SECONDS"
+    DEEP_PROBE_ENABLED: Final = "LLMOP_DEEP_PROBE_ENABLED"
+    DEEP_PROBE_INTERVAL_SECONDS: Final = "LLMOP_DEEP_PROBE_INTERVAL_SECONDS"
+    DEEP_PROBE_TIMEOUT_SECONDS: Final = "LLMOP_DEEP_PROBE_TIMEOUT_SECONDS"
+    DEEP_PROBE_PROMPT: Final = "LLMOP_DEEP_PROBE_PROMPT"
+    ENDPOINT_PROPAGATION_SECONDS: Final = "LLMOP_ENDPOINT_PROPAGATION_SECONDS"
+    DRAIN_SECONDS: Final = "LLMOP_DRAIN_SECONDS"
+    MODEL_CACHE_DIR: Final = "LLMOP_MODEL_CACHE_DIR"
+    AGENT_SOCKET: Final = "LLMOP_AGENT_SOCKET"
+    POLL_INTERVAL_SECONDS: Final = "LLMOP_POLL_INTERVAL_SECONDS"
+    API_KEY: Final = "VLLM_API_KEY"
+    """vLLM's own variable; the agent reads it for its deep probes."""
+    HF_TOKEN: Final = "HF_TOKEN"
+    HF_HOME: Final = "HF_HOME"
+
+
+TRUE: Final = "true"
+FALSE: Final = "false"
+TRUE_WORDS: Final = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS: Final = frozenset({"0", "false", "no", "off"})
+
+
+def encode_bool(value: bool) -> str:
+    """How the renderer spells a boolean variable."""
+    return TRUE if value else FALSE
+
+
+# --- Ports and paths ----------------------------------------------------------------------------
+
+API_PORT: Final = 8000
+"""The engine's OpenAI-compatible API (`--port`; the CR's `service.port` overrides it)."""
+PROBE_PORT: Final = 8081
+"""The agent's probe and metrics port (`--probe-port`), never the API port."""
+PROBE_HOST: Final = "0.0.0.0"
+LIVEZ_PATH: Final = "/livez"
+READYZ_PATH: Final = "/readyz"
+STATUS_PATH: Final = "/status"
+METRICS_PATH: Final = "/metrics"
+QUEUE_DEPTH_METRIC: Final = "llmop_engine_queue_depth"
+"""Per-pod gauge of waiting requests (the HPA's Pods metric via prometheus-adapter)."""
+AGENT_SOCKET: Final = "/tmp/llmop-agent.sock"
+"""Default drain socket; the renderer points `LLMOP_AGENT_SOCKET` into a memory volume."""
+
+# --- Defaults (the CRD's defaults are these same values) ------------------------------------------
+
+STALL_SECONDS: Final = 60
+LOAD_TIMEOUT_SECONDS: Final = 1800
+"""Load budget when nothing better is known (the operator derives one from the model size)."""
+DEEP_PROBE_ENABLED: Final = True
+DEEP_PROBE_INTERVAL_SECONDS: Final = 10
+DEEP_PROBE_TIMEOUT_SECONDS: Final = 5
+DEEP_PROBE_PROMPT: Final = "ping"
+ENDPOINT_PROPAGATION_SECONDS: Final = 5
+DRAIN_SECONDS: Final = 30
+POLL_INTERVAL_SECONDS: Final = 1.0
+"""How often the agent reads the engine's /health and /metrics (agent-only; not rendered)."""
+
+
+def run_args(
+    *, backend: str, api_port: int, probe_port: int, engine_args: Sequence[str]
+) -> list[str]:
+    """Container args of the engine: `run`, the agent's flags, `--`, the engine's flags."""
+    return [
+        RUN,
+        Flag.BACKEND,
+        backend,
+        Flag.PORT,
+        str(api_port),
+        Flag.PROBE_PORT,
+        str(probe_port),
+        ENGINE_ARGS_SEPARATOR,
+        *engine_args,
+    ]
+
+
+def split_engine_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the agent's own args, the engine's args) of a `run` command line."""
+    args = list(argv)
+    if ENGINE_ARGS_SEPARATOR in args:
+        i = args.index(ENGINE_ARGS_SEPARATOR)
+        return args[:i], args[i + 1 :]
+    return args, []
+
+
+def drain_command() -> list[str]:
+    """The preStop exec command."""
+    return [ENTRYPOINT, DRAIN]

@@ -1,0 +1,124 @@
+"""Pure: what is wrong with an LLMDeployment's pods, in words a person can act on.
+
+A Deployment's own status says only "2/3 available"; why the third is missing lives on its pod:
+the scheduler's verdict (`PodScheduled=False`, reason Unschedulable, "0/5 nodes are available:
+1 Insufficient nvidia.com/gpu…"), the kubelet's waiting reason (ErrImagePull, ImagePullBackOff,
+CrashLoopBackOff, CreateContainerConfigError) and the last termination (OOMKilled, exit code).
+`worst_issue` picks the one that explains the most, so the CR's status can name it within
+seconds instead of after the Deployment's progress deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+REASON_UNSCHEDULABLE = "Unschedulable"
+REASON_IMAGE_PULL = "ImagePullBackOff"
+REASON_CRASH_LOOP = "CrashLoopBackOff"
+REASON_CONTAINER_CONFIG = "CreateContainerError"
+REASON_RESTARTING = "ContainerRestarting"
+
+# The kubelet's waiting reasons, grouped by what a person has to do about them.
+_PULL_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "RegistryUnavailable",
+    }
+)
+_CONFIG_REASONS = frozenset(
+    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+)
+# Most explaining first: a pod that cannot be placed or pulled never gets as far as crashing.
+_RANK = {
+    REASON_UNSCHEDULABLE: 0,
+    REASON_IMAGE_PULL: 1,
+    REASON_CONTAINER_CONFIG: 2,
+    REASON_CRASH_LOOP: 3,
+    REASON_RESTARTING: 4,
+}
+
+
+@dataclass(frozen=True)
+class PodIssue:
+    """One pod's problem: a CamelCase reason for conditions and a sentence for people."""
+
+    reason: str
+    message: str
+    pod: str
+
+
+def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    status = pod.get("status") or {}
+    return {str(c.get("type")): c for c in status.get("conditions") or []}
+
+
+def _last_termination(container: Mapping[str, Any]) -> str:
+    terminated = (container.get("lastState") or {}).get("terminated") or {}
+    if not terminated:
+        return ""
+    reason = terminated.get("reason") or "Terminated"
+    return f"last exit: {reason} (code {terminated.get('exitCode', '?')})"
+
+
+def pod_issue(pod: Mapping[str, Any]) -> PodIssue | None:
+    """The problem of one pod, or None when it is running (or starting) normally."""
+    name = str((pod.get("metadata") or {}).get("name", "?"))
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return None  # going away on purpose (rollout, scale-down)
+    scheduled = _conditions(pod).get("PodScheduled") or {}
+    if scheduled.get("status") == "False" and scheduled.get("reason") == REASON_UNSCHEDULABLE:
+        return PodIssue(
+            REASON_UNSCHEDULABLE,
+            f"pod {name} cannot be scheduled: {scheduled.get('message') or 'no node fits'}",
+            name,
+        )
+    status = pod.get("status") or {}
+    containers = [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]
+    found: list[PodIssue] = []
+    for container in containers:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        why = str(waiting.get("reason") or "")
+        detail = str(waiting.get("message") or "").strip()
+        image = container.get("image", "")
+        if why in _PULL_REASONS:
+            text = f"pod {name} cannot pull image {image}: {why}"
+            found.append(PodIssue(REASON_IMAGE_PULL, f"{text}: {detail}" if detail else text, name))
+        elif why in _CONFIG_REASONS:
+            found.append(PodIssue(REASON_CONTAINER_CONFIG, f"pod {name}: {why}: {detail}", name))
+        elif why == REASON_CRASH_LOOP:
+            restarts = container.get("restartCount", 0)
+            last = _last_termination(container) or "no exit recorded"
+            found.append(
+                PodIssue(
+                    REASON_CRASH_LOOP,
+                    f"pod {name} is crash-looping ({restarts} restarts; {last})",
+                    name,
+                )
+            )
+        elif container.get("restartCount", 0) > 0 and not container.get("ready", False):
+            last = _last_termination(container)
+            found.append(
+                PodIssue(
+                    REASON_RESTARTING,
+                    f"pod {name} restarted {container['restartCount']} times"
+                    + (f"; {last}" if last else ""),
+                    name,
+                )
+            )
+    return min(found, key=lambda i: _RANK[i.reason]) if found else None
+
+
+def worst_issue(pods: Iterable[Mapping[str, Any]]) -> PodIssue | None:
+    """The issue that explains the most among all pods (ties: the first pod by name)."""
+    issues = [i for i in (pod_issue(p) for p in pods) if i is not None]
+    if not issues:
+        return None
+    return min(issues, key=lambda i: (_RANK[i.reason], i.pod))

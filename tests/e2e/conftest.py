@@ -1,0 +1,167 @@
+"""The e2e suite's cluster: the local control plane plus this machine's REAL node.
+
+`real_cluster` (session) starts a private cluster with LLMOP_REAL_NODE=on, so the engine pods
+run as real containers under a real kubelet (probes, preStop hooks, grace periods) and clients
+reach them through a Service's ClusterIP via a real kube-proxy. The operator is the real
+`llmop run` process under the RBAC of deploy/rbac.yaml, as in the integration tests.
+
+Where this host cannot run a real node (not Linux, not root, no overlayfs), every e2e test is
+skipped with the reason and the terminal summary says in capitals that the promises were NOT
+tested: never a silent green.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.cluster import Cluster, start_cluster, stop_cluster, wait_until
+from support.operator import (
+    REPO_ROOT,
+    Kit,
+    OperatorProcess,
+    install_crd,
+    operator_kubeconfig_for,
+)
+
+NODE_SH = REPO_ROOT / "e2e" / "cluster" / "node.sh"
+IMAGES_PY = REPO_ROOT / "e2e" / "images" / "images.py"
+REAL_NODE = "llmop-real-node"
+# The images the e2e pods run; built (or reused from the cache) before the node starts, which
+# imports them into its containerd.
+E2E_IMAGES = ("pause", "engine-sim")
+
+_skipped_because: list[str] = []
+
+
+def real_node_unavailable() -> str | None:
+    """Why this host cannot run the real node, or None when it can."""
+    result = subprocess.run(
+        [str(NODE_SH), "check"], capture_output=True, text=True, check=False, timeout=60
+    )
+    if result.returncode == 0:
+        return None
+    return (result.stdout + result.stderr).strip() or f"node.sh check exited {result.returncode}"
+
+
+@dataclasses.dataclass
+class RealCluster:
+    """The e2e cluster: kubectl access, the operator process and the reading kit."""
+
+    cluster: Cluster
+    operator: OperatorProcess
+    kit: Kit
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> Any:
+        return self.cluster.kubectl(*args, check=check, input=input)
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        out = self.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+        items: list[dict[str, Any]] = json.loads(out)["items"]
+        return items
+
+
+def _build_images() -> None:
+    # In the open (stderr inherited), so a cold build's progress shows in the CI log.
+    result = subprocess.run(
+        [sys.executable, str(IMAGES_PY), "build", *E2E_IMAGES],
+        stdout=subprocess.DEVNULL,
+        check=False,
+        timeout=45 * 60,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{IMAGES_PY} build {' '.join(E2E_IMAGES)} failed ({result.returncode})")
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    """A private cluster with the real node joined, the CRD installed and the operator running."""
+    why = real_node_unavailable()
+    if why is not None:
+        _skipped_because.append(why)
+        pytest.skip(f"REAL NODE UNAVAILABLE ({why}): the e2e promises were NOT tested")
+    _build_images()
+    # llmop-test-<pid>-…: cluster.sh reaps it if this process dies without cleaning up.
+    name = f"llmop-test-{os.getpid()}-e2e{secrets.token_hex(2)}"
+
+    def stop() -> None:
+        try:
+            stop_cluster(name)
+        except Exception as exc:  # clean-up must not mask the test result
+            print(f"warning: stopping cluster {name}: {exc}", file=sys.stderr)
+
+    atexit.register(stop)
+    operator: OperatorProcess | None = None
+    try:
+        cluster = start_cluster(name, owner_pid=os.getpid(), real_node="on")
+        install_crd(cluster)
+        kubeconfig = operator_kubeconfig_for(cluster, tmp_path_factory.mktemp("e2e-operator"))
+        operator = OperatorProcess(
+            kubeconfig, tmp_path_factory.mktemp("e2e-operator-log") / "operator.log"
+        )
+        operator.start()
+        yield RealCluster(cluster=cluster, operator=operator, kit=Kit(cluster))
+    finally:
+        if operator is not None:
+            operator.stop()
+        stop()
+        atexit.unregister(stop)
+
+
+@pytest.fixture
+def e2e_namespace(real_cluster: RealCluster) -> Iterator[str]:
+    """A fresh namespace; deleted afterwards and waited for, so its pods free the node's CPU."""
+    name = f"e2e-{secrets.token_hex(4)}"
+    real_cluster.kubectl("create", "namespace", name)
+    wait_until(
+        lambda: (
+            real_cluster.kubectl(
+                "get", "serviceaccount", "default", "-n", name, check=False
+            ).returncode
+            == 0
+        ),
+        timeout=30,
+        what=f"default ServiceAccount in {name}",
+    )
+    try:
+        yield name
+    finally:
+        real_cluster.kubectl("delete", "namespace", name, "--timeout=180s", check=False)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _skipped_because:
+        terminalreporter.write_sep(
+            "!",
+            f"E2E SKIPPED: NO REAL NODE ({_skipped_because[0]}) — PROMISES NOT TESTED",
+            red=True,
+        )
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        rc = item.funcargs.get("real_cluster")  # type: ignore[attr-defined]
+        if isinstance(rc, RealCluster):
+            report.sections.append(("operator log (tail)", rc.operator.log_tail()))
+            pods = rc.kubectl("get", "pods", "-A", "-o", "wide", check=False)
+            report.sections.append(("pods", pods.stdout + pods.stderr))
+
+
+def node_log_dir() -> Path:
+    cache = os.environ.get("LLMOP_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmop"
+    )
+    return Path(cache) / "node" / "logs"
