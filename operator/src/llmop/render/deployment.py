@@ -30,6 +30,8 @@ RUN_AS_USER = 10001
 """Both engine images create this non-root user."""
 DEFAULT_SHM = {"vllm": "8Gi", "simulator": "64Mi"}
 """NCCL needs a large /dev/shm for tensor parallelism; the simulator needs almost none."""
+CPU_ENGINE_SHM = "1Gi"
+"""vLLM's CPU build passes inputs between its processes through /dev/shm, no NCCL buffers."""
 
 
 def termination_grace_period_seconds(spec: LLMDeploymentSpec) -> int:
@@ -189,7 +191,9 @@ def _engine_container(
 def _image(spec: LLMDeploymentSpec, settings: RenderSettings) -> str:
     if spec.engine.image:
         return spec.engine.image
-    return settings.simulator_image if spec.engine.backend == "simulator" else settings.vllm_image
+    if spec.engine.backend == "simulator":
+        return settings.simulator_image
+    return settings.vllm_cpu_image if engine_args.cpu_engine(spec) else settings.vllm_image
 
 
 def gpu_resource_name(spec: LLMDeploymentSpec, settings: RenderSettings) -> str:
@@ -217,7 +221,10 @@ def _resources(spec: LLMDeploymentSpec, settings: RenderSettings) -> dict[str, A
 
 def _volumes(deployment: LLMDeployment) -> list[dict[str, Any]]:
     spec = deployment.spec
-    shm = spec.resources.shared_memory or DEFAULT_SHM[spec.engine.backend]
+    default_shm = (
+        CPU_ENGINE_SHM if engine_args.cpu_engine(spec) else DEFAULT_SHM[spec.engine.backend]
+    )
+    shm = spec.resources.shared_memory or default_shm
     volumes: list[dict[str, Any]] = [
         {"name": names.DEV_SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
         {"name": names.MODEL_CACHE_VOLUME, "emptyDir": {}},
