@@ -31,6 +31,7 @@ import pytest
 
 from engine import real_vllm
 from engine.real_vllm import MEASURED, Engine, http_get, metric_values, stream
+from llmop_engine import contract
 from support import tiny_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine]
@@ -218,7 +219,7 @@ class TestServing:
         not_ready, dead, back, oks = asyncio.run(scenario())
         MEASURED[
             "EngineCore SIGSTOP, 8 pending: readiness off / liveness off / ready after SIGCONT"
-        ] = f"{not_ready:.1f}s / {dead:.1f}s / {back:.1f}s (stall {STALL:g}s)"  # type: ignore[str-format]
+        ] = f"{secs(not_ready)} / {secs(dead)} / {secs(back)} (stall {STALL:g}s)"
         assert not_ready is not None
         assert dead is not None
         assert back is not None
@@ -231,29 +232,42 @@ class TestServing:
     def test_api_server_hang_detected_and_recovered(self, engine: Engine) -> None:
         api = engine.vllm_pid()
 
-        async def scenario() -> tuple[float | None, float | None, float | None]:
+        async def scenario() -> tuple[
+            float | None, float | None, float | None, tuple[object, ...], tuple[object, ...]
+        ]:
             async with aiohttp.ClientSession() as http:
+                before = (await status(http, engine))["queueDepth"], "published"
                 os.kill(api, signal.SIGSTOP)
                 stopped = time.monotonic()
                 try:
                     not_ready = await wait_for(http, engine.probes + "/readyz", 503, STALL + 10)
+                    # Bug 7: what the agent publishes while it cannot read the engine.
+                    _, text = await http_get(http, engine.probes + "/metrics")
+                    stale = (
+                        (await status(http, engine))["queueDepth"],
+                        "llmop_engine_queue_depth " in text,
+                    )
                     dead = await wait_for(http, engine.probes + "/livez", 503, STALL + 10)
                     dead = None if dead is None else time.monotonic() - stopped
                 finally:
                     os.kill(api, signal.SIGCONT)
                 back = await wait_for(http, engine.probes + "/livez", 200, 30)
                 await wait_for(http, engine.probes + "/readyz", 200, 30)
-            return not_ready, dead, back
+            return not_ready, dead, back, before, stale
 
-        not_ready, dead, back = asyncio.run(scenario())
+        not_ready, dead, back, before, stale = asyncio.run(scenario())
         MEASURED["API server SIGSTOP (idle): readiness off / liveness off / live after SIGCONT"] = (
-            f"{not_ready:.1f}s / {dead:.1f}s / {back:.1f}s"  # type: ignore[str-format]
+            f"{secs(not_ready)} / {secs(dead)} / {secs(back)}; load published while stopped: "
+            f"{stale}"
         )
         assert not_ready is not None
         assert dead is not None
         assert back is not None
         assert not_ready <= PROBE_TIMEOUT + 3
         assert STALL - 1 <= dead <= STALL + 6  # a /health call may be in flight for 3 s
+        assert before == (0, "published")
+        # Unknown while unreachable: no queue depth in /status, no series for the HPA.
+        assert stale == (None, False)
         assert back <= 10
 
     @pytest.mark.timeout(180)
@@ -266,12 +280,16 @@ class TestServing:
             async with aiohttp.ClientSession() as http:
                 streams = await pending_streams(http, engine, 8, 300)
                 await asyncio.sleep(1.0)
+                exec_at = time.monotonic()
                 hook = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "llmop_engine", "drain", "--socket",
                     engine.socket_path, "--no-wait",
                 )  # fmt: skip
-                started = time.monotonic()
                 await hook.wait()
+                started = time.monotonic()
+                MEASURED["preStop hook: exec to drain accepted by the agent"] = (
+                    f"{started - exec_at:.2f}s"
+                )
                 engine.proc.send_signal(signal.SIGTERM)
                 not_ready = await wait_for(http, engine.probes + "/readyz", 503, 5, step=0.05)
                 await asyncio.sleep(max(0.0, PROPAGATION + 0.5 - (time.monotonic() - started)))
@@ -285,7 +303,7 @@ class TestServing:
         MEASURED[
             "drain within budget: streams / lost / late served / readiness off / agent exit"
         ] = (
-            f"8 / {len(lost)} / {sum(r.ok for r in late)} of 3 / {not_ready:.2f}s / "  # type: ignore[str-format]
+            f"8 / {len(lost)} / {sum(r.ok for r in late)} of 3 / {secs(not_ready)} / "
             f"{took:.1f}s, code {code}"
         )
         assert lost == [], lost
@@ -407,7 +425,42 @@ class TestOverBudget:
         assert all(r.finish_reason == "abort" for r in results), reasons
         assert code == 0, engine.log_tail()
         assert cut == 8
-        assert ended <= PROPAGATION + self.DRAIN + 5
+        # Within the budget plus the engine's exit grace (the agent's SIGKILL point).
+        assert ended <= PROPAGATION + self.DRAIN + contract.ENGINE_EXIT_GRACE_SECONDS
         log = engine.log_tail(200000)
         assert "killing it" not in log
         assert "exhausted with 8 requests in the engine" in log
+
+
+class TestStopWhileLoading:
+    @pytest.mark.timeout(120)
+    def test_sigterm_while_loading_stops_in_seconds(
+        self, vllm_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    ) -> None:
+        """vLLM ignores SIGTERM while it loads; the agent used to wait drain + 10 s, then
+        SIGKILL (exit 137). An engine that never listened has nothing to drain."""
+        e = real_vllm.start(vllm_dir, model_dir, tmp_path_factory.mktemp("vllm-d"), env=AGENT_ENV)
+        try:
+
+            async def scenario() -> tuple[float, int | None, list[int]]:
+                async with aiohttp.ClientSession() as http:
+                    assert await wait_for(http, e.probes + "/livez", 200, 30) is not None
+                    await asyncio.sleep(8.0)  # well inside the load (60 s and more)
+                    code, _ = await http_get(http, e.probes + "/readyz")
+                    assert code == 503
+                tree = e.tree()
+                e.proc.send_signal(signal.SIGTERM)
+                started = time.monotonic()
+                code = await asyncio.to_thread(e.wait_exit, 60)
+                took = time.monotonic() - started
+                await asyncio.sleep(1.0)
+                left = [pid for pid in tree if Path(f"/proc/{pid}").exists()]
+                return took, code, left
+
+            took, code, left = asyncio.run(scenario())
+        finally:
+            e.stop()
+        MEASURED["SIGTERM while loading: agent exit after / code"] = f"{took:.1f}s / {code}"
+        assert took < 5.0, e.log_tail()
+        assert code == 0
+        assert left == []  # no vLLM process outlives the agent

@@ -224,3 +224,12 @@ def test_published_load_is_only_the_latest_reading() -> None:
         assert stale.metrics is not None
     no_metrics = health.observe(state, Observation(2, True, Reach.OK, None))
     assert health.published_load(no_metrics) is None
+
+
+def test_death_after_the_agents_final_sigterm_is_the_stop_it_asked_for() -> None:
+    """vLLM answers /health 503 while it tears down after SIGTERM: not a failure, not sticky."""
+    state = _state_after([Step(1, Reach.OK, idle())])
+    state = health.stop_sent(health.start_drain(state, 2))
+    state = health.observe(state, Observation(3, True, Reach.DEAD))
+    assert state.dead_at is None
+    assert health.verdict(state, POLICY, 3).phase is Phase.DRAINING

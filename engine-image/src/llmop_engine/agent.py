@@ -144,11 +144,15 @@ class Agent:
             skip_propagation=not self.ever_ready,
             engine_drains=not agent_owns_drain(self.settings),
             on_cut=self.metrics.cut,
+            on_stop=self._stop_sent,
         )
         self.drain_duration = outcome.duration
         self.drain_cut = outcome.cut_requests
         self.metrics.drained(outcome)
         return outcome
+
+    def _stop_sent(self) -> None:
+        self.state = health.stop_sent(self.state)
 
     def exit_code(self, code: int | None, outcome: DrainOutcome | None) -> int:
         """The agent's exit status: non-zero exactly when the engine failed (module docstring)."""
@@ -161,8 +165,10 @@ class Agent:
             return engine_code or 1
         if outcome.exited_on_its_own:
             return engine_code or 1
-        if outcome.killed:
-            return 0  # the agent ended it (SIGKILL of an engine that would not stop): no fault
+        if outcome.killed or engine_code in (128 + signal.SIGTERM, 128 + signal.SIGKILL):
+            # The agent ended it: killed after the grace, or dead of the agent's own SIGTERM
+            # (an engine that installs no handler yet, early in its start). No fault.
+            return 0
         return engine_code
 
     # -- polling ----------------------------------------------------------------------------

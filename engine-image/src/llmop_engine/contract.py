@@ -126,10 +126,10 @@ DEEP_PROBE_TIMEOUT_SECONDS: Final = 5
 DEEP_PROBE_PROMPT: Final = "ping"
 ENDPOINT_PROPAGATION_SECONDS: Final = 5
 DRAIN_SECONDS: Final = 30
-ENGINE_EXIT_GRACE_SECONDS: Final = 5
+ENGINE_EXIT_GRACE_SECONDS: Final = 10
 """After the drain's final SIGTERM, how long the engine gets to exit before the agent SIGKILLs its
-process tree (vLLM aborting what is left and exiting: 0.6 s idle, ~2 s on a loaded 2-core node).
-The renderer's grace-period margin counts it."""
+process tree. vLLM aborting what is left and exiting: 0.6 s idle, 4.3 s with 8 streams aborted on
+a loaded 2-core node (measured); about twice that. The renderer's grace-period margin counts it."""
 POLL_INTERVAL_SECONDS: Final = 1.0
 """How often the agent reads the engine's /health and /metrics (agent-only; not rendered)."""
 

@@ -85,7 +85,11 @@ async def _until_idle(
     last: EngineMetrics | None = None
     previous: tuple[float | None, float | None] | None = None
     while supervisor.alive() and time.monotonic() < deadline:
-        m = await read_load()
+        try:
+            # A slow /metrics answer must not carry the wait past the deadline.
+            m = await asyncio.wait_for(read_load(), max(0.05, deadline - time.monotonic()))
+        except TimeoutError:
+            m = None
         if m is not None:
             last = m
             signature = (m.pending, m.progress_tokens)
@@ -109,12 +113,21 @@ async def drain_sequence(
     skip_propagation: bool = False,
     engine_drains: bool = False,
     on_cut: Callable[[int | None], None] | None = None,
+    on_stop: Callable[[], None] | None = None,
 ) -> DrainOutcome:
     """Run the drain after readiness went off (see the module docstring).
 
     `on_cut` hears about work cut at the deadline before the engine is ended, so the agent's
-    metric shows it while the pod still exists to be scraped.
+    metric shows it while the pod still exists to be scraped. `on_stop` is called just before the
+    SIGTERM that ends the engine: what the engine does after it (vLLM answers /health 503 while
+    it tears down) is the stop the agent asked for, not a failure.
     """
+
+    def stop(grace: float, why: str) -> Awaitable[bool]:
+        if on_stop is not None:
+            on_stop()
+        return _stop(supervisor, grace, why)
+
     started = time.monotonic()
 
     def done(result: DrainOutcome | None = None) -> DrainOutcome:
@@ -126,7 +139,7 @@ async def drain_sequence(
 
     if not listened:
         log.info("drain: the engine never listened (still loading): nothing to drain; stopping it")
-        killed = supervisor.alive() and await _stop(supervisor, LOADING_STOP_SECONDS, "loading")
+        killed = supervisor.alive() and await stop(LOADING_STOP_SECONDS, "loading")
         return done(DrainOutcome(0.0, killed=killed))
 
     if not skip_propagation and propagation_seconds > 0:
@@ -144,6 +157,8 @@ async def drain_sequence(
             "drain: no load figures from the engine; SIGTERM, it drains itself within %.0fs",
             drain_seconds,
         )
+        if on_stop is not None:
+            on_stop()
         supervisor.send(signal.SIGTERM)
         code = await supervisor.wait(timeout=drain_seconds + EXIT_GRACE_SECONDS)
         if code is not None:
@@ -182,7 +197,7 @@ async def drain_sequence(
             on_cut(cut)
     else:
         log.info("drain: no request left in the engine; SIGTERM")
-    killed = await _stop(supervisor, EXIT_GRACE_SECONDS, "over budget" if over else "idle")
+    killed = await stop(EXIT_GRACE_SECONDS, "over budget" if over else "idle")
     return done(DrainOutcome(0.0, over_budget=over, cut_requests=cut, killed=killed))
 
 

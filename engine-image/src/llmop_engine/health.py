@@ -113,6 +113,9 @@ class HealthState:
     metrics_missing: bool = False
     # First /health 503 (EngineDeadError): sticky, the engine does not come back from it.
     dead_at: float | None = None
+    # The agent sent the drain's final SIGTERM: the engine now tears itself down (vLLM answers
+    # /health 503 while it does), which is the stop the agent asked for, not a failure.
+    stopping: bool = False
     busy_since: float | None = None
     last_progress_value: float | None = None
     last_progress_at: float | None = None
@@ -143,7 +146,7 @@ def observe(state: HealthState, obs: Observation) -> HealthState:
         reach=obs.reach,
         load_fresh=obs.reach is Reach.OK and obs.metrics is not None,
     )
-    if obs.reach is Reach.DEAD and state.dead_at is None:
+    if obs.reach is Reach.DEAD and state.dead_at is None and not state.stopping:
         new = replace(new, dead_at=now)
     if obs.exit_code is not None:
         new = replace(new, exit_code=obs.exit_code, process_alive=False)
@@ -209,6 +212,11 @@ def start_drain(state: HealthState, now: float) -> HealthState:
     if state.draining:
         return state
     return replace(state, draining=True, drain_started_at=now)
+
+
+def stop_sent(state: HealthState) -> HealthState:
+    """The drain's final SIGTERM went to the engine: from now on its death is expected."""
+    return replace(state, stopping=True)
 
 
 def is_busy(state: HealthState) -> bool:

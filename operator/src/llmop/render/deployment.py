@@ -22,7 +22,7 @@ one more second for the kill and the reaping."""
 AGENT_EXIT_SECONDS = 2
 """The agent's own shutdown once the engine is gone (closing its servers): well under 1 s."""
 DRAIN_MARGIN_SECONDS = PRESTOP_DELIVERY_SECONDS + ENGINE_END_SECONDS + AGENT_EXIT_SECONDS
-"""Grace beyond propagation + drain (the agent's own budget, which it enforces): 18 s. The old
+"""Grace beyond propagation + drain (the agent's own budget, which it enforces): 23 s. The old
 flat 15 s left 3 s in the worst run observed, when vLLM, not the agent, owned the deadline."""
 PROGRESS_DEADLINE_MARGIN_SECONDS = 600
 """A rollout may take one model load plus scheduling before the Deployment calls it stuck."""
