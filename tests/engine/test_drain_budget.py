@@ -17,7 +17,7 @@ import time
 import aiohttp
 import pytest
 
-from engine.fleet import Fleet
+from engine.fleet import Fleet, http_status
 from llmop_engine.harness.loadgen import stream_completion
 from llmop_engine.harness.replicas import Replica
 
@@ -121,7 +121,11 @@ def test_sigterm_while_loading_stops_at_once(fleet: Fleet) -> None:
     r = fleet.start(["--sim-load-seconds", "60"], LLMOP_DRAIN_SECONDS="30")
 
     async def scenario() -> tuple[float, int]:
-        await asyncio.sleep(2.0)
+        async with aiohttp.ClientSession() as http:
+            # The agent is up (its SIGTERM handler installed) and the engine is loading.
+            while await http_status(http, r.probe_url + "/livez") != 200:
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
         r.proc.send_signal(signal.SIGTERM)
         started = time.monotonic()
         code = await r.wait_exit(45)

@@ -97,8 +97,10 @@ def test_rendered_container_round_trips_through_the_agent_parser(case: str) -> N
     assert got == wanted
     # The engine the agent launches gets the model and listens where the Service and the
     # container port point. The drain budget is the agent's (drain_seconds above): it runs the
-    # drain itself, so the engine gets `--shutdown-timeout 0` in place of the rendered budget.
+    # drain itself, so the engine gets `--shutdown-timeout 0` in place of the rendered budget,
+    # and `--enable-server-load-tracking` for the in-flight count the drain waits on.
     command = engine_command(agent)
+    assert contract.EngineFlag.ENABLE_SERVER_LOAD_TRACKING in command
     assert ld.spec.model.name in command
     assert command.count(contract.EngineFlag.SHUTDOWN_TIMEOUT) == 1
     shutdown = command.index(contract.EngineFlag.SHUTDOWN_TIMEOUT)

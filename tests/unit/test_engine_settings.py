@@ -31,7 +31,9 @@ def test_defaults_with_no_flags() -> None:
         "0.0.0.0",
         "--port",
         "8000",
-        # The agent runs the drain and SIGTERMs the engine only when idle or out of budget.
+        # The agent runs the drain: it counts in-flight requests on /load and SIGTERMs the
+        # engine only when idle or out of budget.
+        "--enable-server-load-tracking",
         "--shutdown-timeout",
         "0",
     ]
@@ -86,22 +88,17 @@ def test_engine_flags_kept_and_served_name_read() -> None:
     # The renderer's --shutdown-timeout is replaced: the agent owns the drain.
     assert cmd == [
         *["py", "-m", "llmop_engine", "simulate", *kept, "--host", "0.0.0.0"],
-        *["--shutdown-timeout", "0"],
+        *["--enable-server-load-tracking", "--shutdown-timeout", "0"],
     ]
 
 
-@pytest.mark.parametrize(
-    ("engine", "timeout"),
-    [
-        (["m", "--disable-log-stats"], "30"),  # the drain budget
-        (["m", "--disable-log-stats", "--shutdown-timeout", "12"], "12"),  # the flag's own
-    ],
-)
-def test_engine_drains_itself_without_metrics(engine: list[str], timeout: str) -> None:
-    """No vllm:* metrics: the agent cannot see the queue, so vLLM's own drain mode stays."""
+def test_agent_owns_the_drain_even_without_metrics() -> None:
+    """--disable-log-stats: no queue gauges, but /load still counts in-flight requests."""
+    engine = ["m", "--disable-log-stats", "--enable-server-load-tracking", "--shutdown-timeout=9"]
     cmd = engine_command(settings([], {}, engine))
-    assert cmd.count("--shutdown-timeout") == 1
-    assert cmd[cmd.index("--shutdown-timeout") + 1] == timeout
+    assert cmd.count("--enable-server-load-tracking") == 1
+    assert cmd[-2:] == ["--shutdown-timeout", "0"]
+    assert "--shutdown-timeout=9" not in cmd
 
 
 @pytest.mark.parametrize(

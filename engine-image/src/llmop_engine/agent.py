@@ -22,7 +22,7 @@ import time
 from llmop_engine import health
 from llmop_engine.agent_metrics import AgentMetrics
 from llmop_engine.contract import EngineFlag
-from llmop_engine.drain import DrainOutcome, drain_sequence
+from llmop_engine.drain import DrainOutcome, Load, drain_sequence
 from llmop_engine.engine_client import EngineClient
 from llmop_engine.health import Observation, Policy, Verdict
 from llmop_engine.probe_server import start as start_servers
@@ -30,11 +30,9 @@ from llmop_engine.settings import AgentSettings, flag_value
 from llmop_engine.supervisor import (
     FORWARDED,
     Supervisor,
-    agent_owns_drain,
     engine_command,
     engine_port,
 )
-from llmop_engine.vllm_metrics import EngineMetrics
 
 log = logging.getLogger("llmop_engine.agent")
 
@@ -130,8 +128,11 @@ class Agent:
         self._after_change()
         self.drain_task = asyncio.create_task(self._drain(), name="drain")
 
-    async def _read_load(self) -> EngineMetrics | None:
-        return await self.client.metrics(1.0)
+    async def _read_load(self) -> Load:
+        in_flight, metrics = await asyncio.gather(
+            self.client.in_flight(1.0), self.client.metrics(1.0)
+        )
+        return Load(in_flight=in_flight, metrics=metrics)
 
     async def _drain(self) -> DrainOutcome:
         outcome = await drain_sequence(
@@ -142,7 +143,6 @@ class Agent:
             listened=self.state.listening_since is not None,
             # A pod that never was ready is in no Service's endpoints: nothing to wait for.
             skip_propagation=not self.ever_ready,
-            engine_drains=not agent_owns_drain(self.settings),
             on_cut=self.metrics.cut,
             on_stop=self._stop_sent,
         )

@@ -59,8 +59,8 @@ class EngineFlag:
     API_KEY: Final = "--api-key"
     HOST: Final = "--host"
     PORT: Final = "--port"
-    DISABLE_LOG_STATS: Final = "--disable-log-stats"
-    """No `vllm:*` metrics: the agent cannot see the queue, so the engine drains itself."""
+    ENABLE_SERVER_LOAD_TRACKING: Final = "--enable-server-load-tracking"
+    """Makes vLLM's `GET /load` count in-flight HTTP requests: the agent's drain waits on it."""
 
 
 class Env:
@@ -110,6 +110,8 @@ LIVEZ_PATH: Final = "/livez"
 READYZ_PATH: Final = "/readyz"
 STATUS_PATH: Final = "/status"
 METRICS_PATH: Final = "/metrics"
+LOAD_PATH: Final = "/load"
+"""The engine's in-flight request count (`{"server_load": N}`), read by the agent's drain."""
 QUEUE_DEPTH_METRIC: Final = "llmop_engine_queue_depth"
 """Per-pod gauge of waiting requests (the HPA's Pods metric via prometheus-adapter)."""
 AGENT_SOCKET: Final = "/tmp/llmop-agent.sock"

@@ -10,20 +10,23 @@ budget, `deadline = start + propagation + drain`:
 1. An engine that never listened (still loading) has nothing to drain: SIGTERM, and SIGKILL its
    process tree after `LOADING_STOP_SECONDS` (vLLM ignores SIGTERM while it loads).
 2. Wait for endpoint propagation, so that no Service still routes here.
-3. The agent owns the drain (the engine runs with `--shutdown-timeout 0`, see
-   `supervisor.engine_command`): the engine keeps serving normally while the agent watches its
-   queue on /metrics, so requests that still arrive late (slow endpoint propagation) are served
-   rather than refused. vLLM in its own drain mode answers them HTTP 500 ("cannot schedule new
-   futures after shutdown"), and past its `--shutdown-timeout` it kills its EngineCore and then
-   never exits while streams are open, leaving every client hanging without a finish reason.
-4. When two reads in a row show nothing running, nothing waiting and no counter moving, or at the
-   deadline, SIGTERM: vLLM then aborts whatever is left at once (`finish_reason: "abort"`, the
-   stream closed) and exits in about a second. What was cut is logged and returned.
+3. The agent owns the drain (the engine runs with `--shutdown-timeout 0` and
+   `--enable-server-load-tracking`, see `supervisor.engine_command`): the engine keeps serving
+   normally while the agent reads its in-flight HTTP requests (`GET /load`), so requests that
+   still arrive late (slow endpoint propagation) are served rather than refused. vLLM in its own
+   drain mode answers them HTTP 500 ("cannot schedule new futures after shutdown"), and past its
+   `--shutdown-timeout` it kills its EngineCore and then never exits while streams are open,
+   leaving every client hanging without a finish reason.
+4. When two reads in a row show no request in flight, or at the deadline, SIGTERM: vLLM then
+   aborts whatever is left at once (`finish_reason: "abort"`, the stream closed) and exits.
+   What was cut is logged and returned.
 5. SIGKILL the tree if it has not exited `EXIT_GRACE_SECONDS` after that.
 
-Without load figures (`--disable-log-stats`: no `vllm:*` metrics) step 3 cannot see the queue,
-so the engine drains itself with `--shutdown-timeout` = the budget, and the agent kills it
-`EXIT_GRACE_SECONDS` past the deadline: the only over-budget end possible in that mode.
+In flight is `/load`'s count: requests from their arrival at the HTTP server to the end of their
+response. vLLM's own queue gauges (`vllm:num_requests_*`, the fallback when `/load` does not
+answer) miss requests still being tokenised in the API server: with those alone a drain SIGTERMed
+an engine whose 8 fresh streams had not reached the scheduler yet. With neither, the agent waits
+for the whole budget.
 """
 
 from __future__ import annotations
@@ -51,7 +54,29 @@ LOADING_STOP_SECONDS = 2.0
 # How often the queue is read while the agent waits for in-flight work to finish.
 DRAIN_POLL_SECONDS = 0.25
 
-LoadReader = Callable[[], Awaitable[EngineMetrics | None]]
+
+@dataclass(frozen=True)
+class Load:
+    """One reading of what the engine holds."""
+
+    in_flight: int | None = None  # `/load`: HTTP requests in flight (None: no answer)
+    metrics: EngineMetrics | None = None  # `/metrics`: the fallback
+
+    @property
+    def requests(self) -> int | None:
+        if self.in_flight is not None:
+            return self.in_flight
+        pending = None if self.metrics is None else self.metrics.pending
+        return None if pending is None else int(pending)
+
+    @property
+    def signature(self) -> tuple[float | None, ...]:
+        """Changes whenever work arrives or moves (so "idle twice" means nothing happened)."""
+        m = self.metrics
+        return (self.requests, None if m is None else m.progress_tokens)
+
+
+LoadReader = Callable[[], Awaitable[Load]]
 
 
 @dataclass(frozen=True)
@@ -80,23 +105,24 @@ async def _stop(supervisor: Supervisor, grace: float, why: str) -> bool:
 
 async def _until_idle(
     supervisor: Supervisor, read_load: LoadReader, deadline: float
-) -> EngineMetrics | None:
+) -> Load | None:
     """Wait until the engine holds no work, it exits, or the deadline; returns the last reading."""
-    last: EngineMetrics | None = None
-    previous: tuple[float | None, float | None] | None = None
+    last: Load | None = None
+    previous: tuple[float | None, ...] | None = None
     while supervisor.alive() and time.monotonic() < deadline:
         try:
-            # A slow /metrics answer must not carry the wait past the deadline.
-            m = await asyncio.wait_for(read_load(), max(0.05, deadline - time.monotonic()))
+            # A slow answer must not carry the wait past the deadline.
+            load: Load | None = await asyncio.wait_for(
+                read_load(), max(0.05, deadline - time.monotonic())
+            )
         except TimeoutError:
-            m = None
-        if m is not None:
-            last = m
-            signature = (m.pending, m.progress_tokens)
-            # Twice idle with no counter moving in between: nothing arrived meanwhile either.
-            if m.pending == 0 and signature == previous:
-                return m
-            previous = signature
+            load = None
+        if load is not None and load.requests is not None:
+            last = load
+            # Twice idle with nothing moving in between: nothing arrived meanwhile either.
+            if load.requests == 0 and load.signature == previous:
+                return load
+            previous = load.signature
         remaining = deadline - time.monotonic()
         if remaining > 0:
             await supervisor.wait(timeout=min(DRAIN_POLL_SECONDS, remaining))
@@ -111,7 +137,6 @@ async def drain_sequence(
     read_load: LoadReader,
     listened: bool = True,
     skip_propagation: bool = False,
-    engine_drains: bool = False,
     on_cut: Callable[[int | None], None] | None = None,
     on_stop: Callable[[], None] | None = None,
 ) -> DrainOutcome:
@@ -152,28 +177,6 @@ async def drain_sequence(
         log.error("drain: the engine exited on its own during the drain")
         return done(DrainOutcome(0.0, exited_on_its_own=True))
 
-    if engine_drains:
-        log.info(
-            "drain: no load figures from the engine; SIGTERM, it drains itself within %.0fs",
-            drain_seconds,
-        )
-        if on_stop is not None:
-            on_stop()
-        supervisor.send(signal.SIGTERM)
-        code = await supervisor.wait(timeout=drain_seconds + EXIT_GRACE_SECONDS)
-        if code is not None:
-            return done()
-        log.error(
-            "drain: budget of %.0fs exhausted with unknown work left (the engine exports no "
-            "metrics); killing the engine: open streams are cut",
-            drain_seconds,
-        )
-        if on_cut is not None:
-            on_cut(None)
-        supervisor.kill_tree()
-        await supervisor.wait(timeout=5.0)
-        return done(DrainOutcome(0.0, over_budget=True, cut_requests=None, killed=True))
-
     log.info("drain: waiting up to %.0fs for in-flight requests to finish", drain_seconds)
     last = await _until_idle(supervisor, read_load, deadline)
     if not supervisor.alive():
@@ -182,9 +185,10 @@ async def drain_sequence(
     over = time.monotonic() >= deadline
     cut: int | None = 0
     if over:
-        cut = None if last is None or last.pending is None else int(last.pending)
-        running = "?" if last is None or last.running is None else f"{last.running:.0f}"
-        waiting = "?" if last is None or last.waiting is None else f"{last.waiting:.0f}"
+        cut = None if last is None else last.requests
+        m = None if last is None else last.metrics
+        running = "?" if m is None or m.running is None else f"{m.running:.0f}"
+        waiting = "?" if m is None or m.waiting is None else f"{m.waiting:.0f}"
         log.warning(
             "drain: budget of %.0fs exhausted with %s requests in the engine (%s running, %s "
             "waiting); ending the engine: they end with finish_reason=abort",

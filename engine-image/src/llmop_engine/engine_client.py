@@ -9,7 +9,7 @@ import time
 
 import aiohttp
 
-from llmop_engine import __version__
+from llmop_engine import __version__, contract
 from llmop_engine.health import ProbeResult, Reach
 from llmop_engine.vllm_metrics import EngineMetrics, parse
 
@@ -65,6 +65,21 @@ class EngineClient:
         if parsed.pending is None and parsed.progress_tokens is None:
             return None  # e.g. --disable-log-stats: no vllm:* metrics at all
         return parsed
+
+    async def in_flight(self, timeout: float) -> int | None:
+        """HTTP requests in flight (`GET /load`, kept by vLLM with --enable-server-load-tracking,
+        which the agent sets); None when it does not answer."""
+        try:
+            async with self._http().get(
+                self.base + contract.LOAD_PATH, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return None
+        value = body.get("server_load") if isinstance(body, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

@@ -35,11 +35,6 @@ except OSError:
 FORWARDED = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def agent_owns_drain(settings: AgentSettings) -> bool:
-    """The agent can see the engine's queue (vLLM metrics on), so it runs the drain itself."""
-    return not has_flag(settings.engine_args, EngineFlag.DISABLE_LOG_STATS)
-
-
 def without_flag(args: Sequence[str], flag: str) -> list[str]:
     """`args` minus `--flag value` / `--flag=value`."""
     out: list[str] = []
@@ -57,23 +52,21 @@ def without_flag(args: Sequence[str], flag: str) -> list[str]:
 def engine_command(settings: AgentSettings, python: str = sys.executable) -> list[str]:
     """The child's argv: `vllm serve …` or the built-in simulator, with the agent's defaults added.
 
-    `--host/--port` are appended when absent (contract). `--shutdown-timeout` is the agent's:
-    - `0` when the agent owns the drain (it waits for in-flight work itself and SIGTERMs the
-      engine only when it is idle or the budget is spent, so a SIGTERM must abort at once: vLLM's
-      own drain answers late requests HTTP 500 and, past its timeout, never exits while streams
-      are open); a value in the engine flags is replaced;
-    - the drain budget (unless the flags set one) when the engine exports no metrics
-      (`--disable-log-stats`): the agent cannot see the queue, so the engine drains itself.
+    `--host/--port` are appended when absent (contract). The drain is the agent's (see drain.py):
+    it waits for in-flight work itself, counted by vLLM's `/load`
+    (`--enable-server-load-tracking`, added), and SIGTERMs the engine only once idle or out of
+    budget, so a SIGTERM must abort at once: `--shutdown-timeout 0`, replacing any value in the
+    engine flags (vLLM's own drain answers late requests HTTP 500 and, past its timeout, never
+    exits while streams are open).
     """
     args = list(settings.engine_args)
     if not has_flag(args, EngineFlag.HOST):
         args += [EngineFlag.HOST, "0.0.0.0"]
     if not has_flag(args, EngineFlag.PORT):
         args += [EngineFlag.PORT, str(settings.api_port)]
-    if agent_owns_drain(settings):
-        args = [*without_flag(args, EngineFlag.SHUTDOWN_TIMEOUT), EngineFlag.SHUTDOWN_TIMEOUT, "0"]
-    elif not has_flag(args, EngineFlag.SHUTDOWN_TIMEOUT):
-        args += [EngineFlag.SHUTDOWN_TIMEOUT, f"{settings.drain_seconds:g}"]
+    if not has_flag(args, EngineFlag.ENABLE_SERVER_LOAD_TRACKING):
+        args += [EngineFlag.ENABLE_SERVER_LOAD_TRACKING]
+    args = [*without_flag(args, EngineFlag.SHUTDOWN_TIMEOUT), EngineFlag.SHUTDOWN_TIMEOUT, "0"]
     if settings.backend == "simulator":
         return [python, "-m", "llmop_engine", "simulate", *args]
     return ["vllm", "serve", *args]

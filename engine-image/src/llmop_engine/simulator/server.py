@@ -1,7 +1,8 @@
 """The simulator's HTTP server: vLLM's OpenAI-compatible routes over the batching model.
 
 Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (JSON or SSE streaming), `/health`
-(200; 503 once crashed), `/ping`, `/version`, `/metrics` (vLLM names), and the simulation controls
+(200; 503 once crashed), `/ping`, `/version`, `/metrics` (vLLM names), `/load` (in-flight
+generation requests, as vLLM's with `--enable-server-load-tracking`), and the simulation controls
 `POST|GET /sim/fault` and `GET /sim/stats` (request counts, split by probe vs client traffic; probes
 are requests whose User-Agent starts with `llmop-engine-probe`).
 
@@ -95,6 +96,7 @@ class SimServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get("/load", self.load)
         app.router.add_get("/sim/stats", self.sim_stats)
         app.router.add_get("/sim/fault", self.get_fault)
         app.router.add_post("/sim/fault", self.post_fault)
@@ -131,6 +133,10 @@ class SimServer:
             len(self.engine.running), len(self.engine.waiting), self.engine.kv_usage
         )
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def load(self, request: web.Request) -> web.Response:
+        """vLLM's `/load` (with --enable-server-load-tracking): generation requests in flight."""
+        return web.json_response({"server_load": self.active_handlers})
 
     async def sim_stats(self, request: web.Request) -> web.Response:
         return web.json_response(
