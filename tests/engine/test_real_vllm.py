@@ -278,38 +278,38 @@ class TestServing:
         async def scenario() -> tuple[list[real_vllm.StreamResult], list[real_vllm.StreamResult],
                                       float | None, int | None, float]:  # fmt: skip
             async with aiohttp.ClientSession() as http:
-                streams = await pending_streams(http, engine, 8, 300)
+                # 8 streams over 4 slots, 800 tokens each: ~15 s of work, inside the 30 s budget.
+                streams = await pending_streams(http, engine, 8, 800)
                 await asyncio.sleep(1.0)
                 exec_at = time.monotonic()
+                # The kubelet's order: preStop hook (the agent's clock starts when it arrives),
+                # then SIGTERM once the hook returned.
                 hook = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "llmop_engine", "drain", "--socket",
                     engine.socket_path, "--no-wait",
                 )  # fmt: skip
-                await hook.wait()
+                not_ready = await wait_for(http, engine.probes + "/readyz", 503, 30, step=0.05)
+                assert not_ready is not None
                 started = time.monotonic()
-                MEASURED["preStop hook: exec to drain accepted by the agent"] = (
-                    f"{started - exec_at:.2f}s"
-                )
+                await hook.wait()
                 engine.proc.send_signal(signal.SIGTERM)
-                not_ready = await wait_for(http, engine.probes + "/readyz", 503, 5, step=0.05)
+                # Clients whose endpoint lists lag past the propagation window.
                 await asyncio.sleep(max(0.0, PROPAGATION + 0.5 - (time.monotonic() - started)))
                 late = await asyncio.gather(*(stream(http, engine, 20) for _ in range(3)))
                 results = await asyncio.gather(*streams)
             code = await asyncio.to_thread(engine.wait_exit, 60)
-            return results, late, not_ready, code, time.monotonic() - started
+            return results, late, started - exec_at, code, time.monotonic() - started
 
-        results, late, not_ready, code, took = asyncio.run(scenario())
+        results, late, delivery, code, took = asyncio.run(scenario())
         lost = [r for r in results if not r.ok]
-        MEASURED[
-            "drain within budget: streams / lost / late served / readiness off / agent exit"
-        ] = (
-            f"8 / {len(lost)} / {sum(r.ok for r in late)} of 3 / {secs(not_ready)} / "
-            f"{took:.1f}s, code {code}"
+        MEASURED["preStop hook: exec to readiness off (the drain reached the agent)"] = (
+            f"{secs(delivery)}"
+        )
+        MEASURED["drain within budget: streams / lost / late served / agent exit after drain"] = (
+            f"8 / {len(lost)} / {sum(r.ok for r in late)} of 3 / {took:.1f}s, code {code}"
         )
         assert lost == [], lost
         assert all(r.ok for r in late), late  # vLLM's own drain answered these HTTP 500
-        assert not_ready is not None
-        assert not_ready <= 0.5
         assert code == 0, engine.log_tail()
         assert "killing it" not in engine.log_tail(100000)
 

@@ -214,16 +214,18 @@ def test_counter_reset_is_a_baseline_not_progress() -> None:
 def test_published_load_is_only_the_latest_reading() -> None:
     """Bug 7: an engine that stops answering has no current queue; the old one is not exported."""
     state = _state_after([Step(1, Reach.OK, busy(10, waiting=7, running=3))])
-    load = health.published_load(state)
+    load = health.published_load(state, 2, max_age=3)
     assert load is not None
     assert (load.waiting, load.running) == (7, 3)
     for reach in (Reach.ERROR, Reach.REFUSED, Reach.DEAD):
         stale = health.observe(state, Observation(2, True, reach))
-        assert health.published_load(stale) is None, reach
+        assert health.published_load(stale, 2, max_age=3) is None, reach
         # ...while the verdict still judges by the last reading (hang detection needs it).
         assert stale.metrics is not None
     no_metrics = health.observe(state, Observation(2, True, Reach.OK, None))
-    assert health.published_load(no_metrics) is None
+    assert health.published_load(no_metrics, 2, max_age=3) is None
+    # A poll stuck on a hung engine has not reported yet: the reading ages out meanwhile.
+    assert health.published_load(state, 4.5, max_age=3) is None
 
 
 def test_death_after_the_agents_final_sigterm_is_the_stop_it_asked_for() -> None:

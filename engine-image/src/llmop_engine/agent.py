@@ -27,12 +27,8 @@ from llmop_engine.engine_client import EngineClient
 from llmop_engine.health import Observation, Policy, Verdict
 from llmop_engine.probe_server import start as start_servers
 from llmop_engine.settings import AgentSettings, flag_value
-from llmop_engine.supervisor import (
-    FORWARDED,
-    Supervisor,
-    engine_command,
-    engine_port,
-)
+from llmop_engine.supervisor import FORWARDED, Supervisor, engine_command, engine_port
+from llmop_engine.vllm_metrics import EngineMetrics
 
 log = logging.getLogger("llmop_engine.agent")
 
@@ -78,7 +74,7 @@ class Agent:
     def status(self) -> dict[str, object]:
         v = self.verdict()
         # Only what the latest poll read: an unreachable engine's last queue is not its queue.
-        m = health.published_load(self.state)
+        m = self.published_load()
         probe = self.state.last_probe
         return {
             "phase": v.phase.value,
@@ -107,8 +103,13 @@ class Agent:
         }
 
     def metrics_text(self) -> bytes:
-        self.metrics.update(self.verdict(), health.published_load(self.state))
+        self.metrics.update(self.verdict(), self.published_load())
         return self.metrics.render()
+
+    def published_load(self) -> EngineMetrics | None:
+        # Two polls' worth plus a second of slack: a poll stuck on a hung engine ages it out.
+        max_age = 2 * self.settings.poll_interval_seconds + 1.0
+        return health.published_load(self.state, time.monotonic(), max_age)
 
     def drain_progress(self) -> dict[str, object]:
         return {
@@ -175,7 +176,7 @@ class Agent:
 
     def _after_change(self) -> None:
         v = self.verdict()
-        self.metrics.update(v, self.state.metrics)
+        self.metrics.update(v, self.published_load())
         if v.ready:
             self.ever_ready = True
         last = self._last

@@ -17,10 +17,15 @@ budget, `deadline = start + propagation + drain`:
    drain mode answers them HTTP 500 ("cannot schedule new futures after shutdown"), and past its
    `--shutdown-timeout` it kills its EngineCore and then never exits while streams are open,
    leaving every client hanging without a finish reason.
-4. When two reads in a row show no request in flight, or at the deadline, SIGTERM: vLLM then
-   aborts whatever is left at once (`finish_reason: "abort"`, the stream closed) and exits.
-   What was cut is logged and returned.
-5. SIGKILL the tree if it has not exited `EXIT_GRACE_SECONDS` after that.
+4. When two reads in a row show no request in flight, SIGTERM: vLLM exits.
+5. At the deadline with requests left, what is cut is logged and returned, and the agent ends
+   them cleanly: SIGTERM to vLLM's EngineCore first, which (with `--shutdown-timeout 0`) aborts
+   every request and sends each stream its `finish_reason: "abort"` through the still-running API
+   server; once `/load` shows nothing in flight (at most `CORE_ABORT_SECONDS`), SIGTERM to the
+   API server. SIGTERM to the API server alone is not reliably clean: its process manager SIGTERMs
+   the EngineCore and force-kills it at once (timeout 0), racing the abort outputs; when the kill
+   wins, the streams hang until the process is killed and are cut without a finish reason.
+6. SIGKILL the tree if it has not exited `EXIT_GRACE_SECONDS` after the last SIGTERM.
 
 In flight is `/load`'s count: requests from their arrival at the HTTP server to the end of their
 response. vLLM's own queue gauges (`vllm:num_requests_*`, the fallback when `/load` does not
@@ -32,6 +37,7 @@ for the whole budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -51,6 +57,9 @@ log = logging.getLogger("llmop_engine.drain")
 EXIT_GRACE_SECONDS = float(contract.ENGINE_EXIT_GRACE_SECONDS)
 # An engine still loading ignores SIGTERM; it holds no requests, so it is killed after this.
 LOADING_STOP_SECONDS = 2.0
+# Over budget: how long the EngineCore's aborts get to reach the clients before the API server is
+# stopped too (they take milliseconds; the rest is slack for a loaded node).
+CORE_ABORT_SECONDS = 3.0
 # How often the queue is read while the agent waits for in-flight work to finish.
 DRAIN_POLL_SECONDS = 0.25
 
@@ -101,6 +110,16 @@ async def _stop(supervisor: Supervisor, grace: float, why: str) -> bool:
     supervisor.kill_tree()
     await supervisor.wait(timeout=5.0)
     return True
+
+
+async def _until_aborted(supervisor: Supervisor, read_load: LoadReader, deadline: float) -> None:
+    """After the EngineCore's SIGTERM: until the API server has nothing in flight."""
+    while supervisor.alive() and time.monotonic() < deadline:
+        with contextlib.suppress(TimeoutError):
+            load = await asyncio.wait_for(read_load(), max(0.05, deadline - time.monotonic()))
+            if load.in_flight == 0:
+                return
+        await supervisor.wait(timeout=0.1)
 
 
 async def _until_idle(
@@ -199,6 +218,10 @@ async def drain_sequence(
         )
         if on_cut is not None:
             on_cut(cut)
+        if on_stop is not None:
+            on_stop()
+        if supervisor.signal_engine_cores(signal.SIGTERM):
+            await _until_aborted(supervisor, read_load, time.monotonic() + CORE_ABORT_SECONDS)
     else:
         log.info("drain: no request left in the engine; SIGTERM")
     killed = await stop(EXIT_GRACE_SECONDS, "over budget" if over else "idle")

@@ -24,8 +24,9 @@ Rules, in order:
   (HTTP 5xx, aborted) count as usual.
 
 The load the agent publishes (queue depth, running, KV usage) is `published_load`: the last
-scrape only while the latest poll read one, never an old figure from an engine that stopped
-answering (the autoscaler would act on it).
+scrape only while the latest poll read one and it is recent (a poll stuck on a hung engine
+counts as no reading), never an old figure from an engine that stopped answering (the autoscaler
+would act on it).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class HealthState:
     metrics: EngineMetrics | None = None
     # The latest poll read the engine's load figures (not just an older scrape kept for judging).
     load_fresh: bool = False
+    metrics_at: float | None = None
     # The engine answered /health but exported no vLLM metrics (e.g. --disable-log-stats).
     metrics_missing: bool = False
     # First /health 503 (EngineDeadError): sticky, the engine does not come back from it.
@@ -167,9 +169,12 @@ def observe(state: HealthState, obs: Observation) -> HealthState:
     return new
 
 
-def published_load(state: HealthState) -> EngineMetrics | None:
-    """The load figures to export: only those the latest poll read, else none (unknown)."""
-    return state.metrics if state.load_fresh else None
+def published_load(state: HealthState, now: float, max_age: float) -> EngineMetrics | None:
+    """The load figures to export: those the latest poll read, if at most `max_age` old; else
+    none (unknown)."""
+    if not state.load_fresh or state.metrics_at is None or now - state.metrics_at > max_age:
+        return None
+    return state.metrics
 
 
 def _fold_metrics(state: HealthState, metrics: EngineMetrics, now: float) -> HealthState:
@@ -189,6 +194,7 @@ def _fold_metrics(state: HealthState, metrics: EngineMetrics, now: float) -> Hea
     return replace(
         state,
         metrics=metrics,
+        metrics_at=now,
         busy_since=busy_since,
         last_progress_value=last_value,
         last_progress_at=last_at,

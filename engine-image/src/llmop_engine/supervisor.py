@@ -160,6 +160,31 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, sig)
 
+    def engine_cores(self) -> list[int]:
+        """PIDs of vLLM's EngineCore processes in the engine's process group (none for the
+        simulator). Linux /proc; vLLM names them `VLLM::EngineCore` (setproctitle)."""
+        if self.proc is None or self.returncode is not None:
+            return []
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == self.proc.pid:
+                continue
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) != self.proc.pid:
+                    continue
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if b"EngineCore" in f.read():
+                        found.append(int(entry))
+        return found
+
+    def signal_engine_cores(self, sig: int) -> list[int]:
+        """Send `sig` to the EngineCore processes; returns those signalled."""
+        pids = self.engine_cores()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return pids
+
     def kill_tree(self) -> None:
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
