@@ -193,6 +193,10 @@ def start(
     }
     if api_key:
         full_env["VLLM_API_KEY"] = api_key
+    # To show a test failing before a fix: run the agent from another checkout's
+    # engine-image/src (LLMOP_TEST_AGENT_PYTHONPATH), the tests and vLLM unchanged.
+    if os.environ.get("LLMOP_TEST_AGENT_PYTHONPATH"):
+        full_env["PYTHONPATH"] = os.environ["LLMOP_TEST_AGENT_PYTHONPATH"]
     argv = [
         sys.executable,
         "-m",
