@@ -55,7 +55,9 @@ chart_env() {
 import shlex, sys, yaml
 import helm_python as helm
 out = helm.Chart.load(sys.argv[1]).render({}, name="llmop", namespace="llmop-system")
-for text in out.values():
+for path, text in out.items():
+    if not path.endswith((".yaml", ".yml")):
+        continue
     for doc in yaml.safe_load_all(text):
         if not doc or doc.get("kind") != "Deployment":
             continue

@@ -14,3 +14,9 @@ bench-operator: install ## Operator benchmark: N CRs at once (N=100,500,1000): t
 	  $(PY) bench/operator_bench.py --counts $(N)
 
 bench: bench-operator
+
+.PHONY: bench-rollout
+bench-rollout: install cluster-binaries ## Requests lost during a rollout of 3 replicas under load: llmop vs rivals' pod specs (real node).
+	$(PY) bench/rollout_bench.py
+
+bench: bench-rollout

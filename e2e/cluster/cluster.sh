@@ -135,6 +135,32 @@ wait_ready() {
   done
 }
 
+# kwokctl's config: the static options plus per-cluster component flags (paths into this
+# cluster's pki). Flags go here, not in repeated --extra-args: kwokctl 0.8.0 indexes its patch
+# list by flag position and panics when a component's flags follow another component's.
+write_kwokctl_config() {
+  local pki="$1"
+  cat "$HERE/kwokctl.yaml" >"$WORK/kwokctl.yaml"
+  cat >>"$WORK/kwokctl.yaml" <<EOF
+componentsPatches:
+- name: etcd
+  extraArgs:
+  - {key: unsafe-no-fsync, value: "true"}
+- name: kube-apiserver
+  extraArgs:
+  # The real node (node.sh) registers with an IP only, and verifies the API server's client cert.
+  - {key: kubelet-preferred-address-types, value: InternalIP}
+  - {key: kubelet-client-certificate, value: "$pki/admin.crt"}
+  - {key: kubelet-client-key, value: "$pki/admin.key"}
+  - {key: kubelet-certificate-authority, value: "$pki/ca.crt"}
+- name: kwok-controller
+  extraArgs:
+  # kwok plays the kubelet only for the fake nodes, never for the real one.
+  - {key: manage-all-nodes, value: "false"}
+  - {key: manage-nodes-with-annotation-selector, value: kwok.x-k8s.io/node=fake}
+EOF
+}
+
 join_real_node() {
   case "$REAL_NODE" in
   off)
@@ -191,6 +217,7 @@ cmd_up() {
   # kwokctl writes the cluster CA and its admin cert here before it starts the API server, which
   # presents that cert to kubelets (the real node trusts the CA); kwok manages only the fake nodes.
   local pki="$KWOK_WORKDIR/clusters/$NAME/pki"
+  write_kwokctl_config "$pki"
   k8s_version="$("$bin/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p')"
   log "creating (kubernetes $k8s_version, binaries from $bin)"
   # Every component comes from $bin: kwokctl must never download anything.
@@ -202,7 +229,7 @@ cmd_up() {
     KWOK_KUBE_BINARY_PREFIX="$bin" \
     KWOK_KUBECTL_BINARY="$bin/kubectl" \
     "$bin/kwokctl" --name "$NAME" create cluster \
-    --config "$HERE/kwokctl.yaml" \
+    --config "$WORK/kwokctl.yaml" \
     --runtime binary \
     --components etcd,kube-apiserver,kube-controller-manager,kube-scheduler,kwok-controller \
     --etcd-binary "$bin/etcd" \
@@ -212,13 +239,6 @@ cmd_up() {
     --kwok-controller-binary "$bin/kwok" \
     --kubeconfig "$KUBECONFIG_FILE" \
     --disable-qps-limits \
-    --extra-args etcd=unsafe-no-fsync=true \
-    --extra-args kube-apiserver=kubelet-preferred-address-types=InternalIP \
-    --extra-args "kube-apiserver=kubelet-client-certificate=$pki/admin.crt" \
-    --extra-args "kube-apiserver=kubelet-client-key=$pki/admin.key" \
-    --extra-args "kube-apiserver=kubelet-certificate-authority=$pki/ca.crt" \
-    --extra-args kwok-controller=manage-all-nodes=false \
-    --extra-args kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --timeout "${TIMEOUT}s" \
     --wait "${TIMEOUT}s" >&2 || {
     log "kwokctl create failed"

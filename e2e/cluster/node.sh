@@ -126,39 +126,50 @@ check_ports() {
 
 # Sysctls whose values move on their own and say nothing about what we changed.
 volatile_sysctl() {
-  [[ "$1" =~ ^(fs\.(dentry-state|file-nr|inode-nr|inode-state|quota\.)|kernel\.(random\.|ns_last_pid|pty\.nr|tainted|sched_domain)|net\.netfilter\.nf_conntrack_count|vm\.(nr_|stat_)|net\.ipv4\.tcp_(mem|available)|net\.ipv4\.udp_mem|net\.ipv4\.neigh\.|net\.ipv6\.neigh\.|dev\.|user\.) ]]
+  [[ "$1" =~ ^(fs\.(dentry-state|file-nr|inode-nr|inode-state|quota\.)|kernel\.(random\.|ns_last_pid|pty\.nr|tainted|sched_domain|core_modes)|net\.netfilter\.nf_conntrack_count|vm\.(nr_|stat_)|net\.ipv4\.tcp_(mem|available)|net\.ipv4\.udp_mem|net\.ipv4\.neigh\.|net\.ipv6\.neigh\.|dev\.|user\.) ]]
 }
 
 sysctl_dump() { # key = value lines for the stable sysctls of interfaces that exist now
-  local line key
+  local line key all
+  all="$(sysctl -a 2>/dev/null || true)"
   while IFS= read -r line; do
+    # Continuation lines of multi-line values (kernel.core_modes) carry no " = ".
+    [[ "$line" == *" = "* ]] || continue
     key="${line%% = *}"
     volatile_sysctl "$key" || echo "$line"
-  done < <(sysctl -a 2>/dev/null | LC_ALL=C sort)
+  done < <(LC_ALL=C sort <<<"$all")
 }
 
-# Everything `down` promises to restore, in a comparable text form.
+# Everything `down` promises to restore, in a comparable text form. Each command's output is
+# captured before it is filtered, so a missing tool (nft) cannot fail the pipeline.
 snapshot() {
+  local out t
   echo "## mounts"
   awk '{ print $5, $9, $10 }' /proc/self/mountinfo | LC_ALL=C sort
   echo "## links"
-  ip -o link show | sed -E 's/^[0-9]+: //; s/ qlen [0-9]+//; s/link\/ether [0-9a-f:]+ brd [0-9a-f:]+//' |
-    awk '{ print $1, $2 }' | LC_ALL=C sort
+  out="$(ip -o link show)"
+  sed -E 's/^[0-9]+: //; s/@[^:]+:/:/' <<<"$out" | awk '{ print $1 }' | LC_ALL=C sort
   echo "## addresses"
-  ip -o addr show | awk '{ print $2, $3, $4 }' | LC_ALL=C sort
+  out="$(ip -o addr show)"
+  awk '{ print $2, $3, $4 }' <<<"$out" | LC_ALL=C sort
   echo "## routes"
-  ip route show table all | LC_ALL=C sort
+  out="$(ip route show table all)"
+  LC_ALL=C sort <<<"$out"
   echo "## iptables"
-  local t
   for t in iptables ip6tables; do
-    "$t-save" 2>/dev/null | sed -E '/^#/d; s/\[[0-9]+:[0-9]+\]//' | LC_ALL=C sort
+    out="$("$t-save" 2>/dev/null || true)"
+    sed -E '/^#/d; s/\[[0-9]+:[0-9]+\]//' <<<"$out" | LC_ALL=C sort
   done
   echo "## nftables"
-  nft -s list tables 2>/dev/null | LC_ALL=C sort
+  if command -v nft >/dev/null; then
+    out="$(nft -s list tables 2>/dev/null || true)"
+    LC_ALL=C sort <<<"$out"
+  fi
   echo "## sysctls"
   sysctl_dump
   echo "## cgroups"
-  find /sys/fs/cgroup -mindepth 1 -maxdepth 2 -type d 2>/dev/null | LC_ALL=C sort
+  out="$(find /sys/fs/cgroup -mindepth 1 -maxdepth 2 -type d 2>/dev/null || true)"
+  LC_ALL=C sort <<<"$out"
   echo "## directories"
   local d
   for d in "${FOREIGN_DIRS[@]}" "$VAR_DIR"; do
@@ -323,7 +334,8 @@ EOF
 start_bg() { # start_bg <name> <cmd...>: detached, logged, pid recorded
   local name="$1"
   shift
-  setsid nohup "$@" </dev/null >"$LOG_DIR/$name.log" 2>&1 &
+  # 8>&-: the lock fd must not live on in the daemons, or the next up/down waits forever.
+  setsid nohup "$@" </dev/null >"$LOG_DIR/$name.log" 2>&1 8>&- &
   echo $! >"$RUN_DIR/$name.pid"
 }
 
@@ -395,7 +407,7 @@ cmd_up() {
   local start=$SECONDS
   # Take the snapshot before touching anything (a leftover from a killed run was cleaned above).
   snapshot >"$SNAPSHOT"
-  sysctl -a 2>/dev/null | LC_ALL=C sort >"$SYSCTL_BEFORE"
+  sysctl_dump >"$SYSCTL_BEFORE"
   : >"$CREATED_DIRS"
   local d
   for d in "${FOREIGN_DIRS[@]}"; do
@@ -424,9 +436,10 @@ cmd_up() {
   label_and_advertise kctl
   wait_for 60 "node Ready" kctl wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s ||
     die "node $NODE_NAME not Ready (log: $LOG_DIR/kubelet.log)"
-  # Restore what the kubelet changed at start (vm.overcommit_memory, kernel.panic*): its own
-  # operation needs none of them, and the host should keep its settings while the node runs.
-  restore_sysctls quiet
+  # Put back the kernel settings the kubelet changes at start (protectKernelDefaults=false): it
+  # needs none of them to run pods, and the host keeps its own while the node runs. The network
+  # ones (ip_forward, set by the CNI bridge) stay until `down`: pods need them.
+  restore_sysctls vm.overcommit_memory kernel.panic kernel.panic_on_oops
   log "Ready in $((SECONDS - start))s (pods $POD_CIDR on $BRIDGE, logs $LOG_DIR)"
 }
 
@@ -454,16 +467,17 @@ import_images() {
     die "building/importing images (${images[*]}) into the node's containerd failed"
 }
 
-restore_sysctls() { # restore_sysctls [quiet]: put back every stable sysctl that changed since up
+restore_sysctls() { # restore_sysctls [KEY...]: put back the stable sysctls (or just KEYs) that changed
   [[ -f "$SYSCTL_BEFORE" ]] || return 0
-  local key value now
+  local key value now only=" $* "
   while IFS= read -r line; do
     key="${line%% = *}"
     value="${line#* = }"
     volatile_sysctl "$key" && continue
+    [[ $# -eq 0 || "$only" == *" $key "* ]] || continue
     now="$(sysctl -n "$key" 2>/dev/null)" || continue # an interface that is gone
     if [[ "$now" != "$value" ]]; then
-      [[ "${1:-}" == quiet ]] || log "restoring sysctl $key=$value (was $now)"
+      log "restoring sysctl $key=$value (was $now)"
       sysctl -q -w "$key=$value" >/dev/null 2>&1 || log "could not restore sysctl $key"
     fi
   done <"$SYSCTL_BEFORE"
@@ -508,6 +522,7 @@ restore_iptables() {
   # Tables that did not exist before (e.g. created by kube-proxy's nftables probing).
   local tables_before tables_now t
   tables_before="$(sed -n "/^## nftables/,/^## sysctls/p" "$SNAPSHOT")"
+  command -v nft >/dev/null || return 0
   tables_now="$(nft -s list tables 2>/dev/null || true)"
   while IFS= read -r t; do
     [[ -n "$t" ]] || continue
@@ -543,6 +558,7 @@ cmd_down() {
 cmd_down_locked() {
   [[ -f "$SNAPSHOT" || -d "$RUN_DIR" || -d "$VAR_DIR" ]] || return 0
   log "stopping and restoring the host"
+  local t0=$SECONDS
   stop_pid kubelet 10
   # kube-proxy's own cleanup removes its chains; our restore below catches the rest.
   stop_pid kube-proxy 5
@@ -581,6 +597,7 @@ cmd_down_locked() {
   rm -rf "$VAR_DIR"
   find "$RUN_DIR" -mindepth 1 -delete 2>/dev/null || true
   rm -f "$SNAPSHOT" "$SYSCTL_BEFORE" "$CREATED_DIRS"
+  log "host restored in $((SECONDS - t0))s"
 }
 
 cmd_status() {

@@ -13,19 +13,16 @@ tested: never a silent green.
 from __future__ import annotations
 
 import atexit
-import dataclasses
-import json
 import os
 import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support.cluster import Cluster, start_cluster, stop_cluster, wait_until
+from support.cluster import start_cluster, stop_cluster, wait_until
 from support.operator import (
     REPO_ROOT,
     Kit,
@@ -33,42 +30,14 @@ from support.operator import (
     install_crd,
     operator_kubeconfig_for,
 )
+from support.realnode import RealCluster, real_node_unavailable
 
-NODE_SH = REPO_ROOT / "e2e" / "cluster" / "node.sh"
 IMAGES_PY = REPO_ROOT / "e2e" / "images" / "images.py"
-REAL_NODE = "llmop-real-node"
 # The images the e2e pods run; built (or reused from the cache) before the node starts, which
 # imports them into its containerd.
 E2E_IMAGES = ("pause", "engine-sim")
 
 _skipped_because: list[str] = []
-
-
-def real_node_unavailable() -> str | None:
-    """Why this host cannot run the real node, or None when it can."""
-    result = subprocess.run(
-        [str(NODE_SH), "check"], capture_output=True, text=True, check=False, timeout=60
-    )
-    if result.returncode == 0:
-        return None
-    return (result.stdout + result.stderr).strip() or f"node.sh check exited {result.returncode}"
-
-
-@dataclasses.dataclass
-class RealCluster:
-    """The e2e cluster: kubectl access, the operator process and the reading kit."""
-
-    cluster: Cluster
-    operator: OperatorProcess
-    kit: Kit
-
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> Any:
-        return self.cluster.kubectl(*args, check=check, input=input)
-
-    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        out = self.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
-        items: list[dict[str, Any]] = json.loads(out)["items"]
-        return items
 
 
 def _build_images() -> None:
@@ -158,10 +127,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append(("operator log (tail)", rc.operator.log_tail()))
             pods = rc.kubectl("get", "pods", "-A", "-o", "wide", check=False)
             report.sections.append(("pods", pods.stdout + pods.stderr))
-
-
-def node_log_dir() -> Path:
-    cache = os.environ.get("LLMOP_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmop"
-    )
-    return Path(cache) / "node" / "logs"

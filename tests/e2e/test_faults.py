@@ -16,6 +16,7 @@ from support.cluster import wait_until
 from support.realnode import (
     BackgroundLoad,
     PodWatch,
+    RealCluster,
     pod_ready,
     post_json,
     real_node_spec,
@@ -23,8 +24,6 @@ from support.realnode import (
     summary,
     wait_pods,
 )
-
-from .conftest import RealCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from support.cluster import wait_until
-
-from .conftest import NODE_SH, REAL_NODE, RealCluster, node_log_dir
+from support.realnode import NODE_SH, REAL_NODE, RealCluster, node_log_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 

@@ -10,9 +10,7 @@ from datetime import datetime
 import pytest
 
 from llmop import names
-from support.realnode import post_json, real_node_spec, service_url
-
-from .conftest import REAL_NODE, RealCluster
+from support.realnode import REAL_NODE, RealCluster, post_json, real_node_spec, service_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 

@@ -6,20 +6,61 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from llmop_engine.harness.loadgen import LoadResult, ServiceEndpoint, run_clients
-from support.cluster import Cluster, wait_until
+from support.cluster import REPO_ROOT, Cluster, wait_until
+from support.operator import Kit, OperatorProcess
+
+NODE_SH = REPO_ROOT / "e2e" / "cluster" / "node.sh"
+REAL_NODE = "llmop-real-node"
 
 # Small enough that 3 replicas plus a surge pod fit the node's 2 CPUs with room for the operator
 # and the clients; limits equal requests, so each engine is throttled to this.
 ENGINE_CPU = "200m"
 ENGINE_MEMORY = "256Mi"
+
+
+def real_node_unavailable() -> str | None:
+    """Why this host cannot run the real node, or None when it can."""
+    result = subprocess.run(
+        [str(NODE_SH), "check"], capture_output=True, text=True, check=False, timeout=60
+    )
+    if result.returncode == 0:
+        return None
+    return (result.stdout + result.stderr).strip() or f"node.sh check exited {result.returncode}"
+
+
+@dataclass
+class RealCluster:
+    """The e2e cluster: kubectl access, the operator process and the reading kit."""
+
+    cluster: Cluster
+    operator: OperatorProcess
+    kit: Kit
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> Any:
+        return self.cluster.kubectl(*args, check=check, input=input)
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        out = self.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+        items: list[dict[str, Any]] = json.loads(out)["items"]
+        return items
+
+
+def node_log_dir() -> Path:
+    cache = os.environ.get("LLMOP_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmop"
+    )
+    return Path(cache) / "node" / "logs"
 
 
 def real_node_spec(replicas: int = 1, **overrides: Any) -> dict[str, Any]:
@@ -50,6 +91,117 @@ def real_node_spec(replicas: int = 1, **overrides: Any) -> dict[str, Any]:
     return spec
 
 
+@dataclass(frozen=True)
+class PodSpecStyle:
+    """How a rival renders the engine pod (same engine, no llmop agent): readiness on the
+    engine's /health, optional fixed preStop sleep, fixed grace and shutdown timeout."""
+
+    name: str
+    readiness: dict[str, Any]
+    pre_stop_sleep: int = 0
+    grace_seconds: int = 30
+    shutdown_timeout: int = 0
+
+
+# KubeAI (internal/modelcontroller/engine_vllm.go): readiness /health 10 s, no preStop, TGPS 30 s,
+# vLLM's default shutdown (in-flight requests aborted). Also what a hand-written manifest does.
+KUBEAI_STYLE = PodSpecStyle(
+    "kubeai-style",
+    {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 10, "timeoutSeconds": 2},
+)
+# KServe LLMInferenceService (config/llmisvcconfig/config-llm-template.yaml): readiness /health
+# 1 s / 1 s / 2 failures, preStop sleep 15, TGPS 60, vLLM --shutdown-timeout 45.
+KSERVE_STYLE = PodSpecStyle(
+    "kserve-llmisvc-style",
+    {
+        "httpGet": {"path": "/health", "port": 8000},
+        "periodSeconds": 1,
+        "timeoutSeconds": 1,
+        "failureThreshold": 2,
+    },
+    pre_stop_sleep=15,
+    grace_seconds=60,
+    shutdown_timeout=45,
+)
+
+
+def plain_engine_deployment(
+    namespace: str, name: str, image: str, style: PodSpecStyle, engine_args: list[str]
+) -> dict[str, Any]:
+    """A Deployment running the simulator engine directly, rendered the way `style` does."""
+    labels = {"app": name}
+    args = ["simulate", "--model", name, "--port", "8000", *engine_args]
+    if style.shutdown_timeout:
+        args += ["--shutdown-timeout", str(style.shutdown_timeout)]
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": args,
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "readinessProbe": style.readiness,
+        "resources": {
+            "limits": {"cpu": ENGINE_CPU, "memory": ENGINE_MEMORY},
+            "requests": {"cpu": ENGINE_CPU, "memory": ENGINE_MEMORY},
+        },
+    }
+    if style.pre_stop_sleep:
+        container["lifecycle"] = {
+            "preStop": {"exec": {"command": ["sleep", str(style.pre_stop_sleep)]}}
+        }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": labels},
+            "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": style.grace_seconds,
+                    "containers": [container],
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                    "nodeSelector": {"llmop.dev/real-node": "true"},
+                },
+            },
+        },
+    }
+
+
+def plain_service(namespace: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 8000}]},
+    }
+
+
+def wait_rolled_out(cluster: Cluster, namespace: str, deployment: str, replicas: int) -> float:
+    """Wait until the Deployment observed its spec and every pod is updated, available and the
+    only one; returns the seconds waited."""
+    start = time.monotonic()
+
+    def done() -> bool:
+        dep = json.loads(
+            cluster.kubectl("get", "deployment", "-n", namespace, deployment, "-o", "json").stdout
+        )
+        st = dep.get("status", {})
+        return bool(
+            st.get("observedGeneration") == dep["metadata"]["generation"]
+            and st.get("updatedReplicas") == replicas
+            and st.get("availableReplicas") == replicas
+            and st.get("replicas") == replicas
+        )
+
+    wait_until(done, timeout=300, interval=1, what=f"{namespace}/{deployment} rolled out")
+    return time.monotonic() - start
+
+
 def service_url(cluster: Cluster, namespace: str, name: str) -> str:
     """http://<ClusterIP>:<port> of a Service (reached through kube-proxy's rules)."""
     svc = json.loads(cluster.kubectl("get", "service", "-n", namespace, name, "-o", "json").stdout)
@@ -76,6 +228,8 @@ class BackgroundLoad:
     concurrency: int = 8
     duration: float = 60.0
     max_tokens: int = 64
+    # One connection per request (see run_clients): what kube-proxy can route per request.
+    keepalive: bool = False
     result: LoadResult | None = None
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -92,6 +246,7 @@ class BackgroundLoad:
                         self.model,
                         self.max_tokens,
                         should_stop=self._stop.is_set,
+                        keepalive=self.keepalive,
                     )
                 )
             except BaseException as exc:  # surfaced by join()

@@ -173,9 +173,15 @@ async def run_clients(
     max_tokens: int,
     *,
     should_stop: Callable[[], bool] = lambda: False,
+    keepalive: bool = True,
 ) -> LoadResult:
     """N clients, each sending one streaming request after another until `duration` ends or
-    `should_stop()` says so (checked between requests; requests in flight always finish)."""
+    `should_stop()` says so (checked between requests; requests in flight always finish).
+
+    `keepalive=False` opens a new connection per request. Through a ClusterIP this matters:
+    kube-proxy picks the endpoint per connection, so a pooled keep-alive connection stays pinned
+    to its pod after the pod left the Service, and its next request meets the draining engine.
+    """
     result = LoadResult()
     deadline = time.monotonic() + duration
     timeout = aiohttp.ClientTimeout(total=120, sock_connect=5)
@@ -200,7 +206,7 @@ async def run_clients(
                     result.failed += 1
                 result.reasons[f"{outcome}: {reason}"] += 1
 
-    connector = aiohttp.TCPConnector(limit=concurrency * 2)
+    connector = aiohttp.TCPConnector(limit=concurrency * 2, force_close=not keepalive)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
     return result

@@ -1,0 +1,165 @@
+"""Rollout benchmark on the real node: requests lost while 3 engine replicas roll under load.
+
+Same engine (the simulator image), same node, same load through the Service's ClusterIP; only the
+pod spec differs:
+  llmop                 the operator's rendering (agent /readyz, preStop drain, derived grace)
+  kubeai-style          readiness /health 10 s, no preStop, TGPS 30 s, engine's default shutdown
+  kserve-llmisvc-style  readiness /health 1 s, preStop sleep 15, TGPS 60 s, --shutdown-timeout 45
+
+For each: deploy 3 replicas, start N streaming clients, change the engine flags (a rollout of
+every pod), wait until rolled out, let the load settle, and count requests, failed, truncated,
+p99 time to first token and how long the rollout took. Prints a table (make bench-rollout).
+Needs the real node (root, Linux): it starts its own cluster with LLMOP_REAL_NODE=on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+
+from llmop.render.settings import DEFAULT_SIMULATOR_IMAGE  # noqa: E402
+from support.cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
+from support.operator import (  # noqa: E402
+    Kit,
+    OperatorProcess,
+    install_crd,
+    operator_kubeconfig_for,
+)
+from support.realnode import (  # noqa: E402
+    KSERVE_STYLE,
+    KUBEAI_STYLE,
+    BackgroundLoad,
+    PodSpecStyle,
+    plain_engine_deployment,
+    plain_service,
+    real_node_spec,
+    service_url,
+    wait_rolled_out,
+)
+
+ENGINE_ARGS = ["--max-num-seqs", "16", "--max-model-len", "2048"]
+
+
+@dataclass
+class Row:
+    variant: str
+    requests: int
+    failed: int
+    truncated: int
+    p99_ttft: float
+    rollout_seconds: float
+
+
+def _namespace(cluster: Cluster) -> str:
+    name = f"bench-{secrets.token_hex(3)}"
+    cluster.kubectl("create", "namespace", name)
+    for _ in range(60):
+        if cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0:
+            break
+        time.sleep(0.5)
+    return name
+
+
+def _run_llmop(cluster: Cluster, kit: Kit, clients: int, max_tokens: int, settle: float) -> Row:
+    ns, name = _namespace(cluster), "llmop"
+    kit.apply_llmd(ns, name, real_node_spec(replicas=3))
+    kit.wait_condition(ns, name, "Ready", "True", timeout=300)
+    load = BackgroundLoad(
+        service_url(cluster, ns, name), name, clients, duration=900, max_tokens=max_tokens
+    ).start()
+    time.sleep(settle)
+    kit.apply_llmd(ns, name, real_node_spec(replicas=3, engine={"args": ["--sim-decode-ms", "21"]}))
+    seconds = wait_rolled_out(cluster, ns, name, 3)
+    kit.wait_condition(ns, name, "Ready", "True", timeout=300)
+    time.sleep(settle)
+    result = load.stop()
+    cluster.kubectl("delete", "namespace", ns, "--timeout=300s", check=False)
+    return Row(
+        "llmop", result.total, result.failed, result.truncated, result.ttft_quantile(0.99), seconds
+    )
+
+
+def _run_plain(
+    cluster: Cluster, style: PodSpecStyle, clients: int, max_tokens: int, settle: float
+) -> Row:
+    ns, name = _namespace(cluster), style.name
+
+    def apply(decode_ms: str) -> None:
+        manifest = plain_engine_deployment(
+            ns, name, DEFAULT_SIMULATOR_IMAGE, style, [*ENGINE_ARGS, "--sim-decode-ms", decode_ms]
+        )
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+    apply("20")
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(plain_service(ns, name)))
+    wait_rolled_out(cluster, ns, name, 3)
+    load = BackgroundLoad(
+        service_url(cluster, ns, name), name, clients, duration=900, max_tokens=max_tokens
+    ).start()
+    time.sleep(settle)
+    apply("21")
+    seconds = wait_rolled_out(cluster, ns, name, 3)
+    time.sleep(settle)
+    result = load.stop()
+    cluster.kubectl("delete", "namespace", ns, "--timeout=300s", check=False)
+    return Row(
+        style.name,
+        result.total,
+        result.failed,
+        result.truncated,
+        result.ttft_quantile(0.99),
+        seconds,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--settle", type=float, default=5.0)
+    args = parser.parse_args()
+
+    name = f"llmop-test-{os.getpid()}-bench{secrets.token_hex(2)}"
+    cluster = start_cluster(name, owner_pid=os.getpid(), real_node="on")
+    operator: OperatorProcess | None = None
+    rows: list[Row] = []
+    try:
+        install_crd(cluster)
+        workdir = Path(tempfile.mkdtemp(prefix="llmop-bench-rollout-"))
+        operator = OperatorProcess(operator_kubeconfig_for(cluster, workdir), workdir / "op.log")
+        operator.start()
+        kit = Kit(cluster)
+        rows.append(_run_llmop(cluster, kit, args.clients, args.max_tokens, args.settle))
+        for style in (KUBEAI_STYLE, KSERVE_STYLE):
+            rows.append(_run_plain(cluster, style, args.clients, args.max_tokens, args.settle))
+    finally:
+        if operator is not None:
+            operator.stop()
+        stop_cluster(name)
+
+    print(
+        f"\nRolling update of 3 replicas under {args.clients} streaming clients "
+        f"(max_tokens {args.max_tokens}), simulator engine, real node, through the Service:\n"
+    )
+    print(f"| {'pod spec':<22} | requests | failed | truncated | p99 TTFT s | rollout s |")
+    print(f"|{'-' * 24}|---------:|-------:|----------:|-----------:|----------:|")
+    for r in rows:
+        print(
+            f"| {r.variant:<22} | {r.requests:>8} | {r.failed:>6} | {r.truncated:>9} "
+            f"| {r.p99_ttft:>10.2f} | {r.rollout_seconds:>9.0f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
