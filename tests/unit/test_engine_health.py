@@ -235,3 +235,15 @@ def test_death_after_the_agents_final_sigterm_is_the_stop_it_asked_for() -> None
     state = health.observe(state, Observation(3, True, Reach.DEAD))
     assert state.dead_at is None
     assert health.verdict(state, POLICY, 3).phase is Phase.DRAINING
+
+
+def test_a_probe_answered_with_engine_dead_is_final() -> None:
+    """A crash closed vLLM's port before any poll saw /health 503; the deep probe got the
+    EngineDeadError (HTTP 500). The closed port after it must not read as alive again."""
+    state = _state_after([Step(1, Reach.OK, idle()), Step(1.1, probe=True)])
+    state = health.record_probe(
+        state, ProbeResult(5, 5.1, False, "HTTP 500: EngineCore encountered", engine_dead=True)
+    )
+    state = health.observe(state, Observation(6, True, Reach.REFUSED))
+    v = health.verdict(state, POLICY, 6)
+    assert (v.phase, v.live) == (Phase.FAILED, False)

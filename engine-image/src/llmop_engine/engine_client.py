@@ -14,6 +14,8 @@ from llmop_engine.health import ProbeResult, Reach
 from llmop_engine.vllm_metrics import EngineMetrics, parse
 
 PROBE_USER_AGENT = f"llmop-engine-probe/{__version__}"
+# vLLM's EngineDeadError text, in the HTTP 500 it answers once its EngineCore died (0.32).
+ENGINE_DEAD_MESSAGE = b"EngineCore encountered an issue"
 
 
 class EngineClient:
@@ -117,7 +119,11 @@ class EngineClient:
                 if resp.status != 200:
                     snippet = body[:120].decode(errors="replace")
                     return ProbeResult(
-                        started, time.monotonic(), False, f"HTTP {resp.status}: {snippet}"
+                        started,
+                        time.monotonic(),
+                        False,
+                        f"HTTP {resp.status}: {snippet}",
+                        engine_dead=resp.status == 500 and ENGINE_DEAD_MESSAGE in body,
                     )
                 data = await resp.json(content_type=None)
         except TimeoutError:

@@ -9,7 +9,8 @@ Rules, in order:
 - draining → not ready, still live (the kubelet must not restart a pod that is finishing work);
 - never listened yet → downloading while the model cache grows, else loading within the load budget
   (alive, not ready); past the budget → not live;
-- `/health` says dead (503) → not live, for good: vLLM never recovers from EngineDeadError, and the
+- `/health` says dead (503), or a deep probe is answered with vLLM's EngineDeadError → not live,
+  for good: vLLM never recovers from EngineDeadError, and the
   port closing afterwards must not read as "restarting"; unreachable after having served → not
   ready at once (connection refused) or after the probe timeout (hanging HTTP), not live after
   `stallSeconds`;
@@ -88,6 +89,8 @@ class ProbeResult:
     error: str = ""
     # No answer within the timeout (as opposed to an answer saying it failed).
     timed_out: bool = False
+    # The answer said the engine is dead (vLLM's EngineDeadError): as final as /health 503.
+    engine_dead: bool = False
 
     @property
     def latency(self) -> float:
@@ -206,11 +209,16 @@ def probe_started(state: HealthState) -> HealthState:
 
 
 def record_probe(state: HealthState, result: ProbeResult) -> HealthState:
+    dead_at = state.dead_at
+    if result.engine_dead and dead_at is None and not state.stopping:
+        # A crash can close the port before any poll sees /health 503: the probe saw it.
+        dead_at = result.finished_at
     return replace(
         state,
         probe_in_flight=False,
         last_probe=result,
         last_probe_ok_at=result.finished_at if result.ok else state.last_probe_ok_at,
+        dead_at=dead_at,
     )
 
 
