@@ -8,7 +8,7 @@ bench-engine: install ## Drain loss with/without the agent, probe overhead, agen
 
 .PHONY: engine-test
 engine-test: install ## Engine tests only: agent + simulator as real processes (~3 min).
-	$(BIN)/pytest tests/engine tests/unit/test_engine_*.py -q
+	$(BIN)/pytest tests/engine tests/unit/test_engine_*.py -q -m "not vllm"
 
 .PHONY: sim
 sim: install ## Run agent + simulator locally (API :8000, probes :8081).

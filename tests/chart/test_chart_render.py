@@ -353,12 +353,18 @@ def _engine_metric_names() -> set[str]:
     """Every sample name the engine agent, the simulator (vLLM's names) and the operator export."""
     from llmop.metrics import Metrics
     from llmop_engine.agent_metrics import AgentMetrics
+    from llmop_engine.health import Phase, Verdict
     from llmop_engine.simulator.config import SimConfig
     from llmop_engine.simulator.metrics import SimMetrics
+    from llmop_engine.vllm_metrics import EngineMetrics
 
     sim = SimMetrics(SimConfig())
     sim.finished("stop")  # labelled counters only appear once a label set exists
-    registries = [AgentMetrics().registry, sim.registry, Metrics().registry]
+    agent = AgentMetrics()
+    # The load series exist while the agent has a current reading of the engine.
+    load = EngineMetrics(waiting=0, running=0, kv_usage=0, kv_capacity_tokens=0)
+    agent.update(Verdict(Phase.READY, True, True, ""), load)
+    registries = [agent.registry, sim.registry, Metrics().registry]
     # Family names: a labelled family has no samples until a label set is used.
     return {f.name for r in registries for f in r.collect()}
 

@@ -79,7 +79,9 @@ def test_idle_sends_one_probe_per_interval_and_crash_exits_nonzero(fleet: Fleet)
     print(f"\nidle: {probes} one-token probes in {5 * INTERVAL:.0f}s; crash exit code {code}")
     assert clients == 0
     assert 4 <= probes <= 6  # one per interval (5 intervals, ± the window's phase)
-    assert code == 1  # the simulator's crash code, passed through
+    # The simulator exits 0 after a crash, as vLLM does once its EngineCore died; the agent must
+    # not turn that into success (the pod would read Completed instead of restarting).
+    assert code == 1
 
 
 @pytest.mark.timeout(60)
@@ -171,3 +173,39 @@ def test_saturation_never_fails_probes_and_sends_no_probe_requests(fleet: Fleet)
     assert probes == 0
     assert checks >= 50
     assert saturated >= 0.9 * len(waiting)
+
+
+@pytest.mark.timeout(90)
+def test_saturated_engine_without_metrics_is_not_killed(fleet: Fleet) -> None:
+    """--disable-log-stats: no queue, no progress counters. The idle probe queues behind real
+    work and times out; that must not fail liveness (it did: the agent read "idle")."""
+    r = fleet.start(
+        ["--sim-load-seconds", "0.5", "--max-num-seqs", "2", "--disable-log-stats"],
+    )
+    window = 3 * STALL
+
+    async def scenario() -> tuple[list[int], int, str]:
+        await r.wait_ready(30)
+        async with aiohttp.ClientSession() as http:
+            # 16 clients over 2 slots, ~4 s each: a probe waits ~30 s for a slot (timeout 2 s).
+            load = [
+                asyncio.create_task(stream_completion(http, r.api_url, MODEL, 200))
+                for _ in range(16)
+            ]
+            lives: list[int] = []
+            started = time.monotonic()
+            while time.monotonic() - started < window:
+                lives.append(await http_status(http, r.probe_url + "/livez"))
+                await asyncio.sleep(0.25)
+            async with http.get(r.probe_url + "/status") as resp:
+                probe = (await resp.json())["lastDeepProbe"]
+            for t in load:
+                t.cancel()
+            await asyncio.gather(*load, return_exceptions=True)
+        return lives, len(lives), str(probe)
+
+    lives, checks, probe = asyncio.run(scenario())
+    print(f"\nno metrics, saturated {window:.0f}s: {checks} liveness checks; last probe {probe}")
+    assert "timed out" in probe  # the situation the agent must tolerate did arise
+    assert all(code == 200 for code in lives), lives
+    assert "exports no vllm:* metrics" in r.log_tail(50000)

@@ -23,6 +23,7 @@ def test_environment_is_read() -> None:
             "LLMOP_NAMESPACES": "a, b,,",
             "LLMOP_VLLM_IMAGE": "registry/vllm:1",
             "LLMOP_SIMULATOR_IMAGE": "registry/sim:1",
+            "LLMOP_VLLM_CPU_IMAGE": "registry/vllm-cpu:1",
             "LLMOP_SERVICE_MONITOR": "true",
             "LLMOP_METRICS_PORT": "0",
             "LLMOP_MAX_WORKERS": "4",
@@ -37,6 +38,7 @@ def test_environment_is_read() -> None:
     assert config.log_format == "text"
     settings = config.render_settings()
     assert settings.gpu_resource_name == "amd.com/gpu"
+    assert settings.vllm_cpu_image == "registry/vllm-cpu:1"
     assert (settings.vllm_image, settings.simulator_image, settings.service_monitor) == (
         "registry/vllm:1",
         "registry/sim:1",

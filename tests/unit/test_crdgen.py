@@ -170,7 +170,9 @@ CEL_CASES = [
         "tensorParallelSize",
     ),
     ("valid-tp", spec(resources={"gpus": 4}, engine={"tensorParallelSize": 2}), None),
-    ("vllm-without-gpus", spec(resources={"gpus": 0}), "spec.resources.gpus"),
+    # vLLM's CPU build: allowed, with the memory that bounds weights + KV cache + runtime.
+    ("cpu-vllm-without-memory", spec(resources={"gpus": 0}), "spec.resources.memory"),
+    ("cpu-vllm-with-memory", spec(resources={"gpus": 0, "memory": "16Gi"}), None),
     ("simulator-without-gpus", spec(resources={"gpus": 0}, engine={"backend": "simulator"}), None),
     (
         "max-model-len-above-architecture",

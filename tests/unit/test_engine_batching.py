@@ -90,10 +90,26 @@ def test_shutdown_timeout(timeout: float, reason: str) -> None:
         task = asyncio.create_task(e.run())
         reqs = [e.submit(10, 30) for _ in range(2)]
         await asyncio.sleep(0.01)
-        await e.drain(timeout)
+        assert not await e.drain(timeout)  # nothing left at the deadline
         assert [r.finish_reason for r in reqs] == [reason, reason]
         late = e.submit(10, 30)  # arrives during shutdown: rejected with an immediate abort
         assert late.finish_reason == "abort"
+        e.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_work_left_at_the_shutdown_deadline_is_reported_not_aborted() -> None:
+    """vLLM past --shutdown-timeout kills its EngineCore: leftovers get no finish reason."""
+
+    async def scenario() -> None:
+        e = engine()
+        task = asyncio.create_task(e.run())
+        r = e.submit(10, 400)
+        await asyncio.sleep(0.01)
+        assert await e.drain(0.05)
+        assert r.finish_reason is None
         e.stop()
         await task
 

@@ -95,12 +95,16 @@ def test_rendered_container_round_trips_through_the_agent_parser(case: str) -> N
     }
     got = {key: getattr(agent, key) for key in wanted}
     assert got == wanted
-    # The engine the agent launches gets the model and the drain budget, and listens where the
-    # Service and the container port point.
+    # The engine the agent launches gets the model and listens where the Service and the
+    # container port point. The drain budget is the agent's (drain_seconds above): it runs the
+    # drain itself, so the engine gets `--shutdown-timeout 0` in place of the rendered budget,
+    # and `--enable-server-load-tracking` for the in-flight count the drain waits on.
     command = engine_command(agent)
+    assert contract.EngineFlag.ENABLE_SERVER_LOAD_TRACKING in command
     assert ld.spec.model.name in command
+    assert command.count(contract.EngineFlag.SHUTDOWN_TIMEOUT) == 1
     shutdown = command.index(contract.EngineFlag.SHUTDOWN_TIMEOUT)
-    assert command[shutdown + 1] == str(spec.rollout.drain_seconds)
+    assert command[shutdown + 1] == "0"
     assert engine_port(agent) == spec.service.port
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {names.API_PORT_NAME: agent.api_port, names.PROBE_PORT_NAME: agent.probe_port}

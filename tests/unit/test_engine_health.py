@@ -38,6 +38,7 @@ class Step:
     exit_code: int | None = None
     cache_bytes: int | None = None
     probe: bool | None = None  # True/False: a deep probe that finished at t with this result
+    timeout: bool = False  # the failed probe got no answer (rather than an error answer)
     drain: bool = False
 
 
@@ -59,8 +60,9 @@ def run(case: Case) -> health.Verdict:
             state = health.start_drain(state, s.t)
         elif s.probe is not None:
             state = health.probe_started(state)
+            error = "" if s.probe else ("timed out" if s.timeout else "HTTP 500")
             state = health.record_probe(
-                state, ProbeResult(s.t - 0.05, s.t, s.probe, "" if s.probe else "timed out")
+                state, ProbeResult(s.t - 0.05, s.t, s.probe, error, timed_out=s.timeout)
             )
         else:
             state = health.observe(
@@ -133,6 +135,30 @@ CASES = [
          Phase.READY, live=True, ready=True),
     Case("no vLLM metrics (--disable-log-stats): deep probe decides",
          [Step(1, Reach.OK, None), Step(1.1, probe=True)], 2, Phase.READY, live=True, ready=True),
+    Case("dead is sticky: /health 503, then the port closes (bug 5)",
+         [*SERVING, Step(5, Reach.DEAD), Step(6, Reach.REFUSED)], 6,
+         Phase.FAILED, live=False, ready=False),
+    Case("dead is sticky: 503, then /health 200 again",
+         [*SERVING, Step(5, Reach.DEAD), Step(6, Reach.OK, idle())], 6,
+         Phase.FAILED, live=False, ready=False),
+    Case("dead while draining: failed, not draining",
+         [*SERVING, Step(5, drain=True), Step(6, Reach.DEAD)], 6,
+         Phase.FAILED, live=False, ready=False),
+    Case("no metrics, deep probe timing out beyond stall: busy or hung, stays live (bug 4)",
+         [Step(1, Reach.OK, None), Step(1.1, probe=True), Step(12, probe=False, timeout=True),
+          Step(40, Reach.OK, None), Step(41, probe=False, timeout=True)], 41,
+         Phase.READY, live=True, ready=False),
+    Case("no metrics, one probe timeout: keeps routing (saturated, not hung)",
+         [Step(1, Reach.OK, None), Step(1.1, probe=True), Step(12, probe=False, timeout=True)],
+         12, Phase.READY, live=True, ready=True),
+    Case("no metrics, probes answered with errors beyond stall: failed",
+         [Step(1, Reach.OK, None), Step(1.1, probe=True), Step(12, probe=False),
+          Step(40, Reach.OK, None), Step(41, probe=False)], 41,
+         Phase.FAILED, live=False, ready=False),
+    Case("metrics on and idle, probe timing out beyond stall: hung",
+         [*SERVING, Step(12, probe=False, timeout=True), Step(40, metrics=idle()),
+          Step(41, probe=False, timeout=True)], 41,
+         Phase.FAILED, live=False, ready=False),
     Case("deep probe disabled: serving means ready", [Step(1, Reach.OK, idle())], 2,
          Phase.READY, live=True, ready=True,
          policy=Policy(stall_seconds=30, deep_probe_enabled=False)),
@@ -183,3 +209,41 @@ def test_no_probe_while_draining() -> None:
 def test_counter_reset_is_a_baseline_not_progress() -> None:
     state = _state_after([Step(1, Reach.OK, busy(100)), Step(2, Reach.OK, busy(5))])
     assert state.last_progress_at is None
+
+
+def test_published_load_is_only_the_latest_reading() -> None:
+    """Bug 7: an engine that stops answering has no current queue; the old one is not exported."""
+    state = _state_after([Step(1, Reach.OK, busy(10, waiting=7, running=3))])
+    load = health.published_load(state, 2, max_age=3)
+    assert load is not None
+    assert (load.waiting, load.running) == (7, 3)
+    for reach in (Reach.ERROR, Reach.REFUSED, Reach.DEAD):
+        stale = health.observe(state, Observation(2, True, reach))
+        assert health.published_load(stale, 2, max_age=3) is None, reach
+        # ...while the verdict still judges by the last reading (hang detection needs it).
+        assert stale.metrics is not None
+    no_metrics = health.observe(state, Observation(2, True, Reach.OK, None))
+    assert health.published_load(no_metrics, 2, max_age=3) is None
+    # A poll stuck on a hung engine has not reported yet: the reading ages out meanwhile.
+    assert health.published_load(state, 4.5, max_age=3) is None
+
+
+def test_death_after_the_agents_final_sigterm_is_the_stop_it_asked_for() -> None:
+    """vLLM answers /health 503 while it tears down after SIGTERM: not a failure, not sticky."""
+    state = _state_after([Step(1, Reach.OK, idle())])
+    state = health.stop_sent(health.start_drain(state, 2))
+    state = health.observe(state, Observation(3, True, Reach.DEAD))
+    assert state.dead_at is None
+    assert health.verdict(state, POLICY, 3).phase is Phase.DRAINING
+
+
+def test_a_probe_answered_with_engine_dead_is_final() -> None:
+    """A crash closed vLLM's port before any poll saw /health 503; the deep probe got the
+    EngineDeadError (HTTP 500). The closed port after it must not read as alive again."""
+    state = _state_after([Step(1, Reach.OK, idle()), Step(1.1, probe=True)])
+    state = health.record_probe(
+        state, ProbeResult(5, 5.1, False, "HTTP 500: EngineCore encountered", engine_dead=True)
+    )
+    state = health.observe(state, Observation(6, True, Reach.REFUSED))
+    v = health.verdict(state, POLICY, 6)
+    assert (v.phase, v.live) == (Phase.FAILED, False)

@@ -31,8 +31,11 @@ def test_defaults_with_no_flags() -> None:
         "0.0.0.0",
         "--port",
         "8000",
+        # The agent runs the drain: it counts in-flight requests on /load and SIGTERMs the
+        # engine only when idle or out of budget.
+        "--enable-server-load-tracking",
         "--shutdown-timeout",
-        "30",
+        "0",
     ]
 
 
@@ -81,7 +84,21 @@ def test_engine_flags_kept_and_served_name_read() -> None:
     assert s.served_model_name == "chat"
     assert engine_port(s) == 9000
     cmd = engine_command(s, python="py")
-    assert cmd == ["py", "-m", "llmop_engine", "simulate", *engine, "--host", "0.0.0.0"]
+    kept = ["m", "--served-model-name", "chat", "--port", "9000"]
+    # The renderer's --shutdown-timeout is replaced: the agent owns the drain.
+    assert cmd == [
+        *["py", "-m", "llmop_engine", "simulate", *kept, "--host", "0.0.0.0"],
+        *["--enable-server-load-tracking", "--shutdown-timeout", "0"],
+    ]
+
+
+def test_agent_owns_the_drain_even_without_metrics() -> None:
+    """--disable-log-stats: no queue gauges, but /load still counts in-flight requests."""
+    engine = ["m", "--disable-log-stats", "--enable-server-load-tracking", "--shutdown-timeout=9"]
+    cmd = engine_command(settings([], {}, engine))
+    assert cmd.count("--enable-server-load-tracking") == 1
+    assert cmd[-2:] == ["--shutdown-timeout", "0"]
+    assert "--shutdown-timeout=9" not in cmd
 
 
 @pytest.mark.parametrize(

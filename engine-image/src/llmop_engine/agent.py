@@ -2,7 +2,12 @@
 
 All judgement lives in `health` (pure); this module only gathers observations on a timer, starts
 one-token probes when `health.deep_probe_due` says so, and turns SIGTERM / preStop into the drain
-sequence. It exits with the engine's exit code.
+sequence.
+
+Exit code: non-zero exactly when the engine failed. vLLM exits 0 after its EngineCore died, so an
+engine that exits without being asked to, or that reported itself dead (/health 503), makes the
+agent exit with the engine's code or 1; an engine the agent ended (drain, over-budget end, a stop
+while loading) exits 0 unless the engine itself returned an error code.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ import time
 from llmop_engine import health
 from llmop_engine.agent_metrics import AgentMetrics
 from llmop_engine.contract import EngineFlag
-from llmop_engine.drain import drain_sequence
+from llmop_engine.drain import DrainOutcome, Load, drain_sequence
 from llmop_engine.engine_client import EngineClient
 from llmop_engine.health import Observation, Policy, Verdict
 from llmop_engine.probe_server import start as start_servers
 from llmop_engine.settings import AgentSettings, flag_value
 from llmop_engine.supervisor import FORWARDED, Supervisor, engine_command, engine_port
+from llmop_engine.vllm_metrics import EngineMetrics
 
 log = logging.getLogger("llmop_engine.agent")
 
@@ -53,8 +59,10 @@ class Agent:
         self.state = health.initial(time.monotonic())
         self.model_name = settings.served_model_name
         self.ever_ready = False
-        self.drain_task: asyncio.Task[float] | None = None
+        self.drain_task: asyncio.Task[DrainOutcome] | None = None
         self.drain_duration: float | None = None
+        self.drain_cut: int | None = None
+        self._warned_no_metrics = False
         self._probe_task: asyncio.Task[None] | None = None
         self._last: Verdict | None = None
 
@@ -65,7 +73,8 @@ class Agent:
 
     def status(self) -> dict[str, object]:
         v = self.verdict()
-        m = self.state.metrics
+        # Only what the latest poll read: an unreachable engine's last queue is not its queue.
+        m = self.published_load()
         probe = self.state.last_probe
         return {
             "phase": v.phase.value,
@@ -90,11 +99,17 @@ class Agent:
             "enginePid": self.supervisor.pid,
             "engineExitCode": self.supervisor.returncode,
             "drainDurationSeconds": self.drain_duration,
+            "drainCutRequests": self.drain_cut,
         }
 
     def metrics_text(self) -> bytes:
-        self.metrics.update(self.verdict(), self.state.metrics)
+        self.metrics.update(self.verdict(), self.published_load())
         return self.metrics.render()
+
+    def published_load(self) -> EngineMetrics | None:
+        # Two polls' worth plus a second of slack: a poll stuck on a hung engine ages it out.
+        max_age = 2 * self.settings.poll_interval_seconds + 1.0
+        return health.published_load(self.state, time.monotonic(), max_age)
 
     def drain_progress(self) -> dict[str, object]:
         return {
@@ -114,23 +129,54 @@ class Agent:
         self._after_change()
         self.drain_task = asyncio.create_task(self._drain(), name="drain")
 
-    async def _drain(self) -> float:
-        duration = await drain_sequence(
+    async def _read_load(self) -> Load:
+        in_flight, metrics = await asyncio.gather(
+            self.client.in_flight(1.0), self.client.metrics(1.0)
+        )
+        return Load(in_flight=in_flight, metrics=metrics)
+
+    async def _drain(self) -> DrainOutcome:
+        outcome = await drain_sequence(
             self.supervisor,
             self.settings.endpoint_propagation_seconds,
             self.settings.drain_seconds,
+            read_load=self._read_load,
+            listened=self.state.listening_since is not None,
             # A pod that never was ready is in no Service's endpoints: nothing to wait for.
             skip_propagation=not self.ever_ready,
+            on_cut=self.metrics.cut,
+            on_stop=self._stop_sent,
         )
-        self.drain_duration = duration
-        self.metrics.drain_duration.set(duration)
-        return duration
+        self.drain_duration = outcome.duration
+        self.drain_cut = outcome.cut_requests
+        self.metrics.drained(outcome)
+        return outcome
+
+    def _stop_sent(self) -> None:
+        self.state = health.stop_sent(self.state)
+
+    def exit_code(self, code: int | None, outcome: DrainOutcome | None) -> int:
+        """The agent's exit status: non-zero exactly when the engine failed (module docstring)."""
+        engine_code = 1 if code is None else code
+        if outcome is None:
+            log.error("engine exited on its own with code %s: failed", code)
+            return engine_code or 1
+        if self.state.dead_at is not None:
+            log.error("engine reported itself dead (/health 503) before the drain ended: failed")
+            return engine_code or 1
+        if outcome.exited_on_its_own:
+            return engine_code or 1
+        if outcome.killed or engine_code in (128 + signal.SIGTERM, 128 + signal.SIGKILL):
+            # The agent ended it: killed after the grace, or dead of the agent's own SIGTERM
+            # (an engine that installs no handler yet, early in its start). No fault.
+            return 0
+        return engine_code
 
     # -- polling ----------------------------------------------------------------------------
 
     def _after_change(self) -> None:
         v = self.verdict()
-        self.metrics.update(v, self.state.metrics)
+        self.metrics.update(v, self.published_load())
         if v.ready:
             self.ever_ready = True
         last = self._last
@@ -148,6 +194,13 @@ class Agent:
             metrics = await self.client.metrics(timeout)
             if self.model_name is None:
                 self.model_name = await self.client.first_model(timeout)
+        if reach is health.Reach.OK and metrics is None and not self._warned_no_metrics:
+            self._warned_no_metrics = True
+            log.warning(
+                "the engine serves but exports no vllm:* metrics (--disable-log-stats?): queue "
+                "depth, KV usage and progress are unknown, so a busy engine cannot be told from a "
+                "hung one; deep-probe timeouts will not fail liveness and hangs go undetected"
+            )
         cache_bytes = None
         if s.model_cache_dir and self.state.listening_since is None:
             cache_bytes = await asyncio.to_thread(directory_bytes, s.model_cache_dir)
@@ -207,11 +260,8 @@ class Agent:
         monitor = asyncio.create_task(self._monitor(), name="monitor")
         try:
             code = await self.supervisor.wait()
-            if self.drain_task is not None:
-                await self.drain_task
-            else:
-                log.error("engine exited on its own with code %s", code)
-            return 1 if code is None else code
+            outcome = await self.drain_task if self.drain_task is not None else None
+            return self.exit_code(code, outcome)
         finally:
             monitor.cancel()
             if self._probe_task is not None:

@@ -1,34 +1,64 @@
-"""The agent's own Prometheus metrics: stable `llmop_engine_*` names whatever vLLM calls things."""
+"""The agent's own Prometheus metrics: stable `llmop_engine_*` names whatever vLLM calls things.
+
+The load series (queue depth, running, KV usage, KV capacity) are exported only while the agent
+has a current reading: when the engine stops answering or exports no metrics they disappear
+instead of repeating the last value (the HPA then holds, rather than scaling on old numbers).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from llmop_engine.drain import DrainOutcome
 from llmop_engine.health import Phase, ProbeResult, Verdict
 from llmop_engine.vllm_metrics import EngineMetrics
 
 PROBE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+_LOAD = (
+    (
+        "llmop_engine_queue_depth",
+        "Requests waiting in the engine (the HPA's Pods metric).",
+        "waiting",
+    ),
+    ("llmop_engine_running_requests", "Requests in the running batch.", "running"),
+    ("llmop_engine_kv_cache_usage_ratio", "KV cache usage, 0..1.", "kv_usage"),
+    (
+        "llmop_engine_kv_cache_capacity_tokens",
+        "KV cache capacity the engine reports, in tokens.",
+        "kv_capacity_tokens",
+    ),
+)
+
+
+class _LoadCollector(Collector):
+    """The load gauges of the latest reading; absent when there is none."""
+
+    def __init__(self) -> None:
+        self.current: EngineMetrics | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        for name, doc, attr in _LOAD:
+            value = None if self.current is None else getattr(self.current, attr)
+            family = GaugeMetricFamily(name, doc)
+            if value is not None:
+                family.add_metric([], float(value))
+                yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
 class AgentMetrics:
     def __init__(self) -> None:
         reg = self.registry = CollectorRegistry(auto_describe=False)
-        self.queue_depth = Gauge(
-            "llmop_engine_queue_depth",
-            "Requests waiting in the engine (the HPA's Pods metric).",
-            registry=reg,
-        )
-        self.running = Gauge(
-            "llmop_engine_running_requests", "Requests in the running batch.", registry=reg
-        )
-        self.kv_usage = Gauge(
-            "llmop_engine_kv_cache_usage_ratio", "KV cache usage, 0..1.", registry=reg
-        )
-        self.kv_capacity = Gauge(
-            "llmop_engine_kv_cache_capacity_tokens",
-            "KV cache capacity the engine reports, in tokens.",
-            registry=reg,
-        )
+        self._load = _LoadCollector()
+        reg.register(self._load)
         self.phase = Gauge(
             "llmop_engine_phase", "1 for the current phase.", ("phase",), registry=reg
         )
@@ -51,6 +81,12 @@ class AgentMetrics:
             "Duration of the last drain (0 until one finished).",
             registry=reg,
         )
+        self.drain_cut = Gauge(
+            "llmop_engine_drain_cut_requests",
+            "Requests still in the engine when the last drain ran out of budget and the agent "
+            "ended them (finish_reason abort); 0 when it finished within budget, -1 unknown.",
+            registry=reg,
+        )
         for phase in Phase:
             self.phase.labels(phase=phase.value).set(0)
 
@@ -59,16 +95,14 @@ class AgentMetrics:
             self.phase.labels(phase=phase.value).set(1 if phase is verdict.phase else 0)
         self.ready.set(1 if verdict.ready else 0)
         self.live.set(1 if verdict.live else 0)
-        if metrics is None:
-            return
-        if metrics.waiting is not None:
-            self.queue_depth.set(metrics.waiting)
-        if metrics.running is not None:
-            self.running.set(metrics.running)
-        if metrics.kv_usage is not None:
-            self.kv_usage.set(metrics.kv_usage)
-        if metrics.kv_capacity_tokens is not None:
-            self.kv_capacity.set(metrics.kv_capacity_tokens)
+        self._load.current = metrics
+
+    def cut(self, requests: int | None) -> None:
+        self.drain_cut.set(-1 if requests is None else requests)
+
+    def drained(self, outcome: DrainOutcome) -> None:
+        self.drain_duration.set(outcome.duration)
+        self.cut(outcome.cut_requests)
 
     def probe(self, result: ProbeResult) -> None:
         self.probes.inc()

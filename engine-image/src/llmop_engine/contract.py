@@ -59,6 +59,8 @@ class EngineFlag:
     API_KEY: Final = "--api-key"
     HOST: Final = "--host"
     PORT: Final = "--port"
+    ENABLE_SERVER_LOAD_TRACKING: Final = "--enable-server-load-tracking"
+    """Makes vLLM's `GET /load` count in-flight HTTP requests: the agent's drain waits on it."""
 
 
 class Env:
@@ -81,6 +83,9 @@ class Env:
     """vLLM's own variable; the agent reads it for its deep probes."""
     HF_TOKEN: Final = "HF_TOKEN"
     HF_HOME: Final = "HF_HOME"
+    VLLM_CPU_KVCACHE_SPACE: Final = "VLLM_CPU_KVCACHE_SPACE"
+    """vLLM's CPU build: GiB of host memory for the KV cache (the renderer sets it when
+    `resources.gpus` is 0; the planner checks it against the pod's memory)."""
 
 
 TRUE: Final = "true"
@@ -105,6 +110,8 @@ LIVEZ_PATH: Final = "/livez"
 READYZ_PATH: Final = "/readyz"
 STATUS_PATH: Final = "/status"
 METRICS_PATH: Final = "/metrics"
+LOAD_PATH: Final = "/load"
+"""The engine's in-flight request count (`{"server_load": N}`), read by the agent's drain."""
 QUEUE_DEPTH_METRIC: Final = "llmop_engine_queue_depth"
 """Per-pod gauge of waiting requests (the HPA's Pods metric via prometheus-adapter)."""
 AGENT_SOCKET: Final = "/tmp/llmop-agent.sock"
@@ -121,6 +128,10 @@ DEEP_PROBE_TIMEOUT_SECONDS: Final = 5
 DEEP_PROBE_PROMPT: Final = "ping"
 ENDPOINT_PROPAGATION_SECONDS: Final = 5
 DRAIN_SECONDS: Final = 30
+ENGINE_EXIT_GRACE_SECONDS: Final = 10
+"""After the drain's final SIGTERM, how long the engine gets to exit before the agent SIGKILLs its
+process tree. vLLM aborting what is left and exiting: 0.6 s idle, 4.3 s with 8 streams aborted on
+a loaded 2-core node (measured); about twice that. The renderer's grace-period margin counts it."""
 POLL_INTERVAL_SECONDS: Final = 1.0
 """How often the agent reads the engine's /health and /metrics (agent-only; not rendered)."""
 

@@ -9,11 +9,13 @@ import time
 
 import aiohttp
 
-from llmop_engine import __version__
+from llmop_engine import __version__, contract
 from llmop_engine.health import ProbeResult, Reach
 from llmop_engine.vllm_metrics import EngineMetrics, parse
 
 PROBE_USER_AGENT = f"llmop-engine-probe/{__version__}"
+# vLLM's EngineDeadError text, in the HTTP 500 it answers once its EngineCore died (0.32).
+ENGINE_DEAD_MESSAGE = b"EngineCore encountered an issue"
 
 
 class EngineClient:
@@ -66,6 +68,21 @@ class EngineClient:
             return None  # e.g. --disable-log-stats: no vllm:* metrics at all
         return parsed
 
+    async def in_flight(self, timeout: float) -> int | None:
+        """HTTP requests in flight (`GET /load`, kept by vLLM with --enable-server-load-tracking,
+        which the agent sets); None when it does not answer."""
+        try:
+            async with self._http().get(
+                self.base + contract.LOAD_PATH, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return None
+        value = body.get("server_load") if isinstance(body, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
@@ -102,11 +119,17 @@ class EngineClient:
                 if resp.status != 200:
                     snippet = body[:120].decode(errors="replace")
                     return ProbeResult(
-                        started, time.monotonic(), False, f"HTTP {resp.status}: {snippet}"
+                        started,
+                        time.monotonic(),
+                        False,
+                        f"HTTP {resp.status}: {snippet}",
+                        engine_dead=resp.status == 500 and ENGINE_DEAD_MESSAGE in body,
                     )
                 data = await resp.json(content_type=None)
         except TimeoutError:
-            return ProbeResult(started, time.monotonic(), False, f"timed out after {timeout:g}s")
+            return ProbeResult(
+                started, time.monotonic(), False, f"timed out after {timeout:g}s", timed_out=True
+            )
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             return ProbeResult(started, time.monotonic(), False, type(exc).__name__)
         except asyncio.CancelledError:

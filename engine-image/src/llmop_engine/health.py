@@ -9,13 +9,25 @@ Rules, in order:
 - draining → not ready, still live (the kubelet must not restart a pod that is finishing work);
 - never listened yet → downloading while the model cache grows, else loading within the load budget
   (alive, not ready); past the budget → not live;
-- `/health` says dead (503) → not live; unreachable after having served → not ready at once
-  (connection refused) or after the probe timeout (hanging HTTP), not live after `stallSeconds`;
+- `/health` says dead (503), or a deep probe is answered with vLLM's EngineDeadError → not live,
+  for good: vLLM never recovers from EngineDeadError, and the
+  port closing afterwards must not read as "restarting"; unreachable after having served → not
+  ready at once (connection refused) or after the probe timeout (hanging HTTP), not live after
+  `stallSeconds`;
 - pending work (waiting + running > 0): progress means the generated/prefilled token counter grew.
   No progress for `stallSeconds` → hung (not live, not ready); for the shorter readiness window
   (min(stall, deep-probe interval)) → not ready. Otherwise ready however slow requests are;
 - idle: ready iff the last one-token deep probe passed; failing probes with no progress for
-  `stallSeconds` → not live.
+  `stallSeconds` → not live;
+- no load figures (vLLM with `--disable-log-stats` exports no `vllm:*` series): busy and idle look
+  alike, so a deep probe that *timed out* may only have queued behind real work. It costs
+  readiness after `stallSeconds` of timeouts, never liveness; probes that fail with an answer
+  (HTTP 5xx, aborted) count as usual.
+
+The load the agent publishes (queue depth, running, KV usage) is `published_load`: the last
+scrape only while the latest poll read one and it is recent (a poll stuck on a hung engine
+counts as no reading), never an old figure from an engine that stopped answering (the autoscaler
+would act on it).
 """
 
 from __future__ import annotations
@@ -75,6 +87,10 @@ class ProbeResult:
     finished_at: float
     ok: bool
     error: str = ""
+    # No answer within the timeout (as opposed to an answer saying it failed).
+    timed_out: bool = False
+    # The answer said the engine is dead (vLLM's EngineDeadError): as final as /health 503.
+    engine_dead: bool = False
 
     @property
     def latency(self) -> float:
@@ -95,6 +111,16 @@ class HealthState:
     cache_bytes: int | None = None
     last_download_progress_at: float | None = None
     metrics: EngineMetrics | None = None
+    # The latest poll read the engine's load figures (not just an older scrape kept for judging).
+    load_fresh: bool = False
+    metrics_at: float | None = None
+    # The engine answered /health but exported no vLLM metrics (e.g. --disable-log-stats).
+    metrics_missing: bool = False
+    # First /health 503 (EngineDeadError): sticky, the engine does not come back from it.
+    dead_at: float | None = None
+    # The agent sent the drain's final SIGTERM: the engine now tears itself down (vLLM answers
+    # /health 503 while it does), which is the stop the agent asked for, not a failure.
+    stopping: bool = False
     busy_since: float | None = None
     last_progress_value: float | None = None
     last_progress_at: float | None = None
@@ -118,7 +144,15 @@ def initial(now: float) -> HealthState:
 def observe(state: HealthState, obs: Observation) -> HealthState:
     """Fold one poll into the state."""
     now = obs.now
-    new = replace(state, observed=True, process_alive=obs.process_alive, reach=obs.reach)
+    new = replace(
+        state,
+        observed=True,
+        process_alive=obs.process_alive,
+        reach=obs.reach,
+        load_fresh=obs.reach is Reach.OK and obs.metrics is not None,
+    )
+    if obs.reach is Reach.DEAD and state.dead_at is None and not state.stopping:
+        new = replace(new, dead_at=now)
     if obs.exit_code is not None:
         new = replace(new, exit_code=obs.exit_code, process_alive=False)
     if obs.cache_bytes is not None:
@@ -131,9 +165,19 @@ def observe(state: HealthState, obs: Observation) -> HealthState:
             last_reach_ok_at=now,
             listening_since=state.listening_since if state.listening_since is not None else now,
         )
-    if obs.reach is Reach.OK and obs.metrics is not None:
-        new = _fold_metrics(new, obs.metrics, now)
+    if obs.reach is Reach.OK:
+        new = replace(new, metrics_missing=obs.metrics is None)
+        if obs.metrics is not None:
+            new = _fold_metrics(new, obs.metrics, now)
     return new
+
+
+def published_load(state: HealthState, now: float, max_age: float) -> EngineMetrics | None:
+    """The load figures to export: those the latest poll read, if at most `max_age` old; else
+    none (unknown)."""
+    if not state.load_fresh or state.metrics_at is None or now - state.metrics_at > max_age:
+        return None
+    return state.metrics
 
 
 def _fold_metrics(state: HealthState, metrics: EngineMetrics, now: float) -> HealthState:
@@ -153,6 +197,7 @@ def _fold_metrics(state: HealthState, metrics: EngineMetrics, now: float) -> Hea
     return replace(
         state,
         metrics=metrics,
+        metrics_at=now,
         busy_since=busy_since,
         last_progress_value=last_value,
         last_progress_at=last_at,
@@ -164,11 +209,16 @@ def probe_started(state: HealthState) -> HealthState:
 
 
 def record_probe(state: HealthState, result: ProbeResult) -> HealthState:
+    dead_at = state.dead_at
+    if result.engine_dead and dead_at is None and not state.stopping:
+        # A crash can close the port before any poll sees /health 503: the probe saw it.
+        dead_at = result.finished_at
     return replace(
         state,
         probe_in_flight=False,
         last_probe=result,
         last_probe_ok_at=result.finished_at if result.ok else state.last_probe_ok_at,
+        dead_at=dead_at,
     )
 
 
@@ -178,9 +228,19 @@ def start_drain(state: HealthState, now: float) -> HealthState:
     return replace(state, draining=True, drain_started_at=now)
 
 
+def stop_sent(state: HealthState) -> HealthState:
+    """The drain's final SIGTERM went to the engine: from now on its death is expected."""
+    return replace(state, stopping=True)
+
+
 def is_busy(state: HealthState) -> bool:
     pending = state.metrics.pending if state.metrics is not None else None
     return pending is not None and pending > 0
+
+
+def load_known(state: HealthState) -> bool:
+    """The engine exports its queue and progress counters (vLLM without --disable-log-stats)."""
+    return not state.metrics_missing and state.metrics is not None
 
 
 def deep_probe_due(state: HealthState, policy: Policy, now: float) -> bool:
@@ -213,6 +273,9 @@ def verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
     if state.exit_code is not None or not state.process_alive:
         code = "unknown" if state.exit_code is None else str(state.exit_code)
         return Verdict(Phase.FAILED, False, False, f"engine process exited (code {code})")
+    if state.dead_at is not None:
+        # Sticky: after EngineDeadError vLLM only exits; a closing port is not a recovery.
+        return Verdict(Phase.FAILED, False, False, "engine /health reported dead (503)")
     if state.draining:
         return Verdict(Phase.DRAINING, True, False, "draining")
     if not state.observed:
@@ -223,8 +286,6 @@ def verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
 
 
 def _starting_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
-    if state.reach is Reach.DEAD:
-        return Verdict(Phase.FAILED, False, False, "engine /health reports dead (503)")
     dl = state.last_download_progress_at
     if dl is not None and now - dl <= policy.stall_seconds:
         return Verdict(Phase.DOWNLOADING, True, False, "model download in progress")
@@ -244,8 +305,6 @@ def _starting_verdict(state: HealthState, policy: Policy, now: float) -> Verdict
 
 
 def _serving_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
-    if state.reach is Reach.DEAD:
-        return Verdict(Phase.FAILED, False, False, "engine /health reports dead (503)")
     if state.reach is not Reach.OK:
         since = now - (state.last_reach_ok_at or now)
         if since > policy.stall_seconds:
@@ -295,6 +354,20 @@ def _idle_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
         return Verdict(Phase.READY, True, True, f"deep probe ok ({probe.latency * 1000:.0f} ms)")
     good = _latest(state.last_probe_ok_at, state.last_progress_at, state.listening_since) or now
     failing = now - good
+    if probe.timed_out and not load_known(state):
+        # Without load figures a probe stuck behind real work looks exactly like a hang; killing
+        # a saturated engine is the worse mistake, so timeouts alone never cost liveness.
+        if failing > policy.stall_seconds:
+            return Verdict(
+                Phase.READY,
+                True,
+                False,
+                f"deep probe timing out for {failing:.0f}s and the engine exports no metrics "
+                "(--disable-log-stats?): busy or hung cannot be told apart",
+            )
+        return Verdict(
+            Phase.READY, True, True, f"deep probe {probe.error}; engine busy? (no metrics)"
+        )
     if failing > policy.stall_seconds:
         return Verdict(
             Phase.FAILED, False, False, f"deep probe failing for {failing:.0f}s: {probe.error}"

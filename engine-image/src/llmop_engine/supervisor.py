@@ -35,19 +35,38 @@ except OSError:
 FORWARDED = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
+def without_flag(args: Sequence[str], flag: str) -> list[str]:
+    """`args` minus `--flag value` / `--flag=value`."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
+
+
 def engine_command(settings: AgentSettings, python: str = sys.executable) -> list[str]:
     """The child's argv: `vllm serve …` or the built-in simulator, with the agent's defaults added.
 
-    `--host/--port` are appended when absent (contract), and `--shutdown-timeout` is set to the
-    drain budget when absent, so that even a bare `llmop-engine run` drains instead of aborting.
+    `--host/--port` are appended when absent (contract). The drain is the agent's (see drain.py):
+    it waits for in-flight work itself, counted by vLLM's `/load`
+    (`--enable-server-load-tracking`, added), and SIGTERMs the engine only once idle or out of
+    budget, so a SIGTERM must abort at once: `--shutdown-timeout 0`, replacing any value in the
+    engine flags (vLLM's own drain answers late requests HTTP 500 and, past its timeout, never
+    exits while streams are open).
     """
     args = list(settings.engine_args)
     if not has_flag(args, EngineFlag.HOST):
         args += [EngineFlag.HOST, "0.0.0.0"]
     if not has_flag(args, EngineFlag.PORT):
         args += [EngineFlag.PORT, str(settings.api_port)]
-    if not has_flag(args, EngineFlag.SHUTDOWN_TIMEOUT):
-        args += [EngineFlag.SHUTDOWN_TIMEOUT, f"{settings.drain_seconds:g}"]
+    if not has_flag(args, EngineFlag.ENABLE_SERVER_LOAD_TRACKING):
+        args += [EngineFlag.ENABLE_SERVER_LOAD_TRACKING]
+    args = [*without_flag(args, EngineFlag.SHUTDOWN_TIMEOUT), EngineFlag.SHUTDOWN_TIMEOUT, "0"]
     if settings.backend == "simulator":
         return [python, "-m", "llmop_engine", "simulate", *args]
     return ["vllm", "serve", *args]
@@ -140,6 +159,31 @@ class Supervisor:
         if self.proc is not None and self.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, sig)
+
+    def engine_cores(self) -> list[int]:
+        """PIDs of vLLM's EngineCore processes in the engine's process group (none for the
+        simulator). Linux /proc; vLLM names them `VLLM::EngineCore` (setproctitle)."""
+        if self.proc is None or self.returncode is not None:
+            return []
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == self.proc.pid:
+                continue
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) != self.proc.pid:
+                    continue
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if b"EngineCore" in f.read():
+                        found.append(int(entry))
+        return found
+
+    def signal_engine_cores(self, sig: int) -> list[int]:
+        """Send `sig` to the EngineCore processes; returns those signalled."""
+        pids = self.engine_cores()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        return pids
 
     def kill_tree(self) -> None:
         if self.proc is not None:

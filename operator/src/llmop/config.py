@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from llmop.render.settings import (
     DEFAULT_GPU_RESOURCE_NAME,
     DEFAULT_SIMULATOR_IMAGE,
+    DEFAULT_VLLM_CPU_IMAGE,
     DEFAULT_VLLM_IMAGE,
     RenderSettings,
 )
@@ -47,6 +48,8 @@ class OperatorConfig:
     """Default engine image for `backend: vllm`."""
     simulator_image: str = DEFAULT_SIMULATOR_IMAGE
     """Default engine image for `backend: simulator`."""
+    vllm_cpu_image: str = DEFAULT_VLLM_CPU_IMAGE
+    """Default engine image for `backend: vllm` without GPUs (vLLM's CPU build)."""
     service_monitor: bool = False
     """Render a prometheus-operator ServiceMonitor per LLMDeployment."""
     image_pull_policy: str = "IfNotPresent"
@@ -74,6 +77,7 @@ class OperatorConfig:
         return RenderSettings(
             vllm_image=self.vllm_image,
             simulator_image=self.simulator_image,
+            vllm_cpu_image=self.vllm_cpu_image,
             service_monitor=self.service_monitor,
             image_pull_policy=self.image_pull_policy,
             gpu_resource_name=self.gpu_resource_name,
@@ -146,6 +150,9 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--simulator-image", default=default("SIMULATOR_IMAGE", defaults.simulator_image)
     )
     parser.add_argument(
+        "--vllm-cpu-image", default=default("VLLM_CPU_IMAGE", defaults.vllm_cpu_image)
+    )
+    parser.add_argument(
         "--service-monitor",
         action=argparse.BooleanOptionalAction,
         default=_bool(default("SERVICE_MONITOR", "false")),
@@ -213,6 +220,7 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
         bind_address=args.bind_address,
         vllm_image=args.vllm_image,
         simulator_image=args.simulator_image,
+        vllm_cpu_image=args.vllm_cpu_image,
         service_monitor=args.service_monitor,
         image_pull_policy=args.image_pull_policy,
         gpu_resource_name=args.gpu_resource_name,

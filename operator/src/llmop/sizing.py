@@ -13,19 +13,23 @@ from dataclasses import dataclass
 from llmop.api.v1alpha1 import LLMDeploymentSpec, PlanStatus
 from llmop.planner import (
     CapacityPlan,
+    CpuPlanRequest,
     ModelArchitecture,
     PlanRequest,
     lookup_gpu,
     lookup_model,
     plan_capacity,
+    plan_cpu_capacity,
 )
-from llmop.render.engine_args import tensor_parallel_size
+from llmop.quantity import quantity_gib
+from llmop.render.engine_args import cpu_engine, cpu_kv_cache_gib, tensor_parallel_size
 from llmop_engine import contract
 
 REASON_FITS = "Fits"
 REASON_MODEL_UNKNOWN = "ModelUnknown"
 REASON_GPU_MEMORY_UNKNOWN = "GPUMemoryUnknown"
 REASON_NOT_PLANNED = "NoGPUs"
+REASON_CPU_MEMORY_UNKNOWN = "CPUMemoryUnknown"
 
 BASE_LOAD_SECONDS = 600
 """Engine start, CUDA graph capture and torch.compile take minutes even for small models."""
@@ -105,6 +109,8 @@ def plan_for(spec: LLMDeploymentSpec) -> SizingResult:
     """Plan one replica of `spec`; explain when the facts to plan are missing."""
     architecture = architecture_for(spec)
     gpu_memory = gpu_memory_for(spec)
+    if cpu_engine(spec):
+        return _plan_cpu(spec, architecture)
     if spec.resources.gpus == 0:
         return SizingResult(
             plan=None,
@@ -158,5 +164,55 @@ def plan_for(spec: LLMDeploymentSpec) -> SizingResult:
         reason=plan.reason,
         message=plan.message,
         gpu_memory_gib=gpu_memory,
+        load_timeout_seconds=load_timeout_seconds(plan.weights_gib_total),
+    )
+
+
+def _plan_cpu(spec: LLMDeploymentSpec, architecture: ModelArchitecture | None) -> SizingResult:
+    """vLLM's CPU build: the KV budget the renderer gives it (VLLM_CPU_KVCACHE_SPACE) plus the
+    weights and vLLM's runtime against the pod's memory (planner.cpu)."""
+    memory = quantity_gib(spec.resources.memory)
+    kv_gib = cpu_kv_cache_gib(spec)
+    if memory is None or kv_gib is None:
+        return SizingResult(
+            plan=None,
+            reason=REASON_CPU_MEMORY_UNKNOWN,
+            message=(
+                "A CPU engine (backend vllm, resources.gpus 0) needs spec.resources.memory as a "
+                "quantity (e.g. 16Gi) and a numeric VLLM_CPU_KVCACHE_SPACE if spec.engine.env "
+                "sets one: they bound the weights, the KV cache and vLLM's runtime."
+            ),
+            gpu_memory_gib=None,
+            load_timeout_seconds=load_timeout_seconds(None),
+        )
+    if architecture is None:
+        return SizingResult(
+            plan=None,
+            reason=REASON_MODEL_UNKNOWN,
+            message=(
+                f"Model {spec.model.name!r} is not in the planner's catalog; set "
+                "spec.model.architecture to check it against the CPU engine's memory "
+                f"({memory:g} GiB, KV cache {kv_gib} GiB)."
+            ),
+            gpu_memory_gib=None,
+            load_timeout_seconds=load_timeout_seconds(None),
+        )
+    engine = spec.engine
+    plan = plan_cpu_capacity(
+        CpuPlanRequest(
+            architecture=architecture,
+            memory_gib=memory,
+            kv_cache_gib=kv_gib,
+            dtype=engine.dtype,
+            quantization=None if engine.quantization == "none" else engine.quantization,
+            kv_cache_dtype=engine.kv_cache_dtype,
+            max_model_len=engine.max_model_len,
+        )
+    )
+    return SizingResult(
+        plan=plan,
+        reason=plan.reason,
+        message=plan.message,
+        gpu_memory_gib=None,
         load_timeout_seconds=load_timeout_seconds(plan.weights_gib_total),
     )

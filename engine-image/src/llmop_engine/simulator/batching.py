@@ -143,13 +143,19 @@ class BatchEngine:
         self.used_blocks = 0
         self._idle.set()
 
-    async def drain(self, timeout: float) -> None:
-        """vLLM's `--shutdown-timeout`: 0 aborts everything, >0 finishes work up to the deadline."""
+    async def drain(self, timeout: float) -> bool:
+        """vLLM's `--shutdown-timeout`: 0 aborts everything at once; N > 0 finishes work for up
+        to N seconds. Returns True when work was left at the deadline: like vLLM, which then
+        kills its EngineCore, the caller stops the scheduler and leaves those requests unanswered
+        (no abort is delivered)."""
         self.shutting_down = True
         if timeout > 0 and self.has_work():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), timeout)
+            if self.has_work():
+                return True
         self.abort_all("abort")
+        return False
 
     # -- scheduler --------------------------------------------------------------------------
 

@@ -43,7 +43,8 @@ class SimConfig:
     fault_after_seconds: float = 0.0
     slow_factor: float = 10.0
     crash_exit_delay_seconds: float = 1.0
-    crash_exit_code: int = 1
+    # vLLM's API server exits 0 after its EngineCore died: the simulator does the same.
+    crash_exit_code: int = 0
 
     @property
     def served_model_name(self) -> str:
@@ -100,7 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--sim-slow-factor", type=float, default=10.0)
     sim.add_argument("--sim-crash-exit-delay", type=float, default=1.0)
-    sim.add_argument("--sim-crash-exit-code", type=int, default=1)
+    sim.add_argument(
+        "--sim-crash-exit-code",
+        type=int,
+        default=0,
+        help="exit code after a crash [0, what vLLM returns after its EngineCore died]",
+    )
     return p
 
 

@@ -1,13 +1,19 @@
 """The simulator's HTTP server: vLLM's OpenAI-compatible routes over the batching model.
 
 Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (JSON or SSE streaming), `/health`
-(200; 503 once crashed), `/ping`, `/version`, `/metrics` (vLLM names), and the simulation controls
+(200; 503 once crashed), `/ping`, `/version`, `/metrics` (vLLM names), `/load` (in-flight
+generation requests, as vLLM's with `--enable-server-load-tracking`), and the simulation controls
 `POST|GET /sim/fault` and `GET /sim/stats` (request counts, split by probe vs client traffic; probes
 are requests whose User-Agent starts with `llmop-engine-probe`).
 
-Lifecycle like `vllm serve`: nothing listens during the simulated load time (connection refused);
-SIGTERM with `--shutdown-timeout 0` aborts open requests at once, with N > 0 it finishes running and
-waiting work for up to N seconds while new requests come back aborted, then closes the socket.
+Lifecycle like `vllm serve` 0.32 (observed on its CPU build): nothing listens during the simulated
+load time (connection refused), and SIGTERM then is ignored (vLLM does not exit while loading).
+SIGTERM with `--shutdown-timeout 0` aborts open requests at once (`finish_reason: "abort"`) and
+exits. With N > 0 it finishes running and waiting work for up to N seconds while new requests get
+HTTP 500 ("cannot schedule new futures after shutdown"; /health stays 200), then exits. Work left
+at that deadline is never answered: the port closes, open streams get nothing more, and the process
+does not exit while any of them stays open ("Waiting for connections to close"). After a crash
+`/health` answers 503, open requests end with an error, and the process exits with code 0.
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ class SimServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get("/load", self.load)
         app.router.add_get("/sim/stats", self.sim_stats)
         app.router.add_get("/sim/fault", self.get_fault)
         app.router.add_post("/sim/fault", self.post_fault)
@@ -126,6 +133,10 @@ class SimServer:
             len(self.engine.running), len(self.engine.waiting), self.engine.kv_usage
         )
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def load(self, request: web.Request) -> web.Response:
+        """vLLM's `/load` (with --enable-server-load-tracking): generation requests in flight."""
+        return web.json_response({"server_load": self.active_handlers})
 
     async def sim_stats(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -219,6 +230,9 @@ class SimServer:
             )
         if self.engine.dead:
             return _error(500, "EngineCore encountered an issue.", "EngineDeadError")
+        if self.engine.shutting_down:
+            # vLLM's engine client is shut down once SIGTERM arrived: an internal error, not a 503.
+            return _error(500, "cannot schedule new futures after shutdown", "InternalServerError")
         try:
             body = await request.json()
             if not isinstance(body, dict):
@@ -378,11 +392,11 @@ class SimServer:
             loop.add_signal_handler(sig, self.stop_event.set)
         log.info("loading model %s (simulated, %.1fs)", self.cfg.model, self.cfg.load_seconds)
         # Like vLLM, nothing listens until the weights are loaded: clients get connection refused.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stop_event.wait(), self.cfg.load_seconds)
+        # And like vLLM, a SIGTERM meanwhile is not acted on (the loader does not look).
+        await asyncio.sleep(self.cfg.load_seconds)
         if self.stop_event.is_set():
-            log.info("terminated during load")
-            return 0
+            log.info("ignored a termination signal received while loading")
+            self.stop_event.clear()
         blocks = self.cfg.num_gpu_blocks
         log.info("GPU KV cache size: %s tokens (simulated)", f"{blocks * self.cfg.block_size:,}")
         engine_task = asyncio.create_task(self.engine.run(), name="sim-scheduler")
@@ -400,7 +414,8 @@ class SimServer:
             mode = "drain" if self.cfg.shutdown_timeout > 0 else "abort"
             log.info("[shutdown] API server: shutdown triggered")
             log.info("stopping engine client mode=%s timeout=%ss", mode, self.cfg.shutdown_timeout)
-            await self.engine.drain(self.cfg.shutdown_timeout)
+            if await self.engine.drain(self.cfg.shutdown_timeout):
+                await self._hang_on_open_streams(site)
         # Let handlers write their final chunks before the socket closes.
         deadline = time.monotonic() + 2.0
         while self.active_handlers and time.monotonic() < deadline:
@@ -412,6 +427,20 @@ class SimServer:
             await engine_task
         log.info("simulator exited (code %d)", self.exit_code)
         return self.exit_code
+
+    async def _hang_on_open_streams(self, site: web.TCPSite) -> None:
+        """vLLM past its shutdown timeout: EngineCore killed, port closed, open streams left
+        without another byte, and no exit while any client keeps one open."""
+        log.warning(
+            "[shutdown] shutdown timeout %ss exceeded with %d requests left; killing EngineCore",
+            self.cfg.shutdown_timeout,
+            len(self.engine.running) + len(self.engine.waiting),
+        )
+        self.engine.stop()
+        await site.stop()
+        log.info("Waiting for connections to close. (CTRL+C to force quit)")
+        while self.active_handlers:
+            await asyncio.sleep(0.1)
 
 
 def run(cfg: SimConfig) -> int:

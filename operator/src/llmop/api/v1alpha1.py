@@ -265,7 +265,9 @@ class ResourcesSpec(ApiModel):
     """Compute resources of one engine pod."""
 
     gpus: int = Field(default=1, ge=0, le=64)
-    """GPUs per pod (the GPU resource limit). Zero only with the simulator backend."""
+    """GPUs per pod (the GPU resource limit). Zero runs the simulator, or with the vllm backend
+    vLLM's CPU build (the operator's CPU engine image; needs `memory`, which bounds the weights,
+    the KV cache `VLLM_CPU_KVCACHE_SPACE` and vLLM's runtime)."""
     gpu_resource_name: str | None = Field(
         default=None,
         min_length=1,
@@ -482,10 +484,12 @@ class LLMDeploymentSpec(ApiModel):
                     ".engine.tensorParallelSize",
                 ),
                 cel(
-                    "self.engine.backend == 'simulator' || self.resources.gpus >= 1",
-                    "spec.resources.gpus must be at least 1 for the vllm backend (0 GPUs is only "
-                    "for backend: simulator)",
-                    ".resources.gpus",
+                    "self.engine.backend == 'simulator' || self.resources.gpus >= 1 "
+                    "|| has(self.resources.memory)",
+                    "spec.resources.memory is required for a CPU engine (backend vllm with "
+                    "resources.gpus 0): it must hold the weights, the KV cache "
+                    "(VLLM_CPU_KVCACHE_SPACE) and vLLM's runtime; set it, e.g. 16Gi",
+                    ".resources.memory",
                 ),
                 cel(
                     "!has(self.engine.maxModelLen) || !has(self.model.architecture) "

@@ -9,10 +9,13 @@ Every name the agent reads back (its flags, its variables, the vLLM flags it ins
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec, ModelSpec, SpeculativeSpec
+from llmop.planner.cpu import default_kv_cache_gib
+from llmop.quantity import quantity_gib, quantity_value
 from llmop_engine import contract
 from llmop_engine.contract import EngineFlag, Env
 
@@ -37,6 +40,25 @@ def pvc_claim(model: ModelSpec) -> str | None:
 def served_model_name(deployment: LLMDeployment) -> str:
     """Name clients put in the OpenAI `model` field."""
     return deployment.spec.model.served_name or deployment.metadata.name
+
+
+def cpu_engine(spec: LLMDeploymentSpec) -> bool:
+    """vLLM's CPU build: backend vllm with no GPUs (the engine-cpu image)."""
+    return spec.engine.backend == "vllm" and spec.resources.gpus == 0
+
+
+def cpu_kv_cache_gib(spec: LLMDeploymentSpec) -> int | None:
+    """`VLLM_CPU_KVCACHE_SPACE` of a CPU engine: the user's (spec.engine.env) when set, else a
+    default from the pod's memory (planner.default_kv_cache_gib); None for GPU engines. The
+    planner checks this same value against the pod's memory."""
+    if not cpu_engine(spec):
+        return None
+    for var in spec.engine.env:
+        if var.name == Env.VLLM_CPU_KVCACHE_SPACE and var.value:
+            number = quantity_value(var.value)
+            return None if number is None else math.ceil(number)
+    memory = quantity_gib(spec.resources.memory)
+    return None if memory is None else default_kv_cache_gib(memory)
 
 
 def tensor_parallel_size(spec: LLMDeploymentSpec) -> int:
@@ -107,6 +129,10 @@ def agent_env(deployment: LLMDeployment, *, load_timeout_seconds: int) -> list[d
         Env.AGENT_SOCKET: f"{names.AGENT_SOCKET_DIR}/agent.sock",
         Env.HF_HOME: names.MODEL_CACHE_PATH,
     }
+    user_vars = {var.name for var in spec.engine.env}
+    kv_gib = cpu_kv_cache_gib(spec)
+    if kv_gib is not None and Env.VLLM_CPU_KVCACHE_SPACE not in user_vars:
+        plain[Env.VLLM_CPU_KVCACHE_SPACE] = str(kv_gib)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
     if spec.model.token_secret_ref is not None:
         token = spec.model.token_secret_ref

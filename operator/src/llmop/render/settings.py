@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 DEFAULT_VLLM_IMAGE = "ghcr.io/llmop/engine:0.1.0"
 DEFAULT_SIMULATOR_IMAGE = "ghcr.io/llmop/engine-sim:0.1.0"
+DEFAULT_VLLM_CPU_IMAGE = "ghcr.io/llmop/engine-cpu:0.1.0"
 DEFAULT_GPU_RESOURCE_NAME = "nvidia.com/gpu"
 
 
@@ -17,6 +18,8 @@ class RenderSettings:
     """Engine image for `backend: vllm` when the CR names none."""
     simulator_image: str = DEFAULT_SIMULATOR_IMAGE
     """Engine image for `backend: simulator` when the CR names none."""
+    vllm_cpu_image: str = DEFAULT_VLLM_CPU_IMAGE
+    """Engine image for `backend: vllm` with `resources.gpus: 0` (vLLM's CPU build)."""
     service_monitor: bool = False
     """Render a prometheus-operator ServiceMonitor for each LLMDeployment."""
     image_pull_policy: str = "IfNotPresent"

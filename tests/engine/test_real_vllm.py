@@ -1,0 +1,479 @@
+"""The agent in front of the real engine: vLLM's CPU build serving a tiny random-weight model.
+
+Real processes, no Kubernetes, no GPU, no model hub. Three engines, one after the other (each
+~4.2 GiB and 60-100 s to start), each shared by the tests of one class:
+
+- `TestServing` (metrics on, no API key): probes while loading / idle / busy, the agent's load
+  figures equal vLLM's own, hangs of the EngineCore and of the API server (SIGSTOP) detected and
+  recovered from (SIGCONT), then a drain within budget under streams: 0 lost, late requests
+  served;
+- `TestNoMetricsApiKey` (`--disable-log-stats`, `VLLM_API_KEY`): the deep probe with a key, a
+  saturated engine without metrics is not killed, a crash (EngineCore killed; vLLM exits 0)
+  makes the agent exit non-zero;
+- `TestOverBudget`: a drain whose work outlasts the budget ends every stream cleanly, without
+  SIGKILL, exit code 0, the cut reported.
+
+Measured numbers are printed in the terminal summary (tests/engine/conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from engine import real_vllm
+from engine.real_vllm import MEASURED, Engine, http_get, metric_values, stream
+from llmop_engine import contract
+from support import tiny_model
+
+pytestmark = [pytest.mark.vllm, pytest.mark.engine]
+
+STALL = 12.0
+INTERVAL = 4.0
+PROBE_TIMEOUT = 3.0
+PROPAGATION = 1.0
+AGENT_ENV = {
+    "LLMOP_STALL_SECONDS": f"{STALL:g}",
+    "LLMOP_DEEP_PROBE_INTERVAL_SECONDS": f"{INTERVAL:g}",
+    "LLMOP_DEEP_PROBE_TIMEOUT_SECONDS": f"{PROBE_TIMEOUT:g}",
+    "LLMOP_POLL_INTERVAL_SECONDS": "0.5",
+    "LLMOP_ENDPOINT_PROPAGATION_SECONDS": f"{PROPAGATION:g}",
+    "LLMOP_DRAIN_SECONDS": "30",
+}
+START_TIMEOUT = 300.0
+
+
+@pytest.fixture(scope="session")
+def vllm_dir() -> Path:
+    try:
+        return real_vllm.venv()
+    except real_vllm.UnavailableError as exc:
+        real_vllm.SKIPPED.append(str(exc))
+        pytest.skip(f"REAL vLLM TESTS SKIPPED: {exc}")
+
+
+@pytest.fixture(scope="session")
+def model_dir(vllm_dir: Path) -> Path:
+    started = time.monotonic()
+    path = tiny_model.ensure(str(vllm_dir / "bin" / "python"))
+    MEASURED["tiny model (make or reuse)"] = f"{time.monotonic() - started:.1f}s"
+    return path
+
+
+def _engine(
+    vllm_dir: Path,
+    model_dir: Path,
+    tmp: Path,
+    name: str,
+    engine_args: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    api_key: str | None = None,
+) -> Iterator[Engine]:
+    e = real_vllm.start(
+        vllm_dir,
+        model_dir,
+        tmp,
+        engine_args=engine_args,
+        env={**AGENT_ENV, **(env or {})},
+        api_key=api_key,
+    )
+    try:
+        took = asyncio.run(real_vllm.wait_ready(e, START_TIMEOUT))
+        MEASURED[f"{name}: start to ready"] = f"{took:.1f}s"
+        yield e
+    finally:
+        e.stop()
+        MEASURED[f"{name}: peak RSS of agent + vLLM tree"] = real_vllm.gib(e.peak_rss)
+
+
+def secs(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f}s"
+
+
+async def pending_streams(
+    http: aiohttp.ClientSession, e: Engine, n: int, tokens: int
+) -> list[asyncio.Task[real_vllm.StreamResult]]:
+    return [asyncio.create_task(stream(http, e, tokens)) for _ in range(n)]
+
+
+async def status(http: aiohttp.ClientSession, e: Engine) -> dict[str, object]:
+    async with http.get(e.probes + "/status") as r:
+        body: dict[str, object] = await r.json()
+        return body
+
+
+async def wait_for(
+    http: aiohttp.ClientSession, url: str, want: int, timeout: float, step: float = 0.1
+) -> float | None:
+    """Seconds until `url` answers `want`, or None."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        code, _ = await http_get(http, url, timeout=2.0)
+        if code == want:
+            return time.monotonic() - started
+        await asyncio.sleep(step)
+    return None
+
+
+class TestServing:
+    @pytest.fixture(scope="class")
+    def engine(self, vllm_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+        yield from _engine(
+            vllm_dir, model_dir, tmp_path_factory.mktemp("vllm-a"), "engine A",
+            ["--max-num-seqs", "4"],
+        )  # fmt: skip
+
+    @pytest.mark.timeout(420)
+    def test_loading_is_alive_not_ready(self, engine: Engine) -> None:
+        answered = [(live, ready) for live, ready in engine.loading_seen if live]
+        print(f"\nloading: {len(answered)} probe pairs, ready after {engine.start_seconds:.0f}s")
+        assert len(answered) >= 10  # the port does not listen for a minute or more
+        assert all(pair == (200, 503) for pair in answered), engine.loading_seen
+
+    @pytest.mark.timeout(60)
+    def test_idle_deep_probe_without_api_key(self, engine: Engine) -> None:
+        async def scenario() -> dict[str, object]:
+            async with aiohttp.ClientSession() as http:
+                await asyncio.sleep(INTERVAL + 1)
+                return await status(http, engine)
+
+        s = asyncio.run(scenario())
+        probe = s["lastDeepProbe"]
+        assert isinstance(probe, dict)
+        assert probe["ok"] is True, probe
+        assert (s["phase"], s["ready"], s["live"]) == ("ready", True, True)
+        assert s["servedModelName"] == real_vllm.MODEL_NAME
+        MEASURED["deep probe latency (idle, one token)"] = f"{probe['latencySeconds']}s"
+
+    @pytest.mark.timeout(120)
+    def test_busy_metrics_equal_vllms_own_and_no_probe_while_busy(self, engine: Engine) -> None:
+        """With 4 slots and 10 long streams: running 4, waiting 6, read at the same moment."""
+
+        async def scenario() -> tuple[list[tuple[object, ...]], float, list[int]]:
+            async with aiohttp.ClientSession() as http:
+                streams = await pending_streams(http, engine, 10, 1500)
+                await asyncio.sleep(4.0)
+                _, before = await http_get(http, engine.probes + "/metrics")
+                matches: list[tuple[object, ...]] = []
+                probes: list[int] = []
+                for _ in range(10):
+                    _, text = await http_get(http, engine.api + "/metrics")
+                    s = await status(http, engine)
+                    vllm = (
+                        sum(metric_values(text, "vllm:num_requests_waiting")),
+                        sum(metric_values(text, "vllm:num_requests_running")),
+                    )
+                    matches.append(
+                        (vllm, (s["queueDepth"], s["running"]), s["kvCacheCapacityTokens"])
+                    )
+                    probes.append((await http_get(http, engine.probes + "/livez"))[0])
+                    probes.append((await http_get(http, engine.probes + "/readyz"))[0])
+                    await asyncio.sleep(0.5)
+                _, after = await http_get(http, engine.probes + "/metrics")
+                for t in streams:
+                    t.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+            sent = (
+                metric_values(after, "llmop_engine_deep_probes_total")[0]
+                - metric_values(before, "llmop_engine_deep_probes_total")[0]
+            )
+            return matches, sent, probes
+
+        matches, probes_sent, codes = asyncio.run(scenario())
+        print(f"\nbusy: (vLLM waiting, running) vs agent, 10 reads: {matches}")
+        assert all(code == 200 for code in codes), codes
+        assert probes_sent == 0  # busy: progress counters decide, no probe joins the queue
+        equal = [m for m in matches if m[0] == m[1]]
+        assert len(equal) >= 8, matches  # the agent is at most one 0.5 s poll behind
+        assert any(m[0] == (6.0, 4.0) for m in matches), matches
+        # vLLM's own figure (vllm:cache_config_info kv_cache_size_tokens), read back unchanged.
+        assert all(m[2] == 524288 for m in matches), matches
+
+    @pytest.mark.timeout(150)
+    def test_engine_core_hang_detected_and_recovered(self, engine: Engine) -> None:
+        core = engine.engine_core_pid()
+
+        async def scenario() -> tuple[float | None, float | None, float | None, list[bool]]:
+            async with aiohttp.ClientSession() as http:
+                streams = await pending_streams(http, engine, 8, 400)
+                await asyncio.sleep(2.0)
+                os.kill(core, signal.SIGSTOP)
+                try:
+                    not_ready = await wait_for(http, engine.probes + "/readyz", 503, STALL + 10)
+                    dead = await wait_for(http, engine.probes + "/livez", 503, STALL + 10)
+                finally:
+                    os.kill(core, signal.SIGCONT)
+                back = await wait_for(http, engine.probes + "/readyz", 200, 20)
+                results = await asyncio.gather(*streams)
+            return not_ready, dead, back, [r.ok for r in results]
+
+        not_ready, dead, back, oks = asyncio.run(scenario())
+        MEASURED[
+            "EngineCore SIGSTOP, 8 pending: readiness off / liveness off / ready after SIGCONT"
+        ] = f"{secs(not_ready)} / {secs(dead)} / {secs(back)} (stall {STALL:g}s)"
+        assert not_ready is not None
+        assert dead is not None
+        assert back is not None
+        assert not_ready <= min(STALL, INTERVAL) + 2.5
+        # liveness measured from readiness-off onwards: total since SIGSTOP within stall + 2 polls.
+        assert STALL - 1 <= not_ready + dead <= STALL + 3
+        assert all(oks), oks  # every pending request completed after SIGCONT
+
+    @pytest.mark.timeout(120)
+    def test_api_server_hang_detected_and_recovered(self, engine: Engine) -> None:
+        api = engine.vllm_pid()
+
+        async def scenario() -> tuple[
+            float | None, float | None, float | None, tuple[object, ...], tuple[object, ...]
+        ]:
+            async with aiohttp.ClientSession() as http:
+                before = (await status(http, engine))["queueDepth"], "published"
+                os.kill(api, signal.SIGSTOP)
+                stopped = time.monotonic()
+                try:
+                    not_ready = await wait_for(http, engine.probes + "/readyz", 503, STALL + 10)
+                    # Bug 7: what the agent publishes while it cannot read the engine.
+                    _, text = await http_get(http, engine.probes + "/metrics")
+                    stale = (
+                        (await status(http, engine))["queueDepth"],
+                        "llmop_engine_queue_depth " in text,
+                    )
+                    dead = await wait_for(http, engine.probes + "/livez", 503, STALL + 10)
+                    dead = None if dead is None else time.monotonic() - stopped
+                finally:
+                    os.kill(api, signal.SIGCONT)
+                back = await wait_for(http, engine.probes + "/livez", 200, 30)
+                await wait_for(http, engine.probes + "/readyz", 200, 30)
+            return not_ready, dead, back, before, stale
+
+        not_ready, dead, back, before, stale = asyncio.run(scenario())
+        MEASURED["API server SIGSTOP (idle): readiness off / liveness off / live after SIGCONT"] = (
+            f"{secs(not_ready)} / {secs(dead)} / {secs(back)}; load published while stopped: "
+            f"{stale}"
+        )
+        assert not_ready is not None
+        assert dead is not None
+        assert back is not None
+        assert not_ready <= PROBE_TIMEOUT + 3
+        assert STALL - 1 <= dead <= STALL + 6  # a /health call may be in flight for 3 s
+        assert before == (0, "published")
+        # Unknown while unreachable: no queue depth in /status, no series for the HPA.
+        assert stale == (None, False)
+        assert back <= 10
+
+    @pytest.mark.timeout(180)
+    def test_drain_within_budget_under_streams_loses_nothing(self, engine: Engine) -> None:
+        """preStop + SIGTERM with 8 streams in flight and 3 late requests after the propagation
+        window: all complete normally, the agent exits 0."""
+
+        async def scenario() -> tuple[list[real_vllm.StreamResult], list[real_vllm.StreamResult],
+                                      float | None, int | None, float]:  # fmt: skip
+            async with aiohttp.ClientSession() as http:
+                # 8 streams over 4 slots, 800 tokens each: ~15 s of work, inside the 30 s budget.
+                streams = await pending_streams(http, engine, 8, 800)
+                await asyncio.sleep(1.0)
+                exec_at = time.monotonic()
+                # The kubelet's order: preStop hook (the agent's clock starts when it arrives),
+                # then SIGTERM once the hook returned.
+                hook = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "llmop_engine", "drain", "--socket",
+                    engine.socket_path, "--no-wait",
+                )  # fmt: skip
+                not_ready = await wait_for(http, engine.probes + "/readyz", 503, 30, step=0.05)
+                assert not_ready is not None
+                started = time.monotonic()
+                await hook.wait()
+                engine.proc.send_signal(signal.SIGTERM)
+                # Clients whose endpoint lists lag past the propagation window.
+                await asyncio.sleep(max(0.0, PROPAGATION + 0.5 - (time.monotonic() - started)))
+                late = await asyncio.gather(*(stream(http, engine, 20) for _ in range(3)))
+                results = await asyncio.gather(*streams)
+            code = await asyncio.to_thread(engine.wait_exit, 60)
+            return results, late, started - exec_at, code, time.monotonic() - started
+
+        results, late, delivery, code, took = asyncio.run(scenario())
+        lost = [r for r in results if not r.ok]
+        MEASURED["preStop hook: exec to readiness off (the drain reached the agent)"] = (
+            f"{secs(delivery)}"
+        )
+        MEASURED["drain within budget: streams / lost / late served / agent exit after drain"] = (
+            f"8 / {len(lost)} / {sum(r.ok for r in late)} of 3 / {took:.1f}s, code {code}"
+        )
+        assert lost == [], lost
+        assert all(r.ok for r in late), late  # vLLM's own drain answered these HTTP 500
+        assert code == 0, engine.log_tail()
+        assert "killing it" not in engine.log_tail(100000)
+
+
+class TestNoMetricsApiKey:
+    KEY = "sk-llmop-test"
+
+    @pytest.fixture(scope="class")
+    def engine(self, vllm_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+        yield from _engine(
+            vllm_dir, model_dir, tmp_path_factory.mktemp("vllm-b"), "engine B",
+            ["--max-num-seqs", "2", "--disable-log-stats"], api_key=self.KEY,
+        )  # fmt: skip
+
+    @pytest.mark.timeout(420)
+    def test_deep_probe_with_api_key(self, engine: Engine) -> None:
+        async def scenario() -> tuple[int, dict[str, object]]:
+            async with aiohttp.ClientSession() as http:
+                async with http.post(
+                    engine.api + "/v1/completions",
+                    json={"model": real_vllm.MODEL_NAME, "prompt": "x", "max_tokens": 1},
+                ) as r:
+                    unauthenticated = r.status
+                return unauthenticated, await status(http, engine)
+
+        unauthenticated, s = asyncio.run(scenario())
+        assert unauthenticated == 401  # the key is enforced...
+        probe = s["lastDeepProbe"]
+        assert isinstance(probe, dict)
+        assert probe["ok"] is True, probe  # ...and the agent's probe carries it
+        assert s["ready"] is True
+        assert s["queueDepth"] is None  # no metrics: unknown, not 0
+
+    @pytest.mark.timeout(150)
+    def test_saturated_without_metrics_is_not_killed(self, engine: Engine) -> None:
+        window = 2 * STALL + INTERVAL
+
+        async def scenario() -> tuple[list[int], str]:
+            async with aiohttp.ClientSession() as http:
+                streams = await pending_streams(http, engine, 12, 1500)
+                lives = []
+                started = time.monotonic()
+                while time.monotonic() - started < window:
+                    lives.append((await http_get(http, engine.probes + "/livez"))[0])
+                    await asyncio.sleep(0.5)
+                probe = (await status(http, engine))["lastDeepProbe"]
+                for t in streams:
+                    t.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+            return lives, str(probe)
+
+        lives, probe = asyncio.run(scenario())
+        print(f"\nno metrics, saturated {window:.0f}s: {len(lives)} liveness checks; {probe}")
+        assert "timed out" in probe  # the probe did queue behind real work
+        assert all(code == 200 for code in lives), lives
+        assert "exports no vllm:* metrics" in engine.log_tail(200000)
+
+    @pytest.mark.timeout(120)
+    def test_crash_makes_the_agent_exit_nonzero(self, engine: Engine) -> None:
+        core = engine.engine_core_pid()
+
+        async def scenario() -> tuple[list[int], int | None, float]:
+            async with aiohttp.ClientSession() as http:
+                os.kill(core, signal.SIGKILL)
+                killed = time.monotonic()
+                lives = []
+                while engine.proc.poll() is None and time.monotonic() - killed < 60:
+                    lives.append((await http_get(http, engine.probes + "/livez", 1.0))[0])
+                    await asyncio.sleep(0.2)
+            return lives, engine.wait_exit(10), time.monotonic() - killed
+
+        lives, code, took = asyncio.run(scenario())
+        MEASURED["crash (EngineCore SIGKILL): agent exit code / after"] = f"{code} / {took:.1f}s"
+        assert code not in (0, None), engine.log_tail()
+        # From the first failure on, liveness never came back (the closing port is not recovery).
+        first = lives.index(503) if 503 in lives else len(lives)
+        assert all(c in (503, 0) for c in lives[first:]), lives
+
+
+class TestOverBudget:
+    DRAIN = 4.0
+
+    @pytest.fixture(scope="class")
+    def engine(self, vllm_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+        yield from _engine(
+            vllm_dir, model_dir, tmp_path_factory.mktemp("vllm-c"), "engine C",
+            ["--max-num-seqs", "8"], env={"LLMOP_DRAIN_SECONDS": f"{self.DRAIN:g}"},
+        )  # fmt: skip
+
+    @pytest.mark.timeout(420)
+    def test_over_budget_ends_streams_cleanly_exit_0_cut_reported(self, engine: Engine) -> None:
+        async def scenario() -> tuple[list[real_vllm.StreamResult], float, int | None, float]:
+            async with aiohttp.ClientSession() as http:
+                streams = await pending_streams(http, engine, 8, 1800)
+                await asyncio.sleep(2.0)
+                engine.proc.send_signal(signal.SIGTERM)
+                started = time.monotonic()
+                cut = 0.0
+                while engine.proc.poll() is None and time.monotonic() - started < 60:
+                    _, text = await http_get(http, engine.probes + "/metrics", 1.0)
+                    cut = max([cut, *metric_values(text, "llmop_engine_drain_cut_requests")])
+                    await asyncio.sleep(0.1)
+                results = await asyncio.gather(*streams)
+                ended = time.monotonic() - started
+            return results, cut, await asyncio.to_thread(engine.wait_exit, 10), ended
+
+        results, cut, code, ended = asyncio.run(scenario())
+        reasons = sorted({(r.finish_reason, r.error) for r in results}, key=str)
+        MEASURED["over budget (8 streams, drain 4s): ends / cut metric / exit"] = (
+            f"{reasons} / {cut:g} / {ended:.1f}s after SIGTERM, code {code}"
+        )
+        assert all(r.clean_end for r in results), results
+        assert all(r.finish_reason == "abort" for r in results), reasons
+        assert code == 0, engine.log_tail()
+        assert cut == 8
+        # Within the budget plus the engine's exit grace (the agent's SIGKILL point).
+        assert ended <= PROPAGATION + self.DRAIN + contract.ENGINE_EXIT_GRACE_SECONDS
+        log = engine.log_tail(200000)
+        assert "killing it" not in log
+        assert "exhausted with 8 requests in the engine" in log
+
+
+class TestStopWhileLoading:
+    @pytest.mark.timeout(240)
+    def test_sigterm_while_loading_stops_in_seconds(
+        self, vllm_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    ) -> None:
+        """vLLM ignores SIGTERM while it loads; the agent used to wait drain + 10 s, then
+        SIGKILL (exit 137). An engine that never listened has nothing to drain."""
+        e = real_vllm.start(vllm_dir, model_dir, tmp_path_factory.mktemp("vllm-d"), env=AGENT_ENV)
+        try:
+
+            async def scenario() -> tuple[float, int | None, list[int]]:
+                async with aiohttp.ClientSession() as http:
+                    assert await wait_for(http, e.probes + "/livez", 200, 30) is not None
+                    # Loading proper: the EngineCore runs (load + compile take a minute or more).
+                    # Earlier, vLLM has no handler yet and simply dies of the SIGTERM.
+                    deadline = time.monotonic() + 120
+                    while time.monotonic() < deadline:
+                        with contextlib.suppress(RuntimeError):
+                            e.engine_core_pid()
+                            break
+                        await asyncio.sleep(0.5)
+                    await asyncio.sleep(5.0)
+                    code, _ = await http_get(http, e.probes + "/readyz")
+                    assert code == 503
+                tree = e.tree()
+                e.proc.send_signal(signal.SIGTERM)
+                started = time.monotonic()
+                code = await asyncio.to_thread(e.wait_exit, 60)
+                took = time.monotonic() - started
+                # Killed processes re-parented to init are reaped by it: wait for that.
+                deadline = time.monotonic() + 15
+                left = tree
+                while left and time.monotonic() < deadline:
+                    await asyncio.sleep(0.5)
+                    left = [pid for pid in tree if real_vllm.running(pid)]
+                return took, code, left
+
+            took, code, left = asyncio.run(scenario())
+        finally:
+            e.stop()
+        MEASURED["SIGTERM while loading: agent exit after / code"] = f"{took:.1f}s / {code}"
+        assert took < 5.0, e.log_tail()
+        assert code == 0
+        assert left == []  # no vLLM process outlives the agent
