@@ -19,13 +19,12 @@ from llmop.planner import (
     lookup_model,
     plan_capacity,
 )
-from llmop.render.engine_args import tensor_parallel_size
 from llmop_engine import contract
 
 REASON_FITS = "Fits"
 REASON_MODEL_UNKNOWN = "ModelUnknown"
 REASON_GPU_MEMORY_UNKNOWN = "GPUMemoryUnknown"
-REASON_NOT_PLANNED = "NoGPUs"
+REASON_NO_GPUS = "NoGPUs"
 
 BASE_LOAD_SECONDS = 600
 """Engine start, CUDA graph capture and torch.compile take minutes even for small models."""
@@ -108,7 +107,7 @@ def plan_for(spec: LLMDeploymentSpec) -> SizingResult:
     if spec.resources.gpus == 0:
         return SizingResult(
             plan=None,
-            reason=REASON_NOT_PLANNED,
+            reason=REASON_NO_GPUS,
             message="No GPUs requested (simulator backend): nothing to plan.",
             gpu_memory_gib=None,
             load_timeout_seconds=load_timeout_seconds(None),
@@ -141,7 +140,7 @@ def plan_for(spec: LLMDeploymentSpec) -> SizingResult:
         PlanRequest(
             architecture=architecture,
             gpu_memory_gib=gpu_memory,
-            tensor_parallel_size=tensor_parallel_size(spec),
+            tensor_parallel_size=spec.tensor_parallel_size,
             dtype=engine.dtype,
             quantization=None if engine.quantization == "none" else engine.quantization,
             kv_cache_dtype=engine.kv_cache_dtype,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmop import names
+from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
 from llmop.render import engine_args
 from llmop.render.hashing import template_hash
 from llmop.render.metadata import child_metadata
-from llmop.render.settings import RenderSettings
+from llmop.settings import RenderSettings
 from llmop_engine import contract
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -35,12 +35,12 @@ def progress_deadline_seconds(load_timeout_seconds: int) -> int:
 
 
 def render_deployment(
-    deployment: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
 ) -> dict[str, Any]:
     """The Deployment. Without `spec.replicas` when autoscaling is on: the HPA owns the count."""
-    name = deployment.metadata.name
-    spec = deployment.spec
-    pod_spec = _pod_spec(deployment, settings, load_timeout_seconds=load_timeout_seconds)
+    name = llmd.metadata.name
+    spec = llmd.spec
+    pod_spec = _pod_spec(llmd, settings, load_timeout_seconds=load_timeout_seconds)
     pod_metadata: dict[str, Any] = {
         "labels": names.child_labels(name),
         "annotations": {
@@ -70,10 +70,10 @@ def render_deployment(
         "template": template,
     }
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "apiVersion": kinds.DEPLOYMENT.api_version,
+        "kind": kinds.DEPLOYMENT.kind,
         "metadata": {
-            **child_metadata(deployment),
+            **child_metadata(llmd),
             "annotations": {names.ANNOTATION_TEMPLATE_HASH: digest},
         },
         "spec": deployment_spec,
@@ -81,9 +81,9 @@ def render_deployment(
 
 
 def _pod_spec(
-    deployment: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
 ) -> dict[str, Any]:
-    spec = deployment.spec
+    spec = llmd.spec
     scheduling = spec.scheduling
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -96,8 +96,8 @@ def _pod_spec(
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_engine_container(deployment, settings, load_timeout_seconds)],
-        "volumes": _volumes(deployment),
+        "containers": [_engine_container(llmd, settings, load_timeout_seconds)],
+        "volumes": _volumes(llmd),
     }
     node_selector = dict(sorted(scheduling.node_selector.items()))
     if spec.resources.gpu_product:
@@ -121,7 +121,7 @@ def _pod_spec(
     if scheduling.priority_class_name:
         pod["priorityClassName"] = scheduling.priority_class_name
     if scheduling.topology_spread_constraints:
-        selector = {"matchLabels": names.selector_labels(deployment.metadata.name)}
+        selector = {"matchLabels": names.selector_labels(llmd.metadata.name)}
         pod["topologySpreadConstraints"] = [
             {"labelSelector": selector, **constraint}
             for constraint in scheduling.topology_spread_constraints
@@ -130,16 +130,16 @@ def _pod_spec(
 
 
 def _engine_container(
-    deployment: LLMDeployment, settings: RenderSettings, load_timeout_seconds: int
+    llmd: LLMDeployment, settings: RenderSettings, load_timeout_seconds: int
 ) -> dict[str, Any]:
-    spec = deployment.spec
+    spec = llmd.spec
     probe_port = {"port": names.PROBE_PORT_NAME}
     return {
         "name": names.ENGINE_CONTAINER,
         "image": _image(spec, settings),
         "imagePullPolicy": settings.image_pull_policy,
-        "args": engine_args.agent_args(deployment),
-        "env": engine_args.agent_env(deployment, load_timeout_seconds=load_timeout_seconds),
+        "args": engine_args.agent_args(llmd),
+        "env": engine_args.agent_env(llmd, load_timeout_seconds=load_timeout_seconds),
         "ports": [
             {"name": names.API_PORT_NAME, "containerPort": spec.service.port, "protocol": "TCP"},
             {"name": names.PROBE_PORT_NAME, "containerPort": names.PROBE_PORT, "protocol": "TCP"},
@@ -173,7 +173,7 @@ def _engine_container(
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
         },
-        "volumeMounts": _volume_mounts(deployment),
+        "volumeMounts": _volume_mounts(llmd),
     }
 
 
@@ -206,8 +206,8 @@ def _resources(spec: LLMDeploymentSpec, settings: RenderSettings) -> dict[str, A
     return out
 
 
-def _volumes(deployment: LLMDeployment) -> list[dict[str, Any]]:
-    spec = deployment.spec
+def _volumes(llmd: LLMDeployment) -> list[dict[str, Any]]:
+    spec = llmd.spec
     shm = spec.resources.shared_memory or DEFAULT_SHM[spec.engine.backend]
     volumes: list[dict[str, Any]] = [
         {"name": names.DEV_SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
@@ -222,13 +222,13 @@ def _volumes(deployment: LLMDeployment) -> list[dict[str, Any]]:
     return volumes
 
 
-def _volume_mounts(deployment: LLMDeployment) -> list[dict[str, Any]]:
+def _volume_mounts(llmd: LLMDeployment) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [
         {"name": names.DEV_SHM_VOLUME, "mountPath": "/dev/shm"},
         {"name": names.MODEL_CACHE_VOLUME, "mountPath": names.MODEL_CACHE_PATH},
         {"name": "agent-run", "mountPath": names.AGENT_SOCKET_DIR},
     ]
-    claim = engine_args.pvc_claim(deployment.spec.model)
+    claim = engine_args.pvc_claim(llmd.spec.model)
     if claim is not None:
         mounts.append(
             {
