@@ -187,7 +187,9 @@ def live_rendered(spec: dict[str, Any], kind: ChildKind) -> dict[str, Any]:
 
 def test_child_plan_applies_only_a_drifted_or_missing_child() -> None:
     service = live_rendered(FIXED_2, kinds.SERVICE)
-    calm = plan_children(desired(FIXED_2), {kinds.SERVICE: service}, parent=PARENT, only=kinds.SERVICE)
+    calm = plan_children(
+        desired(FIXED_2), {kinds.SERVICE: service}, parent=PARENT, only=kinds.SERVICE
+    )
     assert not calm
     service["spec"]["ports"][0]["targetPort"] = 9999
     repair = plan_children(
