@@ -24,17 +24,19 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from llmop.kube import Kube, KubeError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.readiness import ReadyWatch
 
 API_VERSION = "serving.llmop.dev/v1alpha1"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -64,61 +66,10 @@ class Row:
     ready_dips: int = 0
 
 
-@dataclass
-class ReadyWatch:
-    """Watches every CR's Ready condition in one namespace (a real watch: no dip is missed)."""
+def _api_client() -> Any:
+    from kubernetes import config
 
-    namespace: str
-    ready: dict[str, tuple[int, bool]] = field(default_factory=dict)
-    was_ready_at: dict[str, int] = field(default_factory=dict)
-    flaps: int = 0
-    dips: int = 0
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def count(self) -> int:
-        with self.lock:
-            return sum(1 for _, ready in self.ready.values() if ready)
-
-    def observe(self, obj: dict[str, Any]) -> None:
-        with self.lock:
-            self._observe(obj)
-
-    def _observe(self, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
-        generation = obj["metadata"].get("generation", 0)
-        status = obj.get("status") or {}
-        ready = status.get("observedGeneration") == generation and any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        )
-        previous = self.ready.get(name)
-        if ready and self.was_ready_at.get(name) == generation and previous == (generation, False):
-            self.flaps += 1  # True → False → True at one generation
-        if ready:
-            self.was_ready_at[name] = generation
-        self.ready[name] = (generation, ready)
-        if previous is not None and previous[1] and not ready:
-            self.dips += 1  # the count of Ready CRs went down
-
-    def run(self) -> None:
-        from kubernetes import client, config, watch
-
-        api = client.CustomObjectsApi(config.new_client_from_config())  # type: ignore[no-untyped-call]
-        group, version = API_VERSION.split("/")
-        while not self.stop.is_set():
-            stream = watch.Watch().stream(
-                api.list_namespaced_custom_object,
-                group,
-                version,
-                self.namespace,
-                "llmdeployments",
-                timeout_seconds=5,
-            )
-            for event in stream:
-                self.observe(event["object"])
-                if self.stop.is_set():
-                    break
+    return config.new_client_from_config()  # type: ignore[no-untyped-call]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -215,9 +166,9 @@ def run_one(
     process, metrics_port = _start_operator(log)
     peak = _rss_mib(process.pid)
     cpu_at_start = _cpu_seconds(process.pid)
-    watcher = ReadyWatch(namespace)
+    watcher = ReadyWatch(namespace, _api_client())
     if replicas:
-        threading.Thread(target=watcher.run, daemon=True).start()
+        watcher.start()
     sampler = None
     if profile is not None:
         profile.mkdir(parents=True, exist_ok=True)
@@ -264,7 +215,7 @@ def run_one(
                 children_at = now
             if status_at is None and with_status == count:
                 status_at = now
-            if ready_at is None and (not replicas or watcher.count() == count):
+            if ready_at is None and (not replicas or watcher.ready_count() == count):
                 ready_at = now
             if children_at is not None and status_at is not None and ready_at is not None:
                 break
@@ -275,7 +226,7 @@ def run_one(
         writes = _metric(metrics_port, "llmop_status_writes_total")
         cpu = _cpu_seconds(process.pid) - cpu_at_start
     finally:
-        watcher.stop.set()
+        watcher.stop()
         if sampler is not None:
             sampler.send_signal(signal.SIGINT)
             sampler.wait(timeout=60)
@@ -285,6 +236,10 @@ def run_one(
         except subprocess.TimeoutExpired:
             process.kill()
         kube.delete("v1", "Namespace", None, namespace)
+        # The next run's operator would otherwise resume (and be timed on) these CRs.
+        deadline = time.monotonic() + 600
+        while kube.read("v1", "Namespace", None, namespace) and time.monotonic() < deadline:
+            time.sleep(2)
     nan = float("nan")
     return Row(
         count,

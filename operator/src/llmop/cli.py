@@ -112,17 +112,17 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
         json.dump([_plan_json(d, r) for d, r in results], out, indent=2)
         out.write("\n")
     else:
-        for deployment, result in results:
-            out.write(_plan_table(deployment, result))
+        for llmd, result in results:
+            out.write(_plan_table(llmd, result))
     fits_all = all(result.fits is not False for _, result in results)
     return EXIT_OK if fits_all else EXIT_DOES_NOT_FIT
 
 
-def _plan_json(deployment: LLMDeployment, result: sizing.SizingResult) -> dict[str, Any]:
+def _plan_json(llmd: LLMDeployment, result: sizing.SizingResult) -> dict[str, Any]:
     plan = result.plan
     body: dict[str, Any] = {
-        "name": deployment.metadata.name,
-        "model": deployment.spec.model.name,
+        "name": llmd.metadata.name,
+        "model": llmd.spec.model.name,
         "fits": result.fits,
         "reason": result.reason,
         "message": result.message,
@@ -131,7 +131,7 @@ def _plan_json(deployment: LLMDeployment, result: sizing.SizingResult) -> dict[s
     }
     if plan is not None:
         body |= {
-            "tensorParallelSize": deployment.spec.tensor_parallel_size,
+            "tensorParallelSize": llmd.spec.tensor_parallel_size,
             "weightsGiBTotal": round(plan.weights_gib_total, 2),
             "weightsGiBPerGPU": round(plan.weights_gib_per_gpu, 2),
             "overheadGiBPerGPU": round(plan.overhead_gib_per_gpu, 2),
@@ -145,13 +145,13 @@ def _plan_json(deployment: LLMDeployment, result: sizing.SizingResult) -> dict[s
     return body
 
 
-def _plan_table(deployment: LLMDeployment, result: sizing.SizingResult) -> str:
+def _plan_table(llmd: LLMDeployment, result: sizing.SizingResult) -> str:
     plan = result.plan
-    lines = [f"{deployment.metadata.name} ({deployment.spec.model.name})"]
+    lines = [f"{llmd.metadata.name} ({llmd.spec.model.name})"]
     if plan is None:
         lines.append(f"  not planned: {result.message}")
         return "\n".join(lines) + "\n\n"
-    tp = deployment.spec.tensor_parallel_size
+    tp = llmd.spec.tensor_parallel_size
     rows = [
         ("GPU memory", f"{result.gpu_memory_gib:.2f} GiB x {tp} (tensor parallel)"),
         ("weights", f"{plan.weights_gib_total:.2f} GiB ({plan.weights_gib_per_gpu:.2f} per GPU)"),
