@@ -178,9 +178,10 @@ def test_create_applies_children_with_owner_and_writes_status(
     status = kube.objects["LLMDeployment", "ns", "x"]["status"]
     assert status["observedGeneration"] == 1
     assert [c["type"] for c in status["conditions"]][:3] == ["Ready", "Reconciling", "Stalled"]
-    # The Deployment is not in the watch cache yet: the status says so.
-    assert conds(kube)["Reconciling"]["reason"] == "Creating"
-    assert ("event", "Creating", "x") in kube.calls
+    # The Deployment is not in the watch cache yet; just applied, it is rolling out.
+    assert conds(kube)["Reconciling"]["reason"] == "RollingOut"
+    assert conds(kube)["Ready"]["status"] == "False"
+    assert ("event", "RollingOut", "x") in kube.calls
 
 
 def test_second_reconcile_writes_no_status(ctx: reconcile.Context, kube: FakeKube) -> None:

@@ -269,12 +269,28 @@ def _stalled(ctx: Context, body: Mapping[str, Any], problem: Problem) -> str:
     return RESULT_STALLED
 
 
+JUST_APPLIED: Mapping[str, Any] = {"metadata": {"generation": 1}}
+"""How a Deployment looks right after its first apply, before any controller saw it."""
+
+
 def _write_derived_status(
-    ctx: Context, body: Mapping[str, Any], desired: DesiredState, problem: Problem | None
+    ctx: Context,
+    body: Mapping[str, Any],
+    desired: DesiredState,
+    problem: Problem | None,
+    *,
+    applied: bool = False,
 ) -> str:
-    """Derive the status from the watch cache of the Deployment and write it if it changed."""
+    """Derive the status from the watch cache of the Deployment and write it if it changed.
+
+    A Deployment this reconcile just applied but the cache has not delivered yet is read as
+    freshly created (not yet observed: rolling out) rather than missing — what its own watch
+    event will say a moment later, so that event needs no second status write. It can never
+    read as Ready."""
     namespace, name = _key(body)
     deployment = live_children(ctx, namespace, name, body["metadata"]["uid"]).get(kinds.DEPLOYMENT)
+    if deployment is None and applied:
+        deployment = JUST_APPLIED
     spec = desired.llmd.spec
     status = derive_status(
         name=name,
@@ -335,7 +351,8 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
         live[kinds.DEPLOYMENT] = fresh if _one([fresh] if fresh else [], uid) else None
     plan = plan_children(parsed.desired, live, parent=body)
     problem = _run_plan(ctx, body, plan)
-    return _write_derived_status(ctx, body, parsed.desired, problem)
+    applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
+    return _write_derived_status(ctx, body, parsed.desired, problem, applied=applied)
 
 
 def reconcile_parent(
@@ -385,7 +402,8 @@ def _refresh(ctx: Context, kind: ChildKind, event_type: str, owner: Owner) -> st
             log.info("%s/%s: %s", owner.namespace, owner.name, "; ".join(plan.reasons))
         if kind != kinds.DEPLOYMENT and not plan:
             return RESULT_SKIPPED  # only the Deployment feeds the status
-        return _write_derived_status(ctx, body, parsed.desired, problem)
+        applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
+        return _write_derived_status(ctx, body, parsed.desired, problem, applied=applied)
 
     return _guarded(ctx, body, run)
 
