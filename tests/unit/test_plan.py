@@ -270,3 +270,17 @@ def test_owns_field_reads_apply_entries_only() -> None:
     live["metadata"]["managedFields"][1]["fieldsV1"]["f:spec"]["f:replicas"] = {}
     assert owns_field(live, "llmop", ("spec", "replicas"))
     assert not owns_field(live, "other", ("spec", "replicas"))
+
+
+def test_repair_plan_applies_only_what_is_missing_or_drifted() -> None:
+    service = live_rendered(FIXED_2, kinds.SERVICE)
+    deployment = live_rendered(FIXED_2, kinds.DEPLOYMENT)
+    live = {kinds.SERVICE: service, kinds.DEPLOYMENT: deployment}
+    plan = plan_children(desired(FIXED_2), live, parent=PARENT, repair=True)
+    assert plan.reasons == ["PodDisruptionBudget: apply (missing)"]
+    full = plan_children(desired(FIXED_2), live, parent=PARENT)
+    assert [describe(s) for s in full.steps()] == [
+        ("apply", "Service", None),
+        ("apply", "Deployment", 2),
+        ("apply", "PodDisruptionBudget", None),
+    ]

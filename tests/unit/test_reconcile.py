@@ -398,3 +398,27 @@ def test_keyed_locks_serialize_one_key_not_others_and_clean_up() -> None:
     assert most == {("ns", "x"): 1, ("ns", "y"): 1}  # never two holders of one key
     assert elapsed < 0.05 * 6  # the two keys ran side by side, not one after another
     assert len(locks) == 0
+
+
+def test_a_generation_this_process_applied_is_only_repaired(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    """kopf can run the create handler of one generation twice; the second run finds the
+    children in the caches and applies nothing. A new process (restart) applies everything."""
+    kube.put(parent(replicas=1))
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+    kube.calls.clear()
+    run_parent(ctx, kube)
+    assert not [c for c in kube.calls if c[0].startswith("apply")]
+    restarted = reconcile.Context(
+        kube=kube,  # type: ignore[arg-type]
+        config=OperatorConfig(),
+        metrics=Metrics(),
+        instance="test",
+        clock=lambda: NOW,
+    )
+    restarted.children, restarted.parents = ctx.children, ctx.parents
+    run_parent(restarted, kube)
+    applies = [c for c in kube.calls if c[0].startswith("apply")]
+    assert applies == [("apply:llmop", "Service", "x"), ("apply:llmop", "Deployment", "x")]

@@ -166,14 +166,16 @@ def plan_children(
     *,
     parent: Mapping[str, Any],
     only: ChildKind | None = None,
+    repair: bool = False,
 ) -> ChildPlan:
     """Plan one parent's children.
 
-    Without `only` (the parent path: a new or resumed generation), every wanted child is
-    applied — server-side apply is idempotent and also removes fields we no longer render —
-    and every unwanted optional child that exists is deleted. With `only` (a watch event of one
-    child), just that kind is considered: applied when missing or drifted from its intent,
-    deleted when unwanted. A plan that does not fit (`desired.children is None`) does nothing.
+    By default (the parent path: a new or resumed generation), every wanted child is applied —
+    server-side apply is idempotent and also removes fields we no longer render — and every
+    unwanted optional child that exists is deleted. With `repair` (a generation this process
+    already applied), and always with `only` (a watch event of one child, and then just that
+    kind), a wanted child is applied only when missing or drifted from its intent. A plan that
+    does not fit (`desired.children is None`) does nothing.
     """
     children = desired.children
     if children is None:
@@ -194,7 +196,7 @@ def plan_children(
             continue
         owned = with_owner(manifest, reference)
         current = live.get(kind)
-        if only is None:
+        if only is None and not repair:
             reason = f"{kind.kind}: apply (generation {desired.llmd.metadata.generation})"
         elif current is None:
             reason = f"{kind.kind}: apply (missing)"

@@ -116,6 +116,8 @@ class Context:
     """Watch cache of the LLMDeployments: (namespace, name) → the parent."""
     _parsed: dict[tuple[str, str], _Parsed] = field(default_factory=dict)
     _written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    _applied: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
+    """(uid, generation) each parent's children were last fully applied for, by this process."""
 
     def __post_init__(self) -> None:
         self.render_settings = self.config.render_settings()
@@ -124,6 +126,7 @@ class Context:
         """Drop what this process remembers of a deleted parent."""
         self._parsed.pop((namespace, name), None)
         self._written.pop((namespace, name), None)
+        self._applied.pop((namespace, name), None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -349,8 +352,13 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
         # the watch cache may not show our own last apply yet.
         fresh = ctx.kube.read(kinds.DEPLOYMENT.api_version, kinds.DEPLOYMENT.kind, namespace, name)
         live[kinds.DEPLOYMENT] = fresh if _one([fresh] if fresh else [], uid) else None
-    plan = plan_children(parsed.desired, live, parent=body)
+    # kopf may run the create handler of one generation twice (under load its own annotation
+    # patch can arrive after the next event): what this process already applied is only repaired.
+    done = ctx._applied.get((namespace, name)) == (uid, parsed.generation)
+    plan = plan_children(parsed.desired, live, parent=body, repair=done)
     problem = _run_plan(ctx, body, plan)
+    if problem is None:
+        ctx._applied[namespace, name] = (uid, parsed.generation)
     applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
     return _write_derived_status(ctx, body, parsed.desired, problem, applied=applied)
 
