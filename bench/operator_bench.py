@@ -6,13 +6,19 @@ how much memory the operator uses. Not a test: prints a table.
 
 The CRs use the simulator backend with `replicas: 0`, so the numbers measure the operator
 (watch, plan, render, server-side apply, status) rather than the fake kubelets starting pods.
+`--replicas 1` gives every CR a pod (kwok makes it ready at once) and also reports when all
+CRs were Ready and how often a CR's Ready condition went True → False → True at one generation
+(watched, not polled, so short dips count). The operator's CPU time is read from /proc before
+it stops; `--profile DIR` samples it with py-spy (a dev dependency) into DIR.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +34,9 @@ from typing import Any
 import yaml
 
 from llmop.kube import Kube, KubeError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.readiness import ReadyWatch
 
 API_VERSION = "serving.llmop.dev/v1alpha1"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +60,21 @@ class Row:
     rss_mib: float
     peak_rss_mib: float
     status_writes: float
+    cpu_seconds: float = float("nan")
+    ready_seconds: float = float("nan")
+    flaps: int = 0
+    ready_dips: int = 0
+
+
+def _api_client() -> Any:
+    from kubernetes import config
+
+    return config.new_client_from_config()  # type: ignore[no-untyped-call]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _free_port() -> int:
@@ -99,12 +123,17 @@ def _start_operator(log: Any) -> tuple[subprocess.Popen[bytes], int]:
     raise RuntimeError("operator did not become healthy")
 
 
-def _spec() -> dict[str, Any]:
+def _spec(replicas: int) -> dict[str, Any]:
+    if replicas:
+        # Pods need no GPU (the fake nodes' GPUs would run out long before 1,000 pods).
+        resources: dict[str, Any] = {"gpus": 0}
+    else:
+        resources = {"gpus": 1, "gpuProduct": "NVIDIA-H100-80GB-HBM3"}
     return {
         "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
         "engine": {"backend": "simulator"},
-        "resources": {"gpus": 1, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
-        "replicas": 0,
+        "resources": resources,
+        "replicas": replicas,
     }
 
 
@@ -120,7 +149,15 @@ def _progress(kube: Kube, namespace: str) -> tuple[int, int]:
     return len(deployments & services), with_status
 
 
-def run_one(kube: Kube, count: int, timeout: float, log: Any) -> Row:
+def run_one(
+    kube: Kube,
+    count: int,
+    timeout: float,
+    log: Any,
+    *,
+    replicas: int = 0,
+    profile: Path | None = None,
+) -> Row:
     namespace = f"bench-{count}-{secrets.token_hex(3)}"
     kube.apply(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
@@ -128,6 +165,30 @@ def run_one(kube: Kube, count: int, timeout: float, log: Any) -> Row:
     )
     process, metrics_port = _start_operator(log)
     peak = _rss_mib(process.pid)
+    cpu_at_start = _cpu_seconds(process.pid)
+    watcher = ReadyWatch(namespace, _api_client())
+    if replicas:
+        watcher.start()
+    sampler = None
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+        sampler = subprocess.Popen(
+            [
+                shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")),
+                "record",
+                "--pid",
+                str(process.pid),
+                "--rate",
+                "50",
+                "--nonblocking",
+                "--format",
+                "raw",
+                "--output",
+                str(profile / f"operator-{count}.txt"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         started = time.monotonic()
 
@@ -137,7 +198,7 @@ def run_one(kube: Kube, count: int, timeout: float, log: Any) -> Row:
                     "apiVersion": API_VERSION,
                     "kind": "LLMDeployment",
                     "metadata": {"name": f"m{index:04d}", "namespace": namespace},
-                    "spec": _spec(),
+                    "spec": _spec(replicas),
                 },
                 field_manager="llmop-bench",
             )
@@ -145,7 +206,7 @@ def run_one(kube: Kube, count: int, timeout: float, log: Any) -> Row:
         with ThreadPoolExecutor(APPLY_THREADS) as pool:
             list(pool.map(create, range(count)))
         applied = time.monotonic() - started
-        children_at = status_at = None
+        children_at = status_at = ready_at = None
         while time.monotonic() - started < timeout:
             with_children, with_status = _progress(kube, namespace)
             now = time.monotonic() - started
@@ -154,18 +215,31 @@ def run_one(kube: Kube, count: int, timeout: float, log: Any) -> Row:
                 children_at = now
             if status_at is None and with_status == count:
                 status_at = now
-            if children_at is not None and status_at is not None:
+            if ready_at is None and (not replicas or watcher.ready_count() == count):
+                ready_at = now
+            if children_at is not None and status_at is not None and ready_at is not None:
                 break
             time.sleep(0.5)
+        if replicas:
+            time.sleep(10)  # Ready must hold while nothing changes: count late dips too
         rss = _rss_mib(process.pid)
         writes = _metric(metrics_port, "llmop_status_writes_total")
+        cpu = _cpu_seconds(process.pid) - cpu_at_start
     finally:
+        watcher.stop()
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)
+            sampler.wait(timeout=60)
         process.send_signal(signal.SIGINT)
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
         kube.delete("v1", "Namespace", None, namespace)
+        # The next run's operator would otherwise resume (and be timed on) these CRs.
+        deadline = time.monotonic() + 600
+        while kube.read("v1", "Namespace", None, namespace) and time.monotonic() < deadline:
+            time.sleep(2)
     nan = float("nan")
     return Row(
         count,
@@ -175,6 +249,10 @@ def run_one(kube: Kube, count: int, timeout: float, log: Any) -> Row:
         rss,
         max(peak, rss),
         writes,
+        cpu_seconds=cpu,
+        ready_seconds=ready_at if ready_at is not None and replicas else nan,
+        flaps=watcher.flaps,
+        ready_dips=watcher.dips,
     )
 
 
@@ -182,6 +260,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", default=os.environ.get("N", "100,500,1000"))
     parser.add_argument("--timeout", type=float, default=600, help="seconds per N")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=int(os.environ.get("REPLICAS", "0")),
+        help="pods per CR (0: the operator alone; 1: also time to all Ready and Ready flaps)",
+    )
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy samples into DIR")
     args = parser.parse_args()
     counts = [int(n) for n in str(args.counts).split(",") if n.strip()]
     try:
@@ -197,8 +282,10 @@ def main() -> int:
         kube.apply(crd, field_manager="llmop-bench")  # an installed CRD is left as it is
     header = (
         f"{'N':>6} {'apply s':>8} {'children s':>11} {'status s':>9} {'CR/s':>7} "
-        f"{'RSS MiB':>8} {'peak MiB':>9} {'status writes':>14}"
+        f"{'RSS MiB':>8} {'peak MiB':>9} {'status writes':>14} {'CPU s':>7}"
     )
+    if args.replicas:
+        header += f" {'Ready s':>8} {'flaps':>6} {'dips':>5}"
     with tempfile.NamedTemporaryFile(
         "ab", prefix="llmop-bench-", suffix=".log", delete=False
     ) as log:
@@ -206,14 +293,19 @@ def main() -> int:
         print(header)
         print("-" * len(header), flush=True)
         for count in counts:
-            row = run_one(kube, count, args.timeout, log)
-            rate = row.count / row.status_seconds if row.status_seconds == row.status_seconds else 0
-            print(
+            row = run_one(
+                kube, count, args.timeout, log, replicas=args.replicas, profile=args.profile
+            )
+            done = max(row.children_seconds, row.status_seconds)
+            rate = 0.0 if math.isnan(done) else row.count / done
+            line = (
                 f"{row.count:>6} {row.apply_seconds:>8.1f} {row.children_seconds:>11.1f} "
                 f"{row.status_seconds:>9.1f} {rate:>7.1f} {row.rss_mib:>8.0f} "
-                f"{row.peak_rss_mib:>9.0f} {row.status_writes:>14.0f}",
-                flush=True,
+                f"{row.peak_rss_mib:>9.0f} {row.status_writes:>14.0f} {row.cpu_seconds:>7.1f}"
             )
+            if args.replicas:
+                line += f" {row.ready_seconds:>8.1f} {row.flaps:>6} {row.ready_dips:>5}"
+            print(line, flush=True)
     return 0
 
 

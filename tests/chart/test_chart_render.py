@@ -26,10 +26,9 @@ from chart_helpers import (
 )
 
 from llmop import cli, config, names
+from llmop import kinds as registry
 from llmop.api.v1alpha1 import LLMDeployment
-from llmop.handlers import CHILD_RESOURCES
-from llmop.kube import PLURALS
-from llmop.render import HPA_KIND, PDB_KIND, RenderSettings, render_children
+from llmop.render import RenderSettings, render_children
 
 CASES = {"default": {}, **MATRIX}
 SEVERITY_WARNING = 2
@@ -290,16 +289,12 @@ def test_rbac_grants_exactly_what_the_operator_uses() -> None:
         ("serving.llmop.dev", "llmdeployments/status"): {"patch"},
         ("serving.llmop.dev", "llmdeployments/finalizers"): {"update"},
         ("", "events"): {"create"},
-        ("monitoring.coreos.com", "servicemonitors"): {"create", "patch"},
     }
-    # Every watched child kind: kopf lists and watches it; reconcile server-side applies it.
-    for api_version, plural in CHILD_RESOURCES:
-        expected_app[(_group(api_version), plural)] = {"list", "watch", "create", "patch"}
-    # The Deployment is read back (HPA hand-over); optional children are deleted when unwanted.
-    expected_app[("apps", "deployments")].add("get")
-    # Optional children (Children.unwanted) are deleted when the spec stops wanting them.
-    for api_version, kind in (HPA_KIND, PDB_KIND):
-        expected_app[(_group(api_version), PLURALS[kind])].add("delete")
+    # Every child kind, from the one registry: watched kinds are listed and watched, every kind
+    # is server-side applied, optional kinds are deleted, read kinds are read back (the
+    # Deployment, for the HPA handover).
+    for kind in registry.CHILDREN:
+        expected_app[(kind.group, kind.plural)] = set(kind.verbs())
     assert app == expected_app
     assert framework == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
     assert ("monitoring.coreos.com", "servicemonitors") not in _grants(
@@ -363,7 +358,7 @@ def _engine_metric_names() -> set[str]:
     agent = AgentMetrics()
     # The load series exist while the agent has a current reading of the engine.
     load = EngineMetrics(waiting=0, running=0, kv_usage=0, kv_capacity_tokens=0)
-    agent.update(Verdict(Phase.READY, True, True, ""), load)
+    agent.update(Verdict(phase=Phase.READY, live=True, ready=True, reason=""), load)
     registries = [agent.registry, sim.registry, Metrics().registry]
     # Family names: a labelled family has no samples until a label set is used.
     return {f.name for r in registries for f in r.collect()}

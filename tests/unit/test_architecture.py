@@ -22,7 +22,13 @@ PURE = (
     "status.py",
     "conditions.py",
     "names.py",
+    "kinds.py",
+    "settings.py",
+    "observed.py",
     "sizing.py",
+    "desired.py",
+    "plan.py",
+    "events.py",
     "crdgen.py",
 )
 IMPURE_STDLIB = {"os", "time", "socket", "subprocess", "threading", "asyncio", "random"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -68,6 +68,11 @@ def test_find_and_status_of() -> None:
     assert conditions.find(merged, "Ready") is None
 
 
-def test_format_time_converts_to_utc() -> None:
-    local = datetime(2026, 1, 2, 5, 4, 5, tzinfo=UTC).astimezone(datetime.now().astimezone().tzinfo)
+@pytest.mark.parametrize("hours", [-8, 2, 5.5, 14])
+def test_format_time_converts_to_utc(hours: float) -> None:
+    # Fixed non-UTC offsets, not the host's zone: on a UTC host a "local" time is already UTC
+    # and a formatter that skipped the conversion would still pass.
+    zone = timezone(timedelta(hours=hours))
+    local = datetime(2026, 1, 2, 5, 4, 5, tzinfo=UTC).astimezone(zone)
+    assert local.hour != 5
     assert conditions.format_time(local) == "2026-01-02T05:04:05Z"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmop.config import ConfigError, OperatorConfig, load
-from llmop.render.settings import DEFAULT_VLLM_IMAGE
+from llmop.settings import DEFAULT_VLLM_IMAGE
 
 
 def test_defaults_are_cluster_wide_and_standalone() -> None:

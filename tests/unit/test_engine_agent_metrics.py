@@ -7,7 +7,7 @@ from llmop_engine.drain import DrainOutcome
 from llmop_engine.health import Phase, Verdict
 from llmop_engine.vllm_metrics import EngineMetrics
 
-READY = Verdict(Phase.READY, True, True, "ok")
+READY = Verdict(phase=Phase.READY, live=True, ready=True, reason="ok")
 LOAD = ("llmop_engine_queue_depth", "llmop_engine_running_requests")
 
 

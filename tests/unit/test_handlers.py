@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import kopf
 
-from llmop import handlers, main
+from llmop import handlers, kinds, main
 from llmop.config import OperatorConfig
 
 
@@ -24,7 +24,12 @@ def test_nothing_would_make_kopf_add_a_finalizer() -> None:
 
 def test_children_are_watched_with_low_level_handlers_only() -> None:
     ids = {getattr(h, "id", None) for h in _handlers("_watching")}
-    assert ids == {"count-llmdeployments"} | {f"child-{p}" for _, p in handlers.CHILD_RESOURCES}
+    assert ids == {"count-llmdeployments"} | {f"child-{k.plural}" for k in kinds.WATCHED}
+
+
+def test_every_watched_kind_and_the_parents_have_a_watch_cache() -> None:
+    ids = {getattr(h, "id", None) for h in _handlers("_indexing")}
+    assert ids == {handlers.PARENT_INDEX} | {f"{k.plural}-cache" for k in kinds.WATCHED}
 
 
 def test_settings_use_our_prefixes_and_server_side_label_filters() -> None:

@@ -1,32 +1,38 @@
 """Reconcile orchestration against an in-memory API (a fake of llmop.kube.Kube, not of a
-library): owner references, HPA handover, drift detection, status write suppression."""
+library) and plain-dict watch caches: status derivation from the caches, write suppression,
+stalls, drift repair, and the per-parent lock. What server-side apply does to `spec.replicas`
+is not modelled here: the plan is table-tested in test_plan.py and the executor runs against
+the real API server in tests/integration/test_operator_executor.py."""
 
 from __future__ import annotations
 
 import copy
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from llmop import names, reconcile
+from llmop import kinds, names, reconcile
 from llmop.config import OperatorConfig
 from llmop.kube import RejectedError, TerminatingError
 from llmop.metrics import Metrics
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 API = "serving.llmop.dev/v1alpha1"
+CACHED_KINDS = {k.kind: k for k in kinds.WATCHED}
 
 
 class FakeKube:
-    """Objects by (kind, namespace, name); SSA modelled as a merge that records managers."""
+    """Objects by (kind, namespace, name); an apply stores the intent (no SSA merge)."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, str, str]] = []
         self.reject: set[str] = set()
         self.terminating = False
+        self.version = 100
 
     def put(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -37,9 +43,7 @@ class FakeKube:
         found = self.objects.get((kind, namespace, name))
         return copy.deepcopy(found) if found else None
 
-    def apply(
-        self, manifest: dict[str, Any], *, field_manager: str, force: bool = True
-    ) -> dict[str, Any]:
+    def apply(self, manifest: dict[str, Any], *, field_manager: str, **_: Any) -> dict[str, Any]:
         kind = manifest["kind"]
         self.calls.append(("apply:" + field_manager, kind, manifest["metadata"]["name"]))
         if kind in self.reject:
@@ -47,47 +51,26 @@ class FakeKube:
         if self.terminating:
             raise TerminatingError("APPLY: HTTP 403: namespace is being terminated", 403)
         key = (kind, manifest["metadata"]["namespace"], manifest["metadata"]["name"])
-        live = copy.deepcopy(self.objects.get(key) or {"metadata": {"generation": 1}})
-        spec = dict(live.get("spec") or {})
-        replicas_owned = "replicas" in (manifest.get("spec") or {})
-        entries = [
-            e for e in live["metadata"].get("managedFields", []) if e["manager"] != field_manager
-        ]
-        fields: dict[str, Any] = (
-            {"f:spec": {"f:replicas": {}}} if replicas_owned else {"f:spec": {}}
-        )
-        entries.append({"manager": field_manager, "operation": "Apply", "fieldsV1": fields})
-        new_spec = manifest.get("spec") or {}
-        if field_manager == names.FIELD_MANAGER:
-            keep = {"replicas": spec["replicas"]} if "replicas" in spec else {}
-            spec = {**new_spec, **({} if "replicas" in new_spec else keep)}
-        else:
-            spec = {**spec, **new_spec}
-        merged = {
-            **live,
-            **{k: v for k, v in manifest.items() if k not in ("spec", "metadata")},
-            "metadata": {
-                **live["metadata"],
-                **manifest["metadata"],
-                "managedFields": entries,
-            },
-            "spec": spec,
+        self.version += 1
+        live = copy.deepcopy(self.objects.get(key) or {})
+        merged = copy.deepcopy(dict(manifest))
+        if field_manager != names.FIELD_MANAGER:
+            merged = {**live, "spec": {**live.get("spec", {}), **manifest["spec"]}}
+        merged["metadata"] = {
+            **live.get("metadata", {}),
+            **merged["metadata"],
+            "resourceVersion": str(self.version),
+            "uid": live.get("metadata", {}).get("uid", f"uid-{kind}"),
         }
         self.objects[key] = merged
-        return copy.deepcopy(merged)
+        return {}
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         self.calls.append(("delete", kind, name))
         return self.objects.pop((kind, namespace, name), None) is not None
 
     def patch_status(
-        self,
-        api_version: str,
-        kind: str,
-        namespace: str,
-        name: str,
-        patch: dict[str, Any],
-        **_: Any,
+        self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]
     ) -> dict[str, Any] | None:
         self.calls.append(("status", kind, name))
         obj = self.objects.get((kind, namespace, name))
@@ -100,7 +83,7 @@ class FakeKube:
             else:
                 status[key] = value
         obj["status"] = status
-        return obj
+        return copy.deepcopy(obj)
 
     def create_event(self, event: dict[str, Any]) -> None:
         self.calls.append(("event", event["reason"], event["involvedObject"]["name"]))
@@ -127,44 +110,87 @@ def kube() -> FakeKube:
 
 @pytest.fixture
 def ctx(kube: FakeKube) -> reconcile.Context:
-    return reconcile.Context(
+    context = reconcile.Context(
         kube=kube,  # type: ignore[arg-type]
         config=OperatorConfig(),
         metrics=Metrics(),
         instance="test",
         clock=lambda: NOW,
     )
+    context.children = {kind: {} for kind in kinds.WATCHED}
+    context.parents = {}
+    return context
 
 
-def writes(kube: FakeKube) -> list[tuple[str, str, str]]:
-    return [c for c in kube.calls if c[0] != "read"]
+def deliver(ctx: reconcile.Context, kube: FakeKube) -> None:
+    """What the watches would do: the caches catch up with the (fake) API server."""
+    parents: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    caches: dict[Any, dict[tuple[str, str], list[dict[str, Any]]]] = {
+        kind: {} for kind in kinds.WATCHED
+    }
+    for (kind, namespace, name), obj in kube.objects.items():
+        if kind == "LLMDeployment":
+            parents[namespace, name] = [copy.deepcopy(obj)]
+        elif kind in CACHED_KINDS:
+            caches[CACHED_KINDS[kind]][namespace, name] = [copy.deepcopy(obj)]
+    ctx.parents = parents
+    ctx.children = caches  # type: ignore[assignment]
+
+
+def run_parent(ctx: reconcile.Context, kube: FakeKube) -> str:
+    body = kube.objects["LLMDeployment", "ns", "x"]
+    return reconcile.reconcile_parent(ctx, copy.deepcopy(body))
+
+
+def conds(kube: FakeKube) -> dict[str, dict[str, Any]]:
+    status = kube.objects["LLMDeployment", "ns", "x"]["status"]
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def rolled_out(kube: FakeKube, ready: int) -> dict[str, Any]:
+    deployment = kube.objects["Deployment", "ns", "x"]
+    deployment["metadata"]["generation"] = 1
+    deployment["status"] = {
+        "observedGeneration": 1,
+        "replicas": 1,
+        "readyReplicas": ready,
+        "updatedReplicas": 1,
+        "availableReplicas": ready,
+    }
+    return copy.deepcopy(deployment)
 
 
 def test_create_applies_children_with_owner_and_writes_status(
     ctx: reconcile.Context, kube: FakeKube
 ) -> None:
     kube.put(parent(replicas=2))
-    assert reconcile.reconcile(ctx, "ns", "x") == "ok"
-    kinds = {k for (k, _, _) in kube.objects}
-    assert kinds == {"LLMDeployment", "Deployment", "Service", "PodDisruptionBudget"}
+    assert run_parent(ctx, kube) == "ok"
+    kinds_made = {k for (k, _, _) in kube.objects}
+    assert kinds_made == {"LLMDeployment", "Deployment", "Service", "PodDisruptionBudget"}
     for (kind, _, _), obj in kube.objects.items():
         if kind != "LLMDeployment":
             (ref,) = obj["metadata"]["ownerReferences"]
             assert ref["uid"] == "uid-1"
             assert ref["controller"] is True
             assert obj["metadata"]["labels"][names.LABEL_MANAGED_BY] == "llmop"
-    assert ("delete", "HorizontalPodAutoscaler", "x") in kube.calls
+    # Nothing to delete: the caches show no HPA, so no DELETE request is made at all.
+    assert not [c for c in kube.calls if c[0] == "delete"]
     status = kube.objects["LLMDeployment", "ns", "x"]["status"]
     assert status["observedGeneration"] == 1
     assert [c["type"] for c in status["conditions"]][:3] == ["Ready", "Reconciling", "Stalled"]
+    # The Deployment is not in the watch cache yet; just applied, it is rolling out.
+    assert conds(kube)["Reconciling"]["reason"] == "RollingOut"
+    assert conds(kube)["Ready"]["status"] == "False"
     assert ("event", "RollingOut", "x") in kube.calls
 
 
 def test_second_reconcile_writes_no_status(ctx: reconcile.Context, kube: FakeKube) -> None:
     kube.put(parent())
-    reconcile.reconcile(ctx, "ns", "x")
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+    run_parent(ctx, kube)
     kube.calls.clear()
-    reconcile.reconcile(ctx, "ns", "x")
+    run_parent(ctx, kube)
     assert not [c for c in kube.calls if c[0] in ("status", "event")]
 
 
@@ -172,29 +198,26 @@ def test_plan_that_does_not_fit_creates_nothing(ctx: reconcile.Context, kube: Fa
     kube.put(
         parent(model={"name": "meta-llama/Llama-3.1-70B-Instruct"}, engine={"backend": "vllm"})
     )
-    assert reconcile.reconcile(ctx, "ns", "x") == "stalled"
+    assert run_parent(ctx, kube) == "stalled"
     assert not [c for c in kube.calls if c[0].startswith("apply")]
-    conds = {c["type"]: c for c in kube.objects["LLMDeployment", "ns", "x"]["status"]["conditions"]}
-    assert conds["Stalled"]["status"] == "True"
-    assert conds["Stalled"]["reason"] == "WeightsExceedMemory"
+    assert conds(kube)["Stalled"]["status"] == "True"
+    assert conds(kube)["Stalled"]["reason"] == "WeightsExceedMemory"
 
 
 def test_invalid_spec_is_stalled_not_raised(ctx: reconcile.Context, kube: FakeKube) -> None:
     body = parent()
     body["spec"]["engine"]["gpuMemoryUtilization"] = "lots"
     kube.put(body)
-    assert reconcile.reconcile(ctx, "ns", "x") == "stalled"
-    conds = {c["type"]: c for c in kube.objects["LLMDeployment", "ns", "x"]["status"]["conditions"]}
-    assert conds["Stalled"]["reason"] == "InvalidSpec"
-    assert "gpuMemoryUtilization" in conds["Stalled"]["message"]
+    assert run_parent(ctx, kube) == "stalled"
+    assert conds(kube)["Stalled"]["reason"] == "InvalidSpec"
+    assert "gpuMemoryUtilization" in conds(kube)["Stalled"]["message"]
 
 
 def test_rejected_child_is_stalled(ctx: reconcile.Context, kube: FakeKube) -> None:
     kube.put(parent())
     kube.reject.add("Deployment")
-    assert reconcile.reconcile(ctx, "ns", "x") == "stalled"
-    conds = {c["type"]: c for c in kube.objects["LLMDeployment", "ns", "x"]["status"]["conditions"]}
-    assert conds["Stalled"]["reason"] == "ChildRejected"
+    assert run_parent(ctx, kube) == "stalled"
+    assert conds(kube)["Stalled"]["reason"] == "ChildRejected"
 
 
 def test_terminating_namespace_is_skipped_without_status(
@@ -202,184 +225,200 @@ def test_terminating_namespace_is_skipped_without_status(
 ) -> None:
     kube.put(parent())
     kube.terminating = True
-    assert reconcile.reconcile(ctx, "ns", "x") == "skipped"
+    assert run_parent(ctx, kube) == "skipped"
     assert not [c for c in kube.calls if c[0] == "status"]
 
 
-def test_deleted_or_dying_parent_is_skipped(ctx: reconcile.Context, kube: FakeKube) -> None:
-    assert reconcile.reconcile(ctx, "ns", "x") == "skipped"
+def test_dying_parent_is_skipped(ctx: reconcile.Context, kube: FakeKube) -> None:
     body = parent()
     body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     kube.put(body)
-    assert reconcile.reconcile(ctx, "ns", "x") == "skipped"
-    assert writes(kube) == []
+    assert run_parent(ctx, kube) == "skipped"
+    assert kube.calls == []
 
 
-def test_turning_autoscaling_on_hands_replicas_over_first(
+def test_autoscaled_parent_reads_the_deployment_fresh(
     ctx: reconcile.Context, kube: FakeKube
 ) -> None:
     kube.put(parent(replicas=3))
-    reconcile.reconcile(ctx, "ns", "x")
+    run_parent(ctx, kube)
     kube.calls.clear()
-    kube.put(parent(autoscaling={"minReplicas": 1, "maxReplicas": 5}))
-    reconcile.reconcile(ctx, "ns", "x")
-    applies = [c for c in kube.calls if c[0].startswith("apply") and c[1] == "Deployment"]
-    assert applies == [
-        ("apply:" + names.HANDOVER_FIELD_MANAGER, "Deployment", "x"),
-        ("apply:" + names.FIELD_MANAGER, "Deployment", "x"),
-    ]
-    assert kube.objects["Deployment", "ns", "x"]["spec"]["replicas"] == 3
-    assert ("HorizontalPodAutoscaler", "ns", "x") in kube.objects
-
-
-def test_hpa_owned_replicas_are_left_alone(ctx: reconcile.Context, kube: FakeKube) -> None:
-    kube.put(parent(autoscaling={"minReplicas": 1, "maxReplicas": 5}))
-    reconcile.reconcile(ctx, "ns", "x")
-    kube.objects["Deployment", "ns", "x"]["spec"]["replicas"] = 3  # the HPA scaled
-    kube.calls.clear()
-    reconcile.reconcile(ctx, "ns", "x")
-    assert not [c for c in kube.calls if c[0] == "apply:" + names.HANDOVER_FIELD_MANAGER]
-    assert kube.objects["Deployment", "ns", "x"]["spec"]["replicas"] == 3
-
-
-def test_new_autoscaled_deployment_starts_at_min_replicas(
-    ctx: reconcile.Context, kube: FakeKube
-) -> None:
-    kube.put(parent(autoscaling={"minReplicas": 2, "maxReplicas": 5}))
-    reconcile.reconcile(ctx, "ns", "x")
-    assert kube.objects["Deployment", "ns", "x"]["spec"]["replicas"] == 2
-
-
-def test_turning_autoscaling_off_deletes_hpa_before_applying_replicas(
-    ctx: reconcile.Context, kube: FakeKube
-) -> None:
-    kube.put(parent(autoscaling={"minReplicas": 1, "maxReplicas": 5}))
-    reconcile.reconcile(ctx, "ns", "x")
-    kube.calls.clear()
-    kube.put(parent(replicas=2))
-    reconcile.reconcile(ctx, "ns", "x")
-    order = [c[:2] for c in kube.calls if c[0] in ("delete", "apply:llmop")]
-    assert order.index(("delete", "HorizontalPodAutoscaler")) < order.index(
-        ("apply:llmop", "Deployment")
-    )
-    assert ("HorizontalPodAutoscaler", "ns", "x") not in kube.objects
-    assert kube.objects["Deployment", "ns", "x"]["spec"]["replicas"] == 2
+    body = parent(autoscaling={"minReplicas": 1, "maxReplicas": 5})
+    body["metadata"]["generation"] = 2
+    kube.put(body)
+    run_parent(ctx, kube)  # the cache is stale (nothing delivered): the read decides
+    assert kube.calls[0] == ("read", "Deployment", "x")
+    handover = [c for c in kube.calls if c[0] == "apply:" + names.HANDOVER_FIELD_MANAGER]
+    assert handover == []  # the fake keeps no managedFields: nobody owns replicas
 
 
 def test_child_event_repairs_drift(ctx: reconcile.Context, kube: FakeKube) -> None:
     kube.put(parent(replicas=2))
-    reconcile.reconcile(ctx, "ns", "x")
-    edited = copy.deepcopy(kube.objects["Service", "ns", "x"])
-    edited["spec"]["ports"][0]["port"] = 9999
+    run_parent(ctx, kube)
+    kube.objects["Service", "ns", "x"]["spec"]["ports"][0]["port"] = 9999
+    deliver(ctx, kube)
     kube.calls.clear()
-    reconcile.on_child_event(ctx, "MODIFIED", edited)
-    assert ("apply:llmop", "Service", "x") in kube.calls
+    edited = kube.objects["Service", "ns", "x"]
+    reconcile.refresh_from_child(ctx, "MODIFIED", edited)
+    assert [c for c in kube.calls if c[0].startswith("apply")] == [("apply:llmop", "Service", "x")]
 
 
 def test_child_event_without_drift_only_refreshes_status(
     ctx: reconcile.Context, kube: FakeKube
 ) -> None:
     kube.put(parent(replicas=1))
-    reconcile.reconcile(ctx, "ns", "x")
-    live = copy.deepcopy(kube.objects["Deployment", "ns", "x"])
-    live["status"] = {
-        "observedGeneration": 1,
-        "replicas": 1,
-        "readyReplicas": 1,
-        "updatedReplicas": 1,
-        "availableReplicas": 1,
-    }
+    run_parent(ctx, kube)
+    live = rolled_out(kube, ready=1)
+    deliver(ctx, kube)
     kube.calls.clear()
-    assert reconcile.on_child_event(ctx, "MODIFIED", live) == "ok"
-    assert not [c for c in kube.calls if c[0].startswith("apply")]
-    conds = {c["type"]: c for c in kube.objects["LLMDeployment", "ns", "x"]["status"]["conditions"]}
-    assert conds["Ready"]["status"] == "True"
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", live) == "ok"
+    assert not [c for c in kube.calls if c[0].startswith("apply") or c[0] == "read"]
+    assert conds(kube)["Ready"]["status"] == "True"
     assert ("event", "Ready", "x") in kube.calls
 
 
-def test_child_deleted_triggers_full_reconcile(ctx: reconcile.Context, kube: FakeKube) -> None:
+def test_a_late_event_cannot_take_ready_back(ctx: reconcile.Context, kube: FakeKube) -> None:
+    """The flap: a queued event carrying an older Deployment (not yet ready) is processed after
+    the status already said Ready. The status comes from the watch cache, which holds the
+    newest Deployment, so Ready stays True and nothing is written."""
+    kube.put(parent(replicas=1))
+    run_parent(ctx, kube)
+    older = rolled_out(kube, ready=0)
+    rolled_out(kube, ready=1)
+    deliver(ctx, kube)
+    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    assert conds(kube)["Ready"]["status"] == "True"
+    kube.calls.clear()
+    reconcile.refresh_from_child(ctx, "MODIFIED", older)
+    run_parent(ctx, kube)
+    assert conds(kube)["Ready"]["status"] == "True"
+    assert not [c for c in kube.calls if c[0] == "status"]
+
+
+def test_status_compares_with_our_last_write_not_a_stale_parent(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    kube.put(parent(replicas=1))
+    run_parent(ctx, kube)
+    deliver(ctx, kube)  # the parent cache now holds the first status
+    rolled_out(kube, ready=1)
+    stale_parent = ctx.parents["ns", "x"]
+    ctx.children = {**ctx.children, kinds.DEPLOYMENT: {("ns", "x"): [rolled_out(kube, ready=1)]}}
+    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    writes = [c for c in kube.calls if c[0] == "status"]
+    # The parent cache still has the old status, but what we wrote is remembered: no rewrite.
+    ctx.parents = {("ns", "x"): stale_parent}
+    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    assert [c for c in kube.calls if c[0] == "status"] == writes
+
+
+def test_child_deleted_is_recreated_after_a_fresh_parent_read(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
     kube.put(parent())
-    reconcile.reconcile(ctx, "ns", "x")
+    run_parent(ctx, kube)
     gone = kube.objects.pop(("Deployment", "ns", "x"))
-    assert reconcile.on_child_event(ctx, "DELETED", gone) == "ok"
+    deliver(ctx, kube)
+    kube.calls.clear()
+    assert reconcile.refresh_from_child(ctx, "DELETED", gone) == "ok"
+    assert kube.calls[0] == ("read", "LLMDeployment", "x")
     assert ("Deployment", "ns", "x") in kube.objects
+
+
+def test_child_deleted_with_its_dying_parent_is_not_recreated(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    kube.put(parent())
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+    gone = kube.objects.pop(("Deployment", "ns", "x"))
+    kube.objects.pop(("LLMDeployment", "ns", "x"))  # deleted; the cache has not noticed yet
+    assert reconcile.refresh_from_child(ctx, "DELETED", gone) == "skipped"
+    assert ("Deployment", "ns", "x") not in kube.objects
 
 
 def test_child_events_of_foreign_or_initial_objects_are_ignored(
     ctx: reconcile.Context, kube: FakeKube
 ) -> None:
     foreign = {"kind": "Deployment", "metadata": {"namespace": "ns", "name": "y"}}
-    assert reconcile.on_child_event(ctx, "MODIFIED", foreign) == "skipped"
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", foreign) == "skipped"
     kube.put(parent())
-    reconcile.reconcile(ctx, "ns", "x")
+    run_parent(ctx, kube)
     kube.calls.clear()
     child = kube.objects["Deployment", "ns", "x"]
-    assert reconcile.on_child_event(ctx, None, child) == "skipped"
+    assert reconcile.refresh_from_child(ctx, None, child) == "skipped"
     assert kube.calls == []
 
 
 def test_child_of_a_recreated_parent_is_ignored(ctx: reconcile.Context, kube: FakeKube) -> None:
     kube.put(parent())
-    reconcile.reconcile(ctx, "ns", "x")
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
     child = copy.deepcopy(kube.objects["Deployment", "ns", "x"])
     child["metadata"]["ownerReferences"][0]["uid"] = "old-uid"
-    assert reconcile.on_child_event(ctx, "MODIFIED", child) == "skipped"
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", child) == "skipped"
 
 
-@pytest.mark.parametrize(
-    ("desired", "live", "expected"),
-    [
-        ({"a": 1}, {"a": 1, "b": 2}, False),
-        ({"a": 1}, {"a": "1"}, False),
-        ({"a": True}, {"a": "True"}, True),
-        ({"a": {"b": [1, 2]}}, {"a": {"b": [1, 2]}}, False),
-        ({"a": {"b": [1, 2]}}, {"a": {"b": [1]}}, True),
-        ({"a": [{"x": 1}]}, {"a": [{"x": 1, "y": 2}]}, False),
-        ({"a": 1}, {}, True),
-        ({"a": {"b": 1}}, {"a": "flat"}, True),
-    ],
-)
-def test_drifted(desired: Any, live: Any, expected: bool) -> None:
-    assert reconcile.drifted(desired, live) is expected
+def test_parent_parsed_once_per_generation(ctx: reconcile.Context, kube: FakeKube) -> None:
+    kube.put(parent())
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+    first = ctx._parsed["ns", "x"]
+    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    assert ctx._parsed["ns", "x"] is first
+    ctx.forget("ns", "x")
+    assert ("ns", "x") not in ctx._parsed
 
 
-def test_owns_field_reads_apply_entries_only() -> None:
-    live = {
-        "metadata": {
-            "managedFields": [
-                {
-                    "manager": "llmop",
-                    "operation": "Update",
-                    "fieldsV1": {"f:spec": {"f:replicas": {}}},
-                },
-                {
-                    "manager": "llmop",
-                    "operation": "Apply",
-                    "fieldsV1": {"f:spec": {"f:template": {}}},
-                },
-            ]
-        }
-    }
-    assert not reconcile.owns_field(live, "llmop", ("spec", "replicas"))
-    live["metadata"]["managedFields"][1]["fieldsV1"]["f:spec"]["f:replicas"] = {}
-    assert reconcile.owns_field(live, "llmop", ("spec", "replicas"))
-    assert not reconcile.owns_field(live, "other", ("spec", "replicas"))
-
-
-def test_keyed_locks_serialize_one_key_and_clean_up() -> None:
+def test_keyed_locks_serialize_one_key_not_others_and_clean_up() -> None:
     locks = reconcile.KeyedLocks()
-    inside = []
-    barrier = threading.Barrier(2)
+    lock = threading.Lock()
+    inside: dict[tuple[str, str], int] = {}
+    most: dict[tuple[str, str], int] = {}
+    barrier = threading.Barrier(6)
 
-    def worker() -> None:
+    def worker(key: tuple[str, str]) -> None:
         barrier.wait()
-        with locks.hold(("ns", "x")):
-            inside.append(len(inside))
+        with locks.hold(key):
+            with lock:
+                inside[key] = inside.get(key, 0) + 1
+                most[key] = max(most.get(key, 0), inside[key])
+            time.sleep(0.05)  # long enough for an unguarded peer to enter
+            with lock:
+                inside[key] -= 1
 
-    threads = [threading.Thread(target=worker) for _ in range(2)]
+    keys = [("ns", "x")] * 3 + [("ns", "y")] * 3
+    threads = [threading.Thread(target=worker, args=(key,)) for key in keys]
+    started = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert inside == [0, 1]
+    elapsed = time.monotonic() - started
+    assert most == {("ns", "x"): 1, ("ns", "y"): 1}  # never two holders of one key
+    assert elapsed < 0.05 * 6  # the two keys ran side by side, not one after another
     assert len(locks) == 0
+
+
+def test_a_generation_this_process_applied_is_only_repaired(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    """kopf can run the create handler of one generation twice; the second run finds the
+    children in the caches and applies nothing. A new process (restart) applies everything."""
+    kube.put(parent(replicas=1))
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+    kube.calls.clear()
+    run_parent(ctx, kube)
+    assert not [c for c in kube.calls if c[0].startswith("apply")]
+    restarted = reconcile.Context(
+        kube=kube,  # type: ignore[arg-type]
+        config=OperatorConfig(),
+        metrics=Metrics(),
+        instance="test",
+        clock=lambda: NOW,
+    )
+    restarted.children, restarted.parents = ctx.children, ctx.parents
+    run_parent(restarted, kube)
+    applies = [c for c in kube.calls if c[0].startswith("apply")]
+    assert applies == [("apply:llmop", "Service", "x"), ("apply:llmop", "Deployment", "x")]

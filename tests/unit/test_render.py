@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from llmop import names
+from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment
 from llmop.render import Children, RenderSettings, render_children
 from llmop.render.autoscaling import quantity
@@ -358,10 +358,7 @@ def test_pdb_only_when_more_than_one_replica_can_exist(spec: dict[str, Any], has
 def test_wanted_and_unwanted() -> None:
     fixed = render()
     assert [c["kind"] for c in fixed.wanted()] == ["Service", "Deployment"]
-    assert fixed.unwanted() == [
-        ("autoscaling/v2", "HorizontalPodAutoscaler"),
-        ("policy/v1", "PodDisruptionBudget"),
-    ]
+    assert fixed.unwanted() == [kinds.PDB, kinds.HPA]
     scaled = render(autoscaling={"maxReplicas": 3})
     assert [c["kind"] for c in scaled.wanted()] == [
         "Service",

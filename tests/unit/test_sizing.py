@@ -83,7 +83,7 @@ def test_architecture_override_plans_an_unknown_model() -> None:
         ),
         ({"resources": {"gpuProduct": "NVIDIA-Imaginary-9000"}}, sizing.REASON_GPU_MEMORY_UNKNOWN),
         ({}, sizing.REASON_GPU_MEMORY_UNKNOWN),
-        ({"resources": {"gpus": 0}, "engine": {"backend": "simulator"}}, sizing.REASON_NOT_PLANNED),
+        ({"resources": {"gpus": 0}, "engine": {"backend": "simulator"}}, sizing.REASON_NO_GPUS),
     ],
     ids=["unknown-model", "unknown-gpu", "no-gpu-product", "no-gpus"],
 )

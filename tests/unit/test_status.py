@@ -118,6 +118,14 @@ CASES = [
         id="waiting-for-ready",
     ),
     pytest.param(
+        {"replicas": 2},
+        deployment(
+            status={"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "availableReplicas": 1}
+        ),
+        {"Ready": ("False", "WaitingForReplicas"), "Reconciling": ("True", "WaitingForReplicas")},
+        id="ready-but-not-yet-available",
+    ),
+    pytest.param(
         {"replicas": 3},
         deployment(replicas=3, status=ROLLED_OUT),
         {"Ready": ("False", "Scaling"), "Reconciling": ("True", "Scaling")},

@@ -129,8 +129,13 @@ class HealthState:
     probe_in_flight: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verdict:
+    """The agent's judgement at one instant. `phase` is the engine's lifecycle stage; `live`
+    and `ready` are the probe answers. They differ on purpose: a serving engine (phase `ready`)
+    whose deep probe just failed is not ready. Keyword-only, so no call reads as ready while
+    it is not."""
+
     phase: Phase
     live: bool
     ready: bool
@@ -272,14 +277,23 @@ def verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
     """Liveness and readiness for `now`."""
     if state.exit_code is not None or not state.process_alive:
         code = "unknown" if state.exit_code is None else str(state.exit_code)
-        return Verdict(Phase.FAILED, False, False, f"engine process exited (code {code})")
+        return Verdict(
+            phase=Phase.FAILED,
+            live=False,
+            ready=False,
+            reason=f"engine process exited (code {code})",
+        )
     if state.dead_at is not None:
         # Sticky: after EngineDeadError vLLM only exits; a closing port is not a recovery.
-        return Verdict(Phase.FAILED, False, False, "engine /health reported dead (503)")
+        return Verdict(
+            phase=Phase.FAILED, live=False, ready=False, reason="engine /health reported dead (503)"
+        )
     if state.draining:
-        return Verdict(Phase.DRAINING, True, False, "draining")
+        return Verdict(phase=Phase.DRAINING, live=True, ready=False, reason="draining")
     if not state.observed:
-        return Verdict(Phase.STARTING, True, False, "engine process starting")
+        return Verdict(
+            phase=Phase.STARTING, live=True, ready=False, reason="engine process starting"
+        )
     if state.listening_since is None:
         return _starting_verdict(state, policy, now)
     return _serving_verdict(state, policy, now)
@@ -288,19 +302,24 @@ def verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
 def _starting_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
     dl = state.last_download_progress_at
     if dl is not None and now - dl <= policy.stall_seconds:
-        return Verdict(Phase.DOWNLOADING, True, False, "model download in progress")
+        return Verdict(
+            phase=Phase.DOWNLOADING, live=True, ready=False, reason="model download in progress"
+        )
     load_start = _latest(state.started_at, dl) or state.started_at
     elapsed = now - load_start
     if elapsed > policy.load_timeout_seconds:
         return Verdict(
-            Phase.FAILED,
-            False,
-            False,
-            f"engine not listening {elapsed:.0f}s after start (load budget "
+            phase=Phase.FAILED,
+            live=False,
+            ready=False,
+            reason=f"engine not listening {elapsed:.0f}s after start (load budget "
             f"{policy.load_timeout_seconds:.0f}s)",
         )
     return Verdict(
-        Phase.LOADING, True, False, f"engine loading (port not listening, {elapsed:.0f}s)"
+        phase=Phase.LOADING,
+        live=True,
+        ready=False,
+        reason=f"engine loading (port not listening, {elapsed:.0f}s)",
     )
 
 
@@ -308,9 +327,19 @@ def _serving_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
     if state.reach is not Reach.OK:
         since = now - (state.last_reach_ok_at or now)
         if since > policy.stall_seconds:
-            return Verdict(Phase.FAILED, False, False, f"engine unreachable for {since:.0f}s")
+            return Verdict(
+                phase=Phase.FAILED,
+                live=False,
+                ready=False,
+                reason=f"engine unreachable for {since:.0f}s",
+            )
         if state.reach is Reach.REFUSED or since > policy.deep_probe_timeout_seconds:
-            return Verdict(Phase.READY, True, False, f"engine not answering ({state.reach})")
+            return Verdict(
+                phase=Phase.READY,
+                live=True,
+                ready=False,
+                reason=f"engine not answering ({state.reach})",
+            )
         # One slow /health answer is not enough to pull the pod out; judge by what we knew.
     if is_busy(state):
         return _busy_verdict(state, policy, now)
@@ -325,14 +354,17 @@ def _busy_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
     stalled = now - ref
     if stalled > policy.stall_seconds:
         return Verdict(
-            Phase.FAILED,
-            False,
-            False,
-            f"hung: {pending} pending requests and no generated tokens for {stalled:.0f}s",
+            phase=Phase.FAILED,
+            live=False,
+            ready=False,
+            reason=f"hung: {pending} pending requests and no generated tokens for {stalled:.0f}s",
         )
     if stalled > policy.ready_stall_seconds:
         return Verdict(
-            Phase.READY, True, False, f"no progress for {stalled:.0f}s with {pending} pending"
+            phase=Phase.READY,
+            live=True,
+            ready=False,
+            reason=f"no progress for {stalled:.0f}s with {pending} pending",
         )
     probe = state.last_probe
     if probe is not None and not probe.ok:
@@ -340,18 +372,40 @@ def _busy_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
             state.last_progress_at is not None and state.last_progress_at > probe.finished_at
         )
         if not progressed_after:
-            return Verdict(Phase.READY, True, False, f"deep probe failed: {probe.error}")
-    return Verdict(Phase.READY, True, True, f"busy, making progress ({pending} pending)")
+            return Verdict(
+                phase=Phase.READY,
+                live=True,
+                ready=False,
+                reason=f"deep probe failed: {probe.error}",
+            )
+    return Verdict(
+        phase=Phase.READY,
+        live=True,
+        ready=True,
+        reason=f"busy, making progress ({pending} pending)",
+    )
 
 
 def _idle_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
     if not policy.deep_probe_enabled:
-        return Verdict(Phase.READY, True, True, "serving (deep probe disabled)")
+        return Verdict(
+            phase=Phase.READY, live=True, ready=True, reason="serving (deep probe disabled)"
+        )
     probe = state.last_probe
     if probe is None:
-        return Verdict(Phase.LOADING, True, False, "listening; waiting for the first deep probe")
+        return Verdict(
+            phase=Phase.LOADING,
+            live=True,
+            ready=False,
+            reason="listening; waiting for the first deep probe",
+        )
     if probe.ok:
-        return Verdict(Phase.READY, True, True, f"deep probe ok ({probe.latency * 1000:.0f} ms)")
+        return Verdict(
+            phase=Phase.READY,
+            live=True,
+            ready=True,
+            reason=f"deep probe ok ({probe.latency * 1000:.0f} ms)",
+        )
     good = _latest(state.last_probe_ok_at, state.last_progress_at, state.listening_since) or now
     failing = now - good
     if probe.timed_out and not load_known(state):
@@ -359,17 +413,27 @@ def _idle_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
         # a saturated engine is the worse mistake, so timeouts alone never cost liveness.
         if failing > policy.stall_seconds:
             return Verdict(
-                Phase.READY,
-                True,
-                False,
-                f"deep probe timing out for {failing:.0f}s and the engine exports no metrics "
-                "(--disable-log-stats?): busy or hung cannot be told apart",
+                phase=Phase.READY,
+                live=True,
+                ready=False,
+                reason=(
+                    f"deep probe timing out for {failing:.0f}s and the engine exports no "
+                    "metrics (--disable-log-stats?): busy or hung cannot be told apart"
+                ),
             )
         return Verdict(
-            Phase.READY, True, True, f"deep probe {probe.error}; engine busy? (no metrics)"
+            phase=Phase.READY,
+            live=True,
+            ready=True,
+            reason=f"deep probe {probe.error}; engine busy? (no metrics)",
         )
     if failing > policy.stall_seconds:
         return Verdict(
-            Phase.FAILED, False, False, f"deep probe failing for {failing:.0f}s: {probe.error}"
+            phase=Phase.FAILED,
+            live=False,
+            ready=False,
+            reason=f"deep probe failing for {failing:.0f}s: {probe.error}",
         )
-    return Verdict(Phase.READY, True, False, f"deep probe failed: {probe.error}")
+    return Verdict(
+        phase=Phase.READY, live=True, ready=False, reason=f"deep probe failed: {probe.error}"
+    )

@@ -18,9 +18,8 @@ from pydantic import ValidationError
 
 from llmop import crdgen, sizing
 from llmop.api.v1alpha1 import API_VERSION, KIND, LLMDeployment
-from llmop.render import RenderSettings, render_children
-from llmop.render.engine_args import tensor_parallel_size
-from llmop.render.settings import DEFAULT_SIMULATOR_IMAGE, DEFAULT_VLLM_IMAGE
+from llmop.desired import desired_state
+from llmop.settings import DEFAULT_SIMULATOR_IMAGE, DEFAULT_VLLM_IMAGE, RenderSettings
 
 EXIT_OK = 0
 EXIT_DOES_NOT_FIT = 1
@@ -91,12 +90,18 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
         service_monitor=args.service_monitor,
     )
     manifests: list[dict[str, Any]] = []
-    for deployment in load_deployments(args.filename):
-        sized = sizing.plan_for(deployment.spec)
-        children = render_children(
-            deployment, settings, load_timeout_seconds=sized.load_timeout_seconds
-        )
-        manifests += children.wanted()
+    for llmd in load_deployments(args.filename):
+        # The operator's own desired state: what it would create, and nothing for a plan that
+        # does not fit (said on stderr, so the YAML on stdout stays appliable).
+        desired = desired_state(llmd, settings)
+        if desired.children is None:
+            print(
+                f"llmop: {llmd.metadata.name}: {desired.sizing.message} "
+                "The operator creates no children for it.",
+                file=sys.stderr,
+            )
+            continue
+        manifests += desired.children.wanted()
     yaml.safe_dump_all(manifests, out, sort_keys=False, width=100)
     return EXIT_OK
 
@@ -107,17 +112,17 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
         json.dump([_plan_json(d, r) for d, r in results], out, indent=2)
         out.write("\n")
     else:
-        for deployment, result in results:
-            out.write(_plan_table(deployment, result))
+        for llmd, result in results:
+            out.write(_plan_table(llmd, result))
     fits_all = all(result.fits is not False for _, result in results)
     return EXIT_OK if fits_all else EXIT_DOES_NOT_FIT
 
 
-def _plan_json(deployment: LLMDeployment, result: sizing.SizingResult) -> dict[str, Any]:
+def _plan_json(llmd: LLMDeployment, result: sizing.SizingResult) -> dict[str, Any]:
     plan = result.plan
     body: dict[str, Any] = {
-        "name": deployment.metadata.name,
-        "model": deployment.spec.model.name,
+        "name": llmd.metadata.name,
+        "model": llmd.spec.model.name,
         "fits": result.fits,
         "reason": result.reason,
         "message": result.message,
@@ -126,7 +131,7 @@ def _plan_json(deployment: LLMDeployment, result: sizing.SizingResult) -> dict[s
     }
     if plan is not None:
         body |= {
-            "tensorParallelSize": tensor_parallel_size(deployment.spec),
+            "tensorParallelSize": llmd.spec.tensor_parallel_size,
             "weightsGiBTotal": round(plan.weights_gib_total, 2),
             "weightsGiBPerGPU": round(plan.weights_gib_per_gpu, 2),
             "overheadGiBPerGPU": round(plan.overhead_gib_per_gpu, 2),
@@ -140,13 +145,13 @@ def _plan_json(deployment: LLMDeployment, result: sizing.SizingResult) -> dict[s
     return body
 
 
-def _plan_table(deployment: LLMDeployment, result: sizing.SizingResult) -> str:
+def _plan_table(llmd: LLMDeployment, result: sizing.SizingResult) -> str:
     plan = result.plan
-    lines = [f"{deployment.metadata.name} ({deployment.spec.model.name})"]
+    lines = [f"{llmd.metadata.name} ({llmd.spec.model.name})"]
     if plan is None:
         lines.append(f"  not planned: {result.message}")
         return "\n".join(lines) + "\n\n"
-    tp = tensor_parallel_size(deployment.spec)
+    tp = llmd.spec.tensor_parallel_size
     rows = [
         ("GPU memory", f"{result.gpu_memory_gib:.2f} GiB x {tp} (tensor parallel)"),
         ("weights", f"{plan.weights_gib_total:.2f} GiB ({plan.weights_gib_per_gpu:.2f} per GPU)"),

@@ -33,7 +33,8 @@ REASON_INVALID_SPEC = "InvalidSpec"
 REASON_CHILD_REJECTED = "ChildRejected"
 REASON_INTERNAL_ERROR = "InternalError"
 REASON_PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
-REASON_NOT_PLANNED = "NotPlanned"
+REASON_SPEC_UNREADABLE = "NotPlanned"
+"""CapacityPlanned=Unknown: the spec could not be read, so nothing was planned."""
 
 
 @dataclass(frozen=True)

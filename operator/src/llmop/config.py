@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from llmop.render.settings import (
+from llmop.settings import (
     DEFAULT_GPU_RESOURCE_NAME,
     DEFAULT_SIMULATOR_IMAGE,
     DEFAULT_VLLM_CPU_IMAGE,

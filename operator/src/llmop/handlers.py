@@ -3,80 +3,113 @@
 - One level-based `reconcile` on create/update/resume of LLMDeployments. No delete handler, no
   timers or daemons on LLMDeployment: kopf then adds no finalizer, and children go by owner
   reference garbage collection.
+- kopf indexes keep a watch-fed cache of the parents and of every watched child kind (the kinds
+  come from `llmop.kinds`), so a child event needs no GET of its parent and the status is always
+  derived from the newest child seen. kopf runs no handler until every index holds its initial
+  listing, so a restarted operator sees its children before it reconciles anything.
 - Low-level `on.event` handlers on the children (filtered by our label, also server side via
   `settings.watching.label_selectors` in `main`) repair drift and re-derive the parent's status.
-  Low-level handlers store nothing on the children.
+  Low-level handlers and indexes store nothing on the objects.
 
 Handlers return None so kopf writes no handler results into the status.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from llmop import names
+from llmop import kinds, names
 from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
 from llmop.kube import KubeError
-from llmop.reconcile import Context, on_child_event, reconcile
+from llmop.observed import child_summary, parent_summary
+from llmop.reconcile import Context, controller_owner, reconcile_parent, refresh_from_child
 
-CHILD_RESOURCES = (
-    ("apps/v1", "deployments"),
-    ("v1", "services"),
-    ("autoscaling/v2", "horizontalpodautoscalers"),
-    ("policy/v1", "poddisruptionbudgets"),
-)
-"""(apiVersion, plural) of every child kind the operator watches."""
 MAX_RETRY_DELAY_SECONDS = 300.0
 MANAGED_LABELS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 COUNT_HANDLER_ID = "count-llmdeployments"
-WATCH_HANDLER_IDS = (COUNT_HANDLER_ID, *(f"child-{plural}" for _, plural in CHILD_RESOURCES))
+PARENT_INDEX = "llmdeployments-cache"
+WATCH_HANDLER_IDS = (COUNT_HANDLER_ID, *(f"child-{kind.plural}" for kind in kinds.WATCHED))
 """Low-level handlers: they run on every watch event."""
 
 
-def _context(memo: Any) -> Context:
+def _index_id(kind: kinds.ChildKind) -> str:
+    return f"{kind.plural}-cache"
+
+
+def _context(memo: Any, indexes: Mapping[str, Any]) -> Context:
     context: Context = memo.context
+    if not context.children:
+        # The same index objects live as long as the operator: hand them over once.
+        context.parents = indexes[PARENT_INDEX]
+        context.children = {kind: indexes[_index_id(kind)] for kind in kinds.WATCHED}
     return context
+
+
+@kopf.index(GROUP, VERSION, PLURAL, id=PARENT_INDEX)
+def index_llmdeployment(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> Any:
+    """(namespace, name) → the parent, without managedFields."""
+    return {(namespace or "", name): parent_summary(body)}
+
+
+def _index_child(body: kopf.Body, **_: Any) -> Any:
+    """(namespace, parent name) → the child, with only the managedFields the plan reads."""
+    owner = controller_owner(body)
+    if owner is None:
+        return None
+    return {(owner.namespace, owner.name): child_summary(body)}
+
+
+for _kind in kinds.WATCHED:
+    kopf.index(_kind.api_version, _kind.plural, labels=MANAGED_LABELS, id=_index_id(_kind))(
+        _index_child
+    )
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
 @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile")
-def reconcile_llmdeployment(
-    namespace: str | None, name: str, retry: int, memo: Any, **_: Any
-) -> None:
+def reconcile_llmdeployment(body: kopf.Body, retry: int, memo: Any, **kwargs: Any) -> None:
     """Converge one LLMDeployment; transient API errors retry with exponential backoff."""
-    ctx = _context(memo)
+    ctx = _context(memo, kwargs)
     try:
-        reconcile(ctx, namespace or "", name)
+        reconcile_parent(ctx, parent_summary(body))
     except KubeError as error:
         delay = min(ctx.config.retry_delay_seconds * 2**retry, MAX_RETRY_DELAY_SECONDS)
         raise kopf.TemporaryError(str(error), delay=delay) from error
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id=COUNT_HANDLER_ID)
-def count_llmdeployment(type: str, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    """Keep the managed-objects gauge current (cheap; stores nothing on the object)."""
-    _context(memo).metrics.observe_object(
-        "LLMDeployment", f"{namespace}/{name}", present=type != "DELETED"
-    )
+def count_llmdeployment(
+    type: str, namespace: str | None, name: str, memo: Any, **kwargs: Any
+) -> None:
+    """Keep the managed-objects gauge current, and forget deleted parents (cheap; stores
+    nothing on the object)."""
+    ctx = _context(memo, kwargs)
+    ctx.metrics.observe_object("LLMDeployment", f"{namespace}/{name}", present=type != "DELETED")
+    if type == "DELETED":
+        ctx.forget(namespace or "", name)
 
 
-def child_event(type: str, body: kopf.Body, memo: Any, logger: Any, **_: Any) -> None:
+def child_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
     """A child changed or vanished: repair it, or refresh the parent's status. A transient API
     error is only logged: the next event, or the parent's own reconcile, tries again."""
     try:
-        on_child_event(_context(memo), type, dict(body))
+        refresh_from_child(_context(memo, kwargs), type, child_summary(body))
     except KubeError as error:
         logger.warning(f"Could not process a {body.get('kind')} event: {error}")
 
 
-for _api_version, _plural in CHILD_RESOURCES:
-    kopf.on.event(_api_version, _plural, labels=MANAGED_LABELS, id=f"child-{_plural}")(child_event)
+for _kind in kinds.WATCHED:
+    kopf.on.event(
+        _kind.api_version, _kind.plural, labels=MANAGED_LABELS, id=f"child-{_kind.plural}"
+    )(child_event)
 
 
 @kopf.on.probe(id="reconciles")
 def reconciles_probe(memo: Any, **_: Any) -> int:
     """Liveness payload: parents currently being reconciled (cheap, never fails)."""
-    return len(_context(memo).locks)
+    context: Context = memo.context
+    return len(context.locks)

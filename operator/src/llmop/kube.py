@@ -18,22 +18,11 @@ from urllib.parse import quote
 import urllib3
 from kubernetes import client, config
 
+from llmop import kinds
+
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "llmop"
-
-PLURALS = {
-    "Deployment": "deployments",
-    "Service": "services",
-    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
-    "PodDisruptionBudget": "poddisruptionbudgets",
-    "ServiceMonitor": "servicemonitors",
-    "LLMDeployment": "llmdeployments",
-    "Event": "events",
-    "Pod": "pods",
-    "Namespace": "namespaces",
-}
-"""Plural resource names of the kinds the operator touches (no discovery round trips)."""
 
 
 class KubeError(Exception):
@@ -60,7 +49,7 @@ def _path(
     subresource: str | None = None,
 ) -> str:
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    plural = PLURALS.get(kind, kind.lower() + "s")
+    plural = kinds.plural(kind)  # from the registry: no discovery round trips
     parts = [base]
     if namespace is not None:
         parts.append(f"namespaces/{quote(namespace, safe='')}")
@@ -120,6 +109,7 @@ class Kube:
         query: Mapping[str, str] | None = None,
         body: Any = None,
         content_type: str | None = None,
+        parse: bool = True,
     ) -> tuple[int, Any]:
         headers = {"Accept": "application/json"}
         if content_type is not None:
@@ -143,7 +133,8 @@ class Kube:
         except (urllib3.exceptions.HTTPError, OSError) as error:
             raise KubeError(f"{method} {path}: {error}") from error
         if 200 <= status < 300:
-            return status, json.loads(data) if data else None
+            # Decoding a whole object costs more CPU than the request; skip it when unused.
+            return status, json.loads(data) if data and parse else None
         return status, data
 
     def _raise(self, method: str, path: str, status: int, data: Any) -> None:
@@ -196,20 +187,31 @@ class Kube:
             query["continue"] = token
 
     def apply(
-        self, manifest: Mapping[str, Any], *, field_manager: str, force: bool = True
+        self,
+        manifest: Mapping[str, Any],
+        *,
+        field_manager: str,
+        force: bool = True,
+        want_result: bool = True,
     ) -> dict[str, Any]:
-        """Server-side apply `manifest` as `field_manager`; returns the live object."""
+        """Server-side apply `manifest` as `field_manager`; returns the live object (an empty
+        dict when `want_result` is false: the caller reads children from its watch caches)."""
         metadata = manifest["metadata"]
         path = _path(
             manifest["apiVersion"], manifest["kind"], metadata.get("namespace"), metadata["name"]
         )
         query = {"fieldManager": field_manager, "force": "true" if force else "false"}
         status, data = self._request(
-            "PATCH", path, query=query, body=dict(manifest), content_type=APPLY_PATCH
+            "PATCH",
+            path,
+            query=query,
+            body=dict(manifest),
+            content_type=APPLY_PATCH,
+            parse=want_result,
         )
         if status >= 300:
             self._raise("APPLY", path, status, data)
-        result: dict[str, Any] = data
+        result: dict[str, Any] = data or {}
         return result
 
     def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
@@ -230,15 +232,10 @@ class Kube:
         namespace: str | None,
         name: str,
         status_patch: Mapping[str, Any],
-        *,
-        resource_version: str | None = None,
     ) -> dict[str, Any] | None:
-        """Merge-patch `/status`; None when the object is gone. With `resource_version`, the
-        patch only applies to that version (409 otherwise: someone wrote in between)."""
+        """Merge-patch `/status`; None when the object is gone."""
         path = _path(api_version, kind, namespace, name, "status")
         body: dict[str, Any] = {"status": dict(status_patch)}
-        if resource_version is not None:
-            body["metadata"] = {"resourceVersion": resource_version}
         status, data = self._request("PATCH", path, body=body, content_type=MERGE_PATCH)
         if status == 404:
             return None

@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from llmop import handlers, names
+from llmop import handlers, kinds, names
 from llmop.config import ConfigError, OperatorConfig, load
 from llmop.kube import Kube, KubeError
 from llmop.metrics import Metrics
@@ -47,10 +47,10 @@ def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     settings.execution.default_backoff = config.retry_delay_seconds
     settings.watching.chunk_size = WATCH_CHUNK_SIZE
     selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
-    for api_version, plural in handlers.CHILD_RESOURCES:
+    for kind in kinds.WATCHED:
         # Without this, kopf would receive every Deployment/Service in the cluster and filter
         # them client-side.
-        settings.watching.label_selectors[api_version, plural] = selector
+        settings.watching.label_selectors[kind.api_version, kind.plural] = selector
     settings.peering.standalone = config.standalone
     if config.peering_name is not None:
         settings.peering.name = config.peering_name

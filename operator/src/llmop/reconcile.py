@@ -1,19 +1,27 @@
-"""Orchestration of one LLMDeployment: parse → plan → render → apply children → derive status.
+"""Orchestration of one LLMDeployment: desired state → child plan → execute → status.
 
-Called by the kopf handlers (which stay a few lines each) but free of kopf itself: it talks to the
-API through `llmop.kube` and decides with pure functions (`llmop.status`, `llmop.render`,
-`llmop.sizing`). Two entry points share one per-parent lock, so the parent path and the
-child-event path never interleave their status writes:
+Called by the kopf handlers (a few lines each) but free of kopf itself: it talks to the API
+through `llmop.kube`, decides with pure functions (`desired`, `plan`, `status`) and reads the
+live children from watch-fed caches (kopf indexes, handed in as plain mappings), never from a
+GET per event. Two named entry points share one per-parent lock:
 
-- `reconcile()` — the level-based reconcile on create/update/resume and when a child vanished;
-- `on_child_event()` — a child changed: repair drift, or re-derive the parent's status.
+- `reconcile_parent()` — create/update/resume of the LLMDeployment: apply every wanted child,
+  delete unwanted ones, write the status;
+- `refresh_from_child()` — a watch event of one child: repair that child if it drifted or
+  vanished, and re-derive the parent's status.
+
+Why the status never flaps: both entry points derive it from the same watch cache of the child
+Deployment, whose entries only move forward in time, and compare with the status this process
+wrote last. Before, the parent path used the Deployment returned by its apply while the
+child-event path used the (older) Deployment of a queued watch event, so a CR went
+Ready=True → False → True whenever the two interleaved.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,13 +29,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llmop import conditions, events, names
-from llmop.api.v1alpha1 import API_VERSION, GROUP, KIND, LLMDeployment
+from llmop import conditions, events, kinds
+from llmop.api.v1alpha1 import GROUP, KIND, LLMDeployment
 from llmop.config import OperatorConfig
+from llmop.desired import DesiredState, desired_state
+from llmop.kinds import ChildKind
 from llmop.kube import Kube, KubeError, RejectedError, TerminatingError
 from llmop.metrics import RESULT_ERROR, RESULT_OK, RESULT_SKIPPED, RESULT_STALLED, Metrics
-from llmop.render import Children, RenderSettings, render_children
-from llmop.sizing import SizingResult, plan_for
+from llmop.plan import Apply, ChildPlan, Delete, plan_children
+from llmop.settings import RenderSettings
 from llmop.status import (
     Problem,
     derive_invalid_status,
@@ -40,8 +50,10 @@ log = logging.getLogger("llmop.reconcile")
 
 TRIGGER_PARENT = "parent"
 TRIGGER_CHILD = "child"
-DEPLOYMENT = ("apps/v1", "Deployment")
-REPLICAS_PATH = ("spec", "replicas")
+
+ChildIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
+"""A watch cache of one child kind: (namespace, parent name) → the live children (normally
+one). kopf's indexes have this shape; tests pass plain dicts."""
 
 
 class KeyedLocks:
@@ -78,6 +90,16 @@ def _now() -> datetime:
 
 
 @dataclass
+class _Parsed:
+    """One generation of a parent, parsed and planned once (not once per child event)."""
+
+    uid: str
+    generation: int | None
+    desired: DesiredState | None
+    error: str | None
+
+
+@dataclass
 class Context:
     """Everything a reconcile needs, built once at startup (kopf's memo carries it)."""
 
@@ -88,32 +110,27 @@ class Context:
     render_settings: RenderSettings = field(init=False)
     locks: KeyedLocks = field(default_factory=KeyedLocks)
     clock: Callable[[], datetime] = _now
+    children: dict[ChildKind, ChildIndex] = field(default_factory=dict)
+    """Watch caches of the watched child kinds (kopf indexes, set by the handlers)."""
+    parents: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]] = field(default_factory=dict)
+    """Watch cache of the LLMDeployments: (namespace, name) → the parent."""
+    _parsed: dict[tuple[str, str], _Parsed] = field(default_factory=dict)
+    _written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    _applied: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
+    """(uid, generation) each parent's children were last fully applied for, by this process."""
 
     def __post_init__(self) -> None:
         self.render_settings = self.config.render_settings()
 
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what this process remembers of a deleted parent."""
+        self._parsed.pop((namespace, name), None)
+        self._written.pop((namespace, name), None)
+        self._applied.pop((namespace, name), None)
+
 
 # ----------------------------------------------------------------------------------------------
-# Pure helpers
-
-
-def owner_reference(parent: Mapping[str, Any]) -> dict[str, Any]:
-    """The controller reference children carry, so GC removes them with the parent."""
-    metadata = parent["metadata"]
-    return {
-        "apiVersion": parent.get("apiVersion", API_VERSION),
-        "kind": parent.get("kind", KIND),
-        "name": metadata["name"],
-        "uid": metadata["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def with_owner(manifest: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of `manifest` owned by `reference` (renderers leave owner references out)."""
-    metadata = {**manifest["metadata"], "ownerReferences": [dict(reference)]}
-    return {**manifest, "metadata": metadata}
+# Reading the caches
 
 
 @dataclass(frozen=True)
@@ -138,43 +155,27 @@ def controller_owner(child: Mapping[str, Any]) -> Owner | None:
     return None
 
 
-def owns_field(live: Mapping[str, Any], manager: str, path: tuple[str, ...]) -> bool:
-    """Whether `manager` owns the field at `path` through an Apply entry in managedFields."""
-    for entry in (live.get("metadata") or {}).get("managedFields") or []:
-        if entry.get("manager") != manager or entry.get("operation") != "Apply":
-            continue
-        node: Any = entry.get("fieldsV1") or {}
-        for part in path:
-            node = node.get(f"f:{part}") if isinstance(node, Mapping) else None
-        if node is not None:
-            return True
-    return False
+def _one(values: Iterable[Mapping[str, Any]] | None, uid: str | None) -> dict[str, Any] | None:
+    """The cached object owned by `uid` (a recreated parent's old children do not count)."""
+    for value in list(values or ()):
+        owner = controller_owner(value)
+        if uid is None or (owner is not None and owner.uid == uid):
+            return dict(value)
+    return None
 
 
-def _same_scalar(want: Any, have: Any) -> bool:
-    # Quantities come back as strings (`1` → "1"): compare such scalars by text.
-    return bool(want == have) or (
-        not isinstance(want, bool) and not isinstance(have, bool) and str(want) == str(have)
-    )
+def live_children(ctx: Context, namespace: str, name: str, uid: str) -> dict[ChildKind, Any]:
+    """The watched children of one parent as the watch caches last saw them."""
+    return {kind: _one(index.get((namespace, name)), uid) for kind, index in ctx.children.items()}
 
 
-def drifted(desired: Any, live: Any) -> bool:
-    """Whether `live` lost or changed any field of `desired` (fields only live has are fine:
-    the API server adds defaults and other managers own fields too)."""
-    if isinstance(desired, Mapping):
-        if not isinstance(live, Mapping):
-            return True
-        return any(key not in live or drifted(value, live[key]) for key, value in desired.items())
-    if isinstance(desired, list):
-        if not isinstance(live, list) or len(desired) != len(live):
-            return True
-        return any(drifted(want, have) for want, have in zip(desired, live, strict=True))
-    return not _same_scalar(desired, live)
+def _cached_parent(ctx: Context, namespace: str, name: str) -> dict[str, Any] | None:
+    return _one(ctx.parents.get((namespace, name)), None)
 
 
-def child_for(children: Children, kind: str) -> dict[str, Any] | None:
-    """The rendered child of `kind`, if wanted."""
-    return next((child for child in children.wanted() if child["kind"] == kind), None)
+def _key(body: Mapping[str, Any]) -> tuple[str, str]:
+    metadata = body["metadata"]
+    return metadata["namespace"], metadata["name"]
 
 
 def _summary(error: ValidationError) -> str:
@@ -185,34 +186,70 @@ def _summary(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-# ----------------------------------------------------------------------------------------------
-# I/O
-
-
-def _key(body: Mapping[str, Any]) -> tuple[str, str]:
+def _parse(ctx: Context, body: Mapping[str, Any]) -> _Parsed:
+    """The parent's desired state, computed once per generation."""
+    key = _key(body)
     metadata = body["metadata"]
-    return metadata["namespace"], metadata["name"]
+    uid, generation = metadata.get("uid", ""), metadata.get("generation")
+    cached = ctx._parsed.get(key)
+    if cached is not None and cached.uid == uid and cached.generation == generation:
+        return cached
+    try:
+        desired: DesiredState | None = desired_state(
+            LLMDeployment.model_validate(body), ctx.render_settings
+        )
+        error = None
+    except ValidationError as invalid:
+        desired, error = None, _summary(invalid)
+    parsed = _Parsed(uid, generation, desired, error)
+    ctx._parsed[key] = parsed
+    return parsed
 
 
-def _read_parent(ctx: Context, namespace: str, name: str) -> dict[str, Any] | None:
-    """The parent, unless it is gone or being deleted (never resurrect a dying parent's
-    children)."""
-    body = ctx.kube.read(API_VERSION, KIND, namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return None
-    return body
+def _previous_status(ctx: Context, body: Mapping[str, Any]) -> Any:
+    """The status as last written: this process's own write when the body predates it (the
+    operator is the only status writer, and a watch event may lag behind its own patch)."""
+    written = ctx._written.get(_key(body))
+    if written is not None and written[0] == body["metadata"].get("uid"):
+        return written[1]
+    return body.get("status")
+
+
+# ----------------------------------------------------------------------------------------------
+# Doing
+
+
+def execute(ctx: Context, plan: ChildPlan) -> None:
+    """Carry out a child plan, step by step, deciding nothing. Raises `RejectedError` when the
+    API server refuses an object, `KubeError` for transient failures."""
+    for step in plan.steps():
+        if isinstance(step, Delete):
+            if ctx.kube.delete(step.kind.api_version, step.kind.kind, step.namespace, step.name):
+                ctx.metrics.child_writes.labels(step.kind.kind, "delete").inc()
+        else:
+            _apply(ctx, step)
+
+
+def _apply(ctx: Context, step: Apply) -> None:
+    ctx.kube.apply(step.manifest, field_manager=step.field_manager, want_result=False)
+    ctx.metrics.child_writes.labels(step.kind, "apply").inc()
 
 
 def _write_status(ctx: Context, body: Mapping[str, Any], status: Any) -> None:
-    """Write `status` when it differs from what is stored, then post transition Events."""
-    patch = status_patch(body.get("status"), status)
+    """Write `status` when it differs from the last one, then post transition Events."""
+    raw_previous = _previous_status(ctx, body)
+    patch = status_patch(raw_previous, status)
     if patch is None:
         return
     namespace, name = _key(body)
-    if ctx.kube.patch_status(API_VERSION, KIND, namespace, name, patch) is None:
+    written = ctx.kube.patch_status(
+        kinds.LLMDEPLOYMENT.api_version, kinds.LLMDEPLOYMENT.kind, namespace, name, patch
+    )
+    if written is None:
         return
+    ctx._written[namespace, name] = (body["metadata"].get("uid", ""), written.get("status") or {})
     ctx.metrics.status_writes.inc()
-    previous = parse_previous(body.get("status"))
+    previous = parse_previous(raw_previous)
     now = ctx.clock()
     for spec in events.transition_events(previous.conditions, status.conditions):
         try:
@@ -221,70 +258,12 @@ def _write_status(ctx: Context, body: Mapping[str, Any], status: Any) -> None:
             log.warning("could not post event %s on %s/%s: %s", spec.reason, namespace, name, error)
 
 
-def _apply(ctx: Context, manifest: Mapping[str, Any], manager: str) -> dict[str, Any]:
-    live = ctx.kube.apply(manifest, field_manager=manager)
-    ctx.metrics.child_writes.labels(manifest["kind"], "apply").inc()
-    return live
-
-
-def _replicas_only(manifest: Mapping[str, Any], replicas: int) -> dict[str, Any]:
-    metadata = manifest["metadata"]
-    return {
-        "apiVersion": manifest["apiVersion"],
-        "kind": manifest["kind"],
-        "metadata": {"name": metadata["name"], "namespace": metadata["namespace"]},
-        "spec": {"replicas": replicas},
-    }
-
-
-def _apply_children(
-    ctx: Context, body: Mapping[str, Any], ld: LLMDeployment, children: Children
-) -> dict[str, Any]:
-    """Delete unwanted children, apply the wanted ones; returns the live Deployment.
-
-    With autoscaling on, the Deployment intent has no `spec.replicas`. Dropping a field we
-    applied before would reset it to the default 1, so the current count is first applied by
-    a separate handover manager that keeps it until the HPA writes its own value.
-    """
-    namespace, name = _key(body)
-    reference = owner_reference(body)
-    # Delete first: turning autoscaling off must stop the HPA before replicas are taken back.
-    for api_version, kind in children.unwanted():
-        if ctx.kube.delete(api_version, kind, namespace, name):
-            ctx.metrics.child_writes.labels(kind, "delete").inc()
-    deployment = with_owner(children.deployment, reference)
-    autoscaling = ld.spec.autoscaling
-    handover: int | None = None
-    if autoscaling is not None:
-        live = ctx.kube.read(*DEPLOYMENT, namespace, name)
-        if live is None:
-            # A new Deployment starts at the default of 1; start it at minReplicas instead.
-            handover = autoscaling.min_replicas if autoscaling.min_replicas != 1 else None
-        elif owns_field(live, names.FIELD_MANAGER, REPLICAS_PATH):
-            # Autoscaling just turned on: keep today's count while our ownership is dropped.
-            _apply(
-                ctx,
-                _replicas_only(deployment, live["spec"].get("replicas", 1)),
-                names.HANDOVER_FIELD_MANAGER,
-            )
-    live_deployment: dict[str, Any] = {}
-    for manifest in children.wanted():
-        live = _apply(ctx, with_owner(manifest, reference), names.FIELD_MANAGER)
-        if manifest["kind"] == DEPLOYMENT[1]:
-            live_deployment = live
-    if handover is not None:
-        live_deployment = _apply(
-            ctx, _replicas_only(deployment, handover), names.HANDOVER_FIELD_MANAGER
-        )
-    return live_deployment
-
-
 def _stalled(ctx: Context, body: Mapping[str, Any], problem: Problem) -> str:
     namespace, name = _key(body)
     status = derive_invalid_status(
         name=name,
         generation=body["metadata"].get("generation"),
-        previous=parse_previous(body.get("status")),
+        previous=parse_previous(_previous_status(ctx, body)),
         problem=problem,
         now=ctx.clock(),
     )
@@ -293,56 +272,54 @@ def _stalled(ctx: Context, body: Mapping[str, Any], problem: Problem) -> str:
     return RESULT_STALLED
 
 
-def _converge(ctx: Context, body: Mapping[str, Any], *, apply: bool, child: Any = None) -> str:
-    """Plan, render, apply (when `apply`) and write the status of one parsed parent."""
+JUST_APPLIED: Mapping[str, Any] = {"metadata": {"generation": 1}}
+"""How a Deployment looks right after its first apply, before any controller saw it."""
+
+
+def _write_derived_status(
+    ctx: Context,
+    body: Mapping[str, Any],
+    desired: DesiredState,
+    problem: Problem | None,
+    *,
+    applied: bool = False,
+) -> str:
+    """Derive the status from the watch cache of the Deployment and write it if it changed.
+
+    A Deployment this reconcile just applied but the cache has not delivered yet is read as
+    freshly created (not yet observed: rolling out) rather than missing — what its own watch
+    event will say a moment later, so that event needs no second status write. It can never
+    read as Ready."""
     namespace, name = _key(body)
-    try:
-        ld = LLMDeployment.model_validate(body)
-    except ValidationError as error:
-        if not apply:
-            return RESULT_SKIPPED  # the parent path owns the status of an unreadable spec
-        return _stalled(ctx, body, Problem(conditions.REASON_INVALID_SPEC, _summary(error)))
-    sizing = plan_for(ld.spec)
-    children: Children | None = None
-    problem: Problem | None = None
-    deployment: dict[str, Any] | None = child
-    if sizing.fits is not False:  # a plan that does not fit creates nothing (no pods)
-        children = render_children(
-            ld, ctx.render_settings, load_timeout_seconds=sizing.load_timeout_seconds
-        )
-        if apply:
-            try:
-                deployment = _apply_children(ctx, body, ld, children)
-            except RejectedError as error:
-                problem = Problem(conditions.REASON_CHILD_REJECTED, str(error))
-                deployment = None
-    if deployment is None:
-        deployment = ctx.kube.read(*DEPLOYMENT, namespace, name)
-    _write_status(
-        ctx,
-        body,
-        derive_status(
-            name=name,
-            namespace=namespace,
-            generation=ld.metadata.generation,
-            previous=parse_previous(body.get("status")),
-            spec=ld.spec,
-            sizing=sizing,
-            deployment=deployment,
-            template_hash=_template_hash(children),
-            problem=problem,
-            now=ctx.clock(),
-        ),
+    deployment = live_children(ctx, namespace, name, body["metadata"]["uid"]).get(kinds.DEPLOYMENT)
+    if deployment is None and applied:
+        deployment = JUST_APPLIED
+    spec = desired.llmd.spec
+    status = derive_status(
+        name=name,
+        namespace=namespace,
+        generation=desired.llmd.metadata.generation,
+        previous=parse_previous(_previous_status(ctx, body)),
+        spec=spec,
+        sizing=desired.sizing,
+        deployment=deployment,
+        template_hash=desired.template_hash,
+        problem=problem,
+        now=ctx.clock(),
     )
-    return RESULT_STALLED if problem is not None or sizing.fits is False else RESULT_OK
+    _write_status(ctx, body, status)
+    stalled = problem is not None or desired.sizing.fits is False
+    return RESULT_STALLED if stalled else RESULT_OK
 
 
-def _template_hash(children: Children | None) -> str | None:
-    if children is None:
-        return None
-    annotations = children.deployment["metadata"].get("annotations") or {}
-    value = annotations.get(names.ANNOTATION_TEMPLATE_HASH)
-    return value if isinstance(value, str) else None
+def _run_plan(ctx: Context, body: Mapping[str, Any], plan: ChildPlan) -> Problem | None:
+    if plan:
+        log.debug("%s/%s: %s", *_key(body), "; ".join(plan.reasons))
+    try:
+        execute(ctx, plan)
+    except RejectedError as error:
+        return Problem(conditions.REASON_CHILD_REJECTED, str(error))
+    return None
 
 
 def _guarded(ctx: Context, body: Mapping[str, Any], run: Callable[[], str]) -> str:
@@ -359,66 +336,104 @@ def _guarded(ctx: Context, body: Mapping[str, Any], run: Callable[[], str]) -> s
         return RESULT_ERROR
 
 
-def reconcile(ctx: Context, namespace: str, name: str, *, trigger: str = TRIGGER_PARENT) -> str:
-    """Bring one LLMDeployment's children and status to the desired state; returns the result
-    (ok, stalled, skipped, error). Raises `KubeError` for transient API failures."""
+# ----------------------------------------------------------------------------------------------
+# Entry points
+
+
+def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
+    parsed = _parse(ctx, body)
+    if parsed.desired is None:
+        return _stalled(ctx, body, Problem(conditions.REASON_INVALID_SPEC, parsed.error or ""))
+    namespace, name = _key(body)
+    uid = body["metadata"]["uid"]
+    live = live_children(ctx, namespace, name, uid)
+    if parsed.desired.llmd.spec.autoscaling is not None:
+        # The handover decides from who owns spec.replicas right now: read it fresh, since
+        # the watch cache may not show our own last apply yet.
+        fresh = ctx.kube.read(kinds.DEPLOYMENT.api_version, kinds.DEPLOYMENT.kind, namespace, name)
+        live[kinds.DEPLOYMENT] = fresh if _one([fresh] if fresh else [], uid) else None
+    # kopf may run the create handler of one generation twice (under load its own annotation
+    # patch can arrive after the next event): what this process already applied is only repaired.
+    done = ctx._applied.get((namespace, name)) == (uid, parsed.generation)
+    plan = plan_children(parsed.desired, live, parent=body, repair=done)
+    problem = _run_plan(ctx, body, plan)
+    if problem is None:
+        ctx._applied[namespace, name] = (uid, parsed.generation)
+    applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
+    return _write_derived_status(ctx, body, parsed.desired, problem, applied=applied)
+
+
+def reconcile_parent(
+    ctx: Context, body: Mapping[str, Any], *, trigger: str = TRIGGER_PARENT
+) -> str:
+    """Bring one LLMDeployment (`body`, as the watch delivered it) and its children to the
+    desired state; returns the result (ok, stalled, skipped, error). Raises `KubeError` for
+    transient API failures."""
+    namespace, name = _key(body)
     with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(trigger) as outcome:
-        body = _read_parent(ctx, namespace, name)
-        if body is None:
-            outcome.result = RESULT_SKIPPED
+        if body["metadata"].get("deletionTimestamp"):
+            outcome.result = RESULT_SKIPPED  # never resurrect a dying parent's children
             return outcome.result
         try:
-            outcome.result = _guarded(ctx, body, lambda: _converge(ctx, body, apply=True))
+            outcome.result = _guarded(ctx, body, lambda: _converge_parent(ctx, body))
         except TerminatingError:
             # The namespace is being deleted; its garbage collection takes the parent too.
             outcome.result = RESULT_SKIPPED
         return outcome.result
 
 
-def _refresh(ctx: Context, owner: Owner, child: Mapping[str, Any]) -> str:
-    """A live child changed: re-apply everything when it drifted from what we render,
-    otherwise (for the Deployment) only re-derive the parent's status."""
-    body = _read_parent(ctx, owner.namespace, owner.name)
-    if body is None or body["metadata"].get("uid") != owner.uid:
-        return RESULT_SKIPPED
-    try:
-        ld = LLMDeployment.model_validate(body)
-    except ValidationError:
-        return RESULT_SKIPPED
-    sizing: SizingResult = plan_for(ld.spec)
-    is_deployment = child.get("kind") == DEPLOYMENT[1]
-    if sizing.fits is not False:
-        children = render_children(
-            ld, ctx.render_settings, load_timeout_seconds=sizing.load_timeout_seconds
+def _refresh(ctx: Context, kind: ChildKind, event_type: str, owner: Owner) -> str:
+    if event_type == "DELETED":
+        # Recreating a child is the one write a stale cache could get wrong (a parent being
+        # deleted right now): ask the API server.
+        body = ctx.kube.read(
+            kinds.LLMDEPLOYMENT.api_version, kinds.LLMDEPLOYMENT.kind, owner.namespace, owner.name
         )
-        desired = child_for(children, str(child.get("kind")))
-        if desired is not None and drifted(with_owner(desired, owner_reference(body)), child):
-            log.info("%s %s/%s drifted; re-applying", child.get("kind"), *_key(body))
-            return _guarded(ctx, body, lambda: _converge(ctx, body, apply=True))
-    if not is_deployment:
+    else:
+        body = _cached_parent(ctx, owner.namespace, owner.name)
+    if (
+        body is None
+        or body["metadata"].get("uid") != owner.uid
+        or body["metadata"].get("deletionTimestamp")
+    ):
         return RESULT_SKIPPED
-    return _guarded(ctx, body, lambda: _converge(ctx, body, apply=False, child=dict(child)))
+    parsed = _parse(ctx, body)
+    if parsed.desired is None:
+        return RESULT_SKIPPED  # the parent path owns the status of an unreadable spec
+
+    def run() -> str:
+        assert parsed.desired is not None
+        live = live_children(ctx, owner.namespace, owner.name, owner.uid)
+        plan = plan_children(parsed.desired, live, parent=body, only=kind)
+        problem = _run_plan(ctx, body, plan) if plan else None
+        if plan:
+            log.info("%s/%s: %s", owner.namespace, owner.name, "; ".join(plan.reasons))
+        if kind != kinds.DEPLOYMENT and not plan:
+            return RESULT_SKIPPED  # only the Deployment feeds the status
+        applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
+        return _write_derived_status(ctx, body, parsed.desired, problem, applied=applied)
+
+    return _guarded(ctx, body, run)
 
 
-def on_child_event(ctx: Context, event_type: str | None, child: Mapping[str, Any]) -> str:
+def refresh_from_child(ctx: Context, event_type: str | None, child: Mapping[str, Any]) -> str:
     """React to a watch event of a labelled child (Deployment, Service, HPA, PDB)."""
+    kind = kinds.child(str(child.get("kind")))
     owner = controller_owner(child)
-    if owner is None:
+    if owner is None or kind is None:
         return RESULT_SKIPPED
     metadata = child.get("metadata") or {}
     key = f"{metadata.get('namespace')}/{metadata.get('name')}"
-    ctx.metrics.observe_object(str(child.get("kind")), key, present=event_type != "DELETED")
+    ctx.metrics.observe_object(kind.kind, key, present=event_type != "DELETED")
     if event_type is None:
         # Initial listing at startup: the parents' resume handlers reconcile them anyway.
         return RESULT_SKIPPED
-    if event_type == "DELETED":
-        return reconcile(ctx, owner.namespace, owner.name, trigger=TRIGGER_CHILD)
     with (
         ctx.locks.hold((owner.namespace, owner.name)),
         ctx.metrics.reconciling(TRIGGER_CHILD) as outcome,
     ):
         try:
-            outcome.result = _refresh(ctx, owner, child)
+            outcome.result = _refresh(ctx, kind, event_type, owner)
         except TerminatingError:
             outcome.result = RESULT_SKIPPED
         return outcome.result

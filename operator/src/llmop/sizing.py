@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from llmop.api.v1alpha1 import LLMDeploymentSpec, PlanStatus
+from llmop.cpu import cpu_engine, cpu_kv_cache_gib
 from llmop.planner import (
     CapacityPlan,
     CpuPlanRequest,
@@ -22,13 +23,12 @@ from llmop.planner import (
     plan_cpu_capacity,
 )
 from llmop.quantity import quantity_gib
-from llmop.render.engine_args import cpu_engine, cpu_kv_cache_gib, tensor_parallel_size
 from llmop_engine import contract
 
 REASON_FITS = "Fits"
 REASON_MODEL_UNKNOWN = "ModelUnknown"
 REASON_GPU_MEMORY_UNKNOWN = "GPUMemoryUnknown"
-REASON_NOT_PLANNED = "NoGPUs"
+REASON_NO_GPUS = "NoGPUs"
 REASON_CPU_MEMORY_UNKNOWN = "CPUMemoryUnknown"
 
 BASE_LOAD_SECONDS = 600
@@ -114,7 +114,7 @@ def plan_for(spec: LLMDeploymentSpec) -> SizingResult:
     if spec.resources.gpus == 0:
         return SizingResult(
             plan=None,
-            reason=REASON_NOT_PLANNED,
+            reason=REASON_NO_GPUS,
             message="No GPUs requested (simulator backend): nothing to plan.",
             gpu_memory_gib=None,
             load_timeout_seconds=load_timeout_seconds(None),
@@ -147,7 +147,7 @@ def plan_for(spec: LLMDeploymentSpec) -> SizingResult:
         PlanRequest(
             architecture=architecture,
             gpu_memory_gib=gpu_memory,
-            tensor_parallel_size=tensor_parallel_size(spec),
+            tensor_parallel_size=spec.tensor_parallel_size,
             dtype=engine.dtype,
             quantization=None if engine.quantization == "none" else engine.quantization,
             kv_cache_dtype=engine.kv_cache_dtype,

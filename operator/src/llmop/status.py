@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from llmop import conditions, names
-from llmop.api.v1alpha1 import Condition, LLMDeploymentSpec, LLMDeploymentStatus
+from llmop.api.v1alpha1 import LLMDeploymentSpec, LLMDeploymentStatus
 from llmop.conditions import Observation
 from llmop.sizing import SizingResult
 
@@ -130,7 +130,7 @@ def _capacity_observation(sizing: SizingResult | None) -> Observation:
         return Observation(
             conditions.CAPACITY_PLANNED,
             "Unknown",
-            conditions.REASON_NOT_PLANNED,
+            conditions.REASON_SPEC_UNREADABLE,
             "The spec could not be read, so no capacity plan was made.",
         )
     if sizing.fits is None:
@@ -277,8 +277,3 @@ def _same(stored: Any, wanted: Any) -> bool:
     if isinstance(stored, list) and isinstance(wanted, list):
         return len(stored) == len(wanted) and all(map(_same, stored, wanted))
     return bool(stored == wanted)
-
-
-def ready_condition(status: LLMDeploymentStatus) -> Condition | None:
-    """The Ready condition of `status`."""
-    return conditions.find(status.conditions, conditions.READY)

@@ -73,7 +73,7 @@ class SecretKeyRef(ApiModel):
     """Key inside the Secret whose value is used."""
 
 
-class ModelArchitecture(ApiModel):
+class ArchitectureSpec(ApiModel):
     """Architecture facts the capacity planner needs for models missing from its catalog."""
 
     parameters: int = Field(ge=1)
@@ -126,7 +126,7 @@ class ModelSpec(ApiModel):
     """Name clients use in the OpenAI API `model` field. Defaults to the LLMDeployment's name."""
     token_secret_ref: SecretKeyRef | None = None
     """Secret holding a Hugging Face token for gated models (exposed to the engine as HF_TOKEN)."""
-    architecture: ModelArchitecture | None = None
+    architecture: ArchitectureSpec | None = None
     """Overrides the built-in architecture catalog for capacity planning."""
 
 
@@ -526,6 +526,12 @@ class LLMDeploymentSpec(ApiModel):
     def desired_fixed_replicas(self) -> int:
         """Replicas when autoscaling is off: absent `replicas` means one."""
         return 1 if self.replicas is None else self.replicas
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """TP degree: explicit, else every GPU of the pod (at least 1). Planner and renderer
+        both read it here, so planning does not import rendering."""
+        return self.engine.tensor_parallel_size or max(1, self.resources.gpus)
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]

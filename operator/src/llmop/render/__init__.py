@@ -1,6 +1,7 @@
 """Pure renderers: an LLMDeployment → the plain manifest dicts of its children.
 
 Deterministic (same input, same bytes) and without owner references, which the caller adds.
+Which kinds exist, their order and which are optional come from `llmop.kinds`.
 """
 
 from __future__ import annotations
@@ -8,21 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llmop import kinds
 from llmop.api.v1alpha1 import LLMDeployment
+from llmop.kinds import ChildKind
 from llmop.render.autoscaling import render_hpa
 from llmop.render.deployment import render_deployment
 from llmop.render.disruption import render_pdb
 from llmop.render.monitoring import render_service_monitor
 from llmop.render.service import render_service
-from llmop.render.settings import RenderSettings
-
-HPA_KIND = ("autoscaling/v2", "HorizontalPodAutoscaler")
-PDB_KIND = ("policy/v1", "PodDisruptionBudget")
+from llmop.settings import RenderSettings
 
 
 @dataclass(frozen=True)
 class Children:
-    """Everything one LLMDeployment owns."""
+    """Everything one LLMDeployment owns; None for a kind it must not have."""
 
     deployment: dict[str, Any]
     service: dict[str, Any]
@@ -30,37 +30,45 @@ class Children:
     pdb: dict[str, Any] | None
     service_monitor: dict[str, Any] | None
 
-    def wanted(self) -> list[dict[str, Any]]:
-        """Children to apply, in dependency order (the HPA after its target)."""
-        optional = (self.pdb, self.hpa, self.service_monitor)
-        return [self.service, self.deployment, *(child for child in optional if child)]
+    def by_kind(self) -> dict[ChildKind, dict[str, Any] | None]:
+        """Every child kind of the registry → its manifest (None: must not exist)."""
+        return {
+            kinds.SERVICE: self.service,
+            kinds.DEPLOYMENT: self.deployment,
+            kinds.PDB: self.pdb,
+            kinds.HPA: self.hpa,
+            kinds.SERVICE_MONITOR: self.service_monitor,
+        }
 
-    def unwanted(self) -> list[tuple[str, str]]:
-        """(apiVersion, kind) of optional children that must not exist, named like the parent.
+    def get(self, kind: ChildKind) -> dict[str, Any] | None:
+        """The manifest of `kind`, if wanted."""
+        return self.by_kind()[kind]
+
+    def wanted(self) -> list[dict[str, Any]]:
+        """Children to apply, in the registry's order (the HPA after its target)."""
+        by_kind = self.by_kind()
+        return [manifest for kind in kinds.CHILDREN if (manifest := by_kind[kind]) is not None]
+
+    def unwanted(self) -> list[ChildKind]:
+        """Optional kinds that must not exist (named like the parent).
 
         ServiceMonitors are never listed: monitoring is an operator-wide setting, and clusters
         without the prometheus-operator CRD must never see a request for one.
         """
-        out = []
-        if self.hpa is None:
-            out.append(HPA_KIND)
-        if self.pdb is None:
-            out.append(PDB_KIND)
-        return out
+        by_kind = self.by_kind()
+        return [kind for kind in kinds.CHILDREN if kind.optional and by_kind[kind] is None]
 
 
 def render_children(
-    deployment: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
 ) -> Children:
-    """All children of `deployment` under the operator's `settings`."""
+    """All children of `llmd` under the operator's `settings`."""
     return Children(
-        deployment=render_deployment(
-            deployment, settings, load_timeout_seconds=load_timeout_seconds
-        ),
-        service=render_service(deployment),
-        hpa=render_hpa(deployment),
-        pdb=render_pdb(deployment),
-        service_monitor=render_service_monitor(deployment) if settings.service_monitor else None,
+        deployment=render_deployment(llmd, settings, load_timeout_seconds=load_timeout_seconds),
+        service=render_service(llmd),
+        hpa=render_hpa(llmd),
+        pdb=render_pdb(llmd),
+        service_monitor=render_service_monitor(llmd) if settings.service_monitor else None,
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmop import names
+from llmop import kinds, names
 from llmop.api.v1alpha1 import AutoscalingSpec, LLMDeployment
 from llmop.render.metadata import child_metadata
 
@@ -22,18 +22,22 @@ def quantity(value: float) -> str:
     return f"{round(value * 1000)}m"
 
 
-def render_hpa(deployment: LLMDeployment) -> dict[str, Any] | None:
+def render_hpa(llmd: LLMDeployment) -> dict[str, Any] | None:
     """The HPA, or None when autoscaling is off."""
-    autoscaling = deployment.spec.autoscaling
+    autoscaling = llmd.spec.autoscaling
     if autoscaling is None:
         return None
-    name = deployment.metadata.name
+    name = llmd.metadata.name
     return {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": child_metadata(deployment),
+        "apiVersion": kinds.HPA.api_version,
+        "kind": kinds.HPA.kind,
+        "metadata": child_metadata(llmd),
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "scaleTargetRef": {
+                "apiVersion": kinds.DEPLOYMENT.api_version,
+                "kind": kinds.DEPLOYMENT.kind,
+                "name": name,
+            },
             "minReplicas": autoscaling.min_replicas,
             "maxReplicas": autoscaling.max_replicas,
             "metrics": [

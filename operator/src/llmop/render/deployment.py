@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmop import names
+from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
+from llmop.cpu import cpu_engine
 from llmop.render import engine_args
 from llmop.render.hashing import template_hash
 from llmop.render.metadata import child_metadata
-from llmop.render.settings import RenderSettings
+from llmop.settings import RenderSettings
 from llmop_engine import contract
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -47,12 +48,12 @@ def progress_deadline_seconds(load_timeout_seconds: int) -> int:
 
 
 def render_deployment(
-    deployment: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
 ) -> dict[str, Any]:
     """The Deployment. Without `spec.replicas` when autoscaling is on: the HPA owns the count."""
-    name = deployment.metadata.name
-    spec = deployment.spec
-    pod_spec = _pod_spec(deployment, settings, load_timeout_seconds=load_timeout_seconds)
+    name = llmd.metadata.name
+    spec = llmd.spec
+    pod_spec = _pod_spec(llmd, settings, load_timeout_seconds=load_timeout_seconds)
     pod_metadata: dict[str, Any] = {
         "labels": names.child_labels(name),
         "annotations": {
@@ -82,10 +83,10 @@ def render_deployment(
         "template": template,
     }
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "apiVersion": kinds.DEPLOYMENT.api_version,
+        "kind": kinds.DEPLOYMENT.kind,
         "metadata": {
-            **child_metadata(deployment),
+            **child_metadata(llmd),
             "annotations": {names.ANNOTATION_TEMPLATE_HASH: digest},
         },
         "spec": deployment_spec,
@@ -93,9 +94,9 @@ def render_deployment(
 
 
 def _pod_spec(
-    deployment: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
 ) -> dict[str, Any]:
-    spec = deployment.spec
+    spec = llmd.spec
     scheduling = spec.scheduling
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -108,8 +109,8 @@ def _pod_spec(
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_engine_container(deployment, settings, load_timeout_seconds)],
-        "volumes": _volumes(deployment),
+        "containers": [_engine_container(llmd, settings, load_timeout_seconds)],
+        "volumes": _volumes(llmd),
     }
     node_selector = dict(sorted(scheduling.node_selector.items()))
     if spec.resources.gpu_product:
@@ -133,7 +134,7 @@ def _pod_spec(
     if scheduling.priority_class_name:
         pod["priorityClassName"] = scheduling.priority_class_name
     if scheduling.topology_spread_constraints:
-        selector = {"matchLabels": names.selector_labels(deployment.metadata.name)}
+        selector = {"matchLabels": names.selector_labels(llmd.metadata.name)}
         pod["topologySpreadConstraints"] = [
             {"labelSelector": selector, **constraint}
             for constraint in scheduling.topology_spread_constraints
@@ -142,16 +143,16 @@ def _pod_spec(
 
 
 def _engine_container(
-    deployment: LLMDeployment, settings: RenderSettings, load_timeout_seconds: int
+    llmd: LLMDeployment, settings: RenderSettings, load_timeout_seconds: int
 ) -> dict[str, Any]:
-    spec = deployment.spec
+    spec = llmd.spec
     probe_port = {"port": names.PROBE_PORT_NAME}
     return {
         "name": names.ENGINE_CONTAINER,
         "image": _image(spec, settings),
         "imagePullPolicy": settings.image_pull_policy,
-        "args": engine_args.agent_args(deployment),
-        "env": engine_args.agent_env(deployment, load_timeout_seconds=load_timeout_seconds),
+        "args": engine_args.agent_args(llmd),
+        "env": engine_args.agent_env(llmd, load_timeout_seconds=load_timeout_seconds),
         "ports": [
             {"name": names.API_PORT_NAME, "containerPort": spec.service.port, "protocol": "TCP"},
             {"name": names.PROBE_PORT_NAME, "containerPort": names.PROBE_PORT, "protocol": "TCP"},
@@ -185,7 +186,7 @@ def _engine_container(
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
         },
-        "volumeMounts": _volume_mounts(deployment),
+        "volumeMounts": _volume_mounts(llmd),
     }
 
 
@@ -194,7 +195,7 @@ def _image(spec: LLMDeploymentSpec, settings: RenderSettings) -> str:
         return spec.engine.image
     if spec.engine.backend == "simulator":
         return settings.simulator_image
-    return settings.vllm_cpu_image if engine_args.cpu_engine(spec) else settings.vllm_image
+    return settings.vllm_cpu_image if cpu_engine(spec) else settings.vllm_image
 
 
 def gpu_resource_name(spec: LLMDeploymentSpec, settings: RenderSettings) -> str:
@@ -220,11 +221,9 @@ def _resources(spec: LLMDeploymentSpec, settings: RenderSettings) -> dict[str, A
     return out
 
 
-def _volumes(deployment: LLMDeployment) -> list[dict[str, Any]]:
-    spec = deployment.spec
-    default_shm = (
-        CPU_ENGINE_SHM if engine_args.cpu_engine(spec) else DEFAULT_SHM[spec.engine.backend]
-    )
+def _volumes(llmd: LLMDeployment) -> list[dict[str, Any]]:
+    spec = llmd.spec
+    default_shm = CPU_ENGINE_SHM if cpu_engine(spec) else DEFAULT_SHM[spec.engine.backend]
     shm = spec.resources.shared_memory or default_shm
     volumes: list[dict[str, Any]] = [
         {"name": names.DEV_SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
@@ -239,13 +238,13 @@ def _volumes(deployment: LLMDeployment) -> list[dict[str, Any]]:
     return volumes
 
 
-def _volume_mounts(deployment: LLMDeployment) -> list[dict[str, Any]]:
+def _volume_mounts(llmd: LLMDeployment) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [
         {"name": names.DEV_SHM_VOLUME, "mountPath": "/dev/shm"},
         {"name": names.MODEL_CACHE_VOLUME, "mountPath": names.MODEL_CACHE_PATH},
         {"name": "agent-run", "mountPath": names.AGENT_SOCKET_DIR},
     ]
-    claim = engine_args.pvc_claim(deployment.spec.model)
+    claim = engine_args.pvc_claim(llmd.spec.model)
     if claim is not None:
         mounts.append(
             {

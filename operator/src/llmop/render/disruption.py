@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmop import names
+from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
 from llmop.render.metadata import child_metadata
 
@@ -16,19 +16,19 @@ def most_replicas(spec: LLMDeploymentSpec) -> int:
     return spec.desired_fixed_replicas
 
 
-def render_pdb(deployment: LLMDeployment) -> dict[str, Any] | None:
+def render_pdb(llmd: LLMDeployment) -> dict[str, Any] | None:
     """`maxUnavailable: 1` when more than one replica can exist; None otherwise.
 
     With a single replica a PDB would either block node drains forever (maxUnavailable 0) or
     protect nothing (1), so there is none.
     """
-    if most_replicas(deployment.spec) <= 1:
+    if most_replicas(llmd.spec) <= 1:
         return None
-    name = deployment.metadata.name
+    name = llmd.metadata.name
     return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": child_metadata(deployment),
+        "apiVersion": kinds.PDB.api_version,
+        "kind": kinds.PDB.kind,
+        "metadata": child_metadata(llmd),
         "spec": {
             "maxUnavailable": 1,
             "selector": {"matchLabels": names.selector_labels(name)},

@@ -9,13 +9,11 @@ Every name the agent reads back (its flags, its variables, the vLLM flags it ins
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from llmop import names
-from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec, ModelSpec, SpeculativeSpec
-from llmop.planner.cpu import default_kv_cache_gib
-from llmop.quantity import quantity_gib, quantity_value
+from llmop.api.v1alpha1 import LLMDeployment, ModelSpec, SpeculativeSpec
+from llmop.cpu import cpu_kv_cache_gib
 from llmop_engine import contract
 from llmop_engine.contract import EngineFlag, Env
 
@@ -37,41 +35,17 @@ def pvc_claim(model: ModelSpec) -> str | None:
     return None
 
 
-def served_model_name(deployment: LLMDeployment) -> str:
+def served_model_name(llmd: LLMDeployment) -> str:
     """Name clients put in the OpenAI `model` field."""
-    return deployment.spec.model.served_name or deployment.metadata.name
+    return llmd.spec.model.served_name or llmd.metadata.name
 
 
-def cpu_engine(spec: LLMDeploymentSpec) -> bool:
-    """vLLM's CPU build: backend vllm with no GPUs (the engine-cpu image)."""
-    return spec.engine.backend == "vllm" and spec.resources.gpus == 0
-
-
-def cpu_kv_cache_gib(spec: LLMDeploymentSpec) -> int | None:
-    """`VLLM_CPU_KVCACHE_SPACE` of a CPU engine: the user's (spec.engine.env) when set, else a
-    default from the pod's memory (planner.default_kv_cache_gib); None for GPU engines. The
-    planner checks this same value against the pod's memory."""
-    if not cpu_engine(spec):
-        return None
-    for var in spec.engine.env:
-        if var.name == Env.VLLM_CPU_KVCACHE_SPACE and var.value:
-            number = quantity_value(var.value)
-            return None if number is None else math.ceil(number)
-    memory = quantity_gib(spec.resources.memory)
-    return None if memory is None else default_kv_cache_gib(memory)
-
-
-def tensor_parallel_size(spec: LLMDeploymentSpec) -> int:
-    """TP degree: explicit, else every GPU of the pod (at least 1)."""
-    return spec.engine.tensor_parallel_size or max(1, spec.resources.gpus)
-
-
-def engine_flags(deployment: LLMDeployment) -> list[str]:
+def engine_flags(llmd: LLMDeployment) -> list[str]:
     """`vllm serve` arguments: the model, then typed flags, then the user's `engine.args`."""
-    spec = deployment.spec
+    spec = llmd.spec
     engine = spec.engine
     flags: list[str] = [model_location(spec.model)]
-    flags += [EngineFlag.SERVED_MODEL_NAME, served_model_name(deployment)]
+    flags += [EngineFlag.SERVED_MODEL_NAME, served_model_name(llmd)]
     if spec.model.revision and not spec.model.name.startswith(PVC_SCHEME):
         flags += [EngineFlag.REVISION, spec.model.revision]
     if engine.dtype != "auto":
@@ -91,7 +65,7 @@ def engine_flags(deployment: LLMDeployment) -> list[str]:
     flags += _optional_bool("--enable-prefix-caching", engine.enable_prefix_caching)
     flags += _optional_bool("--enable-chunked-prefill", engine.enable_chunked_prefill)
     if spec.resources.gpus > 0:
-        flags += ["--tensor-parallel-size", str(tensor_parallel_size(spec))]
+        flags += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
     if engine.speculative is not None:
         speculative = json.dumps(_speculative_config(engine.speculative), separators=(",", ":"))
         flags += ["--speculative-config", speculative]
@@ -100,23 +74,23 @@ def engine_flags(deployment: LLMDeployment) -> list[str]:
     return flags + list(engine.args)
 
 
-def agent_args(deployment: LLMDeployment) -> list[str]:
+def agent_args(llmd: LLMDeployment) -> list[str]:
     """Container args: the agent's own flags, then `--` and the engine flags."""
-    spec = deployment.spec
+    spec = llmd.spec
     return contract.run_args(
         backend=spec.engine.backend,
         api_port=spec.service.port,
         probe_port=names.PROBE_PORT,
-        engine_args=engine_flags(deployment),
+        engine_args=engine_flags(llmd),
     )
 
 
-def agent_env(deployment: LLMDeployment, *, load_timeout_seconds: int) -> list[dict[str, Any]]:
+def agent_env(llmd: LLMDeployment, *, load_timeout_seconds: int) -> list[dict[str, Any]]:
     """Environment of the engine container: the agent's settings, secrets, then the user's env."""
-    spec = deployment.spec
+    spec = llmd.spec
     probe = spec.health.deep_probe
     plain = {
-        Env.SERVED_MODEL_NAME: served_model_name(deployment),
+        Env.SERVED_MODEL_NAME: served_model_name(llmd),
         Env.STALL_SECONDS: str(spec.health.stall_seconds),
         Env.LOAD_TIMEOUT_SECONDS: str(spec.health.load_timeout_seconds or load_timeout_seconds),
         Env.DEEP_PROBE_ENABLED: contract.encode_bool(probe.enabled),

@@ -8,11 +8,11 @@ from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment
 
 
-def child_metadata(deployment: LLMDeployment) -> dict[str, Any]:
+def child_metadata(llmd: LLMDeployment) -> dict[str, Any]:
     """Name and namespace of the parent, and our own labels (never the parent's)."""
-    name = deployment.metadata.name
+    name = llmd.metadata.name
     return {
         "name": name,
-        "namespace": deployment.metadata.namespace,
+        "namespace": llmd.metadata.namespace,
         "labels": names.child_labels(name),
     }

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmop import names
+from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment
 from llmop.render.metadata import child_metadata
 
 
-def render_service_monitor(deployment: LLMDeployment) -> dict[str, Any]:
+def render_service_monitor(llmd: LLMDeployment) -> dict[str, Any]:
     """Scrape `/metrics` on the agent's probe port of every engine pod behind the Service."""
-    name = deployment.metadata.name
+    name = llmd.metadata.name
     return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "ServiceMonitor",
-        "metadata": child_metadata(deployment),
+        "apiVersion": kinds.SERVICE_MONITOR.api_version,
+        "kind": kinds.SERVICE_MONITOR.kind,
+        "metadata": child_metadata(llmd),
         "spec": {
             "selector": {"matchLabels": names.selector_labels(name)},
             "endpoints": [

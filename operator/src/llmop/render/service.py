@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmop import names
+from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment
 from llmop.render.metadata import child_metadata
 
 
-def render_service(deployment: LLMDeployment) -> dict[str, Any]:
-    """ClusterIP (or the requested type) selecting this deployment's engine pods."""
-    name = deployment.metadata.name
-    service = deployment.spec.service
-    metadata: dict[str, Any] = child_metadata(deployment)
+def render_service(llmd: LLMDeployment) -> dict[str, Any]:
+    """ClusterIP (or the requested type) selecting this LLMDeployment's engine pods."""
+    name = llmd.metadata.name
+    service = llmd.spec.service
+    metadata: dict[str, Any] = child_metadata(llmd)
     if service.annotations:
         metadata["annotations"] = dict(sorted(service.annotations.items()))
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        "apiVersion": kinds.SERVICE.api_version,
+        "kind": kinds.SERVICE.kind,
         "metadata": metadata,
         "spec": {
             "type": service.type,

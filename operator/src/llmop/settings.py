@@ -1,4 +1,8 @@
-"""Operator-wide inputs to rendering that do not come from the LLMDeployment itself."""
+"""Operator-wide inputs to rendering that do not come from the LLMDeployment itself.
+
+A leaf module: `config` (which reads them from flags and the environment) and `render` (which
+uses them) both import it, so configuration does not depend on rendering.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,86 @@
+"""The one registry of the kinds the operator touches: its children and the few others.
+
+The renderers name their output kinds from it, the child plan orders applies and deletes by it,
+`llmop.kube` builds request paths from its plurals, the kopf handlers watch the kinds it marks
+as watched, and the RBAC tests derive the verbs the operator needs from it. Adding a child kind
+is one entry here (plus its renderer), not four tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmop.api.v1alpha1 import API_VERSION, KIND, PLURAL
+
+
+@dataclass(frozen=True)
+class Kind:
+    """An API kind and how the operator uses it."""
+
+    api_version: str
+    kind: str
+    plural: str
+
+    @property
+    def group(self) -> str:
+        """The API group ("" for the core group)."""
+        return self.api_version.rpartition("/")[0]
+
+
+@dataclass(frozen=True)
+class ChildKind(Kind):
+    """A kind the operator renders for each LLMDeployment (named like its parent)."""
+
+    watched: bool = True
+    """Watched (label-filtered) for status and drift; optional children that are not watched
+    (ServiceMonitor: its CRD may be absent) are only ever applied."""
+    optional: bool = False
+    """Deleted when the spec stops wanting it (an HPA when autoscaling turns off)."""
+    read: bool = False
+    """Read fresh before a plan (the Deployment: the HPA handover needs its current owners)."""
+
+    def verbs(self) -> frozenset[str]:
+        """The RBAC verbs this use needs: server-side apply is create + patch."""
+        verbs = {"create", "patch"}
+        if self.watched:
+            verbs |= {"list", "watch"}
+        if self.optional:
+            verbs.add("delete")
+        if self.read:
+            verbs.add("get")
+        return frozenset(verbs)
+
+
+SERVICE = ChildKind("v1", "Service", "services")
+DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments", read=True)
+PDB = ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", optional=True)
+HPA = ChildKind(
+    "autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", optional=True
+)
+SERVICE_MONITOR = ChildKind(
+    "monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", watched=False
+)
+
+CHILDREN: tuple[ChildKind, ...] = (SERVICE, DEPLOYMENT, PDB, HPA, SERVICE_MONITOR)
+"""Every child kind, in apply order (an HPA after its target Deployment)."""
+WATCHED: tuple[ChildKind, ...] = tuple(kind for kind in CHILDREN if kind.watched)
+"""Child kinds the operator watches."""
+
+LLMDEPLOYMENT = Kind(API_VERSION, KIND, PLURAL)
+EVENT = Kind("v1", "Event", "events")
+POD = Kind("v1", "Pod", "pods")
+NAMESPACE = Kind("v1", "Namespace", "namespaces")
+
+_BY_KIND = {k.kind: k for k in (*CHILDREN, LLMDEPLOYMENT, EVENT, POD, NAMESPACE)}
+
+
+def child(kind: str) -> ChildKind | None:
+    """The child kind named `kind`, if it is one."""
+    found = _BY_KIND.get(kind)
+    return found if isinstance(found, ChildKind) else None
+
+
+def plural(kind: str) -> str:
+    """The resource name of `kind` (no discovery round trip); unknown kinds guess `kinds`."""
+    found = _BY_KIND.get(kind)
+    return found.plural if found is not None else kind.lower() + "s"

@@ -1,0 +1,77 @@
+"""Pure: the small copies of live objects the operator keeps in its watch caches.
+
+A cached object keeps what the plan and the status read (identity, labels, annotations, owner
+references, spec, the Deployment's status) and drops the bulk nobody reads: `managedFields`
+shrink to the Apply entries of our own field managers, cut down to `spec.replicas` — the one
+field whose ownership the replica handover decides on. At 1,000 LLMDeployments the full bodies
+would be most of the operator's memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from llmop import names
+
+_METADATA_KEPT = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "deletionTimestamp",
+    "labels",
+    "annotations",
+    "ownerReferences",
+)
+_OUR_MANAGERS = (names.FIELD_MANAGER, names.HANDOVER_FIELD_MANAGER)
+_STATUS_KEPT_KINDS = ("Deployment",)
+"""Only the Deployment's status feeds the parent's; HPA/PDB/Service status churn is dropped."""
+
+
+def _managed_fields(entries: Any) -> list[dict[str, Any]]:
+    kept = []
+    for entry in entries or ():
+        if entry.get("manager") not in _OUR_MANAGERS or entry.get("operation") != "Apply":
+            continue
+        spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        fields: dict[str, Any] = {"f:spec": {"f:replicas": {}}} if "f:replicas" in spec else {}
+        kept.append({"manager": entry["manager"], "operation": "Apply", "fieldsV1": fields})
+    return kept
+
+
+def _metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: metadata[key] for key in _METADATA_KEPT if key in metadata}
+
+
+def child_summary(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A child as the watch caches keep it."""
+    metadata = body.get("metadata") or {}
+    summary: dict[str, Any] = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {
+            **_metadata(metadata),
+            "managedFields": _managed_fields(metadata.get("managedFields")),
+        },
+        "spec": dict(body.get("spec") or {}),
+    }
+    if body.get("kind") in _STATUS_KEPT_KINDS and body.get("status") is not None:
+        summary["status"] = dict(body["status"])
+    return summary
+
+
+def parent_summary(body: Mapping[str, Any]) -> dict[str, Any]:
+    """An LLMDeployment as the operator reads it (no managedFields, no kopf annotations
+    needed beyond what metadata carries)."""
+    metadata = body.get("metadata") or {}
+    summary: dict[str, Any] = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": _metadata(metadata),
+        "spec": dict(body.get("spec") or {}),
+    }
+    if body.get("status") is not None:
+        summary["status"] = dict(body["status"])
+    return summary
