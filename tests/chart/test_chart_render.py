@@ -295,6 +295,8 @@ def test_rbac_grants_exactly_what_the_operator_uses() -> None:
     # Deployment, for the HPA handover).
     for kind in registry.CHILDREN:
         expected_app[(kind.group, kind.plural)] = set(kind.verbs())
+    for observed in registry.OBSERVED:  # watched only: the engine pods
+        expected_app[(observed.group, observed.plural)] = {"list", "watch"}
     assert app == expected_app
     assert framework == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
     assert ("monitoring.coreos.com", "servicemonitors") not in _grants(

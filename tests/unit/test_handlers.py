@@ -24,12 +24,16 @@ def test_nothing_would_make_kopf_add_a_finalizer() -> None:
 
 def test_children_are_watched_with_low_level_handlers_only() -> None:
     ids = {getattr(h, "id", None) for h in _handlers("_watching")}
-    assert ids == {"count-llmdeployments"} | {f"child-{k.plural}" for k in kinds.WATCHED}
+    assert ids == {"count-llmdeployments", handlers.POD_HANDLER_ID} | {
+        f"child-{k.plural}" for k in kinds.WATCHED
+    }
 
 
 def test_every_watched_kind_and_the_parents_have_a_watch_cache() -> None:
     ids = {getattr(h, "id", None) for h in _handlers("_indexing")}
-    assert ids == {handlers.PARENT_INDEX} | {f"{k.plural}-cache" for k in kinds.WATCHED}
+    assert ids == {handlers.PARENT_INDEX, handlers.POD_INDEX} | {
+        f"{k.plural}-cache" for k in kinds.WATCHED
+    }
 
 
 def test_settings_use_our_prefixes_and_server_side_label_filters() -> None:
@@ -46,6 +50,7 @@ def test_settings_use_our_prefixes_and_server_side_label_filters() -> None:
     }
     assert selectors == {
         ("apps", "v1", "deployments"): "app.kubernetes.io/managed-by=llmop",
+        ("", "v1", "pods"): "app.kubernetes.io/managed-by=llmop",
         ("", "v1", "services"): "app.kubernetes.io/managed-by=llmop",
         ("autoscaling", "v2", "horizontalpodautoscalers"): "app.kubernetes.io/managed-by=llmop",
         ("policy", "v1", "poddisruptionbudgets"): "app.kubernetes.io/managed-by=llmop",

@@ -140,3 +140,38 @@ def test_worst_issue_prefers_the_most_explaining() -> None:
     assert (issue.reason, issue.pod) == ("Unschedulable", "c")
     assert worst_issue([crash, pull]).reason == "ImagePullBackOff"  # type: ignore[union-attr]
     assert worst_issue([]) is None
+
+
+def test_status_names_the_pod_problem_while_not_ready() -> None:
+    from llmop import conditions
+    from llmop.pods import PodIssue
+    from llmop.status import Rollout, observe_conditions
+
+    waiting = Rollout(
+        exists=True,
+        desired=1,
+        current_generation_observed=True,
+        template_current=True,
+        replicas=1,
+        updated=1,
+    )
+    issue = PodIssue("ImagePullBackOff", "pod p-1 cannot pull image localhost/nope:0", "p-1")
+    ready, reconciling, stalled, _ = observe_conditions(waiting, None, None, issue)
+    assert (ready.status, ready.reason) == ("False", "ImagePullBackOff")
+    assert "localhost/nope:0" in ready.message
+    assert reconciling.status == "True"
+    assert "localhost/nope:0" in reconciling.message
+    assert stalled.status == "False"
+    # Once every replica is ready, an old pod's history does not hold Ready back.
+    done = Rollout(
+        exists=True,
+        desired=1,
+        current_generation_observed=True,
+        template_current=True,
+        replicas=1,
+        updated=1,
+        ready=1,
+        available=1,
+    )
+    ready, *_ = observe_conditions(done, None, None, issue)
+    assert (ready.status, ready.reason) == ("True", conditions.REASON_ALL_REPLICAS_READY)

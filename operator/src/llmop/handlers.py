@@ -25,13 +25,26 @@ from llmop import kinds, names
 from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
 from llmop.kube import KubeError
 from llmop.observed import child_summary, parent_summary
-from llmop.reconcile import Context, controller_owner, reconcile_parent, refresh_from_child
+from llmop.pods import pod_summary
+from llmop.reconcile import (
+    Context,
+    controller_owner,
+    reconcile_parent,
+    refresh_from_child,
+    refresh_from_pod,
+)
 
 MAX_RETRY_DELAY_SECONDS = 300.0
 MANAGED_LABELS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 COUNT_HANDLER_ID = "count-llmdeployments"
 PARENT_INDEX = "llmdeployments-cache"
-WATCH_HANDLER_IDS = (COUNT_HANDLER_ID, *(f"child-{kind.plural}" for kind in kinds.WATCHED))
+POD_INDEX = "pods-cache"
+POD_HANDLER_ID = "engine-pods"
+WATCH_HANDLER_IDS = (
+    COUNT_HANDLER_ID,
+    POD_HANDLER_ID,
+    *(f"child-{kind.plural}" for kind in kinds.WATCHED),
+)
 """Low-level handlers: they run on every watch event."""
 
 
@@ -44,6 +57,7 @@ def _context(memo: Any, indexes: Mapping[str, Any]) -> Context:
     if not context.children:
         # The same index objects live as long as the operator: hand them over once.
         context.parents = indexes[PARENT_INDEX]
+        context.pods = indexes[POD_INDEX]
         context.children = {kind: indexes[_index_id(kind)] for kind in kinds.WATCHED}
     return context
 
@@ -60,6 +74,23 @@ def _index_child(body: kopf.Body, **_: Any) -> Any:
     if owner is None:
         return None
     return {(owner.namespace, owner.name): child_summary(body)}
+
+
+@kopf.index(kinds.POD.api_version, kinds.POD.plural, labels=MANAGED_LABELS, id=POD_INDEX)
+def index_pod(body: kopf.Body, namespace: str | None, labels: Mapping[str, str], **_: Any) -> Any:
+    """(namespace, parent name) → each engine pod, reduced to what its status problem needs.
+    Pods are owned by ReplicaSets, so the parent comes from our label."""
+    parent = labels.get(names.LABEL_DEPLOYMENT)
+    return None if not parent else {(namespace or "", parent): pod_summary(body)}
+
+
+@kopf.on.event(kinds.POD.api_version, kinds.POD.plural, labels=MANAGED_LABELS, id=POD_HANDLER_ID)
+def pod_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
+    """An engine pod changed: its parent's status may now name (or stop naming) a problem."""
+    try:
+        refresh_from_pod(_context(memo, kwargs), type, pod_summary(body))
+    except KubeError as error:
+        logger.warning(f"Could not process a Pod event: {error}")
 
 
 for _kind in kinds.WATCHED:

@@ -71,6 +71,10 @@ EVENT = Kind("v1", "Event", "events")
 POD = Kind("v1", "Pod", "pods")
 NAMESPACE = Kind("v1", "Namespace", "namespaces")
 
+OBSERVED: tuple[Kind, ...] = (POD,)
+"""Kinds the operator only watches (label-filtered, list + watch): the engine pods, whose
+problems the status names."""
+
 _BY_KIND = {k.kind: k for k in (*CHILDREN, LLMDEPLOYMENT, EVENT, POD, NAMESPACE)}
 
 

@@ -47,9 +47,9 @@ def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     settings.execution.default_backoff = config.retry_delay_seconds
     settings.watching.chunk_size = WATCH_CHUNK_SIZE
     selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
-    for kind in kinds.WATCHED:
-        # Without this, kopf would receive every Deployment/Service in the cluster and filter
-        # them client-side.
+    for kind in (*kinds.WATCHED, *kinds.OBSERVED):
+        # Without this, kopf would receive every Deployment/Service/Pod in the cluster and
+        # filter them client-side.
         settings.watching.label_selectors[kind.api_version, kind.plural] = selector
     settings.peering.standalone = config.standalone
     if config.peering_name is not None:

@@ -43,6 +43,32 @@ _RANK = {
 }
 
 
+def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What `pod_issue` reads of a pod, and nothing else: the watch cache holds one per engine
+    pod, so it stays small (no spec, no managedFields)."""
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    keep = ("name", "image", "ready", "restartCount", "state", "lastState")
+    return {
+        "metadata": {
+            k: metadata[k]
+            for k in ("name", "namespace", "labels", "deletionTimestamp")
+            if k in metadata
+        },
+        "status": {
+            "conditions": [
+                c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"
+            ],
+            "containerStatuses": [
+                {k: c[k] for k in keep if k in c} for c in status.get("containerStatuses") or []
+            ],
+            "initContainerStatuses": [
+                {k: c[k] for k in keep if k in c} for c in status.get("initContainerStatuses") or []
+            ],
+        },
+    }
+
+
 @dataclass(frozen=True)
 class PodIssue:
     """One pod's problem: a CamelCase reason for conditions and a sentence for people."""

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llmop import conditions, events, kinds
+from llmop import conditions, events, kinds, names
 from llmop.api.v1alpha1 import GROUP, KIND, LLMDeployment
 from llmop.config import OperatorConfig
 from llmop.desired import DesiredState, desired_state
@@ -50,6 +50,7 @@ log = logging.getLogger("llmop.reconcile")
 
 TRIGGER_PARENT = "parent"
 TRIGGER_CHILD = "child"
+TRIGGER_POD = "pod"
 
 ChildIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
 """A watch cache of one child kind: (namespace, parent name) → the live children (normally
@@ -114,6 +115,8 @@ class Context:
     """Watch caches of the watched child kinds (kopf indexes, set by the handlers)."""
     parents: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]] = field(default_factory=dict)
     """Watch cache of the LLMDeployments: (namespace, name) → the parent."""
+    pods: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]] = field(default_factory=dict)
+    """Watch cache of the engine pods: (namespace, parent name) → their summaries (llmop.pods)."""
     _parsed: dict[tuple[str, str], _Parsed] = field(default_factory=dict)
     _written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
     _applied: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
@@ -306,6 +309,7 @@ def _write_derived_status(
         template_hash=desired.template_hash,
         problem=problem,
         now=ctx.clock(),
+        pods=list(ctx.pods.get((namespace, name)) or ()),
     )
     _write_status(ctx, body, status)
     stalled = problem is not None or desired.sizing.fits is False
@@ -436,4 +440,35 @@ def refresh_from_child(ctx: Context, event_type: str | None, child: Mapping[str,
             outcome.result = _refresh(ctx, kind, event_type, owner)
         except TerminatingError:
             outcome.result = RESULT_SKIPPED
+        return outcome.result
+
+
+def refresh_from_pod(ctx: Context, event_type: str | None, pod: Mapping[str, Any]) -> str:
+    """React to a watch event of an engine pod: re-derive its parent's status, so a pod that
+    cannot be scheduled, pulled or started is named there within seconds. Writes only the
+    status, and only when it changed."""
+    metadata = pod.get("metadata") or {}
+    namespace = str(metadata.get("namespace") or "")
+    name = (metadata.get("labels") or {}).get(names.LABEL_DEPLOYMENT)
+    if event_type is None or not name:
+        return RESULT_SKIPPED  # initial listing: the parents' resume handlers derive status
+    with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(TRIGGER_POD) as outcome:
+        body = _cached_parent(ctx, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            outcome.result = RESULT_SKIPPED
+            return outcome.result
+        parsed = _parse(ctx, body)
+        stalled = any(
+            c.get("type") == conditions.STALLED and c.get("status") == "True"
+            for c in (body.get("status") or {}).get("conditions") or []
+        )
+        if parsed.desired is None or stalled:
+            # The parent path owns the status of an unreadable or stalled spec (a rejected
+            # child is not visible from here).
+            outcome.result = RESULT_SKIPPED
+            return outcome.result
+        desired = parsed.desired
+        outcome.result = _guarded(
+            ctx, body, lambda: _write_derived_status(ctx, body, desired, None)
+        )
         return outcome.result

@@ -9,7 +9,7 @@ fully rolled out and every desired replica is ready; `Reconciling=True` while ge
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 from llmop import conditions, names
 from llmop.api.v1alpha1 import LLMDeploymentSpec, LLMDeploymentStatus
 from llmop.conditions import Observation
+from llmop.pods import PodIssue, worst_issue
 from llmop.sizing import SizingResult
 
 
@@ -141,9 +142,14 @@ def _capacity_observation(sizing: SizingResult | None) -> Observation:
 
 
 def observe_conditions(
-    rollout: Rollout, problem: Problem | None, sizing: SizingResult | None
+    rollout: Rollout,
+    problem: Problem | None,
+    sizing: SizingResult | None,
+    pod_issue: PodIssue | None = None,
 ) -> list[Observation]:
-    """Ready, Reconciling, Stalled and CapacityPlanned, in that order."""
+    """Ready, Reconciling, Stalled and CapacityPlanned, in that order. While the rollout is not
+    done, a pod's problem (unschedulable, image pull, crash loop) names the cause: Ready's reason
+    becomes it and both messages say which pod and why."""
     capacity = _capacity_observation(sizing)
     if problem is not None:
         return [
@@ -161,8 +167,12 @@ def observe_conditions(
     progress = _progress(rollout)
     if progress is not None:
         reason, message = progress
+        ready_reason = reason
+        if pod_issue is not None:
+            ready_reason = pod_issue.reason
+            message = f"{message} {pod_issue.reason}: {pod_issue.message}"
         return [
-            Observation(conditions.READY, "False", reason, message),
+            Observation(conditions.READY, "False", ready_reason, message),
             Observation(conditions.RECONCILING, "True", reason, message),
             not_stalled,
             capacity,
@@ -198,12 +208,13 @@ def derive_status(
     template_hash: str | None,
     problem: Problem | None,
     now: datetime,
+    pods: Iterable[Mapping[str, Any]] = (),
 ) -> LLMDeploymentStatus:
     """The whole status of a parsed LLMDeployment. `problem` is the caller's own stall reason
     (a child the API server rejected); planner and rollout problems are found here."""
     rollout = observe_rollout(deployment, spec, template_hash=template_hash)
     problem = problem or find_problem(sizing, rollout)
-    observations = observe_conditions(rollout, problem, sizing)
+    observations = observe_conditions(rollout, problem, sizing, worst_issue(pods))
     return LLMDeploymentStatus(
         observed_generation=generation,
         replicas=rollout.replicas,
