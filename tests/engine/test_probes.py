@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 
 import aiohttp
@@ -88,7 +89,7 @@ def test_idle_sends_one_probe_per_interval_and_crash_exits_nonzero(fleet: Fleet)
 def test_hang_with_pending_work_fails_liveness_within_stall(fleet: Fleet) -> None:
     r = fleet.start(["--sim-load-seconds", "0.5"])
 
-    async def scenario() -> tuple[float, float, int]:
+    async def scenario() -> tuple[float, float, int, float, int | None]:
         await r.wait_ready(30)
         async with aiohttp.ClientSession() as http:
             streams = [
@@ -108,21 +109,31 @@ def test_hang_with_pending_work_fails_liveness_within_stall(fleet: Fleet) -> Non
                 await asyncio.sleep(0.1)
             dead_at = time.monotonic()
             ready = await http_status(http, r.probe_url + "/readyz")
+            # What the kubelet does on the liveness failure: SIGTERM. A hung engine gets no
+            # drain: the agent ends it at once and exits non-zero (the pod's lastState: Error).
+            r.proc.send_signal(signal.SIGTERM)
+            stop_sent = time.monotonic()
+            code = await asyncio.to_thread(r.proc.wait, 15)
+            stopped_after = time.monotonic() - stop_sent
             for s in streams:
                 s.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*streams, return_exceptions=True)
         assert not_ready_at is not None
-        return not_ready_at - hung_at, dead_at - hung_at, ready
+        return not_ready_at - hung_at, dead_at - hung_at, ready, stopped_after, code
 
-    not_ready_after, dead_after, ready = asyncio.run(scenario())
+    not_ready_after, dead_after, ready, stopped_after, code = asyncio.run(scenario())
     print(
         f"\nhang: /readyz 503 after {not_ready_after:.1f}s, /livez 503 after {dead_after:.1f}s "
-        f"(stallSeconds {STALL:g}, interval {INTERVAL:g})"
+        f"(stallSeconds {STALL:g}, interval {INTERVAL:g}); SIGTERM -> exit {code} in "
+        f"{stopped_after:.1f}s"
     )
     assert STALL - 1.0 <= dead_after <= STALL + INTERVAL
     assert ready == 503
     assert not_ready_after <= dead_after
+    assert code == 1, r.log_tail()
+    # No propagation wait and no drain budget for a hung engine: SIGTERM, SIGKILL after 2 s.
+    assert stopped_after < 5.0, r.log_tail()
 
 
 @pytest.mark.timeout(120)

@@ -22,7 +22,7 @@ import time
 from llmop_engine import health
 from llmop_engine.agent_metrics import AgentMetrics
 from llmop_engine.contract import EngineFlag
-from llmop_engine.drain import DrainOutcome, Load, drain_sequence
+from llmop_engine.drain import DrainOutcome, Load, drain_sequence, stop_hung
 from llmop_engine.engine_client import EngineClient
 from llmop_engine.health import Observation, Policy, Verdict
 from llmop_engine.probe_server import start as start_servers
@@ -124,10 +124,12 @@ class Agent:
         if self.drain_task is not None:
             return
         log.info("drain requested by %s", source)
+        # Judged before draining masks it: a hung engine gets no drain (see _drain).
+        hung = not self.verdict().live
         # Readiness goes off before anything else: the very next /readyz answers 503.
         self.state = health.start_drain(self.state, time.monotonic())
         self._after_change()
-        self.drain_task = asyncio.create_task(self._drain(), name="drain")
+        self.drain_task = asyncio.create_task(self._drain(hung=hung), name="drain")
 
     async def _read_load(self) -> Load:
         in_flight, metrics = await asyncio.gather(
@@ -135,7 +137,16 @@ class Agent:
         )
         return Load(in_flight=in_flight, metrics=metrics)
 
-    async def _drain(self) -> DrainOutcome:
+    async def _drain(self, *, hung: bool = False) -> DrainOutcome:
+        if hung and self.supervisor.alive():
+            # Hung or dead (the kubelet's liveness probe is the usual sender of this SIGTERM):
+            # no request can finish, so waiting out propagation and the drain only delays the
+            # restart.
+            self._stop_sent()
+            outcome = await stop_hung(self.supervisor)
+            self.drain_duration = outcome.duration
+            self.metrics.drained(outcome)
+            return outcome
         outcome = await drain_sequence(
             self.supervisor,
             self.settings.endpoint_propagation_seconds,
@@ -166,6 +177,9 @@ class Agent:
             return engine_code or 1
         if outcome.exited_on_its_own:
             return engine_code or 1
+        if outcome.hung:
+            log.error("engine was hung when stopped: failed")
+            return 1
         if outcome.killed or engine_code in (128 + signal.SIGTERM, 128 + signal.SIGKILL):
             # The agent ended it: killed after the grace, or dead of the agent's own SIGTERM
             # (an engine that installs no handler yet, early in its start). No fault.

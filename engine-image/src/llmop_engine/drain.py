@@ -99,6 +99,19 @@ class DrainOutcome:
     exited_on_its_own: bool = False
     # SIGKILL was needed.
     killed: bool = False
+    # The engine was hung when the stop came (a liveness failure): ended without a drain.
+    hung: bool = False
+
+
+async def stop_hung(supervisor: Supervisor) -> DrainOutcome:
+    """End an engine the agent already judged hung (no progress with work pending, or dead):
+    there is nothing to drain and nothing to wait for, so it is stopped at once (SIGKILL after
+    `LOADING_STOP_SECONDS`). This is what a liveness failure leads to; the faster it goes, the
+    sooner the kubelet restarts the container."""
+    started = time.monotonic()
+    log.error("drain: the engine is hung: ending it without a drain")
+    killed = supervisor.alive() and await _stop(supervisor, LOADING_STOP_SECONDS, "hung")
+    return DrainOutcome(time.monotonic() - started, killed=killed, hung=True)
 
 
 async def _stop(supervisor: Supervisor, grace: float, why: str) -> bool:
