@@ -27,7 +27,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
-from llmop.render.settings import DEFAULT_SIMULATOR_IMAGE  # noqa: E402
+from llmop.settings import DEFAULT_SIMULATOR_IMAGE  # noqa: E402
 from support.cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
 from support.operator import (  # noqa: E402
     Kit,

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from llmop import names
-from llmop.render.settings import DEFAULT_SIMULATOR_IMAGE
+from llmop.settings import DEFAULT_SIMULATOR_IMAGE
 from support.cluster import wait_until
 from support.realnode import (
     KUBEAI_STYLE,
