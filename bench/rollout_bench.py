@@ -70,12 +70,20 @@ def _namespace(cluster: Cluster) -> str:
     return name
 
 
+KEEPALIVE = False
+
+
 def _run_llmop(cluster: Cluster, kit: Kit, clients: int, max_tokens: int, settle: float) -> Row:
     ns, name = _namespace(cluster), "llmop"
     kit.apply_llmd(ns, name, real_node_spec(replicas=3))
     kit.wait_condition(ns, name, "Ready", "True", timeout=300)
     load = BackgroundLoad(
-        service_url(cluster, ns, name), name, clients, duration=900, max_tokens=max_tokens
+        service_url(cluster, ns, name),
+        name,
+        clients,
+        duration=900,
+        max_tokens=max_tokens,
+        keepalive=KEEPALIVE,
     ).start()
     time.sleep(settle)
     kit.apply_llmd(ns, name, real_node_spec(replicas=3, engine={"args": ["--sim-decode-ms", "21"]}))
@@ -104,7 +112,12 @@ def _run_plain(
     cluster.kubectl("apply", "-f", "-", input=json.dumps(plain_service(ns, name)))
     wait_rolled_out(cluster, ns, name, 3)
     load = BackgroundLoad(
-        service_url(cluster, ns, name), name, clients, duration=900, max_tokens=max_tokens
+        service_url(cluster, ns, name),
+        name,
+        clients,
+        duration=900,
+        max_tokens=max_tokens,
+        keepalive=KEEPALIVE,
     ).start()
     time.sleep(settle)
     apply("21")
@@ -127,7 +140,14 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--settle", type=float, default=5.0)
+    parser.add_argument(
+        "--keepalive",
+        action="store_true",
+        help="clients reuse pooled connections (kube-proxy pins each to one pod)",
+    )
     args = parser.parse_args()
+    global KEEPALIVE  # noqa: PLW0603 - one switch for every scenario of this run
+    KEEPALIVE = args.keepalive
 
     name = f"llmop-test-{os.getpid()}-bench{secrets.token_hex(2)}"
     cluster = start_cluster(name, owner_pid=os.getpid(), real_node="on")
@@ -149,7 +169,8 @@ def main() -> int:
 
     print(
         f"\nRolling update of 3 replicas under {args.clients} streaming clients "
-        f"(max_tokens {args.max_tokens}), simulator engine, real node, through the Service:\n"
+        f"(max_tokens {args.max_tokens}, {'keep-alive' if KEEPALIVE else 'a new'} connection"
+        f"{'s' if KEEPALIVE else ' per request'}), simulator engine, real node, via the Service:\n"
     )
     print(f"| {'pod spec':<22} | requests | failed | truncated | p99 TTFT s | rollout s |")
     print(f"|{'-' * 24}|---------:|-------:|----------:|-----------:|----------:|")
