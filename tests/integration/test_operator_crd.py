@@ -122,10 +122,10 @@ CASES: list[tuple[str, Mutation, str, str]] = [
         "spec.engine.tensorParallelSize",
     ),
     (
-        "vllm-needs-gpus",
+        "cpu-engine-needs-memory",
         _all(_set("spec.engine.backend", "vllm"), _set("spec.resources.gpus", 0)),
-        "must be at least 1 for the vllm backend",
-        "spec.resources.gpus",
+        "is required for a CPU engine",
+        "spec.resources.memory",
     ),
     (
         "model-len-within-architecture",
