@@ -21,6 +21,7 @@ import secrets
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
 from llmop.settings import DEFAULT_SIMULATOR_IMAGE  # noqa: E402
-from support.cluster import Cluster, start_cluster, stop_cluster  # noqa: E402
+from support.cluster import Cluster, create_namespace, start_cluster, stop_cluster  # noqa: E402
 from support.operator import (  # noqa: E402
     Kit,
     OperatorProcess,
@@ -60,23 +61,20 @@ class Row:
     rollout_seconds: float
 
 
-def _namespace(cluster: Cluster) -> str:
-    name = f"bench-{secrets.token_hex(3)}"
-    cluster.kubectl("create", "namespace", name)
-    for _ in range(60):
-        if cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0:
-            break
-        time.sleep(0.5)
-    return name
-
-
 KEEPALIVE = False
 
 
-def _run_llmop(cluster: Cluster, kit: Kit, clients: int, max_tokens: int, settle: float) -> Row:
-    ns, name = _namespace(cluster), "llmop"
-    kit.apply_llmd(ns, name, real_node_spec(replicas=3))
-    kit.wait_condition(ns, name, "Ready", "True", timeout=300)
+def _measure(
+    cluster: Cluster,
+    ns: str,
+    name: str,
+    roll: Callable[[], None],
+    *,
+    clients: int,
+    max_tokens: int,
+    settle: float,
+) -> Row:
+    """Load through the Service, `roll` every pod, wait for the rollout, count what was lost."""
     load = BackgroundLoad(
         service_url(cluster, ns, name),
         name,
@@ -86,21 +84,32 @@ def _run_llmop(cluster: Cluster, kit: Kit, clients: int, max_tokens: int, settle
         keepalive=KEEPALIVE,
     ).start()
     time.sleep(settle)
-    kit.apply_llmd(ns, name, real_node_spec(replicas=3, engine={"args": ["--sim-decode-ms", "21"]}))
+    roll()
     seconds = wait_rolled_out(cluster, ns, name, 3)
-    kit.wait_condition(ns, name, "Ready", "True", timeout=300)
     time.sleep(settle)
     result = load.stop()
     cluster.kubectl("delete", "namespace", ns, "--timeout=300s", check=False)
     return Row(
-        "llmop", result.total, result.failed, result.truncated, result.ttft_quantile(0.99), seconds
+        name, result.total, result.failed, result.truncated, result.ttft_quantile(0.99), seconds
     )
+
+
+def _run_llmop(cluster: Cluster, kit: Kit, clients: int, max_tokens: int, settle: float) -> Row:
+    ns, name = create_namespace(cluster, "bench"), "llmop"
+    kit.apply_llmd(ns, name, real_node_spec(replicas=3))
+    kit.wait_condition(ns, name, "Ready", "True", timeout=300)
+
+    def roll() -> None:
+        spec = real_node_spec(replicas=3, engine={"args": ["--sim-decode-ms", "21"]})
+        kit.apply_llmd(ns, name, spec)
+
+    return _measure(cluster, ns, name, roll, clients=clients, max_tokens=max_tokens, settle=settle)
 
 
 def _run_plain(
     cluster: Cluster, style: PodSpecStyle, clients: int, max_tokens: int, settle: float
 ) -> Row:
-    ns, name = _namespace(cluster), style.name
+    ns, name = create_namespace(cluster, "bench"), style.name
 
     def apply(decode_ms: str) -> None:
         manifest = plain_engine_deployment(
@@ -111,27 +120,14 @@ def _run_plain(
     apply("20")
     cluster.kubectl("apply", "-f", "-", input=json.dumps(plain_service(ns, name)))
     wait_rolled_out(cluster, ns, name, 3)
-    load = BackgroundLoad(
-        service_url(cluster, ns, name),
+    return _measure(
+        cluster,
+        ns,
         name,
-        clients,
-        duration=900,
+        lambda: apply("21"),
+        clients=clients,
         max_tokens=max_tokens,
-        keepalive=KEEPALIVE,
-    ).start()
-    time.sleep(settle)
-    apply("21")
-    seconds = wait_rolled_out(cluster, ns, name, 3)
-    time.sleep(settle)
-    result = load.stop()
-    cluster.kubectl("delete", "namespace", ns, "--timeout=300s", check=False)
-    return Row(
-        style.name,
-        result.total,
-        result.failed,
-        result.truncated,
-        result.ttft_quantile(0.99),
-        seconds,
+        settle=settle,
     )
 
 

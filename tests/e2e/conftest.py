@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from support.cluster import start_cluster, stop_cluster, wait_until
+from support.cluster import create_namespace, start_cluster, stop_cluster
 from support.operator import (
     REPO_ROOT,
     Kit,
@@ -90,18 +90,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
 @pytest.fixture
 def e2e_namespace(real_cluster: RealCluster) -> Iterator[str]:
     """A fresh namespace; deleted afterwards and waited for, so its pods free the node's CPU."""
-    name = f"e2e-{secrets.token_hex(4)}"
-    real_cluster.kubectl("create", "namespace", name)
-    wait_until(
-        lambda: (
-            real_cluster.kubectl(
-                "get", "serviceaccount", "default", "-n", name, check=False
-            ).returncode
-            == 0
-        ),
-        timeout=30,
-        what=f"default ServiceAccount in {name}",
-    )
+    name = create_namespace(real_cluster.cluster, "e2e")
     try:
         yield name
     finally:

@@ -243,23 +243,26 @@ def kube_cluster() -> Iterator[Cluster]:
         atexit.unregister(stop)
 
 
-@pytest.fixture
-def namespace(kube_cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace ``test-<random>``, deleted (without waiting) afterwards."""
-    name = f"test-{secrets.token_hex(4)}"
-    kube_cluster.kubectl("create", "namespace", name)
-    # Pods are rejected until the controller-manager creates the namespace's
-    # default ServiceAccount; wait so tests can create pods straight away.
+def create_namespace(cluster: Cluster, prefix: str) -> str:
+    """A fresh namespace ``<prefix>-<random>``, ready for pods: the controller-manager has
+    created its default ServiceAccount (pods are rejected until then)."""
+    name = f"{prefix}-{secrets.token_hex(4)}"
+    cluster.kubectl("create", "namespace", name)
     wait_until(
         lambda: (
-            kube_cluster.kubectl(
-                "get", "serviceaccount", "default", "-n", name, check=False
-            ).returncode
+            cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
             == 0
         ),
         timeout=30,
         what=f"default ServiceAccount in {name}",
     )
+    return name
+
+
+@pytest.fixture
+def namespace(kube_cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace ``test-<random>``, deleted (without waiting) afterwards."""
+    name = create_namespace(kube_cluster, "test")
     try:
         yield name
     finally:
