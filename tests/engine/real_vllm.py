@@ -271,6 +271,9 @@ class StreamResult:
     done: bool = False
     error: str = ""
     events: int = 0
+    # Monotonic clock: when the request was sent and when its response ended (for timelines).
+    sent_at: float = 0.0
+    ended_at: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -295,7 +298,7 @@ async def stream(
         "ignore_eos": True,
         "stream_options": {"include_usage": True},
     }
-    res = StreamResult()
+    res = StreamResult(sent_at=time.monotonic())
     try:
         async with http.post(
             engine.api + "/v1/completions", json=payload, headers=engine.headers()
@@ -303,6 +306,7 @@ async def stream(
             res.status = resp.status
             if resp.status != 200:
                 res.error = (await resp.text())[:200]
+                res.ended_at = time.monotonic()
                 return res
             async for raw in resp.content:
                 line = raw.strip()
@@ -324,6 +328,7 @@ async def stream(
                     res.tokens = int(usage.get("completion_tokens") or 0)
     except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
         res.error = type(exc).__name__
+    res.ended_at = time.monotonic()
     return res
 
 

@@ -16,6 +16,8 @@ from llmop_engine.vllm_metrics import EngineMetrics, parse
 PROBE_USER_AGENT = f"llmop-engine-probe/{__version__}"
 # vLLM's EngineDeadError text, in the HTTP 500 it answers once its EngineCore died (0.32).
 ENGINE_DEAD_MESSAGE = b"EngineCore encountered an issue"
+# Below vLLM's server-side keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 s).
+KEEPALIVE_SECONDS = 2.0
 
 
 class EngineClient:
@@ -26,9 +28,14 @@ class EngineClient:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # One keep-alive connection pool for polls; the deep probe shares it.
+            # One keep-alive connection pool for polls; the deep probe shares it. Idle
+            # connections are dropped before vLLM's uvicorn closes them (5 s): reusing one just
+            # as the server closes it fails the request with ServerDisconnectedError, which a
+            # probe would report as a failure of the engine.
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=4, force_close=False),
+                connector=aiohttp.TCPConnector(
+                    limit=4, force_close=False, keepalive_timeout=KEEPALIVE_SECONDS
+                ),
                 headers={"User-Agent": PROBE_USER_AGENT},
             )
         return self._session

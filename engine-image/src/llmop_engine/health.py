@@ -22,7 +22,7 @@ Rules, in order:
 - no load figures (vLLM with `--disable-log-stats` exports no `vllm:*` series): busy and idle look
   alike, so a deep probe that *timed out* may only have queued behind real work. It costs
   readiness after `stallSeconds` of timeouts, never liveness; probes that fail with an answer
-  (HTTP 5xx, aborted) count as usual.
+  (HTTP 5xx, aborted, a dropped connection) count as usual, from the last timeout on.
 
 The load the agent publishes (queue depth, running, KV usage) is `published_load`: the last
 scrape only while the latest poll read one and it is recent (a poll stuck on a hung engine
@@ -126,6 +126,9 @@ class HealthState:
     last_progress_at: float | None = None
     last_probe: ProbeResult | None = None
     last_probe_ok_at: float | None = None
+    # The latest probe that got no answer in time: without load figures it proves nothing (it may
+    # have queued behind real work), so a run of failures is counted from after it.
+    last_probe_timeout_at: float | None = None
     probe_in_flight: bool = False
 
 
@@ -223,6 +226,9 @@ def record_probe(state: HealthState, result: ProbeResult) -> HealthState:
         probe_in_flight=False,
         last_probe=result,
         last_probe_ok_at=result.finished_at if result.ok else state.last_probe_ok_at,
+        last_probe_timeout_at=result.finished_at
+        if result.timed_out
+        else state.last_probe_timeout_at,
         dead_at=dead_at,
     )
 
@@ -427,6 +433,10 @@ def _idle_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
             ready=True,
             reason=f"deep probe {probe.error}; engine busy? (no metrics)",
         )
+    if not load_known(state):
+        # A failure with an answer after timeouts: those timeouts were no evidence of a hang, so
+        # the failing streak starts now (one dropped connection must not kill a saturated engine).
+        failing = now - (_latest(good, state.last_probe_timeout_at) or now)
     if failing > policy.stall_seconds:
         return Verdict(
             phase=Phase.FAILED,
