@@ -67,14 +67,17 @@ def _proc_usage(pid_file: Path) -> tuple[float, float]:
     return rss / 1024, (int(fields[11]) + int(fields[12])) / ticks
 
 
-def _wait(pred: Any, timeout: float, t0: float) -> float | None:
-    """Seconds since t0 at which pred() first held, polling every TICK; None on timeout."""
+def _watch(preds: dict[str, Any], timeout: float, t0: float) -> dict[str, float | None]:
+    """Seconds since t0 at which each predicate first held (polled together every TICK, so one
+    stage's wait never delays another's timestamp); None for those that never did."""
+    seen: dict[str, float | None] = dict.fromkeys(preds)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return time.monotonic() - t0
+    while time.monotonic() < deadline and any(v is None for v in seen.values()):
+        for key, pred in preds.items():
+            if seen[key] is None and pred():
+                seen[key] = time.monotonic() - t0
         time.sleep(TICK)
-    return None
+    return seen
 
 
 def _fmt(v: float | None) -> str:
@@ -131,10 +134,16 @@ def main() -> int:
         def desired() -> int:
             return int(_hpa(cluster, ns, llmd).get("status", {}).get("desiredReplicas") or 0)
 
-        out["desired>1"] = _wait(lambda: desired() > 1, 240, t0)
-        out["2nd ready"] = _wait(lambda: _ready_pods(cluster, ns, llmd) >= 2, 240, t0)
-        out["desired=max"] = _wait(lambda: desired() >= 3, 240, t0)
-        out["3 ready"] = _wait(lambda: _ready_pods(cluster, ns, llmd) >= 3, 240, t0)
+        out |= _watch(
+            {
+                "desired>1": lambda: desired() > 1,
+                "2nd ready": lambda: _ready_pods(cluster, ns, llmd) >= 2,
+                "desired=max": lambda: desired() >= 3,
+                "3 ready": lambda: _ready_pods(cluster, ns, llmd) >= 3,
+            },
+            240,
+            t0,
+        )
         time.sleep(10)
         step = load.stop()
 
@@ -143,9 +152,13 @@ def main() -> int:
         trickle = BackgroundLoad(
             url, llmd, max(1, args.max_num_seqs // 4), duration=900, max_tokens=args.max_tokens
         ).start()
-        out["desired lowered"] = _wait(lambda: 0 < desired() < 3, 600, t1)
-        out["1 replica left"] = _wait(
-            lambda: desired() == 1 and _ready_pods(cluster, ns, llmd) == 1, 600, t1
+        out |= _watch(
+            {
+                "desired lowered": lambda: 0 < desired() < 3,
+                "1 replica left": lambda: desired() == 1 and _ready_pods(cluster, ns, llmd) == 1,
+            },
+            600,
+            t1,
         )
         time.sleep(20)  # the last removed pod's drain window
         small = trickle.stop()
