@@ -116,8 +116,8 @@ def main() -> int:
         kit.apply_llmd(ns, llmd, spec)
         kit.wait_condition(ns, llmd, "Ready", "True", timeout=300)
         # Idle until the HPA has read the metric once (the pipeline is warm, as in production).
-        _wait(
-            lambda: _hpa(cluster, ns, llmd).get("status", {}).get("currentMetrics") or None,
+        _watch(
+            {"metric": lambda: _hpa(cluster, ns, llmd).get("status", {}).get("currentMetrics")},
             120,
             time.monotonic(),
         )
