@@ -206,7 +206,13 @@ join_real_node() {
   fi
   "$NODE_SH" up "$NAME" "$WORK" || {
     log "real node: failed to join (see the lines above)"
-    "$NODE_SH" down || true
+    # Clean up only a node this cluster owns (or a half-started one nobody owns): when another
+    # live cluster holds it, `node.sh up` refused and a `down` here would kill that cluster's node
+    # under its running tests.
+    owner="$(cat /run/llmop-node/owner 2>/dev/null || true)"
+    if [[ -z "$owner" || "$owner" == "$NAME" ]]; then
+      "$NODE_SH" down || true
+    fi
     return 1
   }
 }
