@@ -19,6 +19,8 @@ import yaml
 
 from support.metrics import load_metrics_config, metrics_bin_dir
 
+pytestmark = pytest.mark.metrics
+
 TESTS_YML = pathlib.Path(__file__).parent / "promtool" / "alerts_test.yml"
 ALL_ALERTS = {"monitoring": {"prometheusRule": {"enabled": True, "kubeStateMetrics": True}}}
 

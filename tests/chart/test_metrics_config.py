@@ -156,6 +156,7 @@ def test_adapter_serves_the_metric_the_operators_hpa_scales_on() -> None:
     }
 
 
+@pytest.mark.metrics
 def test_written_prometheus_config_passes_promtool(tmp_path: pathlib.Path) -> None:
     promtool = metrics_bin_dir() / "promtool"
     kubeconfig = tmp_path / "kubeconfig"

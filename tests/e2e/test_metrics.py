@@ -25,7 +25,7 @@ from llmop import names
 from support.cluster import wait_until
 from support.realnode import BackgroundLoad, RealCluster, real_node_spec, service_url
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.metrics]
 
 
 def prometheus_url(rc: RealCluster) -> str:

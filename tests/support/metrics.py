@@ -8,6 +8,7 @@ A missing binary is a loud skip on a developer machine that cannot build it, and
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -30,6 +31,20 @@ def _build() -> tuple[pathlib.Path | None, str]:
     if res.returncode != 0:
         return None, f"{BUILD_METRICS_SH} failed (exit {res.returncode}); see its output above"
     return pathlib.Path(res.stdout.strip().splitlines()[-1]), ""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the binaries before the first test when `metrics` tests were collected: a cold build
+    (~10-20 min on 2 cores) is longer than pytest-timeout allows one test, and belongs in the open.
+    """
+    if session.config.option.collectonly:
+        return
+    if not any(item.get_closest_marker("metrics") for item in session.items):
+        return
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    with uncaptured:
+        _build()
 
 
 def metrics_bin_dir() -> pathlib.Path:
