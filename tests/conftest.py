@@ -2,4 +2,5 @@
 
 # The cluster fixtures (kube_cluster, namespace) live in support.cluster so that
 # other tooling can import start_cluster/stop_cluster without pytest magic.
-pytest_plugins = ["support.cluster"]
+# support.metrics builds prometheus/promtool/prometheus-adapter before `metrics` tests run.
+pytest_plugins = ["support.cluster", "support.metrics"]

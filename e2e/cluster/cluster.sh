@@ -21,6 +21,11 @@
 #                            kubelet + kube-proxy running real containers) beside the kwok nodes.
 #                            auto joins it when this host can run one and no other cluster holds
 #                            it, and says why not otherwise; on fails instead; off never joins.
+#   LLMOP_METRICS            auto (default) | on | off: start the metrics pipeline (Prometheus +
+#                            prometheus-adapter as custom.metrics.k8s.io, e2e/metrics/pipeline.sh)
+#                            once the real node has joined (the kwok nodes' pods export nothing).
+#                            auto starts it when the real node joined and says why not otherwise;
+#                            on fails instead; off never starts it.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,6 +38,10 @@ KUBECONFIG_FILE="$WORK/kubeconfig"
 TIMEOUT="${LLMOP_CLUSTER_TIMEOUT:-180}"
 REAL_NODE="${LLMOP_REAL_NODE:-auto}"
 NODE_SH="$HERE/node.sh"
+METRICS="${LLMOP_METRICS:-auto}"
+PIPELINE_SH="$HERE/../metrics/pipeline.sh"
+# The real node's address (node.sh): a host address the API server can dial for the adapter.
+NODE_IP=10.255.7.1
 # kwokctl keeps its pki, pid files, logs and etcd data under $KWOK_WORKDIR/clusters/<name>.
 export KWOK_WORKDIR="$WORK/kwok"
 
@@ -60,6 +69,8 @@ pid_files() { compgen -G "$KWOK_WORKDIR/clusters/$NAME/pids/*.pid" || true; }
 # the pid files, and we fall back to those same pid files if it fails.
 teardown() {
   local bin
+  # The metrics pipeline's host processes (they scrape the node's pods).
+  "$PIPELINE_SH" down "$WORK" || log "metrics pipeline teardown failed"
   # The real node first: it needs the cluster's state (and stops its pods' containers).
   if [[ "$(cat /run/llmop-node/owner 2>/dev/null || true)" == "$NAME" ]]; then
     "$NODE_SH" down || log "real node teardown failed; run '$NODE_SH down' by hand"
@@ -153,6 +164,15 @@ componentsPatches:
   - {key: kubelet-client-certificate, value: "$pki/admin.crt"}
   - {key: kubelet-client-key, value: "$pki/admin.key"}
   - {key: kubelet-certificate-authority, value: "$pki/ca.crt"}
+  # Aggregated APIs (prometheus-adapter, e2e/metrics/pipeline.sh): dial the APIService's endpoint,
+  # a host address, not its ClusterIP; kwokctl already presents its admin cert as the front proxy
+  # (--proxy-client-cert-file), so trust exactly that identity's X-Remote-* headers.
+  - {key: enable-aggregator-routing, value: "true"}
+  - {key: requestheader-client-ca-file, value: "$pki/ca.crt"}
+  - {key: requestheader-allowed-names, value: kwok-admin}
+  - {key: requestheader-username-headers, value: X-Remote-User}
+  - {key: requestheader-group-headers, value: X-Remote-Group}
+  - {key: requestheader-extra-headers-prefix, value: X-Remote-Extra-}
 - name: kwok-controller
   extraArgs:
   # kwok plays the kubelet only for the fake nodes, never for the real one.
@@ -186,8 +206,38 @@ join_real_node() {
   fi
   "$NODE_SH" up "$NAME" "$WORK" || {
     log "real node: failed to join (see the lines above)"
-    "$NODE_SH" down || true
+    # Clean up only a node this cluster owns (or a half-started one nobody owns): when another
+    # live cluster holds it, `node.sh up` refused and a `down` here would kill that cluster's node
+    # under its running tests.
+    owner="$(cat /run/llmop-node/owner 2>/dev/null || true)"
+    if [[ -z "$owner" || "$owner" == "$NAME" ]]; then
+      "$NODE_SH" down || true
+    fi
     return 1
+  }
+}
+
+start_metrics() {
+  case "$METRICS" in
+  off) return 0 ;;
+  on | auto) ;;
+  *)
+    log "LLMOP_METRICS must be auto, on or off (got '$METRICS')"
+    return 1
+    ;;
+  esac
+  if [[ "$(cat /run/llmop-node/owner 2>/dev/null || true)" != "$NAME" ]]; then
+    # Asked for no real node (the integration tests): nothing to say.
+    [[ "$REAL_NODE" == off && "$METRICS" == auto ]] && return 0
+    [[ "$METRICS" == on ]] && { log "metrics pipeline: needs the real node, which is not joined"; return 1; }
+    log "metrics pipeline: NOT started (no real node joined: nothing to scrape)"
+    return 0
+  fi
+  "$PIPELINE_SH" up "$WORK" "$KUBECONFIG_FILE" "$KWOK_WORKDIR/clusters/$NAME/pki" "$NODE_IP" || {
+    log "metrics pipeline: FAILED to start (see the lines above)"
+    "$PIPELINE_SH" down "$WORK" || true
+    # auto: the cluster and its real node are still useful without it; on: fail.
+    [[ "$METRICS" == auto ]]
   }
 }
 
@@ -202,6 +252,7 @@ cmd_up() {
       apply_nodes
       wait_ready
       join_real_node
+      start_metrics
       echo "$KUBECONFIG_FILE"
       return 0
     fi
@@ -250,6 +301,7 @@ cmd_up() {
   apply_nodes
   wait_ready
   join_real_node
+  start_metrics
   log "ready in $((SECONDS - start))s; kubeconfig: $KUBECONFIG_FILE"
   echo "$KUBECONFIG_FILE"
 }
@@ -278,6 +330,8 @@ cmd_status() {
   echo "version:    $(kctl version -o json | sed -n '/serverVersion/,$ s/.*"gitVersion": "\([^"]*\)".*/\1/p')"
   echo
   "$NODE_SH" status 2>/dev/null || true
+  echo
+  "$PIPELINE_SH" status "$WORK" || true
   echo
   kctl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count \
     -o custom-columns='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GPU:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'

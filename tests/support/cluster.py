@@ -124,7 +124,11 @@ def _run_script(
     owner_pid: int | None,
     real_node: str = "off",
 ) -> str:
-    env = dict(os.environ, LLMOP_CLUSTER_NAME=name, LLMOP_REAL_NODE=real_node)
+    # LLMOP_PYTHON: the metrics pipeline (started with the real node) renders its config from
+    # the chart with this interpreter's helm SDK.
+    env = dict(
+        os.environ, LLMOP_CLUSTER_NAME=name, LLMOP_REAL_NODE=real_node, LLMOP_PYTHON=sys.executable
+    )
     if state_dir is not None:
         env["LLMOP_CLUSTER_STATE"] = str(state_dir)
     if owner_pid is not None:

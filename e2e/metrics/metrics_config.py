@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Render the local metrics pipeline's configuration from the chart: ONE source, no copies.
+
+The chart (helm/llmop) ships what a real cluster's monitoring stack consumes: a PodMonitor
+(prometheus-operator) describing how engine pods are scraped, a PrometheusRule with the alerts and
+a ConfigMap with the prometheus-adapter rules behind the HPA's `llmop_engine_queue_depth` metric.
+The local cluster has no prometheus-operator, so this renders the chart in-process (the Helm v4
+SDK, as tests/chart does) and writes what the operator and the adapter chart would have produced:
+
+  prometheus.yml    one kubernetes_sd (role: pod) scrape job per podMetricsEndpoint, with the
+                    relabelings prometheus-operator generates for a PodMonitor (selector keep,
+                    port keep, namespace/container/pod/job/endpoint target labels) followed by the
+                    PodMonitor's own relabelings; rule_files points at rules.yml
+  rules.yml         the PrometheusRule's spec (its `groups`): what Prometheus and promtool load
+  adapter.yaml      the adapter ConfigMap's `config.yaml`, verbatim
+
+The operator side of this translation is modelled on prometheus-operator's config generator
+(pkg/prometheus/promcfg.go, generatePodMonitorConfig, golden output of its
+TestPodMonitorPhaseFilter/TestSettingHonorLabels tests): job name `podMonitor/<ns>/<name>/<i>`,
+`__tmp_prometheus_job_name`, keep on `__meta_kubernetes_pod_label_<l>` and `..._labelpresent_<l>`,
+keep on `__meta_kubernetes_pod_container_port_name`, drop Failed/Succeeded pods.
+
+Used by e2e/metrics/pipeline.sh (the processes of `make cluster-up`) and by the tests
+(tests/chart/test_alert_rules.py, tests/chart/test_metrics_config.py, tests/e2e/test_metrics.py).
+
+Usage: metrics_config.py write --out DIR --kubeconfig FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+from typing import Any
+
+import helm_python as helm
+import yaml
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART_DIR = REPO_ROOT / "helm" / "llmop"
+RELEASE = "llmop"
+NAMESPACE = "llmop-system"
+
+# The monitoring parts of the chart, switched on. Everything else (interval, labels, thresholds)
+# stays at the chart's defaults: the local pipeline is what a default install monitors with.
+MONITORING_VALUES: dict[str, Any] = {
+    "monitoring": {
+        "podMonitor": {"enabled": True},
+        "prometheusRule": {"enabled": True},
+        "prometheusAdapter": {"enabled": True},
+    }
+}
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every object the chart renders for `values` (MONITORING_VALUES when None)."""
+    chart = helm.Chart.load(str(CHART_DIR))
+    out = chart.render(
+        MONITORING_VALUES if values is None else values, name=RELEASE, namespace=NAMESPACE
+    )
+    docs: list[dict[str, Any]] = []
+    for name, text in sorted(out.items()):
+        if name.endswith("NOTES.txt"):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    """The single rendered object of `kind` (whose name ends with `name_suffix`)."""
+    found = [
+        d
+        for d in docs
+        if d.get("kind") == kind and str(d["metadata"]["name"]).endswith(name_suffix)
+    ]
+    if len(found) != 1:
+        raise ValueError(f"expected one {kind}*{name_suffix} in the chart, found {len(found)}")
+    return found[0]
+
+
+def _sanitize(label: str) -> str:
+    """Kubernetes label name -> Prometheus meta label suffix (what kubernetes_sd does)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
+def podmonitor_scrape_configs(
+    podmonitor: dict[str, Any], kubeconfig: str | None = None
+) -> list[dict[str, Any]]:
+    """The scrape jobs prometheus-operator generates for this PodMonitor."""
+    meta, spec = podmonitor["metadata"], podmonitor["spec"]
+    ns, name = meta["namespace"], meta["name"]
+    selector = spec.get("selector", {})
+    if selector.get("matchExpressions"):
+        raise ValueError("matchExpressions in the PodMonitor selector are not translated")
+    sd: dict[str, Any] = {"role": "pod"}
+    if kubeconfig:
+        sd["kubeconfig_file"] = kubeconfig
+    ns_sel = spec.get("namespaceSelector", {})
+    if not ns_sel.get("any"):
+        sd["namespaces"] = {"names": ns_sel.get("matchNames") or [ns]}
+    jobs = []
+    for i, ep in enumerate(spec["podMetricsEndpoints"]):
+        relabel: list[dict[str, Any]] = [
+            {"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"},
+            {
+                "action": "drop",
+                "source_labels": ["__meta_kubernetes_pod_phase"],
+                "regex": "(Failed|Succeeded)",
+            },
+        ]
+        for key, value in sorted(selector.get("matchLabels", {}).items()):
+            relabel.append(
+                {
+                    "action": "keep",
+                    "source_labels": [
+                        f"__meta_kubernetes_pod_label_{_sanitize(key)}",
+                        f"__meta_kubernetes_pod_labelpresent_{_sanitize(key)}",
+                    ],
+                    "regex": f"({re.escape(value)});true",
+                }
+            )
+        relabel += [
+            {
+                "action": "keep",
+                "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                "regex": ep["port"],
+            },
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {
+                "source_labels": ["__meta_kubernetes_pod_container_name"],
+                "target_label": "container",
+            },
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            {"target_label": "job", "replacement": f"{ns}/{name}"},
+            {"target_label": "endpoint", "replacement": ep["port"]},
+        ]
+        for r in ep.get("relabelings", []):
+            relabel.append(
+                {
+                    {"sourceLabels": "source_labels", "targetLabel": "target_label"}.get(k, k): v
+                    for k, v in r.items()
+                }
+            )
+        job: dict[str, Any] = {
+            "job_name": f"podMonitor/{ns}/{name}/{i}",
+            "honor_labels": False,
+            "kubernetes_sd_configs": [dict(sd)],  # a copy: no YAML anchors
+            "metrics_path": ep.get("path", "/metrics"),
+            "relabel_configs": relabel,
+        }
+        if "interval" in ep:
+            job["scrape_interval"] = ep["interval"]
+        jobs.append(job)
+    return jobs
+
+
+def rule_groups(prometheusrule: dict[str, Any]) -> dict[str, Any]:
+    """The PrometheusRule as a Prometheus rule file."""
+    return {"groups": prometheusrule["spec"]["groups"]}
+
+
+def adapter_config(docs: list[dict[str, Any]]) -> str:
+    """prometheus-adapter's config.yaml from the chart's ConfigMap."""
+    return str(one(docs, "ConfigMap", "-prometheus-adapter")["data"]["config.yaml"])
+
+
+def prometheus_config(docs: list[dict[str, Any]], kubeconfig: str | None) -> dict[str, Any]:
+    """prometheus.yml: the PodMonitor's jobs and the chart's rules."""
+    return {
+        "global": {"evaluation_interval": "15s"},
+        "rule_files": ["rules.yml"],
+        "scrape_configs": podmonitor_scrape_configs(one(docs, "PodMonitor"), kubeconfig),
+    }
+
+
+def write(out: pathlib.Path, kubeconfig: str | None) -> None:
+    """Write prometheus.yml, rules.yml and adapter.yaml into `out`."""
+    docs = render()
+    out.mkdir(parents=True, exist_ok=True)
+    dump = {"sort_keys": False, "default_flow_style": False}
+    (out / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(docs, kubeconfig), **dump))
+    (out / "rules.yml").write_text(yaml.safe_dump(rule_groups(one(docs, "PrometheusRule")), **dump))
+    (out / "adapter.yaml").write_text(adapter_config(docs))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write", help="write prometheus.yml, rules.yml, adapter.yaml")
+    w.add_argument("--out", type=pathlib.Path, required=True)
+    w.add_argument("--kubeconfig", help="kubeconfig for Prometheus's Kubernetes SD")
+    args = parser.parse_args()
+    write(args.out, args.kubeconfig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+# The metrics pipeline (Prometheus, promtool, prometheus-adapter built from Go modules; config
+# rendered from the chart). Logic lives in e2e/cluster/build-metrics.sh and e2e/metrics/.
+
+##@ Metrics
+
+.PHONY: metrics-binaries
+metrics-binaries: ## Build (or reuse from ~/.cache/llmop) prometheus, promtool and prometheus-adapter.
+	@e2e/cluster/build-metrics.sh >/dev/null
+
+.PHONY: alert-test
+alert-test: install metrics-binaries ## promtool unit tests of the chart's alerts (rendered from the chart).
+	$(BIN)/pytest -q -p no:cacheprovider tests/chart/test_alert_rules.py tests/chart/test_metrics_config.py
+
+# The promtool tests run in the full suite: build in the open, so a cold build shows in the CI
+# log instead of inside pytest (and CI never skips them).
+test: metrics-binaries
+
+.PHONY: bench-autoscale
+bench-autoscale: install cluster-binaries metrics-binaries ## Load step on an autoscaled LLMDeployment: HPA reaction, scale-down loss, pipeline cost (real node).
+	$(PY) bench/autoscale_bench.py

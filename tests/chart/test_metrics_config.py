@@ -1,0 +1,183 @@
+"""The local metrics pipeline's config (e2e/metrics/metrics_config.py) agrees with the chart.
+
+The chart's PodMonitor is what a real cluster's prometheus-operator turns into scrape jobs; the
+local cluster has no operator, so metrics_config.py does that translation. These tests hold the
+two together: one job per podMetricsEndpoint with its port, path, interval and relabelings; the
+jobs keep exactly the operator's engine pods' two metrics ports (relabeling evaluated here over the
+pod the operator renders, in the meta labels kubernetes_sd gives it) and label them with the
+LLMDeployment; the adapter config is the chart's ConfigMap, serving the metric the operator's HPA
+asks for; and the real promtool accepts the written prometheus.yml.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from llmop import names
+from llmop.api.v1alpha1 import LLMDeployment
+from llmop.render import Children, RenderSettings, render_children
+from support.metrics import load_metrics_config, metrics_bin_dir
+
+mc = load_metrics_config()
+
+
+def children() -> Children:
+    """What the operator renders for an autoscaled LLMDeployment team-a/chat."""
+    llmd = LLMDeployment.model_validate(
+        {
+            "metadata": {"name": "chat", "namespace": "team-a"},
+            "spec": {
+                "model": {"name": "tiny"},
+                "autoscaling": {"minReplicas": 1, "maxReplicas": 3},
+            },
+        }
+    )
+    return render_children(
+        llmd, RenderSettings(vllm_image="e:1", simulator_image="s:1"), load_timeout_seconds=900
+    )
+
+
+def engine_pod() -> tuple[str, dict[str, str], list[dict[str, Any]]]:
+    """Name, labels and containers of the pod template the operator renders."""
+    template = children().deployment["spec"]["template"]
+    return "chat", template["metadata"]["labels"], template["spec"]["containers"]
+
+
+def sd_targets(labels: dict[str, str], containers: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The targets kubernetes_sd (role: pod) discovers for this pod: one per container port."""
+    meta = {"__meta_kubernetes_namespace": "team-a", "__meta_kubernetes_pod_name": "chat-0"}
+    meta["__meta_kubernetes_pod_phase"] = "Running"
+    for k, v in labels.items():
+        s = re.sub(r"[^a-zA-Z0-9_]", "_", k)
+        meta[f"__meta_kubernetes_pod_label_{s}"] = v
+        meta[f"__meta_kubernetes_pod_labelpresent_{s}"] = "true"
+    return [
+        {
+            **meta,
+            "__address__": f"10.244.7.9:{p['containerPort']}",
+            "__meta_kubernetes_pod_container_name": c["name"],
+            "__meta_kubernetes_pod_container_port_name": p.get("name", ""),
+            "job": "x",
+        }
+        for c in containers
+        for p in c.get("ports", [])
+    ]
+
+
+def relabel(target: dict[str, str], rules: list[dict[str, Any]]) -> dict[str, str] | None:
+    """Prometheus relabeling for the actions the jobs use (keep, drop, replace)."""
+    t = dict(target)
+    for r in rules:
+        value = r.get("separator", ";").join(t.get(s, "") for s in r.get("source_labels", []))
+        m = re.fullmatch(r.get("regex", "(.*)"), value)
+        action = r.get("action", "replace")
+        if action == "keep" and not m:
+            return None
+        if action == "drop" and m:
+            return None
+        if action == "replace" and m:
+            out = m.expand(r.get("replacement", "$1").replace("$", "\\"))
+            if out:
+                t[r["target_label"]] = out
+            else:
+                t.pop(r["target_label"], None)
+    return t
+
+
+def test_one_job_per_podmonitor_endpoint() -> None:
+    docs = mc.render()
+    pm = mc.one(docs, "PodMonitor")
+    jobs = mc.prometheus_config(docs, "/k")["scrape_configs"]
+    endpoints = pm["spec"]["podMetricsEndpoints"]
+    assert [ep["port"] for ep in endpoints] == [names.PROBE_PORT_NAME, names.API_PORT_NAME]
+    assert len(jobs) == len(endpoints)
+    for job, ep in zip(jobs, endpoints, strict=True):
+        assert job["metrics_path"] == ep["path"]
+        assert job["scrape_interval"] == ep["interval"]
+        assert job["kubernetes_sd_configs"] == [{"role": "pod", "kubeconfig_file": "/k"}]
+        # The PodMonitor's own relabelings come last, in order, in Prometheus's spelling.
+        own = job["relabel_configs"][-len(ep["relabelings"]) :]
+        assert own == [
+            {"source_labels": r["sourceLabels"], "target_label": r["targetLabel"]}
+            for r in ep["relabelings"]
+        ]
+
+
+def test_jobs_keep_exactly_the_engine_pods_metrics_ports() -> None:
+    docs = mc.render()
+    jobs = mc.prometheus_config(docs, None)["scrape_configs"]
+    name, labels, containers = engine_pod()
+    targets = sd_targets(labels, containers)
+    ports = {t["__meta_kubernetes_pod_container_port_name"] for t in targets}
+    assert {names.PROBE_PORT_NAME, names.API_PORT_NAME} <= ports
+    kept = []
+    for job in jobs:
+        for t in targets:
+            out = relabel(t, job["relabel_configs"])
+            if out is not None:
+                kept.append(out)
+    assert sorted(k["endpoint"] for k in kept) == sorted(
+        [names.API_PORT_NAME, names.PROBE_PORT_NAME]
+    )
+    for k in kept:
+        assert k["llmdeployment"] == name  # what the alerts, dashboard and adapter group by
+        assert k["namespace"] == "team-a"
+        assert k["pod"] == "chat-0"
+        assert k["job"] == "llmop-system/llmop-engines"
+    # A pod without the engine labels (any other workload) is never scraped.
+    other = sd_targets({"app": "web"}, containers)
+    assert all(relabel(t, j["relabel_configs"]) is None for j in jobs for t in other)
+    finished = [dict(t, __meta_kubernetes_pod_phase="Succeeded") for t in targets]
+    assert all(relabel(t, j["relabel_configs"]) is None for j in jobs for t in finished)
+
+
+def test_adapter_serves_the_metric_the_operators_hpa_scales_on() -> None:
+    docs = mc.render()
+    config = yaml.safe_load(mc.adapter_config(docs))
+    assert (
+        mc.adapter_config(docs)
+        == mc.one(docs, "ConfigMap", "-prometheus-adapter")["data"]["config.yaml"]
+    )
+    served = {r["name"]["as"] for r in config["rules"]}
+    hpa = children().hpa
+    assert hpa is not None
+    assert served == {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]}
+    assert served == {names.QUEUE_DEPTH_METRIC}
+    # The adapter maps the series' namespace/pod labels, which the scrape jobs set.
+    assert config["rules"][0]["resources"]["overrides"] == {
+        "namespace": {"resource": "namespace"},
+        "pod": {"resource": "pod"},
+    }
+
+
+@pytest.mark.metrics
+def test_written_prometheus_config_passes_promtool(tmp_path: pathlib.Path) -> None:
+    promtool = metrics_bin_dir() / "promtool"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n"
+    )
+    mc.write(tmp_path / "out", str(kubeconfig))
+    res = subprocess.run(
+        [str(promtool), "check", "config", str(tmp_path / "out" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("label", ["service", "llmdeployment"])
+def test_deployment_label_follows_the_chart_value(label: str) -> None:
+    values = {"monitoring": {**mc.MONITORING_VALUES["monitoring"], "deploymentLabel": label}}
+    jobs = mc.prometheus_config(mc.render(values), None)["scrape_configs"]
+    assert all(j["relabel_configs"][-1]["target_label"] == label for j in jobs)

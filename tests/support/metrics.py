@@ -1,0 +1,71 @@
+"""The metrics pipeline's pieces for tests: its binaries (prometheus, promtool,
+prometheus-adapter, built from Go modules by e2e/cluster/build-metrics.sh) and its configuration
+renderer (e2e/metrics/metrics_config.py, loaded from its path: it is a script, not a package).
+
+A missing binary is a loud skip on a developer machine that cannot build it, and a failure in CI
+(`CI` set): `make test` builds them in the open first (mk/metrics.mk), so CI never skips these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+from types import ModuleType
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILD_METRICS_SH = REPO_ROOT / "e2e" / "cluster" / "build-metrics.sh"
+METRICS_CONFIG_PY = REPO_ROOT / "e2e" / "metrics" / "metrics_config.py"
+
+
+@functools.cache
+def _build() -> tuple[pathlib.Path | None, str]:
+    # Output streams to the terminal/CI log: a cold build takes minutes and should be seen.
+    res = subprocess.run([str(BUILD_METRICS_SH)], stdout=subprocess.PIPE, text=True, check=False)
+    if res.returncode != 0:
+        return None, f"{BUILD_METRICS_SH} failed (exit {res.returncode}); see its output above"
+    return pathlib.Path(res.stdout.strip().splitlines()[-1]), ""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the binaries before the first test when `metrics` tests were collected: a cold build
+    (~10-20 min on 2 cores) is longer than pytest-timeout allows one test, and belongs in the open.
+    """
+    if session.config.option.collectonly:
+        return
+    if not any(item.get_closest_marker("metrics") for item in session.items):
+        return
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    with uncaptured:
+        _build()
+
+
+def metrics_bin_dir() -> pathlib.Path:
+    """The cached bin dir (built if needed); skip loudly, or fail in CI, when it cannot be built."""
+    bin_dir, why = _build()
+    if bin_dir is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must build the metrics binaries: {why}")
+        pytest.skip(f"SKIPPED LOUDLY: cannot build promtool/prometheus/prometheus-adapter: {why}")
+    return bin_dir
+
+
+def load_metrics_config() -> ModuleType:
+    """e2e/metrics/metrics_config.py as a module (the one chart -> pipeline config translation)."""
+    name = "llmop_metrics_config"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, METRICS_CONFIG_PY)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
