@@ -6,7 +6,7 @@ independent may not import each other even within a layer. Imports inside functi
 (a lazy import is still a dependency). A new violation fails `make test`.
 
 Operator: api < planner < foundation < sizing | render < desired < status | plan | events
-          < config | kube | metrics < reconcile < handlers | main < cli
+          | preflight < config | kube | metrics | hub < reconcile < handlers | main < cli
 Engine:   contract < vllm_metrics | simulator | harness < health | settings | download_progress
           < supervisor | engine_client | agent_metrics | probe_server | drain | download < agent
           < cli
@@ -38,8 +38,8 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("llmop.sizing", "llmop.render"),
     ("llmop.desired",),
-    ("llmop.status", "llmop.plan", "llmop.events"),
-    ("llmop.config", "llmop.kube", "llmop.metrics"),
+    ("llmop.status", "llmop.plan", "llmop.events", "llmop.preflight"),
+    ("llmop.config", "llmop.kube", "llmop.metrics", "llmop.hub"),
     ("llmop.reconcile",),
     ("llmop.handlers", "llmop.main"),
     ("llmop.cli",),
