@@ -47,7 +47,7 @@ def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     settings.execution.default_backoff = config.retry_delay_seconds
     settings.watching.chunk_size = WATCH_CHUNK_SIZE
     selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
-    for kind in (*kinds.WATCHED, *kinds.OBSERVED):
+    for kind in (*kinds.WATCHED, *kinds.OBSERVED, kinds.JOB):
         # Without this, kopf would receive every Deployment/Service/Pod in the cluster and
         # filter them client-side.
         settings.watching.label_selectors[kind.api_version, kind.plural] = selector
