@@ -91,6 +91,8 @@ def suggested_size(total_bytes: int) -> str:
 
 
 def _gib(value: float) -> str:
+    if value < GIB:
+        return f"{value / 2**20:.1f} MiB"
     return f"{value / GIB:.2f} GiB"
 
 
