@@ -25,6 +25,7 @@ from llmop.settings import RenderSettings
 from llmop_engine import contract
 
 DOWNLOAD_CONTAINER = "download"
+DOWNLOAD_APP_NAME = "llmop-model-download"
 DOWNLOAD_DEADLINE_SECONDS = 6 * 3600
 """The downloader's own deadline: 6 h moves 1 TiB at 50 MB/s; a stuck download fails visibly."""
 JOB_DEADLINE_MARGIN_SECONDS = 600
@@ -62,6 +63,18 @@ def render_pvc(llmd: LLMDeployment) -> dict[str, Any] | None:
     metadata = child_metadata(llmd)
     metadata["name"] = cache_claim(llmd)
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": spec}
+
+
+def download_labels(llmd: LLMDeployment) -> dict[str, str]:
+    """Labels of the Job and its pod: ours (the Job watch filters on managed-by) but never the
+    engine's selector labels, so the Service never routes API traffic to the downloader and
+    the engine-pod watch never mistakes it for a replica."""
+    return {
+        names.LABEL_NAME: DOWNLOAD_APP_NAME,
+        names.LABEL_INSTANCE: llmd.metadata.name,
+        names.LABEL_MANAGED_BY: names.MANAGED_BY,
+        names.LABEL_COMPONENT: "model-download",
+    }
 
 
 def download_job_name(llmd: LLMDeployment, revision: str) -> str:
@@ -116,7 +129,7 @@ def render_download_job(
     }
     metadata = child_metadata(llmd)
     metadata["name"] = download_job_name(llmd, revision)
-    labels = {**metadata["labels"], names.LABEL_COMPONENT: "model-download"}
+    labels = download_labels(llmd)
     metadata["labels"] = labels
     return {
         "apiVersion": kinds.JOB.api_version,
