@@ -136,3 +136,44 @@ def test_without_a_cache_nothing_changes() -> None:
     assert volume == {"name": names.MODEL_CACHE_VOLUME, "emptyDir": {}}
     env = {e["name"] for e in pod["containers"][0]["env"]}
     assert "HF_HUB_OFFLINE" not in env
+
+
+GIB = 1024**3
+
+
+def test_download_status_while_running_shows_bytes_rate_and_eta() -> None:
+    progress = {
+        "phase": "downloading",
+        "bytesDone": 3 * GIB,
+        "bytesTotal": 16 * GIB,
+        "rateBytesPerSecond": 100 * 2**20,
+        "etaSeconds": 133,
+        "message": "commit abc",
+    }
+    status = model_cache.download_status("Downloading", "", progress, 16 * GIB)
+    assert status.phase == "Downloading"
+    assert (status.bytes_done, status.bytes_total) == (3 * GIB, 16 * GIB)
+    assert status.rate_bytes_per_second == 100 * 2**20
+    assert status.eta_seconds == 133
+    assert status.summary == "Downloading 3.00 GiB/16.00 GiB 100.0 MiB/s ETA 2m13s"
+
+
+def test_download_status_retrying_names_why() -> None:
+    progress = {"phase": "retrying", "bytesDone": 0, "bytesTotal": GIB, "message": "ConnectError"}
+    status = model_cache.download_status("Downloading", "", progress, GIB)
+    assert status.phase == "Retrying"
+    assert status.message == "ConnectError"
+
+
+@pytest.mark.parametrize(
+    ("phase", "summary", "done"),
+    [
+        ("Pending", "Pending 0.0 MiB/1.00 GiB", None),
+        ("Complete", "Complete 1.00 GiB/1.00 GiB", GIB),
+    ],
+)
+def test_download_status_without_progress(phase: str, summary: str, done: int | None) -> None:
+    status = model_cache.download_status(phase, "", None, GIB)  # type: ignore[arg-type]
+    assert status.summary == summary
+    assert status.bytes_done == done
+    assert status.eta_seconds is None

@@ -30,11 +30,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llmop import conditions, events, hub, kinds, names, preflight
+from llmop import conditions, engine_client, events, hub, kinds, names, preflight
 from llmop.api.v1alpha1 import (
     GROUP,
     KIND,
-    DownloadStatus,
     LLMDeployment,
     LLMDeploymentStatus,
     ModelStatus,
@@ -119,6 +118,8 @@ class _ModelGate:
     generation: int | None
     verdict: preflight.Verdict
     status: ModelStatus
+    applied: bool = False
+    """The claim and the Job were applied for this generation (re-applied if the Job goes)."""
     desired: DesiredState | None = None
     """Set once the cache holds the commit: what the engine children are planned from."""
 
@@ -146,6 +147,8 @@ class Context:
     """(uid, generation) each parent's children were last fully applied for, by this process."""
     _gates: dict[tuple[str, str], _ModelGate] = field(default_factory=dict)
     """The model pre-flight of each parent with spec.model.cache, once per generation."""
+    downloading: set[tuple[str, str]] = field(default_factory=set)
+    """Parents whose download Job runs: `poll_downloads` refreshes their progress."""
 
     def __post_init__(self) -> None:
         self.render_settings = self.config.render_settings()
@@ -156,6 +159,7 @@ class Context:
         self._written.pop((namespace, name), None)
         self._applied.pop((namespace, name), None)
         self._gates.pop((namespace, name), None)
+        self.downloading.discard((namespace, name))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -385,6 +389,9 @@ def _guarded(ctx: Context, body: Mapping[str, Any], run: Callable[[], str]) -> s
 # The model cache gate: pre-flight, claim, download Job — before any engine pod
 
 
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+"""Set by the Job controller on the Job's pods."""
+TRIGGER_DOWNLOAD = "download"
 REASON_CACHE_CLAIM_NOT_FOUND = "CacheClaimNotFound"
 REASON_MODEL_DOWNLOAD_FAILED = "ModelDownloadFailed"
 REASON_TOKEN_SECRET_NOT_FOUND = "TokenSecretNotFound"
@@ -468,11 +475,19 @@ def _preflight(ctx: Context, body: Mapping[str, Any], llmd: LLMDeployment) -> _M
     return gate
 
 
-def _download_summary(done: int | None, total: int | None, phase: str) -> str:
-    if total is None:
-        return phase
-    gib = 1024**3
-    return f"{phase} {(done or 0) / gib:.2f}/{total / gib:.2f} GiB"
+def _download_progress(ctx: Context, namespace: str, job_name: str) -> Any:
+    """The running download pod's own progress report, if it can be read."""
+    pods = ctx.kube.list(
+        kinds.POD.api_version,
+        kinds.POD.kind,
+        namespace,
+        label_selector=f"{JOB_NAME_LABEL}={job_name}",
+    )
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") == "Running" and status.get("podIP"):
+            return engine_client.read_progress(status["podIP"])
+    return None
 
 
 def _model_gate(ctx: Context, body: Mapping[str, Any], parsed: _Parsed) -> DesiredState | str:
@@ -491,32 +506,35 @@ def _model_gate(ctx: Context, body: Mapping[str, Any], parsed: _Parsed) -> Desir
             ctx, body, Problem(verdict.reason or conditions.REASON_STALLED, verdict.message)
         )
     sha = verdict.resolved_revision
-    reference = owner_reference(body)
-    manifests = [model_cache.render_pvc(llmd)]
-    manifests.append(model_cache.render_download_job(llmd, ctx.render_settings, revision=sha))
-    try:
-        for manifest in manifests:
-            if manifest is not None:
-                ctx.kube.apply(
-                    with_owner(manifest, reference),
-                    field_manager=names.FIELD_MANAGER,
-                    want_result=False,
-                )
-    except RejectedError as error:
-        return _stalled(ctx, body, Problem(conditions.REASON_CHILD_REJECTED, str(error)))
     job_name = model_cache.download_job_name(llmd, sha)
     job = ctx.kube.read(kinds.JOB.api_version, kinds.JOB.kind, key[0], job_name)
+    if job is None or not gate.applied:
+        reference = owner_reference(body)
+        manifests = [
+            model_cache.render_pvc(llmd),
+            model_cache.render_download_job(llmd, ctx.render_settings, revision=sha),
+        ]
+        try:
+            for manifest in manifests:
+                if manifest is not None:
+                    ctx.kube.apply(
+                        with_owner(manifest, reference),
+                        field_manager=names.FIELD_MANAGER,
+                        want_result=False,
+                    )
+        except RejectedError as error:
+            return _stalled(ctx, body, Problem(conditions.REASON_CHILD_REJECTED, str(error)))
+        gate.applied = True
+        job = ctx.kube.read(kinds.JOB.api_version, kinds.JOB.kind, key[0], job_name)
     phase, message = model_cache.download_phase(job)
-    done = verdict.total_bytes if phase == "Complete" else None
+    progress = _download_progress(ctx, key[0], job_name) if phase == "Downloading" else None
+    if phase == "Downloading":
+        ctx.downloading.add(key)
+    else:
+        ctx.downloading.discard(key)
     gate.status = gate.status.model_copy(
         update={
-            "download": DownloadStatus(
-                phase=phase,
-                bytes_done=done,
-                bytes_total=verdict.total_bytes,
-                summary=_download_summary(done, verdict.total_bytes, phase),
-                message=message or None,
-            )
+            "download": model_cache.download_status(phase, message, progress, verdict.total_bytes)
         }
     )
     if phase == "Failed":
@@ -704,3 +722,17 @@ def refresh_from_job(ctx: Context, event_type: str | None, job: Mapping[str, Any
     if body is None or body["metadata"].get("uid") != owner.uid:
         return RESULT_SKIPPED
     return reconcile_parent(ctx, body, trigger=TRIGGER_CHILD)
+
+
+def poll_downloads(ctx: Context) -> None:
+    """Refresh the status of every parent whose download runs (progress, rate, ETA): the Job
+    emits no event while bytes flow. Called every few seconds by the operator's poller."""
+    for namespace, name in sorted(ctx.downloading.copy()):  # copy: handlers add meanwhile
+        body = _cached_parent(ctx, namespace, name)
+        if body is None:
+            ctx.downloading.discard((namespace, name))
+            continue
+        try:
+            reconcile_parent(ctx, body, trigger=TRIGGER_DOWNLOAD)
+        except KubeError as error:
+            log.warning("download progress of %s/%s: %s", namespace, name, error)

@@ -15,10 +15,11 @@ into the same cache (files shared between commits are not fetched again).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from llmop import kinds, names
-from llmop.api.v1alpha1 import LLMDeployment, ModelCacheSpec
+from llmop.api.v1alpha1 import DownloadStatus, LLMDeployment, ModelCacheSpec
 from llmop.cpu import cpu_engine
 from llmop.render.metadata import child_metadata
 from llmop.settings import RenderSettings
@@ -204,3 +205,57 @@ def download_phase(job: dict[str, Any] | None) -> tuple[DownloadPhase, str]:
     if status.get("failed"):
         return "Downloading", f"retrying after {status['failed']} failed pod(s)"
     return "Pending", "waiting for the download pod to start"
+
+
+def _size(value: float) -> str:
+    gib = 1024**3
+    return f"{value / gib:.2f} GiB" if value >= gib else f"{value / 2**20:.1f} MiB"
+
+
+def _duration(seconds: int) -> str:
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and value >= 0 else None
+
+
+def download_status(
+    phase: DownloadPhase,
+    message: str,
+    progress: Mapping[str, Any] | None,
+    total: int | None,
+) -> DownloadStatus:
+    """status.model.download from the Job's phase and, while it runs, the downloader's own
+    progress (`GET /progress`); the summary is what `kubectl get -o wide` prints."""
+    done = total if phase == "Complete" else None
+    rate = eta = None
+    shown: str = phase
+    if progress is not None and phase == "Downloading":
+        done = _int(progress.get("bytesDone"))
+        rate = _int(progress.get("rateBytesPerSecond"))
+        eta = _int(progress.get("etaSeconds"))
+        total = _int(progress.get("bytesTotal")) or total
+        if progress.get("phase") == "retrying":
+            shown = "Retrying"
+        message = str(progress.get("message") or message)
+    parts = [shown]
+    if total:
+        parts.append(f"{_size(done or 0)}/{_size(total)}")
+    if rate:
+        parts.append(f"{_size(rate)}/s")
+    if eta is not None and phase == "Downloading":
+        parts.append(f"ETA {_duration(eta)}")
+    return DownloadStatus(
+        phase="Retrying" if shown == "Retrying" else phase,
+        bytes_done=done,
+        bytes_total=total,
+        rate_bytes_per_second=rate,
+        eta_seconds=eta if phase == "Downloading" else None,
+        summary=" ".join(parts),
+        message=message or None,
+    )
