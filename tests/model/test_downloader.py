@@ -198,3 +198,34 @@ def test_deadline_stops_a_slow_download(hub: HubStandin, tmp_path: Path) -> None
     final = progress(tmp_path)
     assert final["phase"] == "failed"
     assert "deadline" in str(final["message"])
+
+
+def test_operator_reads_progress_from_the_running_downloader(
+    hub: HubStandin, tmp_path: Path
+) -> None:
+    """The operator's read path (`llmop.engine_client`) against the downloader's real
+    `GET /progress`, turned into status.model.download."""
+    from llmop import engine_client
+    from llmop.render import model_cache
+
+    port = free_port()
+    proc = downloader(hub.url, tmp_path, "--model", "acme/tiny", "--progress-port", str(port))
+    try:
+        total = hub.repos["acme/tiny"].total_bytes
+        deadline = time.monotonic() + 30
+        seen = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            report = engine_client.read_progress("127.0.0.1", port, timeout=1)
+            if report and report.get("phase") == "downloading" and report.get("bytesDone"):
+                seen = report
+                break
+            time.sleep(0.1)
+        assert seen is not None, "no in-flight progress served"
+        status = model_cache.download_status("Downloading", "", seen, total)
+        assert status.bytes_total == total
+        assert 0 < (status.bytes_done or 0) <= total
+        assert status.summary is not None
+        assert status.summary.startswith("Downloading ")
+    finally:
+        assert proc.wait(60) == 0
+    assert engine_client.read_progress("127.0.0.1", port, timeout=1) is None  # gone: None
