@@ -186,7 +186,12 @@ join_real_node() {
   fi
   "$NODE_SH" up "$NAME" "$WORK" || {
     log "real node: failed to join (see the lines above)"
-    "$NODE_SH" down || true
+    # Clean up only a node this cluster owns or half-made: when `up` refused because another
+    # cluster holds the real node, `down` would tear that cluster's node out from under it.
+    owner="$(cat /run/llmop-node/owner 2>/dev/null || true)"
+    if [[ -z "$owner" || "$owner" == "$NAME" ]]; then
+      "$NODE_SH" down || true
+    fi
     return 1
   }
 }
