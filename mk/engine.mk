@@ -6,6 +6,10 @@
 bench-engine: install ## Drain loss with/without the agent, probe overhead, agent CPU/RSS (table).
 	$(PY) bench/engine_bench.py
 
+.PHONY: bench-download
+bench-download: install ## Model download vs raw copy against the local hub stand-in (table).
+	$(PY) bench/download_bench.py
+
 .PHONY: engine-test
 engine-test: install ## Engine tests only: agent + simulator as real processes (~3 min).
 	$(BIN)/pytest tests/engine tests/unit/test_engine_*.py -q -m "not vllm"
@@ -14,4 +18,4 @@ engine-test: install ## Engine tests only: agent + simulator as real processes (
 sim: install ## Run agent + simulator locally (API :8000, probes :8081).
 	LLMOP_AGENT_SOCKET=/tmp/llmop-agent-dev.sock $(BIN)/llmop-engine run --backend simulator
 
-bench: bench-engine
+bench: bench-engine bench-download

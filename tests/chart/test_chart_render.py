@@ -297,6 +297,9 @@ def test_rbac_grants_exactly_what_the_operator_uses() -> None:
         expected_app[(kind.group, kind.plural)] = set(kind.verbs())
     for observed in registry.OBSERVED:  # watched only: the engine pods
         expected_app[(observed.group, observed.plural)] = {"list", "watch"}
+    for cache_kind in registry.MODEL_CACHE:  # the model cache's claim and download Job
+        expected_app[(cache_kind.group, cache_kind.plural)] = set(cache_kind.verbs())
+    expected_app[(registry.SECRET.group, registry.SECRET.plural)] = {"get"}  # the Hub token
     assert app == expected_app
     assert framework == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
     assert ("monitoring.coreos.com", "servicemonitors") not in _grants(

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from support.cluster import create_namespace, start_cluster, stop_cluster
+from support.hub_standin import HubRepo, HubStandin, synthetic_model
 from support.operator import (
     REPO_ROOT,
     Kit,
@@ -39,6 +40,31 @@ E2E_IMAGES = ("pause", "engine-sim")
 
 _skipped_because: list[str] = []
 
+HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+"""The model the e2e specs name; the hub stand-in serves it (spec.model.cache downloads it)."""
+HUB_RATE_BYTES_PER_S = 8 << 20
+"""Throttle per file body, so a download lasts long enough to watch its progress."""
+
+
+def host_address() -> str:
+    """This machine's primary address: pods on the real node reach the host through it."""
+    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True)
+    return out.stdout.split()[0]
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandin]:
+    """The model hub stand-in on all addresses: the operator's pre-flight and the download
+    pods on the real node both talk to it (no internet in the test)."""
+    model = synthetic_model(tmp_path_factory.mktemp("hub-model"), 160 << 20, shards=2)
+    standin = HubStandin(
+        [HubRepo(HUB_MODEL, model)],
+        rate_bytes_per_s=HUB_RATE_BYTES_PER_S,
+        host="0.0.0.0",
+    )
+    with standin:
+        yield standin
+
 
 def _build_images() -> None:
     # In the open (stderr inherited), so a cold build's progress shows in the CI log.
@@ -53,7 +79,9 @@ def _build_images() -> None:
 
 
 @pytest.fixture(scope="session")
-def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+def real_cluster(
+    tmp_path_factory: pytest.TempPathFactory, hub: HubStandin
+) -> Iterator[RealCluster]:
     """A private cluster with the real node joined, the CRD installed and the operator running."""
     why = real_node_unavailable()
     if why is not None:
@@ -75,8 +103,11 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
         cluster = start_cluster(name, owner_pid=os.getpid(), real_node="on")
         install_crd(cluster)
         kubeconfig = operator_kubeconfig_for(cluster, tmp_path_factory.mktemp("e2e-operator"))
+        port = hub.server.server_address[1]
         operator = OperatorProcess(
-            kubeconfig, tmp_path_factory.mktemp("e2e-operator-log") / "operator.log"
+            kubeconfig,
+            tmp_path_factory.mktemp("e2e-operator-log") / "operator.log",
+            extra_env={"LLMOP_HUB_ENDPOINT": f"http://{host_address()}:{port}"},
         )
         operator.start()
         yield RealCluster(cluster=cluster, operator=operator, kit=Kit(cluster))

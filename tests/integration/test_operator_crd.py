@@ -133,8 +133,61 @@ CASES: list[tuple[str, Mutation, str, str]] = [
         "exceeds spec.model.architecture.maxPositionEmbeddings",
         "spec.engine.maxModelLen",
     ),
+    (
+        "cache-exactly-one-source",
+        _set("spec.model.cache", {"size": "1Gi", "existingClaim": "weights"}),
+        "needs exactly one of size",
+        "spec.model.cache",
+    ),
+    (
+        "cache-existing-claim-without-class",
+        _set("spec.model.cache", {"existingClaim": "weights", "storageClassName": "fast"}),
+        "only apply to a claim the operator creates",
+        "spec.model.cache.existingClaim",
+    ),
+    (
+        "cache-not-for-pvc-models",
+        _all(
+            _set("spec.model.name", "pvc://weights/llama"),
+            _set("spec.model.cache", {"size": "1Gi"}),
+        ),
+        "a pvc:// model is already on a volume",
+        "spec.model.cache",
+    ),
+    (
+        "cache-size-is-a-quantity",
+        _set("spec.model.cache", {"size": "lots"}),
+        "spec.model.cache.size",
+        "spec.model.cache.size",
+    ),
     ("name-length", _set("metadata.name", "a" * 51), "at most 50 characters", "metadata.name"),
     ("name-dns-label", _set("metadata.name", "x.y"), "must start with a letter", "metadata.name"),
+]
+
+
+# Transition rules (updates): (id, cache before, cache after, message part, field).
+TRANSITIONS: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
+    (
+        "cache-class-immutable",
+        {"size": "1Gi", "storageClassName": "slow"},
+        {"size": "1Gi", "storageClassName": "fast"},
+        "storageClassName is immutable",
+        "spec.model.cache.storageClassName",
+    ),
+    (
+        "cache-class-cannot-be-added",
+        {"size": "1Gi"},
+        {"size": "1Gi", "storageClassName": "fast"},
+        "storageClassName is immutable",
+        "spec.model.cache.storageClassName",
+    ),
+    (
+        "cache-access-modes-immutable",
+        {"size": "1Gi"},
+        {"size": "1Gi", "accessModes": ["ReadWriteMany"]},
+        "accessModes is immutable",
+        "spec.model.cache.accessModes",
+    ),
 ]
 
 
@@ -152,7 +205,8 @@ def test_every_cel_rule_has_a_rejection_case() -> None:
     crd = yaml.safe_load(CRD_PATH.read_text())
     messages = [rule["message"] for rule in _rules(crd)]
     assert messages, "the CRD has no CEL rules"
-    uncovered = [m for m in messages if not any(case[2] in m for case in CASES)]
+    parts = [case[2] for case in CASES] + [t[3] for t in TRANSITIONS]
+    uncovered = [m for m in messages if not any(part in m for part in parts)]
     assert uncovered == []
 
 
@@ -182,3 +236,30 @@ def test_invalid_object_is_rejected_naming_the_field(
     assert result.returncode != 0, f"accepted: {json.dumps(obj)}"
     assert message in result.stderr
     assert field in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "message", "field"),
+    [t[1:] for t in TRANSITIONS],
+    ids=[t[0] for t in TRANSITIONS],
+)
+def test_immutable_cache_fields_are_rejected_on_update(
+    llmop_crd: Cluster, before: dict[str, Any], after: dict[str, Any], message: str, field: str
+) -> None:
+    obj = copy.deepcopy(valid())
+    obj["metadata"]["name"] = "cel-transition"
+    obj["spec"]["model"]["cache"] = before
+    llmop_crd.kubectl("create", "-f", "-", input=json.dumps(obj))
+    try:
+        obj["spec"]["model"]["cache"] = after
+        result = llmop_crd.kubectl(
+            "replace", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False
+        )
+        assert result.returncode != 0, f"accepted: {after}"
+        assert message in result.stderr
+        assert field in result.stderr
+        # Switching to a claim of your own is a new cache, so it is allowed.
+        obj["spec"]["model"]["cache"] = {"existingClaim": "weights"}
+        llmop_crd.kubectl("replace", "--dry-run=server", "-f", "-", input=json.dumps(obj))
+    finally:
+        llmop_crd.kubectl("delete", "llmd", "cel-transition", "-n", "default", "--wait=false")

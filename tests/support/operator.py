@@ -56,9 +56,12 @@ def conditions(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
 class OperatorProcess:
     """`llmop run` as a subprocess with its own liveness/metrics ports and a log file."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, log_path: Path, extra_env: dict[str, str] | None = None
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
+        self.extra_env = dict(extra_env or {})
         self.liveness_port = free_port()
         self.metrics_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -73,6 +76,7 @@ class OperatorProcess:
             LLMOP_BIND_ADDRESS="127.0.0.1",
             LLMOP_LOG_FORMAT="text",
             LLMOP_RETRY_DELAY_SECONDS="2",
+            **self.extra_env,
         )
         command = [*llmop_executable(), "run"]
         with self.log_path.open("ab") as log:

@@ -14,6 +14,8 @@ OWNERS = {
     "httpx": {"engine_client.py"},
     "prometheus_client": {"metrics.py"},
     "kopf": {"handlers.py", "main.py"},
+    "huggingface_hub": {"hub.py"},
+    "httpx2": {"hub.py"},  # huggingface_hub's HTTP client: its transport errors
 }
 PURE = (
     "api/",
@@ -30,6 +32,7 @@ PURE = (
     "plan.py",
     "events.py",
     "crdgen.py",
+    "preflight.py",
 )
 IMPURE_STDLIB = {"os", "time", "socket", "subprocess", "threading", "asyncio", "random"}
 

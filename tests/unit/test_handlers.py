@@ -24,7 +24,7 @@ def test_nothing_would_make_kopf_add_a_finalizer() -> None:
 
 def test_children_are_watched_with_low_level_handlers_only() -> None:
     ids = {getattr(h, "id", None) for h in _handlers("_watching")}
-    assert ids == {"count-llmdeployments", handlers.POD_HANDLER_ID} | {
+    assert ids == {"count-llmdeployments", handlers.POD_HANDLER_ID, handlers.JOB_HANDLER_ID} | {
         f"child-{k.plural}" for k in kinds.WATCHED
     }
 
@@ -54,6 +54,7 @@ def test_settings_use_our_prefixes_and_server_side_label_filters() -> None:
         ("", "v1", "services"): "app.kubernetes.io/managed-by=llmop",
         ("autoscaling", "v2", "horizontalpodautoscalers"): "app.kubernetes.io/managed-by=llmop",
         ("policy", "v1", "poddisruptionbudgets"): "app.kubernetes.io/managed-by=llmop",
+        ("batch", "v1", "jobs"): "app.kubernetes.io/managed-by=llmop",
     }
 
 

@@ -6,9 +6,11 @@ independent may not import each other even within a layer. Imports inside functi
 (a lazy import is still a dependency). A new violation fails `make test`.
 
 Operator: api < planner < foundation < sizing | render < desired < status | plan | events
-          < config | kube | metrics < reconcile < handlers | main < cli
-Engine:   contract < vllm_metrics | simulator | harness < health | settings
-          < supervisor | engine_client | agent_metrics | probe_server | drain < agent < cli
+          | preflight < config | kube | metrics | hub | engine_client < reconcile < handlers
+          | main < cli
+Engine:   contract < vllm_metrics | simulator | harness < health | settings | download_progress
+          < supervisor | engine_client | agent_metrics | probe_server | drain | download < agent
+          < cli
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("llmop.sizing", "llmop.render"),
     ("llmop.desired",),
-    ("llmop.status", "llmop.plan", "llmop.events"),
-    ("llmop.config", "llmop.kube", "llmop.metrics"),
+    ("llmop.status", "llmop.plan", "llmop.events", "llmop.preflight"),
+    ("llmop.config", "llmop.kube", "llmop.metrics", "llmop.hub", "llmop.engine_client"),
     ("llmop.reconcile",),
     ("llmop.handlers", "llmop.main"),
     ("llmop.cli",),
@@ -54,13 +56,14 @@ OPERATOR_INDEPENDENT = (
 ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("llmop_engine.contract",),
     ("llmop_engine.vllm_metrics", "llmop_engine.simulator", "llmop_engine.harness"),
-    ("llmop_engine.health", "llmop_engine.settings"),
+    ("llmop_engine.health", "llmop_engine.settings", "llmop_engine.download_progress"),
     (
         "llmop_engine.supervisor",
         "llmop_engine.engine_client",
         "llmop_engine.agent_metrics",
         "llmop_engine.probe_server",
         "llmop_engine.drain",
+        "llmop_engine.download",
     ),
     ("llmop_engine.agent",),
     ("llmop_engine.cli", "llmop_engine.__main__"),

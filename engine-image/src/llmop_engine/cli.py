@@ -4,6 +4,8 @@
   is PID 1: it launches the engine, serves probes, drains on SIGTERM, exits with the engine's code.
 - `drain` is the preStop hook: asks the agent over its unix socket to drain, waits for it.
 - `simulate [<model>] [vLLM flags] [--sim-* flags]` runs the vLLM simulator in the foreground.
+- `download --model org/name [--revision sha] [--hf-home /models]` fills a model cache from the
+  Hugging Face Hub (the operator's download Job; see `download.py`).
 """
 
 from __future__ import annotations
@@ -63,9 +65,16 @@ def _simulate(argv: Sequence[str]) -> int:
     return server.run(config.parse(argv))
 
 
+def _download(argv: Sequence[str]) -> int:
+    from llmop_engine import download
+
+    _setup_logging("download")
+    return download.main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = {"run": _run, "drain": _drain, "simulate": _simulate}
+    commands = {"run": _run, "drain": _drain, "simulate": _simulate, "download": _download}
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if args else 2
@@ -75,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = commands.get(args[0])
     if command is None:
         print(
-            f"llmop-engine: unknown command {args[0]!r}; one of run, drain, simulate",
+            f"llmop-engine: unknown command {args[0]!r}; one of run, drain, simulate, download",
             file=sys.stderr,
         )
         return 2

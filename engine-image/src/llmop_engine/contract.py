@@ -83,6 +83,8 @@ class Env:
     """vLLM's own variable; the agent reads it for its deep probes."""
     HF_TOKEN: Final = "HF_TOKEN"
     HF_HOME: Final = "HF_HOME"
+    HF_HUB_OFFLINE: Final = "HF_HUB_OFFLINE"
+    """`huggingface_hub` (and so vLLM) reads only its local cache: set with a model cache."""
     VLLM_CPU_KVCACHE_SPACE: Final = "VLLM_CPU_KVCACHE_SPACE"
     """vLLM's CPU build: GiB of host memory for the KV cache (the renderer sets it when
     `resources.gpus` is 0; the planner checks it against the pod's memory)."""

@@ -56,6 +56,8 @@ class OperatorConfig:
     """Pull policy of engine containers."""
     gpu_resource_name: str = DEFAULT_GPU_RESOURCE_NAME
     """GPU extended resource requested for LLMDeployments that name none."""
+    hub_endpoint: str | None = None
+    """Model hub base URL for the model pre-flight and download Jobs (None: huggingface.co)."""
     max_workers: int = 16
     """Threads running the synchronous handlers."""
     retry_delay_seconds: float = 10.0
@@ -81,6 +83,7 @@ class OperatorConfig:
             service_monitor=self.service_monitor,
             image_pull_policy=self.image_pull_policy,
             gpu_resource_name=self.gpu_resource_name,
+            hub_endpoint=self.hub_endpoint,
         )
 
 
@@ -169,6 +172,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="GPU extended resource for LLMDeployments that set no resources.gpuResourceName",
     )
     parser.add_argument(
+        "--hub-endpoint",
+        default=default("HUB_ENDPOINT", "") or None,
+        help="model hub base URL (HF_ENDPOINT) for pre-flight checks and download Jobs "
+        "[default: the public Hugging Face Hub]",
+    )
+    parser.add_argument(
         "--max-workers", type=int, default=int(default("MAX_WORKERS", str(defaults.max_workers)))
     )
     parser.add_argument(
@@ -224,6 +233,7 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
         service_monitor=args.service_monitor,
         image_pull_policy=args.image_pull_policy,
         gpu_resource_name=args.gpu_resource_name,
+        hub_endpoint=args.hub_endpoint,
         max_workers=args.max_workers,
         retry_delay_seconds=args.retry_delay_seconds,
         request_timeout_seconds=args.request_timeout_seconds,

@@ -35,8 +35,15 @@ class DesiredState:
         return value if isinstance(value, str) else None
 
 
-def desired_state(llmd: LLMDeployment, settings: RenderSettings) -> DesiredState:
-    """Plan, then render unless the plan says it cannot fit."""
+def desired_state(
+    llmd: LLMDeployment, settings: RenderSettings, *, resolved_revision: str | None = None
+) -> DesiredState:
+    """Plan, then render unless the plan says it cannot fit. `resolved_revision` (the commit
+    the model pre-flight resolved) replaces spec.model.revision in what is rendered, so engine
+    pods serve exactly the commit the cache holds."""
+    if resolved_revision is not None:
+        model = llmd.spec.model.model_copy(update={"revision": resolved_revision})
+        llmd = llmd.model_copy(update={"spec": llmd.spec.model_copy(update={"model": model})})
     sizing = plan_for(llmd.spec)
     children = None
     if sizing.fits is not False:

@@ -31,6 +31,7 @@ from llmop.reconcile import (
     controller_owner,
     reconcile_parent,
     refresh_from_child,
+    refresh_from_job,
     refresh_from_pod,
 )
 
@@ -40,9 +41,11 @@ COUNT_HANDLER_ID = "count-llmdeployments"
 PARENT_INDEX = "llmdeployments-cache"
 POD_INDEX = "pods-cache"
 POD_HANDLER_ID = "engine-pods"
+JOB_HANDLER_ID = "model-download-jobs"
 WATCH_HANDLER_IDS = (
     COUNT_HANDLER_ID,
     POD_HANDLER_ID,
+    JOB_HANDLER_ID,
     *(f"child-{kind.plural}" for kind in kinds.WATCHED),
 )
 """Low-level handlers: they run on every watch event."""
@@ -97,6 +100,15 @@ for _kind in kinds.WATCHED:
     kopf.index(_kind.api_version, _kind.plural, labels=MANAGED_LABELS, id=_index_id(_kind))(
         _index_child
     )
+
+
+@kopf.on.event(kinds.JOB.api_version, kinds.JOB.plural, labels=MANAGED_LABELS, id=JOB_HANDLER_ID)
+def job_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
+    """A model download Job changed: a finished download lets the engine pods be created."""
+    try:
+        refresh_from_job(_context(memo, kwargs), type, dict(body))
+    except KubeError as error:
+        logger.warning(f"Could not process a Job event: {error}")
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")

@@ -61,6 +61,12 @@ SERVICE_MONITOR = ChildKind(
     "monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", watched=False
 )
 
+PVC = ChildKind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", watched=False, read=True)
+"""The model cache claim (spec.model.cache): applied when the operator creates it, read for the
+capacity of an existing one."""
+JOB = ChildKind("batch/v1", "Job", "jobs", read=True)
+"""The model download Job: watched, so its completion starts the engine pods at once."""
+
 CHILDREN: tuple[ChildKind, ...] = (SERVICE, DEPLOYMENT, PDB, HPA, SERVICE_MONITOR)
 """Every child kind, in apply order (an HPA after its target Deployment)."""
 WATCHED: tuple[ChildKind, ...] = tuple(kind for kind in CHILDREN if kind.watched)
@@ -71,11 +77,19 @@ EVENT = Kind("v1", "Event", "events")
 POD = Kind("v1", "Pod", "pods")
 NAMESPACE = Kind("v1", "Namespace", "namespaces")
 
+MODEL_CACHE: tuple[ChildKind, ...] = (PVC, JOB)
+"""Children of the model cache, applied by the pre-flight gate before the engine children (not
+part of `CHILDREN`, whose plan only runs once the cache is filled)."""
+SECRET = Kind("v1", "Secret", "secrets")
+"""Read only: the token of spec.model.tokenSecretRef, for the pre-flight access check."""
+
 OBSERVED: tuple[Kind, ...] = (POD,)
 """Kinds the operator only watches (label-filtered, list + watch): the engine pods, whose
 problems the status names."""
 
-_BY_KIND = {k.kind: k for k in (*CHILDREN, LLMDEPLOYMENT, EVENT, POD, NAMESPACE)}
+_BY_KIND = {
+    k.kind: k for k in (*CHILDREN, *MODEL_CACHE, LLMDEPLOYMENT, EVENT, POD, NAMESPACE, SECRET)
+}
 
 
 def child(kind: str) -> ChildKind | None:

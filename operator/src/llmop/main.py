@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,10 @@ from llmop import handlers, kinds, names
 from llmop.config import ConfigError, OperatorConfig, load
 from llmop.kube import Kube, KubeError
 from llmop.metrics import Metrics
-from llmop.reconcile import Context
+from llmop.reconcile import Context, poll_downloads
+
+DOWNLOAD_POLL_SECONDS = 5.0
+"""How often a running model download's progress is read into the status."""
 
 log = logging.getLogger("llmop.main")
 
@@ -47,7 +51,7 @@ def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     settings.execution.default_backoff = config.retry_delay_seconds
     settings.watching.chunk_size = WATCH_CHUNK_SIZE
     selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
-    for kind in (*kinds.WATCHED, *kinds.OBSERVED):
+    for kind in (*kinds.WATCHED, *kinds.OBSERVED, kinds.JOB):
         # Without this, kopf would receive every Deployment/Service/Pod in the cluster and
         # filter them client-side.
         settings.watching.label_selectors[kind.api_version, kind.plural] = selector
@@ -94,6 +98,15 @@ def _memo(config: OperatorConfig, metrics: Metrics) -> kopf.Memo:
     return kopf.Memo(context=context)
 
 
+def _poll_downloads_until(stop: threading.Event, context: Context) -> None:
+    """A plain thread, not a kopf timer: kopf timers on a resource add a finalizer to it."""
+    while not stop.wait(DOWNLOAD_POLL_SECONDS):
+        try:
+            poll_downloads(context)
+        except Exception:  # a poller that dies would freeze every progress bar
+            log.exception("download progress poll failed")
+
+
 def run(argv: Sequence[str]) -> int:
     """Run the operator until SIGINT/SIGTERM; returns the process exit code."""
     try:
@@ -120,6 +133,11 @@ def run(argv: Sequence[str]) -> int:
         "starting llmop operator",
         extra={"namespaces": list(config.namespaces) or "*", "standalone": config.standalone},
     )
+    stop = threading.Event()
+    poller = threading.Thread(
+        target=_poll_downloads_until, args=(stop, memo.context), name="download-poller", daemon=True
+    )
+    poller.start()
     try:
         asyncio.run(
             kopf.operator(
@@ -134,6 +152,8 @@ def run(argv: Sequence[str]) -> int:
             )
         )
     finally:
+        stop.set()
+        poller.join(timeout=DOWNLOAD_POLL_SECONDS + 1)
         memo.context.kube.close()
         if server is not None:
             server.shutdown()

@@ -19,6 +19,7 @@ Ready=True → False → True whenever the two interleaved.
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,14 +30,22 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llmop import conditions, events, kinds, names
-from llmop.api.v1alpha1 import GROUP, KIND, LLMDeployment
+from llmop import conditions, engine_client, events, hub, kinds, names, preflight
+from llmop.api.v1alpha1 import (
+    GROUP,
+    KIND,
+    LLMDeployment,
+    LLMDeploymentStatus,
+    ModelStatus,
+)
 from llmop.config import OperatorConfig
 from llmop.desired import DesiredState, desired_state
 from llmop.kinds import ChildKind
 from llmop.kube import Kube, KubeError, RejectedError, TerminatingError
 from llmop.metrics import RESULT_ERROR, RESULT_OK, RESULT_SKIPPED, RESULT_STALLED, Metrics
-from llmop.plan import Apply, ChildPlan, Delete, plan_children
+from llmop.plan import Apply, ChildPlan, Delete, owner_reference, plan_children, with_owner
+from llmop.quantity import quantity_value
+from llmop.render import model_cache
 from llmop.settings import RenderSettings
 from llmop.status import (
     Problem,
@@ -101,6 +110,21 @@ class _Parsed:
 
 
 @dataclass
+class _ModelGate:
+    """One generation's model pre-flight verdict, the engine children rendered at the resolved
+    commit, and the latest model status (the download's progress)."""
+
+    uid: str
+    generation: int | None
+    verdict: preflight.Verdict
+    status: ModelStatus
+    applied: bool = False
+    """The claim and the Job were applied for this generation (re-applied if the Job goes)."""
+    desired: DesiredState | None = None
+    """Set once the cache holds the commit: what the engine children are planned from."""
+
+
+@dataclass
 class Context:
     """Everything a reconcile needs, built once at startup (kopf's memo carries it)."""
 
@@ -121,6 +145,10 @@ class Context:
     _written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
     _applied: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
     """(uid, generation) each parent's children were last fully applied for, by this process."""
+    _gates: dict[tuple[str, str], _ModelGate] = field(default_factory=dict)
+    """The model pre-flight of each parent with spec.model.cache, once per generation."""
+    downloading: set[tuple[str, str]] = field(default_factory=set)
+    """Parents whose download Job runs: `poll_downloads` refreshes their progress."""
 
     def __post_init__(self) -> None:
         self.render_settings = self.config.render_settings()
@@ -130,6 +158,8 @@ class Context:
         self._parsed.pop((namespace, name), None)
         self._written.pop((namespace, name), None)
         self._applied.pop((namespace, name), None)
+        self._gates.pop((namespace, name), None)
+        self.downloading.discard((namespace, name))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,6 +271,7 @@ def _apply(ctx: Context, step: Apply) -> None:
 def _write_status(ctx: Context, body: Mapping[str, Any], status: Any) -> None:
     """Write `status` when it differs from the last one, then post transition Events."""
     raw_previous = _previous_status(ctx, body)
+    status = _with_model_status(ctx, body, status, raw_previous)
     patch = status_patch(raw_previous, status)
     if patch is None:
         return
@@ -259,6 +290,20 @@ def _write_status(ctx: Context, body: Mapping[str, Any], status: Any) -> None:
             ctx.kube.create_event(events.render_event(body, spec, now=now, instance=ctx.instance))
         except KubeError as error:
             log.warning("could not post event %s on %s/%s: %s", spec.reason, namespace, name, error)
+
+
+def _with_model_status(
+    ctx: Context, body: Mapping[str, Any], status: LLMDeploymentStatus, raw_previous: Any
+) -> LLMDeploymentStatus:
+    """`status` with status.model: this process's pre-flight, else the stored one (a restarted
+    operator keeps it until its own pre-flight runs)."""
+    gate = ctx._gates.get(_key(body))
+    if gate is not None and gate.uid == body["metadata"].get("uid"):
+        return status.model_copy(update={"model": gate.status})
+    stored = raw_previous.get("model") if isinstance(raw_previous, Mapping) else None
+    if isinstance(stored, Mapping):
+        return status.model_copy(update={"model": ModelStatus.model_validate(stored)})
+    return status
 
 
 def _stalled(ctx: Context, body: Mapping[str, Any], problem: Problem) -> str:
@@ -341,6 +386,189 @@ def _guarded(ctx: Context, body: Mapping[str, Any], run: Callable[[], str]) -> s
 
 
 # ----------------------------------------------------------------------------------------------
+# The model cache gate: pre-flight, claim, download Job — before any engine pod
+
+
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+"""Set by the Job controller on the Job's pods."""
+TRIGGER_DOWNLOAD = "download"
+REASON_CACHE_CLAIM_NOT_FOUND = "CacheClaimNotFound"
+REASON_MODEL_DOWNLOAD_FAILED = "ModelDownloadFailed"
+REASON_TOKEN_SECRET_NOT_FOUND = "TokenSecretNotFound"
+
+
+def _token(ctx: Context, namespace: str, llmd: LLMDeployment) -> str | Problem | None:
+    ref = llmd.spec.model.token_secret_ref
+    if ref is None:
+        return None
+    secret = ctx.kube.read("v1", kinds.SECRET.kind, namespace, ref.name)
+    data = (secret or {}).get("data") or {}
+    if ref.key not in data:
+        return Problem(
+            REASON_TOKEN_SECRET_NOT_FOUND,
+            f"spec.model.tokenSecretRef names key {ref.key!r} of Secret {ref.name!r}, which "
+            "does not exist: create the Secret with that key, or fix tokenSecretRef",
+        )
+    return base64.b64decode(data[ref.key]).decode().strip()
+
+
+def _cache_bytes(ctx: Context, namespace: str, llmd: LLMDeployment) -> float | Problem | None:
+    cache = llmd.spec.model.cache
+    if cache is None:
+        return None
+    if cache.size is not None:
+        return quantity_value(cache.size)
+    claim = ctx.kube.read("v1", kinds.PVC.kind, namespace, cache.existing_claim or "")
+    if claim is None:
+        return Problem(
+            REASON_CACHE_CLAIM_NOT_FOUND,
+            f"spec.model.cache.existingClaim {cache.existing_claim!r} does not exist in "
+            f"namespace {namespace}: create the claim, or set spec.model.cache.size instead",
+        )
+    capacity = ((claim.get("status") or {}).get("capacity") or {}).get("storage") or (
+        ((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}
+    ).get("storage")
+    return None if capacity is None else quantity_value(capacity)
+
+
+def _preflight(ctx: Context, body: Mapping[str, Any], llmd: LLMDeployment) -> _ModelGate:
+    namespace, _ = _key(body)
+    metadata = body["metadata"]
+    model = llmd.spec.model
+    ref = model.token_secret_ref
+    token = _token(ctx, namespace, llmd)
+    cache_bytes = _cache_bytes(ctx, namespace, llmd)
+    problem = next((p for p in (token, cache_bytes) if isinstance(p, Problem)), None)
+    if problem is not None:
+        verdict = preflight.Verdict(ok=False, reason=problem.reason, message=problem.message)
+    else:
+        answer = hub.probe(
+            model.name,
+            model.revision,
+            token=token if isinstance(token, str) else None,
+            endpoint=ctx.render_settings.hub_endpoint,
+        )
+        verdict = preflight.verdict(
+            model=model.name,
+            revision=model.revision,
+            token_secret=None if ref is None else f"{ref.name}/{ref.key}",
+            answer=answer,
+            cache_bytes=cache_bytes if isinstance(cache_bytes, float) else None,
+        )
+        if verdict.retry:
+            raise KubeError(verdict.message)  # the handler retries with backoff
+    status = ModelStatus(
+        resolved_revision=verdict.resolved_revision,
+        floating_revision=verdict.floating if verdict.resolved_revision else None,
+        size_bytes=verdict.total_bytes,
+        cache_claim=model_cache.cache_claim(llmd),
+    )
+    gate = _ModelGate(metadata.get("uid", ""), metadata.get("generation"), verdict, status)
+    if verdict.ok and verdict.floating:
+        spec = events.EventSpec("Warning", preflight.REASON_FLOATING_REVISION, verdict.message)
+        try:
+            ctx.kube.create_event(
+                events.render_event(body, spec, now=ctx.clock(), instance=ctx.instance)
+            )
+        except KubeError as error:
+            log.warning("could not post event %s: %s", spec.reason, error)
+    return gate
+
+
+def _download_progress(ctx: Context, namespace: str, job_name: str) -> Any:
+    """The running download pod's own progress report, if it can be read."""
+    pods = ctx.kube.list(
+        kinds.POD.api_version,
+        kinds.POD.kind,
+        namespace,
+        label_selector=f"{JOB_NAME_LABEL}={job_name}",
+    )
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") == "Running" and status.get("podIP"):
+            return engine_client.read_progress(status["podIP"])
+    return None
+
+
+def _model_gate(ctx: Context, body: Mapping[str, Any], parsed: _Parsed) -> DesiredState | str:
+    """The desired state at the resolved commit once the cache holds it; else the result of
+    stalling (pre-flight refused, download failed) or of waiting for the download."""
+    assert parsed.desired is not None
+    llmd = parsed.desired.llmd
+    key = _key(body)
+    gate = ctx._gates.get(key)
+    if gate is None or (gate.uid, gate.generation) != (parsed.uid, parsed.generation):
+        gate = _preflight(ctx, body, llmd)
+        ctx._gates[key] = gate
+    verdict = gate.verdict
+    if not verdict.ok or verdict.resolved_revision is None:
+        return _stalled(
+            ctx, body, Problem(verdict.reason or conditions.REASON_STALLED, verdict.message)
+        )
+    sha = verdict.resolved_revision
+    job_name = model_cache.download_job_name(llmd, sha)
+    job = ctx.kube.read(kinds.JOB.api_version, kinds.JOB.kind, key[0], job_name)
+    if job is None or not gate.applied:
+        reference = owner_reference(body)
+        manifests = [
+            model_cache.render_pvc(llmd),
+            model_cache.render_download_job(llmd, ctx.render_settings, revision=sha),
+        ]
+        try:
+            for manifest in manifests:
+                if manifest is not None:
+                    ctx.kube.apply(
+                        with_owner(manifest, reference),
+                        field_manager=names.FIELD_MANAGER,
+                        want_result=False,
+                    )
+        except RejectedError as error:
+            return _stalled(ctx, body, Problem(conditions.REASON_CHILD_REJECTED, str(error)))
+        gate.applied = True
+        job = ctx.kube.read(kinds.JOB.api_version, kinds.JOB.kind, key[0], job_name)
+    phase, message = model_cache.download_phase(job)
+    progress = _download_progress(ctx, key[0], job_name) if phase == "Downloading" else None
+    if phase == "Downloading":
+        ctx.downloading.add(key)
+    else:
+        ctx.downloading.discard(key)
+    gate.status = gate.status.model_copy(
+        update={
+            "download": model_cache.download_status(phase, message, progress, verdict.total_bytes)
+        }
+    )
+    if phase == "Failed":
+        return _stalled(
+            ctx,
+            body,
+            Problem(
+                REASON_MODEL_DOWNLOAD_FAILED,
+                f"the download Job {job_name} failed ({message}): see `kubectl logs "
+                f"job/{job_name} -n {key[0]}`; fix the cause, then delete the Job to retry",
+            ),
+        )
+    if phase != "Complete":
+        _write_derived_status(ctx, body, parsed.desired, None)
+        return RESULT_OK
+    if gate.desired is None:
+        gate.desired = desired_state(
+            LLMDeployment.model_validate(body), ctx.render_settings, resolved_revision=sha
+        )
+    return gate.desired
+
+
+def _desired(ctx: Context, body: Mapping[str, Any], parsed: _Parsed) -> DesiredState | None:
+    """What the engine children are planned from: the parsed spec, or for a model cache the
+    gate's (None until this process saw the cache filled: the parent path decides then)."""
+    if parsed.desired is None or parsed.desired.llmd.spec.model.cache is None:
+        return parsed.desired
+    gate = ctx._gates.get(_key(body))
+    if gate is None or (gate.uid, gate.generation) != (parsed.uid, parsed.generation):
+        return None
+    return gate.desired
+
+
+# ----------------------------------------------------------------------------------------------
 # Entry points
 
 
@@ -348,10 +576,16 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
     parsed = _parse(ctx, body)
     if parsed.desired is None:
         return _stalled(ctx, body, Problem(conditions.REASON_INVALID_SPEC, parsed.error or ""))
+    desired = parsed.desired
+    if desired.llmd.spec.model.cache is not None:
+        gated = _model_gate(ctx, body, parsed)
+        if isinstance(gated, str):
+            return gated
+        desired = gated
     namespace, name = _key(body)
     uid = body["metadata"]["uid"]
     live = live_children(ctx, namespace, name, uid)
-    if parsed.desired.llmd.spec.autoscaling is not None:
+    if desired.llmd.spec.autoscaling is not None:
         # The handover decides from who owns spec.replicas right now: read it fresh, since
         # the watch cache may not show our own last apply yet.
         fresh = ctx.kube.read(kinds.DEPLOYMENT.api_version, kinds.DEPLOYMENT.kind, namespace, name)
@@ -359,12 +593,12 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
     # kopf may run the create handler of one generation twice (under load its own annotation
     # patch can arrive after the next event): what this process already applied is only repaired.
     done = ctx._applied.get((namespace, name)) == (uid, parsed.generation)
-    plan = plan_children(parsed.desired, live, parent=body, repair=done)
+    plan = plan_children(desired, live, parent=body, repair=done)
     problem = _run_plan(ctx, body, plan)
     if problem is None:
         ctx._applied[namespace, name] = (uid, parsed.generation)
     applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
-    return _write_derived_status(ctx, body, parsed.desired, problem, applied=applied)
+    return _write_derived_status(ctx, body, desired, problem, applied=applied)
 
 
 def reconcile_parent(
@@ -402,20 +636,23 @@ def _refresh(ctx: Context, kind: ChildKind, event_type: str, owner: Owner) -> st
     ):
         return RESULT_SKIPPED
     parsed = _parse(ctx, body)
-    if parsed.desired is None:
-        return RESULT_SKIPPED  # the parent path owns the status of an unreadable spec
+    desired = _desired(ctx, body, parsed)
+    if desired is None:
+        # The parent path owns the status of an unreadable spec, and of a model cache that
+        # this process has not yet seen filled.
+        return RESULT_SKIPPED
 
     def run() -> str:
-        assert parsed.desired is not None
+        assert desired is not None
         live = live_children(ctx, owner.namespace, owner.name, owner.uid)
-        plan = plan_children(parsed.desired, live, parent=body, only=kind)
+        plan = plan_children(desired, live, parent=body, only=kind)
         problem = _run_plan(ctx, body, plan) if plan else None
         if plan:
             log.info("%s/%s: %s", owner.namespace, owner.name, "; ".join(plan.reasons))
         if kind != kinds.DEPLOYMENT and not plan:
             return RESULT_SKIPPED  # only the Deployment feeds the status
         applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
-        return _write_derived_status(ctx, body, parsed.desired, problem, applied=applied)
+        return _write_derived_status(ctx, body, desired, problem, applied=applied)
 
     return _guarded(ctx, body, run)
 
@@ -458,17 +695,44 @@ def refresh_from_pod(ctx: Context, event_type: str | None, pod: Mapping[str, Any
             outcome.result = RESULT_SKIPPED
             return outcome.result
         parsed = _parse(ctx, body)
+        desired_now = _desired(ctx, body, parsed)
         stalled = any(
             c.get("type") == conditions.STALLED and c.get("status") == "True"
             for c in (body.get("status") or {}).get("conditions") or []
         )
-        if parsed.desired is None or stalled:
+        if desired_now is None or stalled:
             # The parent path owns the status of an unreadable or stalled spec (a rejected
             # child is not visible from here).
             outcome.result = RESULT_SKIPPED
             return outcome.result
-        desired = parsed.desired
+        desired = desired_now
         outcome.result = _guarded(
             ctx, body, lambda: _write_derived_status(ctx, body, desired, None)
         )
         return outcome.result
+
+
+def refresh_from_job(ctx: Context, event_type: str | None, job: Mapping[str, Any]) -> str:
+    """A model download Job changed: reconcile its parent (a finished download creates the
+    engine pods; a failed one stalls the parent)."""
+    owner = controller_owner(job)
+    if owner is None or event_type is None:
+        return RESULT_SKIPPED  # initial listing: the parents' resume handlers run anyway
+    body = _cached_parent(ctx, owner.namespace, owner.name)
+    if body is None or body["metadata"].get("uid") != owner.uid:
+        return RESULT_SKIPPED
+    return reconcile_parent(ctx, body, trigger=TRIGGER_CHILD)
+
+
+def poll_downloads(ctx: Context) -> None:
+    """Refresh the status of every parent whose download runs (progress, rate, ETA): the Job
+    emits no event while bytes flow. Called every few seconds by the operator's poller."""
+    for namespace, name in sorted(ctx.downloading.copy()):  # copy: handlers add meanwhile
+        body = _cached_parent(ctx, namespace, name)
+        if body is None:
+            ctx.downloading.discard((namespace, name))
+            continue
+        try:
+            reconcile_parent(ctx, body, trigger=TRIGGER_DOWNLOAD)
+        except KubeError as error:
+            log.warning("download progress of %s/%s: %s", namespace, name, error)

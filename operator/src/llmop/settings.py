@@ -30,3 +30,6 @@ class RenderSettings:
     """Pull policy of the engine container."""
     gpu_resource_name: str = DEFAULT_GPU_RESOURCE_NAME
     """GPU extended resource for LLMDeployments that name none (the cluster's device plugin)."""
+    hub_endpoint: str | None = None
+    """Model hub base URL (`HF_ENDPOINT`) for the pre-flight and the download Job; None: the
+    public Hugging Face Hub."""

@@ -92,6 +92,87 @@ class ArchitectureSpec(ApiModel):
     """Multi-head latent attention only: `qk_rope_head_dim` from config.json."""
 
 
+AccessMode = Literal["ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany", "ReadOnlyMany"]
+
+
+class ModelCacheSpec(ApiModel):
+    """A PersistentVolumeClaim holding the model's files, filled once by a download Job before
+    any engine pod starts; engine pods then read it offline, so a restart or a new replica
+    downloads nothing. Either the operator creates the claim (`size`) or you name one
+    (`existingClaim`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.size) != has(self.existingClaim)",
+                    "spec.model.cache needs exactly one of size (the operator creates a claim) "
+                    "or existingClaim (use a claim you made)",
+                ),
+                cel(
+                    "!has(self.existingClaim) "
+                    "|| (!has(self.storageClassName) && !has(self.accessModes))",
+                    "spec.model.cache.storageClassName and accessModes only apply to a claim the "
+                    "operator creates: remove them, or remove existingClaim and set size",
+                    ".existingClaim",
+                ),
+                # Transition rules (updates only). On the cache object, not the fields, so that
+                # setting or removing a field counts as a change too; switching to or from an
+                # existing claim is a new cache, so it is allowed.
+                cel(
+                    "has(self.existingClaim) || has(oldSelf.existingClaim) "
+                    "|| (has(self.storageClassName) ? self.storageClassName : '') "
+                    "== (has(oldSelf.storageClassName) ? oldSelf.storageClassName : '')",
+                    "spec.model.cache.storageClassName is immutable (a claim cannot move to "
+                    "another class): delete and recreate the LLMDeployment, or use existingClaim",
+                    ".storageClassName",
+                ),
+                cel(
+                    "has(self.existingClaim) || has(oldSelf.existingClaim) "
+                    "|| (has(self.accessModes) ? self.accessModes : ['ReadWriteOnce']) "
+                    "== (has(oldSelf.accessModes) ? oldSelf.accessModes : ['ReadWriteOnce'])",
+                    "spec.model.cache.accessModes is immutable (a bound claim keeps its modes): "
+                    "delete and recreate the LLMDeployment, or use existingClaim",
+                    ".accessModes",
+                ),
+            ]
+        }
+    )
+
+    size: (
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=64,
+                pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$",
+            ),
+        ]
+        | None
+    ) = None
+    """Capacity of the claim the operator creates, e.g. `40Gi`. Checked before anything is
+    created against the model's size on the Hub plus 5 % headroom."""
+    storage_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+    )
+    """StorageClass of the claim the operator creates; the cluster default when unset."""
+    access_modes: list[AccessMode] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4,
+    )
+    """Access modes of the claim the operator creates (default `ReadWriteOnce`).
+    `ReadWriteMany` lets replicas on different nodes share one download; with `ReadWriteOnce`
+    they must share a node."""
+    existing_claim: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"
+    )
+    """Name of a PersistentVolumeClaim in the LLMDeployment's namespace to use as the cache.
+    The operator never deletes it."""
+
+
 class ModelSpec(ApiModel):
     """Which model to serve and where its weights come from."""
 
@@ -105,6 +186,12 @@ class ModelSpec(ApiModel):
                     "'meta-llama/Llama-3.1-8B-Instruct' or 'pvc://<claim>/<path>' for weights "
                     "on a PersistentVolumeClaim",
                     ".name",
+                ),
+                cel(
+                    "!has(self.cache) || !self.name.startsWith('pvc://')",
+                    "spec.model.cache is for models downloaded from the Hub; a pvc:// model is "
+                    "already on a volume: remove spec.model.cache",
+                    ".cache",
                 ),
                 cel(
                     "!has(self.architecture) || !has(self.architecture.kvLoraRank) "
@@ -128,6 +215,9 @@ class ModelSpec(ApiModel):
     """Secret holding a Hugging Face token for gated models (exposed to the engine as HF_TOKEN)."""
     architecture: ArchitectureSpec | None = None
     """Overrides the built-in architecture catalog for capacity planning."""
+    cache: ModelCacheSpec | None = None
+    """A persistent model cache filled once by a download Job (unset: each engine pod downloads
+    into its own emptyDir at start, as before)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -582,6 +672,44 @@ class PlanStatus(ApiModel):
     """What the running engine reported."""
 
 
+DownloadPhase = Literal["Pending", "Downloading", "Retrying", "Complete", "Failed"]
+
+
+class DownloadStatus(ApiModel):
+    """Progress of the download Job that fills the model cache."""
+
+    phase: DownloadPhase | None = None
+    """Pending (Job not running yet), Downloading, Retrying, Complete or Failed."""
+    bytes_done: int | None = Field(default=None, ge=0)
+    """Bytes of the model's files in the cache so far."""
+    bytes_total: int | None = Field(default=None, ge=0)
+    """Bytes of the model's files on the Hub at the resolved revision."""
+    rate_bytes_per_second: int | None = Field(default=None, ge=0)
+    """Download rate over the last few seconds."""
+    eta_seconds: int | None = Field(default=None, ge=0)
+    """Seconds left at the current rate."""
+    summary: str | None = None
+    """`done/total GiB, rate, ETA` in one line (printed by `kubectl get -o wide`)."""
+    message: str | None = Field(default=None, max_length=4096)
+    """The downloader's last word (e.g. why it is retrying or failed)."""
+
+
+class ModelStatus(ApiModel):
+    """What the pre-flight found out about the model, and the cache's state."""
+
+    resolved_revision: str | None = Field(default=None, max_length=128)
+    """Commit sha that spec.model.revision resolved to at the Hub; engine pods serve exactly
+    this commit."""
+    floating_revision: bool | None = None
+    """True when spec.model.revision is a branch or tag (or unset), which may move."""
+    size_bytes: int | None = Field(default=None, ge=0)
+    """Total size of the model's files at the resolved revision."""
+    cache_claim: str | None = None
+    """Name of the PersistentVolumeClaim holding the cache."""
+    download: DownloadStatus | None = None
+    """Progress of the download into the cache."""
+
+
 class LLMDeploymentStatus(ApiModel):
     """Observed state of an LLMDeployment (written only by the operator)."""
 
@@ -609,6 +737,8 @@ class LLMDeploymentStatus(ApiModel):
     """Ready, Reconciling, Stalled, CapacityPlanned and Degraded conditions."""
     plan: PlanStatus | None = None
     """Capacity plan."""
+    model: ModelStatus | None = None
+    """Resolved model revision and cache download progress (with spec.model.cache)."""
 
 
 class ObjectMeta(ApiModel):
@@ -678,5 +808,12 @@ PRINTER_COLUMNS = (
         "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
         "priority": 1,
         "description": "Why the deployment is or is not ready",
+    },
+    {
+        "name": "Download",
+        "type": "string",
+        "jsonPath": ".status.model.download.summary",
+        "priority": 1,
+        "description": "Model cache download: done/total, rate, ETA",
     },
 )

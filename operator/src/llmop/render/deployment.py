@@ -7,7 +7,7 @@ from typing import Any
 from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
 from llmop.cpu import cpu_engine
-from llmop.render import engine_args
+from llmop.render import engine_args, model_cache
 from llmop.render.hashing import template_hash
 from llmop.render.metadata import child_metadata
 from llmop.settings import RenderSettings
@@ -227,7 +227,7 @@ def _volumes(llmd: LLMDeployment) -> list[dict[str, Any]]:
     shm = spec.resources.shared_memory or default_shm
     volumes: list[dict[str, Any]] = [
         {"name": names.DEV_SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
-        {"name": names.MODEL_CACHE_VOLUME, "emptyDir": {}},
+        _model_cache_volume(llmd),
         {"name": "agent-run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
     claim = engine_args.pvc_claim(spec.model)
@@ -236,6 +236,14 @@ def _volumes(llmd: LLMDeployment) -> list[dict[str, Any]]:
             {"name": "model-pvc", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         )
     return volumes
+
+
+def _model_cache_volume(llmd: LLMDeployment) -> dict[str, Any]:
+    """The claim the download Job filled (spec.model.cache), else a per-pod emptyDir."""
+    claim = model_cache.cache_claim(llmd)
+    if claim is None:
+        return {"name": names.MODEL_CACHE_VOLUME, "emptyDir": {}}
+    return {"name": names.MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
 
 
 def _volume_mounts(llmd: LLMDeployment) -> list[dict[str, Any]]:

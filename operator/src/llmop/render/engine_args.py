@@ -107,8 +107,12 @@ def agent_env(llmd: LLMDeployment, *, load_timeout_seconds: int) -> list[dict[st
     kv_gib = cpu_kv_cache_gib(spec)
     if kv_gib is not None and Env.VLLM_CPU_KVCACHE_SPACE not in user_vars:
         plain[Env.VLLM_CPU_KVCACHE_SPACE] = str(kv_gib)
+    if spec.model.cache is not None:
+        # The download Job filled the cache: the engine reads it and never the network, so a
+        # restart or a new replica cannot stall on the Hub (and needs no token).
+        plain[Env.HF_HUB_OFFLINE] = "1"
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
-    if spec.model.token_secret_ref is not None:
+    if spec.model.token_secret_ref is not None and spec.model.cache is None:
         token = spec.model.token_secret_ref
         env.append(_secret_env(Env.HF_TOKEN, token.name, token.key))
     if spec.service.api_key_secret_ref is not None:
