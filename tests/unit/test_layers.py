@@ -34,6 +34,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.crdgen",
         "llmop.cpu",
         "llmop.pods",
+        "llmop.agents",
     ),
     ("llmop.sizing", "llmop.render"),
     ("llmop.desired",),
