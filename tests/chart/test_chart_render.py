@@ -295,8 +295,9 @@ def test_rbac_grants_exactly_what_the_operator_uses() -> None:
     # Deployment, for the HPA handover).
     for kind in registry.CHILDREN:
         expected_app[(kind.group, kind.plural)] = set(kind.verbs())
-    for observed in registry.OBSERVED:  # watched only: the engine pods
-        expected_app[(observed.group, observed.plural)] = {"list", "watch"}
+    for observed in registry.OBSERVED:  # the engine pods: watched, and their deletion cost set
+        expected_app[(observed.group, observed.plural)] = set(observed.verbs())
+    assert expected_app[("", "pods")] == {"list", "watch", "patch"}
     assert app == expected_app
     assert framework == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
     assert ("monitoring.coreos.com", "servicemonitors") not in _grants(

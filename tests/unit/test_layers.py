@@ -6,7 +6,7 @@ independent may not import each other even within a layer. Imports inside functi
 (a lazy import is still a dependency). A new violation fails `make test`.
 
 Operator: api < planner < foundation < sizing | render < desired < status | plan | events
-          < config | kube | metrics < reconcile < handlers | main < cli
+          < config | kube | metrics | engine_client < reconcile < fleet < handlers | main < cli
 Engine:   contract < vllm_metrics | simulator | harness < health | settings
           < supervisor | engine_client | agent_metrics | probe_server | drain < agent < cli
 """
@@ -39,8 +39,9 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
     ("llmop.sizing", "llmop.render"),
     ("llmop.desired",),
     ("llmop.status", "llmop.plan", "llmop.events"),
-    ("llmop.config", "llmop.kube", "llmop.metrics"),
+    ("llmop.config", "llmop.kube", "llmop.metrics", "llmop.engine_client"),
     ("llmop.reconcile",),
+    ("llmop.fleet",),
     ("llmop.handlers", "llmop.main"),
     ("llmop.cli",),
 )
@@ -50,6 +51,7 @@ OPERATOR_INDEPENDENT = (
     ("llmop.status", "llmop.plan"),
     ("llmop.config", "llmop.kube"),
     ("llmop.kube", "llmop.metrics"),
+    ("llmop.kube", "llmop.engine_client"),  # the API server and the agents: one client each
 )
 
 ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (

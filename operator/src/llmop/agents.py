@@ -23,9 +23,6 @@ from typing import Any
 from llmop.conditions import REASON_DEEP_PROBE_FAILING
 from llmop.pods import PodIssue
 
-DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
-"""The ReplicaSet controller deletes pods with the lowest cost first on scale-down (beta since
-Kubernetes 1.22, on by default)."""
 CAPACITY_MARGIN = 0.10
 """Actual KV capacity may fall this far below the plan before it counts as a shortfall: the
 planner's estimate and vLLM's profiling differ by a few percent (CUDA graphs, activations)."""

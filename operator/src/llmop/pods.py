@@ -52,19 +52,30 @@ long enough to be seen by a person or an alert, short enough that one old restar
 keep it Degraded for the pod's whole life."""
 
 
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+"""The ReplicaSet controller deletes pods with the lowest cost first on scale-down."""
+
+
 def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What `pod_issue` reads of a pod, and nothing else: the watch cache holds one per engine
-    pod, so it stays small (no spec, no managedFields)."""
+    """What `pod_issue` and the agent reader read of a pod, and nothing else: the watch cache
+    holds one per engine pod, so it stays small (no spec, no managedFields)."""
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}
     keep = ("name", "image", "ready", "restartCount", "state", "lastState")
+    annotations = metadata.get("annotations") or {}
+    summary_metadata = {
+        k: metadata[k]
+        for k in ("name", "namespace", "labels", "deletionTimestamp")
+        if k in metadata
+    }
+    if DELETION_COST_ANNOTATION in annotations:
+        summary_metadata["annotations"] = {
+            DELETION_COST_ANNOTATION: annotations[DELETION_COST_ANNOTATION]
+        }
     return {
-        "metadata": {
-            k: metadata[k]
-            for k in ("name", "namespace", "labels", "deletionTimestamp")
-            if k in metadata
-        },
+        "metadata": summary_metadata,
         "status": {
+            **{k: status[k] for k in ("phase", "podIP") if k in status},
             "conditions": [
                 c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"
             ],
