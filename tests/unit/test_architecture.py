@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "src" / "llmop"
 OWNERS = {
     "kubernetes": {"kube.py"},
     "httpx": {"engine_client.py"},
+    "aiohttp": {"engine_client.py"},
     "prometheus_client": {"metrics.py"},
     "kopf": {"handlers.py", "main.py"},
 }

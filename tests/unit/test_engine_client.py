@@ -66,3 +66,22 @@ def test_period_grows_with_the_fleet() -> None:
     assert fleet.period(0, 10) == 10
     assert fleet.period(100, 10) == 10
     assert fleet.period(1000, 10) == 1000 / fleet.READS_PER_SECOND
+
+
+def test_good_agents_queued_behind_hung_ones_are_still_read() -> None:
+    with standin_agents(["127.0.0.1"] * 6, port=0) as agents:
+        for agent in agents[:3]:
+            agent.hang = 1.5
+        targets = [target(a.port, f"p{i}") for i, a in enumerate(agents)]
+
+        async def read() -> ReadResult:
+            client = AgentClient(concurrency=2, timeout=0.5)
+            try:
+                return await client.read_all(targets)
+            finally:
+                await client.close()
+
+        result = asyncio.run(read())
+    # Each good read got its own 0.5 s once its turn came, however long it queued.
+    assert sorted(r.pod for r in result.readings.values()) == ["p3", "p4", "p5"]
+    assert result.failed == 3
