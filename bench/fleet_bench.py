@@ -7,10 +7,10 @@ table.
 The agents are stand-ins answering the real agent's JSON (`tests/support/standin_agents.py`)
 from aiohttp, as the real agent does, in a separate process, one server per agent on its own
 port, so the numbers are the reader's alone: wall time of a round, requests per second, the
-reader's CPU time per round (its process only) and its peak RSS. Rows vary the concurrency bound and add hung agents (they cost one
-timeout each round, bounded by the concurrency). The fleet loop reads every
-`max(interval, N / READS_PER_SECOND)` seconds, so its steady-state CPU share is the per-round
-CPU time divided by that period, printed last.
+reader's CPU time per round (its process only) and its peak RSS. Rows vary the concurrency
+bound and add hung agents (they cost one timeout each round, bounded by the concurrency). The
+fleet loop reads every `max(interval, N / READS_PER_SECOND)` seconds, so its steady-state CPU
+share is the per-round CPU time divided by that period, printed last.
 """
 
 from __future__ import annotations
