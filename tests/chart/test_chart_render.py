@@ -194,6 +194,8 @@ def test_operator_understands_the_chart_env(case: str) -> None:
     assert cfg.max_workers == operator.get("maxWorkers", 16)
     assert cfg.retry_delay_seconds == operator.get("retryDelaySeconds", 10)
     assert cfg.request_timeout_seconds == operator.get("requestTimeoutSeconds", 30)
+    assert cfg.agent_read_interval_seconds == operator.get("agentReadIntervalSeconds", 10)
+    assert cfg.agent_read_concurrency == operator.get("agentReadConcurrency", 32)
     assert cfg.liveness_port == operator.get("livenessPort", 8080)
     assert cfg.metrics_port == metrics.get("port", 9090)
     assert cfg.vllm_image == engine.get("vllmImage", "ghcr.io/llmop/engine:0.1.0")

@@ -185,14 +185,16 @@ def test_ready_pod_with_failing_deep_probe_is_degraded() -> None:
     assert cond(status, "Ready")[0] == "True"
     state, reason, message = cond(status, "Degraded")
     assert (state, reason) == ("True", "DeepProbeFailing")
-    assert "x-2" in message
+    assert "x-2 is Ready but" in message
     assert "timeout" in message
 
 
-def test_deep_probe_of_a_pod_kubernetes_already_counts_unready_is_not_named_twice() -> None:
+def test_deep_probe_failing_on_a_pod_already_out_of_the_service_still_degrades() -> None:
     failing = agent("x-2", lastDeepProbe={"ok": False, "error": "timeout"})
     status = derive([pod("x-1"), pod("x-2", ready=False)], [agent("x-1"), failing])
-    assert cond(status, "Degraded")[0] == "False"
+    state, reason, message = cond(status, "Degraded")
+    assert (state, reason) == ("True", "DeepProbeFailing")
+    assert "x-2 is out of the Service" in message
 
 
 def test_before_the_first_agent_read_the_previous_verdicts_stand() -> None:

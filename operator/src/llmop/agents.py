@@ -5,8 +5,8 @@ fields the operator acts on: load, KV capacity, deep probe, phase) and decides f
 
 - the KV cache the engines actually have (`actual_kv_tokens`) and how far it falls short of the
   plan (`capacity_shortfall`);
-- pods that are Ready in Kubernetes while their agent's deep probe (a real completion) fails
-  (`probe_issue`): Ready was true when the kubelet last asked, but the engine does not answer;
+- pods whose agent's deep probe (a real completion) fails (`probe_issue`), Ready in Kubernetes
+  or already taken out of the Service: the engine accepts connections but does not generate;
 - the `controller.kubernetes.io/pod-deletion-cost` of each pod (`deletion_cost`) and whether a
   new value is worth a write (`cost_changed`), so a scale-down removes the idlest pods first.
 
@@ -103,20 +103,24 @@ def capacity_shortfall(planned: int | None, actual: int | None) -> str | None:
 
 
 def probe_issue(readings: Iterable[AgentReading], ready_pods: Iterable[str]) -> PodIssue | None:
-    """The first pod (by name) that Kubernetes counts as Ready while its deep probe fails."""
+    """The first pod (by name) whose agent's last deep probe failed. The agent takes such a
+    pod out of the Service itself; the message says whether Kubernetes has noticed yet."""
     ready = set(ready_pods)
-    failing = sorted(
-        (r for r in readings if r.pod in ready and r.deep_probe_ok is False), key=lambda r: r.pod
-    )
+    failing = sorted((r for r in readings if r.deep_probe_ok is False), key=lambda r: r.pod)
     if not failing:
         return None
     first = failing[0]
     detail = f": {first.deep_probe_error}" if first.deep_probe_error else ""
     others = f" ({len(failing) - 1} more pods too)" if len(failing) > 1 else ""
+    where = (
+        "is Ready but its deep probe (a real completion) fails"
+        if first.pod in ready
+        else "is out of the Service: its deep probe (a real completion) fails"
+    )
     return PodIssue(
         REASON_DEEP_PROBE_FAILING,
-        f"pod {first.pod} is Ready but its deep probe (a real completion) fails{detail}{others}; "
-        "the engine may be hung or overloaded: check `kubectl logs` and its GPU",
+        f"pod {first.pod} {where}{detail}{others}; the engine accepts connections but does not "
+        "generate (hung or overloaded): check `kubectl logs` and its GPU",
         first.pod,
     )
 
