@@ -90,6 +90,23 @@ def test_agents_feed_capacity_degraded_and_least_loaded_scale_down(
     planned = ready["status"]["plan"]["kvCacheTokens"]
     pods = engine_pods(kit, namespace, "agents")
     assert len(pods) == 3
+
+    # The cold-start breakdown: every replica Ready, each step timed, and `-o wide` shows it.
+    def started() -> dict[str, Any] | None:
+        startup = ((kit.get_llmd(namespace, "agents") or {}).get("status") or {}).get("startup")
+        ok = startup and startup["summary"].startswith("all ready; slowest")
+        return startup if ok else None
+
+    startup = wait_until(started, timeout=30, what="the startup summary")
+    assert sorted(r["pod"] for r in startup["replicas"]) == [p["metadata"]["name"] for p in pods]
+    for replica in startup["replicas"]:
+        assert replica["phase"] == "Ready"
+        steps = [replica[k] for k in ("scheduledAfterSeconds", "startedAfterSeconds")]
+        assert all(isinstance(v, int) for v in steps), replica
+        assert 0 <= steps[0] <= steps[1] <= replica["readyAfterSeconds"] < 60
+    wide = kit.cluster.kubectl("get", "llmd", "agents", "-n", namespace, "-o", "wide").stdout
+    assert "STARTUP" in wide
+    assert "all ready; slowest" in wide
     with standin_agents(loopback_hosts(3)) as agents:
         busy, idle, light = agents
         busy.status = agent_status(running=8, waiting=4, kv_tokens=planned // 2)

@@ -31,6 +31,9 @@ PURE = (
     "plan.py",
     "events.py",
     "crdgen.py",
+    "pods.py",
+    "agents.py",
+    "coldstart.py",
 )
 IMPURE_STDLIB = {"os", "time", "socket", "subprocess", "threading", "asyncio", "random"}
 

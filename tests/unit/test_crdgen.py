@@ -107,8 +107,10 @@ def test_crd_metadata() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Model", "Ready", "Replicas", "Endpoint", "Age", "Reason"]
+    assert list(columns) == ["Model", "Ready", "Replicas", "Endpoint", "Age", "Reason", "Startup"]
     assert columns["Reason"]["priority"] == 1
+    assert columns["Startup"]["priority"] == 1  # -o wide
+    assert columns["Startup"]["jsonPath"] == ".status.startup.summary"
     conditions = ROOT_SCHEMA["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]

@@ -35,6 +35,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.cpu",
         "llmop.pods",
         "llmop.agents",
+        "llmop.coldstart",
     ),
     ("llmop.sizing", "llmop.render"),
     ("llmop.desired",),

@@ -57,7 +57,8 @@ DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 
 
 def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What `pod_issue` and the agent reader read of a pod, and nothing else: the watch cache
+    """What `pod_issue`, the agent reader and the cold-start breakdown read of a pod, and
+    nothing else: the watch cache
     holds one per engine pod, so it stays small (no spec, no managedFields)."""
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}
@@ -65,7 +66,7 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
     annotations = metadata.get("annotations") or {}
     summary_metadata = {
         k: metadata[k]
-        for k in ("name", "namespace", "labels", "deletionTimestamp")
+        for k in ("name", "namespace", "labels", "deletionTimestamp", "creationTimestamp")
         if k in metadata
     }
     if DELETION_COST_ANNOTATION in annotations:
@@ -77,7 +78,9 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
         "status": {
             **{k: status[k] for k in ("phase", "podIP") if k in status},
             "conditions": [
-                c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"
+                c
+                for c in status.get("conditions") or []
+                if c.get("type") in ("PodScheduled", "Ready")
             ],
             "containerStatuses": [
                 {k: c[k] for k in keep if k in c} for c in status.get("containerStatuses") or []

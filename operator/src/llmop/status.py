@@ -21,9 +21,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from llmop import agents, conditions, names
+from llmop import agents, coldstart, conditions, names
 from llmop.agents import AgentReading
-from llmop.api.v1alpha1 import ActualCapacity, LLMDeploymentSpec, LLMDeploymentStatus
+from llmop.api.v1alpha1 import (
+    ActualCapacity,
+    LLMDeploymentSpec,
+    LLMDeploymentStatus,
+    StartupStatus,
+)
 from llmop.conditions import Observation
 from llmop.pods import PodIssue, degraded_issue, worst_issue
 from llmop.sizing import SizingResult
@@ -284,7 +289,21 @@ def derive_status(
             previous.conditions, observations, generation=generation, now=now
         ),
         plan=plan,
+        startup=_startup(previous, pods, fleet),
     )
+
+
+def _startup(
+    previous: LLMDeploymentStatus,
+    pods: Sequence[Mapping[str, Any]],
+    fleet: Sequence[AgentReading] | None,
+) -> StartupStatus | None:
+    """The cold-start breakdown; before the first agent read, the agent phases (Downloading,
+    Loading) the previous status showed stand."""
+    known = {}
+    if fleet is None and previous.startup is not None:
+        known = {r.pod: r.phase for r in previous.startup.replicas}
+    return coldstart.startup_status(pods, fleet or (), known)
 
 
 def _actual(
