@@ -26,7 +26,7 @@ def agent_status(
 ) -> dict[str, Any]:
     """A serving agent's `/status` (every field the real one has)."""
     return {
-        "phase": "Serving",
+        "phase": "ready",
         "ready": True,
         "live": True,
         "reason": "serving",

@@ -18,7 +18,7 @@ from llmop.agents import (
 
 # What `llmop_engine.agent.Agent.status()` returns for a serving simulator (captured shape).
 SERVING: dict[str, Any] = {
-    "phase": "Serving",
+    "phase": "ready",
     "ready": True,
     "live": True,
     "reason": "serving",
@@ -41,7 +41,7 @@ def test_parse_a_serving_agent() -> None:
     reading = parse_status("p-1", SERVING)
     assert reading == AgentReading(
         pod="p-1",
-        phase="Serving",
+        phase="ready",
         ready=True,
         running=4,
         waiting=3,

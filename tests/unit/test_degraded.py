@@ -106,7 +106,7 @@ def cond(status: LLMDeploymentStatus, type_: str) -> tuple[str, str, str]:
 
 def agent(name: str, **fields: Any) -> AgentReading:
     payload: dict[str, Any] = {
-        "phase": "Serving",
+        "phase": "ready",
         "ready": True,
         "running": 0,
         "queueDepth": 0,

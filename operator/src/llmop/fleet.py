@@ -84,10 +84,13 @@ def _degraded(ctx: Context, key: tuple[str, str]) -> bool:
     return False
 
 
-def apply_round(ctx: Context, pods: list[_Pod], result: ReadResult) -> tuple[int, int]:
-    """Act on one round of readings (synchronous: Kubernetes writes); returns (parents
-    refreshed, deletion costs written)."""
-    by_parent: dict[tuple[str, str], list[AgentReading]] = {key: [] for key in ctx.pods}
+def apply_round(
+    ctx: Context, parents: Iterable[tuple[str, str]], pods: list[_Pod], result: ReadResult
+) -> tuple[int, int]:
+    """Act on one round of readings (synchronous: Kubernetes writes); `parents` are the ones
+    with engine pods in the cache when the round started. Returns (parents refreshed,
+    deletion costs written)."""
+    by_parent: dict[tuple[str, str], list[AgentReading]] = {key: [] for key in parents}
     for pod in pods:
         reading = result.readings.get(pod.target)
         if reading is not None:
@@ -96,10 +99,9 @@ def apply_round(ctx: Context, pods: list[_Pod], result: ReadResult) -> tuple[int
     for key in set(by_parent) | set(ctx.fleet):
         readings = tuple(sorted(by_parent.get(key, ()), key=lambda r: r.pod))
         before = ctx.fleet.get(key)
-        if not ctx.pods.get(key) and not readings:
-            ctx.fleet.pop(key, None)
-        else:
-            ctx.fleet[key] = readings
+        # A parent whose pods are all gone keeps an empty reading (scaled to zero: nothing
+        # reported); `Context.forget` drops it with the parent.
+        ctx.fleet[key] = readings
         if before is None or _shown(before) != _shown(readings) or _degraded(ctx, key):
             try:
                 refresh_status(ctx, *key, trigger=TRIGGER_FLEET)
@@ -134,9 +136,12 @@ def _write_costs(ctx: Context, pods: list[_Pod], result: ReadResult) -> int:
 
 async def read_round(ctx: Context, client: AgentClient) -> tuple[int, ReadResult]:
     """One round: read every agent, then act on the readings; returns (targets, result)."""
+    # The watch caches are read here, on the event loop that updates them, never from the
+    # worker thread below.
+    parents = [key for key, cached in list(ctx.pods.items()) if list(cached or ())]
     pods = _pods(ctx)
     result = await client.read_all([p.target for p in pods])
-    refreshed, costs = await asyncio.to_thread(apply_round, ctx, pods, result)
+    refreshed, costs = await asyncio.to_thread(apply_round, ctx, parents, pods, result)
     log.debug(
         "read %d agents (%d failed); %d statuses refreshed, %d deletion costs written",
         len(pods),
