@@ -5,7 +5,9 @@ engine makes the CR Degraded with the restart and its exit while Ready comes bac
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -30,6 +32,8 @@ def test_fleet_is_read_on_real_pods(real_cluster: RealCluster, e2e_namespace: st
     ready_at = time.monotonic()
     selector = names.selector_string(name)
 
+    seen: list[Any] = []
+
     def read() -> dict[str, Any] | None:
         obj = rc.kit.get_llmd(ns, name) or {}
         status = obj.get("status") or {}
@@ -37,11 +41,20 @@ def test_fleet_is_read_on_real_pods(real_cluster: RealCluster, e2e_namespace: st
         pods = rc.pods(ns, selector)
         costs = [(p["metadata"].get("annotations") or {}).get(COST) for p in pods]
         summary = (status.get("startup") or {}).get("summary", "")
-        if actual.get("kvCacheTokens") and all(costs) and summary.startswith("all ready"):
-            return obj
+        seen[:] = [actual, costs, summary]
+        if actual.get("kvCacheTokens") and all(c is not None for c in costs):
+            return obj if summary.startswith("all ready") else None
         return None
 
-    obj = wait_until(read, timeout=30, interval=1, what="actual capacity, costs and startup")
+    try:
+        obj = wait_until(read, timeout=30, interval=1, what="actual capacity, costs and startup")
+    except TimeoutError:
+        agents = []
+        for pod in rc.pods(ns, selector):
+            url = f"http://{pod['status']['podIP']}:8081/status"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                agents.append(json.loads(response.read()))
+        pytest.fail(f"last seen (actual, costs, summary): {seen}; agents: {agents}")
     print(
         f"\nactual KV capacity {obj['status']['plan']['actual']['kvCacheTokens']} tokens, "
         f"deletion costs and the startup breakdown {time.monotonic() - ready_at:.1f}s after Ready"

@@ -223,6 +223,39 @@ def test_actual_capacity_is_the_smallest_a_ready_engine_reports() -> None:
     assert status.plan.actual.kv_cache_tokens == 880_000
 
 
+def test_actual_capacity_is_shown_even_without_a_plan() -> None:
+    resource = LLMDeployment.model_validate(
+        {
+            "metadata": {"name": "x", "namespace": "ns", "uid": "u", "generation": 4},
+            "spec": {
+                "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+                "engine": {"backend": "simulator"},
+                "resources": {"gpus": 1},  # no gpuProduct: GPU memory unknown, no plan
+            },
+        }
+    )
+    common: dict[str, Any] = {
+        "name": "x",
+        "namespace": "ns",
+        "generation": 4,
+        "previous": LLMDeploymentStatus(),
+        "spec": resource.spec,
+        "sizing": plan_for(resource.spec),
+        "deployment": ROLLED_OUT,
+        "template_hash": HASH,
+        "problem": None,
+        "now": NOW,
+        "pods": [pod("x-1")],
+    }
+    assert derive_status(**common).plan is None
+    read = derive_status(**common, fleet=[agent("x-1", kvCacheCapacityTokens=262144)])
+    assert read.plan is not None
+    assert read.plan.actual is not None
+    assert read.plan.actual.kv_cache_tokens == 262144
+    assert read.plan.kv_cache_tokens is None
+    assert cond(read, "CapacityPlanned")[0] == "Unknown"
+
+
 def test_shortfall_beyond_the_margin_says_by_how_much() -> None:
     planned = derive([pod("x-1")]).plan
     assert planned is not None

@@ -27,6 +27,7 @@ from llmop.api.v1alpha1 import (
     ActualCapacity,
     LLMDeploymentSpec,
     LLMDeploymentStatus,
+    PlanStatus,
     StartupStatus,
 )
 from llmop.conditions import Observation
@@ -263,8 +264,9 @@ def derive_status(
     problem = problem or find_problem(sizing, rollout)
     plan = None if sizing is None else sizing.plan_status()
     actual = _actual(previous, fleet)
-    if plan is not None and actual is not None:
-        plan = plan.model_copy(update={"actual": actual})
+    if sizing is not None and actual is not None:
+        # Also without a plan (GPU memory unknown): then the reported figure is all there is.
+        plan = (plan or PlanStatus()).model_copy(update={"actual": actual})
     shortfall = agents.capacity_shortfall(
         None if plan is None else plan.kv_cache_tokens,
         None if actual is None else actual.kv_cache_tokens,
