@@ -3,6 +3,7 @@
 ##@ Operator
 
 N ?= 100,500,1000
+AGENTS ?= 100
 
 .PHONY: run
 run: install ## Run the operator against the local cluster (make cluster-up first).
@@ -20,3 +21,9 @@ bench-rollout: install cluster-binaries ## Requests lost during a rollout of 3 r
 	$(PY) bench/rollout_bench.py
 
 bench: bench-rollout
+
+.PHONY: bench-fleet
+bench-fleet: install ## Cost of reading N engine agents' /status (stand-ins): round time, reads/s, CPU, RSS.
+	$(PY) bench/fleet_bench.py --agents $(AGENTS)
+
+bench: bench-fleet

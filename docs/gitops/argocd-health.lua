@@ -7,6 +7,9 @@
 --   * Stalled=True                      -> Degraded   (needs a human: the message says why)
 --   * Ready=True                        -> Healthy
 --   * anything else                     -> Progressing (Ready=False/Unknown, rolling out, ...)
+-- Degraded=True (a replica restarting, unpullable, unschedulable, or Ready with a failing deep
+-- probe) never changes the verdict, as kstatus (Flux) ignores it too: it is appended to the
+-- message, so the app still syncs and a person still sees it. Needs-a-human is Stalled's job.
 -- Only Lua base functions are used: Argo CD does not open the string library for health scripts.
 local hs = {status = "Progressing", message = "Waiting for the llmop operator to report status"}
 if obj.status == nil then
@@ -50,12 +53,20 @@ if stalled ~= nil and stalled.status == "True" then
   return hs
 end
 
+local function withDegraded(text)
+  local degraded = condition("Degraded")
+  if degraded ~= nil and degraded.status == "True" then
+    return text .. " (Degraded: " .. describe(degraded, "Degraded") .. ")"
+  end
+  return text
+end
+
 local ready = condition("Ready")
 if ready ~= nil and ready.status == "True" then
   hs.status = "Healthy"
-  hs.message = describe(ready, "Ready")
+  hs.message = withDegraded(describe(ready, "Ready"))
   return hs
 end
 
-hs.message = describe(ready, "Not ready yet")
+hs.message = withDegraded(describe(ready, "Not ready yet"))
 return hs

@@ -73,6 +73,8 @@ MATRIX: dict[str, dict[str, Any]] = {
             "maxWorkers": 4,
             "retryDelaySeconds": 2.5,
             "requestTimeoutSeconds": 15,
+            "agentReadIntervalSeconds": 0,
+            "agentReadConcurrency": 8,
             "livenessPort": 8088,
             "extraEnv": [{"name": "LLMOP_PRIORITY", "value": "5"}],
             "podAnnotations": {"example.com/owner": "ml-platform"},

@@ -194,6 +194,8 @@ def test_operator_understands_the_chart_env(case: str) -> None:
     assert cfg.max_workers == operator.get("maxWorkers", 16)
     assert cfg.retry_delay_seconds == operator.get("retryDelaySeconds", 10)
     assert cfg.request_timeout_seconds == operator.get("requestTimeoutSeconds", 30)
+    assert cfg.agent_read_interval_seconds == operator.get("agentReadIntervalSeconds", 10)
+    assert cfg.agent_read_concurrency == operator.get("agentReadConcurrency", 32)
     assert cfg.liveness_port == operator.get("livenessPort", 8080)
     assert cfg.metrics_port == metrics.get("port", 9090)
     assert cfg.vllm_image == engine.get("vllmImage", "ghcr.io/llmop/engine:0.1.0")
@@ -295,8 +297,9 @@ def test_rbac_grants_exactly_what_the_operator_uses() -> None:
     # Deployment, for the HPA handover).
     for kind in registry.CHILDREN:
         expected_app[(kind.group, kind.plural)] = set(kind.verbs())
-    for observed in registry.OBSERVED:  # watched only: the engine pods
-        expected_app[(observed.group, observed.plural)] = {"list", "watch"}
+    for observed in registry.OBSERVED:  # the engine pods: watched, and their deletion cost set
+        expected_app[(observed.group, observed.plural)] = set(observed.verbs())
+    assert expected_app[("", "pods")] == {"list", "watch", "patch"}
     for cache_kind in registry.MODEL_CACHE:  # the model cache's claim and download Job
         expected_app[(cache_kind.group, cache_kind.plural)] = set(cache_kind.verbs())
     expected_app[(registry.SECRET.group, registry.SECRET.plural)] = {"get"}  # the Hub token

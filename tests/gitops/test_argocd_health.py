@@ -14,7 +14,12 @@ import yaml
 from gitops.argocd_lua import FIXTURES, HEALTH_LUA, REPO_ROOT, health
 
 HEALTH_KEY = "resource.customizations.health.serving.llmop.dev_LLMDeployment"
-EXPECTED = {"ready": "Healthy", "progressing": "Progressing", "stalled": "Degraded"}
+EXPECTED = {
+    "ready": "Healthy",
+    "progressing": "Progressing",
+    "stalled": "Degraded",
+    "degraded": "Healthy",
+}
 
 
 def fixture(name: str) -> dict[str, Any]:
@@ -77,6 +82,24 @@ def test_a_spec_change_not_yet_observed_is_progressing(name: str) -> None:
     status, message = health(obj)
     assert status == "Progressing"
     assert f"generation {obj['metadata']['generation']}" in message
+
+
+def test_degraded_is_named_but_never_hides_ready_or_stalled() -> None:
+    obj = fixture("degraded")
+    degraded = conditions(obj)["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "ContainerRestarting")
+    status, message = health(obj)
+    assert status == "Healthy"
+    assert message.startswith("AllReplicasReady: ")
+    assert f"(Degraded: ContainerRestarting: {degraded['message']})" in message
+    stalled = copy.deepcopy(obj)
+    conditions(stalled)["Stalled"].update(status="True", reason="ProgressDeadlineExceeded")
+    assert health(stalled)[0] == "Degraded"
+    not_ready = copy.deepcopy(obj)
+    conditions(not_ready)["Ready"].update(status="False", reason="WaitingForReplicas")
+    status, message = health(not_ready)
+    assert status == "Progressing"
+    assert "(Degraded: ContainerRestarting" in message
 
 
 def test_no_status_yet_is_progressing() -> None:

@@ -1,5 +1,6 @@
 """A restarted operator against already-reconciled LLMDeployments writes nothing: no child is
-re-applied with a change and no status is rewritten (counted through resourceVersions)."""
+re-applied with a change and no status is rewritten (counted through resourceVersions) — also
+after its first round of agent reads (`llmop.fleet`), which touches no pod either."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ pytestmark = pytest.mark.cluster
 
 COUNT = 50
 API_VERSION = "serving.llmop.dev/v1alpha1"
-KINDS = [(API_VERSION, "LLMDeployment"), ("apps/v1", "Deployment"), ("v1", "Service")]
+KINDS = [
+    (API_VERSION, "LLMDeployment"),
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("v1", "Pod"),
+]
 
 
 def spec() -> dict[str, Any]:
@@ -66,7 +72,7 @@ def test_restart_against_reconciled_objects_makes_no_writes(
     wait_until(lambda: all_ready(kit, namespace), timeout=120, interval=1, what="all Ready")
     wait_until(lambda: quiet(operator, 2), timeout=60, interval=0, what="operator idle")
     before = versions(kit, namespace)
-    assert len(before) == 3 * COUNT
+    assert len(before) == 4 * COUNT
 
     operator.stop()
     operator.start()
@@ -75,6 +81,14 @@ def test_restart_against_reconciled_objects_makes_no_writes(
         timeout=60,
         interval=0.5,
         what="resume reconciles",
+    )
+    wait_until(lambda: quiet(operator, 2), timeout=60, interval=0, what="operator idle")
+    # The agent reader's first round (one interval after startup) re-derives every parent.
+    wait_until(
+        lambda: operator.metric("llmop_reconciles_total", trigger="fleet") >= COUNT,
+        timeout=60,
+        interval=0.5,
+        what="the first round of agent reads",
     )
     wait_until(lambda: quiet(operator, 2), timeout=60, interval=0, what="operator idle")
 

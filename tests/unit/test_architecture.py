@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "src" / "llmop"
 
 OWNERS = {
     "kubernetes": {"kube.py"},
-    "httpx": {"engine_client.py"},
+    "aiohttp": {"engine_client.py"},
     "prometheus_client": {"metrics.py"},
     "kopf": {"handlers.py", "main.py"},
     "huggingface_hub": {"hub.py"},
@@ -33,6 +33,9 @@ PURE = (
     "events.py",
     "crdgen.py",
     "preflight.py",
+    "pods.py",
+    "agents.py",
+    "coldstart.py",
 )
 IMPURE_STDLIB = {"os", "time", "socket", "subprocess", "threading", "asyncio", "random"}
 

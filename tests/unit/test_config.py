@@ -73,12 +73,27 @@ def test_peering_turns_standalone_off() -> None:
         ([], {"LLMOP_METRICS_PORT": "70000"}),
         ([], {"LLMOP_LOG_FORMAT": "xml"}),
         (["--max-workers", "0"], {}),
+        ([], {"LLMOP_AGENT_READ_INTERVAL_SECONDS": "-1"}),
+        (["--agent-read-concurrency", "0"], {}),
     ],
-    ids=["bad-bool", "bad-port", "bad-log-format", "no-workers"],
+    ids=[
+        "bad-bool",
+        "bad-port",
+        "bad-log-format",
+        "no-workers",
+        "negative-agent-interval",
+        "no-agent-reads-in-flight",
+    ],
 )
 def test_bad_settings_are_config_errors(argv: list[str], env: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
         load(argv, env)
+
+
+def test_agent_reads_from_the_environment_and_flags() -> None:
+    assert load([], {}).agent_read_interval_seconds == 10
+    config = load(["--agent-read-concurrency", "4"], {"LLMOP_AGENT_READ_INTERVAL_SECONDS": "0"})
+    assert (config.agent_read_interval_seconds, config.agent_read_concurrency) == (0, 4)
 
 
 def test_config_is_frozen() -> None:

@@ -107,9 +107,13 @@ def test_crd_metadata() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Model", "Ready", "Replicas", "Endpoint", "Age", "Reason", "Download"]
+    assert list(columns) == [
+        "Model", "Ready", "Replicas", "Endpoint", "Age", "Reason", "Download", "Startup"
+    ]  # fmt: skip
     assert columns["Reason"]["priority"] == 1
-    assert columns["Download"]["priority"] == 1
+    assert columns["Download"]["priority"] == 1  # -o wide
+    assert columns["Startup"]["priority"] == 1  # -o wide
+    assert columns["Startup"]["jsonPath"] == ".status.startup.summary"
     conditions = ROOT_SCHEMA["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]

@@ -6,8 +6,8 @@ independent may not import each other even within a layer. Imports inside functi
 (a lazy import is still a dependency). A new violation fails `make test`.
 
 Operator: api < planner < foundation < sizing | render < desired < status | plan | events
-          | preflight < config | kube | metrics | hub | engine_client < reconcile < handlers
-          | main < cli
+          | preflight < config | kube | metrics | hub | engine_client < reconcile < fleet
+          < handlers | main < cli
 Engine:   contract < vllm_metrics | simulator | harness < health | settings | download_progress
           < supervisor | engine_client | agent_metrics | probe_server | drain | download < agent
           < cli
@@ -36,12 +36,15 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.crdgen",
         "llmop.cpu",
         "llmop.pods",
+        "llmop.agents",
+        "llmop.coldstart",
     ),
     ("llmop.sizing", "llmop.render"),
     ("llmop.desired",),
     ("llmop.status", "llmop.plan", "llmop.events", "llmop.preflight"),
     ("llmop.config", "llmop.kube", "llmop.metrics", "llmop.hub", "llmop.engine_client"),
     ("llmop.reconcile",),
+    ("llmop.fleet",),
     ("llmop.handlers", "llmop.main"),
     ("llmop.cli",),
 )
@@ -51,6 +54,7 @@ OPERATOR_INDEPENDENT = (
     ("llmop.status", "llmop.plan"),
     ("llmop.config", "llmop.kube"),
     ("llmop.kube", "llmop.metrics"),
+    ("llmop.kube", "llmop.engine_client"),  # the API server and the agents: one client each
 )
 
 ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (

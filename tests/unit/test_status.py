@@ -183,7 +183,7 @@ def test_condition_matrix(
 ) -> None:
     got = conds(derive(ld(**spec), dep))
     assert {k: got[k] for k in expected} == expected
-    assert list(got) == ["Ready", "Reconciling", "Stalled", "CapacityPlanned"]
+    assert list(got) == ["Ready", "Reconciling", "Stalled", "CapacityPlanned", "Degraded"]
     if "Stalled" not in expected:
         assert got["Stalled"] == ("False", "AsExpected")
 
@@ -269,7 +269,7 @@ def test_status_patch_nulls_removed_keys_and_replaces_conditions() -> None:
     patch = status_patch({"bogus": 1, "conditions": []}, new)
     assert patch is not None
     assert patch["bogus"] is None
-    assert len(patch["conditions"]) == 4
+    assert len(patch["conditions"]) == 5
 
 
 def test_parse_previous_tolerates_garbage() -> None:

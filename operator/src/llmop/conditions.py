@@ -1,7 +1,9 @@
 """Pure: the LLMDeployment's condition types, reasons and transition-time bookkeeping.
 
 Conditions follow metav1.Condition and kstatus: `Ready`, `Reconciling` and `Stalled` (abnormal-true
-polarity for the last two) plus `CapacityPlanned`. `lastTransitionTime` moves only when a
+polarity for the last two) plus `CapacityPlanned` and `Degraded` (abnormal-true: serving, or
+trying to, but something about the replicas needs a look). kstatus reads only the first three,
+so `Degraded` never hides `Stalled` nor makes `Ready` lie. `lastTransitionTime` moves only when a
 condition's status flips, never when only its reason or message changes; time is a parameter.
 """
 
@@ -17,7 +19,8 @@ READY = "Ready"
 RECONCILING = "Reconciling"
 STALLED = "Stalled"
 CAPACITY_PLANNED = "CapacityPlanned"
-TYPES = (READY, RECONCILING, STALLED, CAPACITY_PLANNED)
+DEGRADED = "Degraded"
+TYPES = (READY, RECONCILING, STALLED, CAPACITY_PLANNED, DEGRADED)
 """Every condition the operator writes, in the order it writes them."""
 
 # Reasons (CamelCase, machine-readable). Planner reasons come from llmop.sizing.
@@ -35,6 +38,10 @@ REASON_INTERNAL_ERROR = "InternalError"
 REASON_PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
 REASON_SPEC_UNREADABLE = "NotPlanned"
 """CapacityPlanned=Unknown: the spec could not be read, so nothing was planned."""
+REASON_CAPACITY_SHORTFALL = "CapacityShortfall"
+"""CapacityPlanned: the engines report less KV cache than the plan promised."""
+REASON_DEEP_PROBE_FAILING = "DeepProbeFailing"
+"""Degraded=True: a pod is Ready but its agent's deep probe (a real completion) fails."""
 
 
 @dataclass(frozen=True)

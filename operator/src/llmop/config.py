@@ -64,6 +64,12 @@ class OperatorConfig:
     """Delay before a reconcile that hit a transient API error runs again."""
     request_timeout_seconds: float = 30.0
     """Deadline of one API request made by the operator's own client."""
+    agent_read_interval_seconds: float = 10.0
+    """Shortest period between two reads of every engine agent's `/status` (it grows with the
+    fleet, see `llmop.fleet`); 0 turns agent reads off (no plan.actual, deep-probe Degraded or
+    deletion costs)."""
+    agent_read_concurrency: int = 32
+    """Agent reads in flight at once."""
     log_format: str = "json"
     """`json` (one object per line) or `text`."""
     verbose: bool = False
@@ -193,6 +199,20 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=float(default("REQUEST_TIMEOUT_SECONDS", str(defaults.request_timeout_seconds))),
     )
     parser.add_argument(
+        "--agent-read-interval",
+        type=float,
+        dest="agent_read_interval_seconds",
+        default=float(
+            default("AGENT_READ_INTERVAL_SECONDS", str(defaults.agent_read_interval_seconds))
+        ),
+        help="seconds between reads of the engine agents' /status at least (0 disables them)",
+    )
+    parser.add_argument(
+        "--agent-read-concurrency",
+        type=int,
+        default=int(default("AGENT_READ_CONCURRENCY", str(defaults.agent_read_concurrency))),
+    )
+    parser.add_argument(
         "--log-format", choices=LOG_FORMATS, default=default("LOG_FORMAT", defaults.log_format)
     )
     parser.add_argument(
@@ -217,6 +237,10 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
     peering_name = args.peering_name or env.get(ENV_PREFIX + "PEERING") or None
     if args.max_workers < 1:
         raise ConfigError("--max-workers must be at least 1")
+    if args.agent_read_interval_seconds < 0:
+        raise ConfigError("--agent-read-interval must be 0 (off) or positive")
+    if args.agent_read_concurrency < 1:
+        raise ConfigError("--agent-read-concurrency must be at least 1")
     if args.log_format not in LOG_FORMATS:
         raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
     return OperatorConfig(
@@ -237,6 +261,8 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
         max_workers=args.max_workers,
         retry_delay_seconds=args.retry_delay_seconds,
         request_timeout_seconds=args.request_timeout_seconds,
+        agent_read_interval_seconds=args.agent_read_interval_seconds,
+        agent_read_concurrency=args.agent_read_concurrency,
         log_format=args.log_format,
         verbose=args.verbose,
     )

@@ -1,7 +1,10 @@
 """Pure: which Kubernetes Events a status change deserves, and the Event manifest itself.
 
 Only meaningful transitions produce an Event (became ready, started reconciling, stalled,
-recovered), so `kubectl describe llmd` tells the story without one Event per watch update.
+recovered, became degraded or stopped being so, KV capacity fell short of the plan), so
+`kubectl describe llmd` tells the story without one Event per watch update: a Degraded reason
+or message that changes while it stays True posts nothing (a crash loop's restart count would
+otherwise post one Event per restart).
 """
 
 from __future__ import annotations
@@ -51,7 +54,26 @@ def transition_events(before: Sequence[Condition], after: Sequence[Condition]) -
         events.append(EventSpec("Normal", reconciling.reason, reconciling.message))
     if (ready := _flipped(before, after, conditions.READY, "True")) is not None:
         events.append(EventSpec("Normal", "Ready", ready.message))
+    if (degraded := _flipped(before, after, conditions.DEGRADED, "True")) is not None:
+        events.append(EventSpec("Warning", degraded.reason, degraded.message))
+    elif (
+        conditions.status_of(before, conditions.DEGRADED) == "True"
+        and conditions.status_of(after, conditions.DEGRADED) == "False"
+    ):
+        events.append(EventSpec("Normal", "NoLongerDegraded", "No replica problems seen."))
+    events.extend(_shortfall(before, after))
     return events
+
+
+def _shortfall(before: Sequence[Condition], after: Sequence[Condition]) -> list[EventSpec]:
+    """A Warning when CapacityPlanned starts reporting a KV capacity shortfall."""
+    new = conditions.find(after, conditions.CAPACITY_PLANNED)
+    old = conditions.find(before, conditions.CAPACITY_PLANNED)
+    if new is None or new.reason != conditions.REASON_CAPACITY_SHORTFALL:
+        return []
+    if old is not None and old.reason == conditions.REASON_CAPACITY_SHORTFALL:
+        return []
+    return [EventSpec("Warning", new.reason, new.message)]
 
 
 def render_event(

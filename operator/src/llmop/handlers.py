@@ -11,18 +11,24 @@
   `settings.watching.label_selectors` in `main`) repair drift and re-derive the parent's status.
   Low-level handlers and indexes store nothing on the objects.
 
+- One startup activity starts `llmop.fleet`'s agent reader as a task of kopf's event loop (no
+  daemon per LLMDeployment: that would add a finalizer); the cleanup activity stops it.
+
 Handlers return None so kopf writes no handler results into the status.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from llmop import kinds, names
+from llmop import fleet, kinds, names
 from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
+from llmop.engine_client import AgentClient
 from llmop.kube import KubeError
 from llmop.observed import child_summary, parent_summary
 from llmop.pods import pod_summary
@@ -156,3 +162,30 @@ def reconciles_probe(memo: Any, **_: Any) -> int:
     """Liveness payload: parents currently being reconciled (cheap, never fails)."""
     context: Context = memo.context
     return len(context.locks)
+
+
+@kopf.on.startup(id="fleet-reader")
+async def start_fleet_reader(memo: Any, **_: Any) -> None:
+    """Start reading the engine agents (unless configured off)."""
+    context: Context = memo.context
+    interval = context.config.agent_read_interval_seconds
+    if interval <= 0:
+        return
+    client = AgentClient(concurrency=context.config.agent_read_concurrency)
+    memo.fleet_client = client
+    memo.fleet_task = asyncio.create_task(
+        fleet.run(context, client, interval=interval), name="llmop-fleet-reader"
+    )
+
+
+@kopf.on.cleanup(id="fleet-reader-stop")
+async def stop_fleet_reader(memo: Any, **_: Any) -> None:
+    """Stop the agent reader and close its connections."""
+    task = getattr(memo, "fleet_task", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    client = getattr(memo, "fleet_client", None)
+    if client is not None:
+        await client.close()

@@ -72,9 +72,22 @@ CHILDREN: tuple[ChildKind, ...] = (SERVICE, DEPLOYMENT, PDB, HPA, SERVICE_MONITO
 WATCHED: tuple[ChildKind, ...] = tuple(kind for kind in CHILDREN if kind.watched)
 """Child kinds the operator watches."""
 
+
+@dataclass(frozen=True)
+class ObservedKind(Kind):
+    """A kind the operator watches but does not own."""
+
+    patched: bool = False
+    """Merge-patched in place (the engine pods' deletion-cost annotation)."""
+
+    def verbs(self) -> frozenset[str]:
+        """The RBAC verbs this use needs."""
+        return frozenset({"list", "watch", "patch"} if self.patched else {"list", "watch"})
+
+
 LLMDEPLOYMENT = Kind(API_VERSION, KIND, PLURAL)
 EVENT = Kind("v1", "Event", "events")
-POD = Kind("v1", "Pod", "pods")
+POD = ObservedKind("v1", "Pod", "pods", patched=True)
 NAMESPACE = Kind("v1", "Namespace", "namespaces")
 
 MODEL_CACHE: tuple[ChildKind, ...] = (PVC, JOB)
@@ -83,9 +96,9 @@ part of `CHILDREN`, whose plan only runs once the cache is filled)."""
 SECRET = Kind("v1", "Secret", "secrets")
 """Read only: the token of spec.model.tokenSecretRef, for the pre-flight access check."""
 
-OBSERVED: tuple[Kind, ...] = (POD,)
-"""Kinds the operator only watches (label-filtered, list + watch): the engine pods, whose
-problems the status names."""
+OBSERVED: tuple[ObservedKind, ...] = (POD,)
+"""Kinds the operator watches but does not own (label-filtered, list + watch): the engine pods,
+whose problems the status names and whose deletion cost `llmop.fleet` keeps current."""
 
 _BY_KIND = {
     k.kind: k for k in (*CHILDREN, *MODEL_CACHE, LLMDEPLOYMENT, EVENT, POD, NAMESPACE, SECRET)

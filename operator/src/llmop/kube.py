@@ -244,6 +244,26 @@ class Kube:
         result: dict[str, Any] = data
         return result
 
+    def patch_annotations(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        annotations: Mapping[str, str | None],
+    ) -> bool:
+        """Merge-patch annotations (None removes one); False when the object is gone."""
+        path = _path(api_version, kind, namespace, name)
+        body = {"metadata": {"annotations": dict(annotations)}}
+        status, data = self._request(
+            "PATCH", path, body=body, content_type=MERGE_PATCH, parse=False
+        )
+        if status == 404:
+            return False
+        if status >= 300:
+            self._raise("PATCH", path, status, data)
+        return True
+
     def create_event(self, event: Mapping[str, Any]) -> None:
         """Post a core/v1 Event; a missing namespace (being deleted) is not an error."""
         path = _path("v1", "Event", event["metadata"]["namespace"])

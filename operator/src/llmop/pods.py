@@ -6,12 +6,17 @@ the scheduler's verdict (`PodScheduled=False`, reason Unschedulable, "0/5 nodes 
 CrashLoopBackOff, CreateContainerConfigError) and the last termination (OOMKilled, exit code).
 `worst_issue` picks the one that explains the most, so the CR's status can name it within
 seconds instead of after the Deployment's progress deadline.
+
+`degraded_issue` also counts a container that is serving again but restarted recently (an
+OOM kill or a failed liveness probe that the kubelet papered over): the `Degraded` condition
+names it while `Ready` stays true. Each last termination comes with what to do about it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 REASON_UNSCHEDULABLE = "Unschedulable"
@@ -41,23 +46,41 @@ _RANK = {
     REASON_CRASH_LOOP: 3,
     REASON_RESTARTING: 4,
 }
+RECENT_RESTART = timedelta(minutes=10)
+"""A ready container that restarted this recently still marks its LLMDeployment Degraded:
+long enough to be seen by a person or an alert, short enough that one old restart does not
+keep it Degraded for the pod's whole life."""
+
+
+DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+"""The ReplicaSet controller deletes pods with the lowest cost first on scale-down."""
 
 
 def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What `pod_issue` reads of a pod, and nothing else: the watch cache holds one per engine
-    pod, so it stays small (no spec, no managedFields)."""
+    """What `pod_issue`, the agent reader and the cold-start breakdown read of a pod, and
+    nothing else: the watch cache
+    holds one per engine pod, so it stays small (no spec, no managedFields)."""
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}
     keep = ("name", "image", "ready", "restartCount", "state", "lastState")
+    annotations = metadata.get("annotations") or {}
+    summary_metadata = {
+        k: metadata[k]
+        for k in ("name", "namespace", "labels", "deletionTimestamp", "creationTimestamp")
+        if k in metadata
+    }
+    if DELETION_COST_ANNOTATION in annotations:
+        summary_metadata["annotations"] = {
+            DELETION_COST_ANNOTATION: annotations[DELETION_COST_ANNOTATION]
+        }
     return {
-        "metadata": {
-            k: metadata[k]
-            for k in ("name", "namespace", "labels", "deletionTimestamp")
-            if k in metadata
-        },
+        "metadata": summary_metadata,
         "status": {
+            **{k: status[k] for k in ("phase", "podIP") if k in status},
             "conditions": [
-                c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"
+                c
+                for c in status.get("conditions") or []
+                if c.get("type") in ("PodScheduled", "Ready")
             ],
             "containerStatuses": [
                 {k: c[k] for k in keep if k in c} for c in status.get("containerStatuses") or []
@@ -83,12 +106,54 @@ def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {str(c.get("type")): c for c in status.get("conditions") or []}
 
 
+def _hint(reason: str, code: Any) -> str:
+    """What a person can do about a container's last exit."""
+    if reason == "OOMKilled":
+        return (
+            "out of memory: raise spec.resources.memory, or lower engine.maxModelLen / "
+            "engine.maxNumSeqs"
+        )
+    if code == 137:
+        return (
+            "killed by SIGKILL: a failed liveness probe (a hung engine) or an external kill; "
+            "see `kubectl describe pod` and `kubectl logs --previous`"
+        )
+    if code == 143:
+        return "stopped by SIGTERM: a failed liveness probe or an eviction; see the pod's events"
+    return "see `kubectl logs --previous` for why the engine exited"
+
+
 def _last_termination(container: Mapping[str, Any]) -> str:
     terminated = (container.get("lastState") or {}).get("terminated") or {}
     if not terminated:
         return ""
     reason = terminated.get("reason") or "Terminated"
-    return f"last exit: {reason} (code {terminated.get('exitCode', '?')})"
+    code = terminated.get("exitCode", "?")
+    return f"last exit: {reason} (code {code}): {_hint(str(reason), code)}"
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _recent_restart(name: str, container: Mapping[str, Any], now: datetime) -> PodIssue | None:
+    """A container that restarted within `RECENT_RESTART` of `now`, whatever its state now."""
+    restarts = container.get("restartCount", 0)
+    terminated = (container.get("lastState") or {}).get("terminated") or {}
+    finished = _parse_time(terminated.get("finishedAt"))
+    if not restarts or finished is None or now - finished > RECENT_RESTART:
+        return None
+    return PodIssue(
+        REASON_RESTARTING,
+        f"pod {name} container {container.get('name', '?')} restarted {restarts} times, "
+        f"last at {terminated.get('finishedAt')}; {_last_termination(container)}",
+        name,
+    )
 
 
 def pod_issue(pod: Mapping[str, Any]) -> PodIssue | None:
@@ -142,9 +207,27 @@ def pod_issue(pod: Mapping[str, Any]) -> PodIssue | None:
     return min(found, key=lambda i: _RANK[i.reason]) if found else None
 
 
+def _worst(issues: Iterable[PodIssue | None]) -> PodIssue | None:
+    found = [i for i in issues if i is not None]
+    return min(found, key=lambda i: (_RANK[i.reason], i.pod)) if found else None
+
+
 def worst_issue(pods: Iterable[Mapping[str, Any]]) -> PodIssue | None:
     """The issue that explains the most among all pods (ties: the first pod by name)."""
-    issues = [i for i in (pod_issue(p) for p in pods) if i is not None]
-    if not issues:
-        return None
-    return min(issues, key=lambda i: (_RANK[i.reason], i.pod))
+    return _worst(pod_issue(p) for p in pods)
+
+
+def degraded_issue(pods: Iterable[Mapping[str, Any]], now: datetime) -> PodIssue | None:
+    """What makes the fleet Degraded: any pod's issue, or a container (ready again or not)
+    that restarted within `RECENT_RESTART` of `now`."""
+    found: list[PodIssue | None] = []
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        if metadata.get("deletionTimestamp"):
+            continue
+        found.append(pod_issue(pod))
+        name = str(metadata.get("name", "?"))
+        status = pod.get("status") or {}
+        for container in status.get("containerStatuses") or []:
+            found.append(_recent_restart(name, container, now))
+    return _worst(found)

@@ -8,7 +8,9 @@ GET per event. Two named entry points share one per-parent lock:
 - `reconcile_parent()` — create/update/resume of the LLMDeployment: apply every wanted child,
   delete unwanted ones, write the status;
 - `refresh_from_child()` — a watch event of one child: repair that child if it drifted or
-  vanished, and re-derive the parent's status.
+  vanished, and re-derive the parent's status;
+- `refresh_from_pod()` / `refresh_status()` — an engine pod changed, or the agents were read
+  (`llmop.fleet`): re-derive the parent's status only.
 
 Why the status never flaps: both entry points derive it from the same watch cache of the child
 Deployment, whose entries only move forward in time, and compare with the status this process
@@ -31,6 +33,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from llmop import conditions, engine_client, events, hub, kinds, names, preflight
+from llmop.agents import AgentReading
 from llmop.api.v1alpha1 import (
     GROUP,
     KIND,
@@ -60,6 +63,7 @@ log = logging.getLogger("llmop.reconcile")
 TRIGGER_PARENT = "parent"
 TRIGGER_CHILD = "child"
 TRIGGER_POD = "pod"
+TRIGGER_FLEET = "fleet"
 
 ChildIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
 """A watch cache of one child kind: (namespace, parent name) → the live children (normally
@@ -141,6 +145,9 @@ class Context:
     """Watch cache of the LLMDeployments: (namespace, name) → the parent."""
     pods: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]] = field(default_factory=dict)
     """Watch cache of the engine pods: (namespace, parent name) → their summaries (llmop.pods)."""
+    fleet: dict[tuple[str, str], tuple[AgentReading, ...]] = field(default_factory=dict)
+    """The agents' latest readings per parent (written by `llmop.fleet`); a parent absent here
+    has not been read by this process yet, and its status keeps what the agents said before."""
     _parsed: dict[tuple[str, str], _Parsed] = field(default_factory=dict)
     _written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
     _applied: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
@@ -160,6 +167,7 @@ class Context:
         self._applied.pop((namespace, name), None)
         self._gates.pop((namespace, name), None)
         self.downloading.discard((namespace, name))
+        self.fleet.pop((namespace, name), None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,6 +363,7 @@ def _write_derived_status(
         problem=problem,
         now=ctx.clock(),
         pods=list(ctx.pods.get((namespace, name)) or ()),
+        fleet=ctx.fleet.get((namespace, name)),
     )
     _write_status(ctx, body, status)
     stalled = problem is not None or desired.sizing.fits is False
@@ -689,7 +698,13 @@ def refresh_from_pod(ctx: Context, event_type: str | None, pod: Mapping[str, Any
     name = (metadata.get("labels") or {}).get(names.LABEL_DEPLOYMENT)
     if event_type is None or not name:
         return RESULT_SKIPPED  # initial listing: the parents' resume handlers derive status
-    with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(TRIGGER_POD) as outcome:
+    return refresh_status(ctx, namespace, name, trigger=TRIGGER_POD)
+
+
+def refresh_status(ctx: Context, namespace: str, name: str, *, trigger: str = TRIGGER_FLEET) -> str:
+    """Re-derive one parent's status from the caches (pods, Deployment, agent readings);
+    writes only the status, and only when it changed."""
+    with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(trigger) as outcome:
         body = _cached_parent(ctx, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             outcome.result = RESULT_SKIPPED

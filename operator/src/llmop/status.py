@@ -5,19 +5,33 @@ One function serves both the reconcile path and the child-event path, so the sta
 whichever of them wrote it last. kstatus rules: `Ready=True` only when the current generation is
 fully rolled out and every desired replica is ready; `Reconciling=True` while getting there;
 `Stalled=True` (with a reason) for what will not fix itself without a human.
+
+`Degraded=True` (abnormal-true, outside kstatus's three) names what is wrong with replicas
+while the deployment serves or rolls out: a pod that cannot be scheduled or pulled, a container
+crash-looping or recently restarted (OOMKilled, a failed liveness probe), a Ready pod whose
+deep probe fails. The agents' readings (`llmop.agents`) also give `status.plan.actual`; until
+this process has read them, both keep what the previous status said, so an operator restart
+writes nothing new.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from llmop import conditions, names
-from llmop.api.v1alpha1 import LLMDeploymentSpec, LLMDeploymentStatus
+from llmop import agents, coldstart, conditions, names
+from llmop.agents import AgentReading
+from llmop.api.v1alpha1 import (
+    ActualCapacity,
+    LLMDeploymentSpec,
+    LLMDeploymentStatus,
+    PlanStatus,
+    StartupStatus,
+)
 from llmop.conditions import Observation
-from llmop.pods import PodIssue, worst_issue
+from llmop.pods import PodIssue, degraded_issue, worst_issue
 from llmop.sizing import SizingResult
 
 
@@ -126,7 +140,7 @@ def _progress(rollout: Rollout) -> tuple[str, str] | None:
     return None
 
 
-def _capacity_observation(sizing: SizingResult | None) -> Observation:
+def _capacity_observation(sizing: SizingResult | None, shortfall: str | None = None) -> Observation:
     if sizing is None:
         return Observation(
             conditions.CAPACITY_PLANNED,
@@ -136,9 +150,26 @@ def _capacity_observation(sizing: SizingResult | None) -> Observation:
         )
     if sizing.fits is None:
         return Observation(conditions.CAPACITY_PLANNED, "Unknown", sizing.reason, sizing.message)
+    if sizing.fits and shortfall is not None:
+        # The plan holds (it fits); the engines just got less KV cache than it promised.
+        return Observation(
+            conditions.CAPACITY_PLANNED,
+            "True",
+            conditions.REASON_CAPACITY_SHORTFALL,
+            f"{shortfall[0].upper()}{shortfall[1:]}. Plan: {sizing.message}",
+        )
     if sizing.fits:
         return Observation(conditions.CAPACITY_PLANNED, "True", sizing.reason, sizing.message)
     return Observation(conditions.CAPACITY_PLANNED, "False", sizing.reason, sizing.message)
+
+
+def degraded_observation(issue: PodIssue | None) -> Observation:
+    """Degraded (abnormal-true): the issue's reason and message, or AsExpected."""
+    if issue is None:
+        return Observation(
+            conditions.DEGRADED, "False", conditions.REASON_AS_EXPECTED, "No replica problems seen."
+        )
+    return Observation(conditions.DEGRADED, "True", issue.reason, issue.message)
 
 
 def observe_conditions(
@@ -146,11 +177,25 @@ def observe_conditions(
     problem: Problem | None,
     sizing: SizingResult | None,
     pod_issue: PodIssue | None = None,
+    *,
+    degraded: Observation | None = None,
+    shortfall: str | None = None,
 ) -> list[Observation]:
-    """Ready, Reconciling, Stalled and CapacityPlanned, in that order. While the rollout is not
-    done, a pod's problem (unschedulable, image pull, crash loop) names the cause: Ready's reason
-    becomes it and both messages say which pod and why."""
-    capacity = _capacity_observation(sizing)
+    """Ready, Reconciling, Stalled and CapacityPlanned, in that order, then `degraded` when
+    given. While the rollout is not done, a pod's problem (unschedulable, image pull, crash
+    loop) names the cause: Ready's reason becomes it and both messages say which pod and why."""
+    observations = _observe(rollout, problem, sizing, pod_issue, shortfall)
+    return observations if degraded is None else [*observations, degraded]
+
+
+def _observe(
+    rollout: Rollout,
+    problem: Problem | None,
+    sizing: SizingResult | None,
+    pod_issue: PodIssue | None,
+    shortfall: str | None,
+) -> list[Observation]:
+    capacity = _capacity_observation(sizing, shortfall)
     if problem is not None:
         return [
             Observation(conditions.READY, "False", problem.reason, problem.message),
@@ -209,12 +254,31 @@ def derive_status(
     problem: Problem | None,
     now: datetime,
     pods: Iterable[Mapping[str, Any]] = (),
+    fleet: Sequence[AgentReading] | None = None,
 ) -> LLMDeploymentStatus:
     """The whole status of a parsed LLMDeployment. `problem` is the caller's own stall reason
-    (a child the API server rejected); planner and rollout problems are found here."""
+    (a child the API server rejected); planner and rollout problems are found here. `fleet` is
+    the agents' latest readings, None when this process has not read them yet."""
+    pods = list(pods)
     rollout = observe_rollout(deployment, spec, template_hash=template_hash)
     problem = problem or find_problem(sizing, rollout)
-    observations = observe_conditions(rollout, problem, sizing, worst_issue(pods))
+    plan = None if sizing is None else sizing.plan_status()
+    actual = _actual(previous, fleet)
+    if sizing is not None and actual is not None:
+        # Also without a plan (GPU memory unknown): then the reported figure is all there is.
+        plan = (plan or PlanStatus()).model_copy(update={"actual": actual})
+    shortfall = agents.capacity_shortfall(
+        None if plan is None else plan.kv_cache_tokens,
+        None if actual is None else actual.kv_cache_tokens,
+    )
+    observations = observe_conditions(
+        rollout,
+        problem,
+        sizing,
+        worst_issue(pods),
+        degraded=degraded_observation(_degraded_issue(previous, pods, fleet, now)),
+        shortfall=shortfall,
+    )
     return LLMDeploymentStatus(
         observed_generation=generation,
         replicas=rollout.replicas,
@@ -226,8 +290,62 @@ def derive_status(
         conditions=conditions.merge(
             previous.conditions, observations, generation=generation, now=now
         ),
-        plan=None if sizing is None else sizing.plan_status(),
+        plan=plan,
+        startup=_startup(previous, pods, fleet),
     )
+
+
+def _startup(
+    previous: LLMDeploymentStatus,
+    pods: Sequence[Mapping[str, Any]],
+    fleet: Sequence[AgentReading] | None,
+) -> StartupStatus | None:
+    """The cold-start breakdown; before the first agent read, the agent phases (Downloading,
+    Loading) the previous status showed stand."""
+    known = {}
+    if fleet is None and previous.startup is not None:
+        known = {r.pod: r.phase for r in previous.startup.replicas}
+    return coldstart.startup_status(pods, fleet or (), known)
+
+
+def _actual(
+    previous: LLMDeploymentStatus, fleet: Sequence[AgentReading] | None
+) -> ActualCapacity | None:
+    """What the engines report; before the first read, what the previous status said."""
+    if fleet is None:
+        return previous.plan.actual if previous.plan is not None else None
+    tokens = agents.actual_kv_tokens(fleet)
+    return None if tokens is None else ActualCapacity(kv_cache_tokens=tokens)
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and all(c.get("ready") for c in statuses)
+
+
+def _degraded_issue(
+    previous: LLMDeploymentStatus,
+    pods: Sequence[Mapping[str, Any]],
+    fleet: Sequence[AgentReading] | None,
+    now: datetime,
+) -> PodIssue | None:
+    """The pods' own problems first (they explain more); then failing deep probes, which only
+    the agents know: before the first read, a DeepProbeFailing verdict of the previous status
+    stands (an operator restart neither clears nor repeats it)."""
+    issue = degraded_issue(pods, now)
+    if issue is not None:
+        return issue
+    if fleet is not None:
+        ready = [str((p.get("metadata") or {}).get("name")) for p in pods if _ready(p)]
+        return agents.probe_issue(fleet, ready)
+    before = conditions.find(previous.conditions, conditions.DEGRADED)
+    if (
+        before is not None
+        and before.status == "True"
+        and before.reason == conditions.REASON_DEEP_PROBE_FAILING
+    ):
+        return PodIssue(before.reason, before.message, "")
+    return None
 
 
 def derive_invalid_status(

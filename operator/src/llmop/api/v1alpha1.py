@@ -710,6 +710,37 @@ class ModelStatus(ApiModel):
     """Progress of the download into the cache."""
 
 
+StartupPhase = Literal["Scheduling", "PullingImage", "Starting", "Downloading", "Loading", "Ready"]
+
+
+class ReplicaStartup(ApiModel):
+    """Where one engine pod's cold start went, in seconds after the pod was created."""
+
+    pod: str
+    """Pod name."""
+    phase: StartupPhase
+    """Scheduling, PullingImage (image pull and container creation), Starting (the agent up,
+    engine not yet known), Downloading or Loading (the agent's word), Ready."""
+    created: str = Field(json_schema_extra={"format": "date-time"})
+    """When the pod was created."""
+    scheduled_after_seconds: int | None = None
+    """Pod created → bound to a node."""
+    started_after_seconds: int | None = None
+    """Pod created → engine container running (scheduling, image pull, container creation)."""
+    ready_after_seconds: int | None = None
+    """Pod created → Ready (everything: download and weight loading included)."""
+
+
+class StartupStatus(ApiModel):
+    """The engine pods' cold starts."""
+
+    summary: str = ""
+    """The slowest replica not ready yet and its phase, or how long the slowest ready one
+    took (printed by `kubectl get -o wide`)."""
+    replicas: list[ReplicaStartup] = Field(default_factory=list, max_length=10)
+    """Per replica, the ones not ready first, then the newest (at most 10)."""
+
+
 class LLMDeploymentStatus(ApiModel):
     """Observed state of an LLMDeployment (written only by the operator)."""
 
@@ -739,6 +770,8 @@ class LLMDeploymentStatus(ApiModel):
     """Capacity plan."""
     model: ModelStatus | None = None
     """Resolved model revision and cache download progress (with spec.model.cache)."""
+    startup: StartupStatus | None = None
+    """Cold-start breakdown of the engine pods."""
 
 
 class ObjectMeta(ApiModel):
@@ -815,5 +848,12 @@ PRINTER_COLUMNS = (
         "jsonPath": ".status.model.download.summary",
         "priority": 1,
         "description": "Model cache download: done/total, rate, ETA",
+    },
+    {
+        "name": "Startup",
+        "type": "string",
+        "jsonPath": ".status.startup.summary",
+        "priority": 1,
+        "description": "The slowest replica still starting and its phase",
     },
 )

@@ -1,0 +1,126 @@
+"""Pure: where each engine pod's cold start goes, from the pod's own timestamps and its agent.
+
+A GPU replica can take minutes to serve; a person wants to know which part: waiting for a node
+(PodScheduled), pulling a multi-GiB image and creating the container (the container's
+`running.startedAt`), downloading the weights or loading them (the agent's phase), and Ready
+(the Ready condition). Every figure is a difference of timestamps the API server stores, never
+of "now", so the breakdown only changes when a pod does (an unchanged fleet writes nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from llmop.agents import AgentReading
+from llmop.api.v1alpha1 import ReplicaStartup, StartupPhase, StartupStatus
+
+MAX_REPLICAS = 10
+"""Replicas listed in the status: the ones not ready, then the newest."""
+_AGENT_PHASES: dict[str, StartupPhase] = {"downloading": "Downloading", "loading": "Loading"}
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _after(start: datetime | None, end: Any) -> int | None:
+    moment = _time(end)
+    if start is None or moment is None:
+        return None
+    return max(0, round((moment - start).total_seconds()))
+
+
+def _condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == type_:
+            return dict(condition)
+    return {}
+
+
+def _engine(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return dict(statuses[0]) if statuses else {}
+
+
+def replica_startup(
+    pod: Mapping[str, Any], reading: AgentReading | None = None, known: str | None = None
+) -> ReplicaStartup | None:
+    """One pod's breakdown; None for a pod without a creation time or one being deleted.
+    `known` is the phase the previous status gave it, kept while no reading says otherwise."""
+    metadata = pod.get("metadata") or {}
+    created = _time(metadata.get("creationTimestamp"))
+    if created is None or metadata.get("deletionTimestamp"):
+        return None
+    scheduled = _condition(pod, "PodScheduled")
+    ready = _condition(pod, "Ready")
+    running = (_engine(pod).get("state") or {}).get("running") or {}
+    phase: StartupPhase
+    if ready.get("status") == "True":
+        phase = "Ready"
+    elif scheduled.get("status") != "True":
+        phase = "Scheduling"
+    elif not running:
+        phase = "PullingImage"
+    elif reading is not None:
+        phase = _AGENT_PHASES.get(str(reading.phase).lower(), "Starting")
+    else:
+        phase = _AGENT_PHASES.get(str(known).lower(), "Starting")
+    return ReplicaStartup(
+        pod=str(metadata.get("name", "?")),
+        phase=phase,
+        created=str(metadata["creationTimestamp"]),
+        scheduled_after_seconds=(
+            _after(created, scheduled.get("lastTransitionTime"))
+            if scheduled.get("status") == "True"
+            else None
+        ),
+        started_after_seconds=_after(created, running.get("startedAt")),
+        ready_after_seconds=(
+            _after(created, ready.get("lastTransitionTime")) if phase == "Ready" else None
+        ),
+    )
+
+
+def _summary(replicas: Sequence[ReplicaStartup]) -> str:
+    starting = [r for r in replicas if r.phase != "Ready"]
+    if starting:
+        # The oldest pod still starting is the one holding the deployment up the longest.
+        slowest = min(starting, key=lambda r: (r.created, r.pod))
+        others = f" (+{len(starting) - 1} starting)" if len(starting) > 1 else ""
+        return f"{slowest.pod} {slowest.phase}{others}"
+    timed = [r for r in replicas if r.ready_after_seconds is not None]
+    if not timed:
+        return ""
+    slowest = max(timed, key=lambda r: r.ready_after_seconds or 0)
+    return f"all ready; slowest {slowest.ready_after_seconds}s ({slowest.pod})"
+
+
+def startup_status(
+    pods: Iterable[Mapping[str, Any]],
+    readings: Iterable[AgentReading] = (),
+    known: Mapping[str, str] | None = None,
+) -> StartupStatus | None:
+    """The breakdown of every live engine pod (None when there is none). `known`: pod → the
+    phase the previous status gave it, for pods no agent reading covers yet (a restarted
+    operator has read no agent: its first status must not undo what the last one said)."""
+    by_pod = {r.pod: r for r in readings}
+    replicas = []
+    for pod in pods:
+        name = str((pod.get("metadata") or {}).get("name"))
+        found = replica_startup(pod, by_pod.get(name), (known or {}).get(name))
+        if found is not None:
+            replicas.append(found)
+    if not replicas:
+        return None
+    # Not ready first; among each group the newest first (a rollout's new pods matter most).
+    replicas.sort(key=lambda r: r.pod)
+    replicas.sort(key=lambda r: r.created, reverse=True)
+    replicas.sort(key=lambda r: r.phase == "Ready")
+    return StartupStatus(summary=_summary(replicas), replicas=replicas[:MAX_REPLICAS])

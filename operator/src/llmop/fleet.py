@@ -1,0 +1,170 @@
+"""Orchestration: read every engine agent now and then, and act on what the agents say.
+
+One asyncio task (started by the handlers at operator startup) loops:
+
+1. the targets: every engine pod in the watch cache that runs and has an IP (not a GET);
+2. one round of `GET /status` through `llmop.engine_client` (bounded concurrency, timeouts);
+3. in a worker thread (the Kubernetes client is synchronous): per LLMDeployment, store the
+   readings in `Context.fleet` and re-derive its status when what the status shows of them
+   changed (KV capacity, deep probes, readiness) or while it is Degraded (a restart ages out);
+   then set each pod's `controller.kubernetes.io/pod-deletion-cost` to its load where it moved
+   materially (`llmop.agents.cost_changed`), at most `MAX_COST_PATCHES` per round.
+
+Why not on the reconcile path: a reconcile (and an operator restart, which resumes every parent)
+must not wait on hundreds of HTTP reads, and must not write anything new. The first round runs
+one period after startup; until then `status.derive_status` keeps what the agents said before.
+The period is `interval` or, for a big fleet, as long as reading it at `READS_PER_SECOND` takes:
+100 pods every 10 s, 1,000 every 50 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from llmop import conditions, kinds
+from llmop.agents import AgentReading, cost_changed, deletion_cost
+from llmop.engine_client import AgentClient, ReadResult, Target
+from llmop.kube import KubeError
+from llmop.pods import DELETION_COST_ANNOTATION
+from llmop.reconcile import TRIGGER_FLEET, Context, refresh_status
+
+log = logging.getLogger("llmop.fleet")
+
+READS_PER_SECOND = 20.0
+"""Sustained agent reads per second at most: a 1,000-pod fleet is read every 50 s."""
+MAX_COST_PATCHES = 100
+"""Deletion-cost patches per round at most (the rest wait for the next round)."""
+
+
+def period(pods: int, interval: float) -> float:
+    """Seconds from one round's start to the next for a fleet of `pods`."""
+    return max(interval, pods / READS_PER_SECOND)
+
+
+@dataclass(frozen=True)
+class _Pod:
+    target: Target
+    cost: str | None
+    """The deletion-cost annotation as the watch cache last saw it."""
+
+
+def _pods(ctx: Context) -> list[_Pod]:
+    """Engine pods worth reading: running, with an IP, not going away."""
+    found = []
+    for (namespace, parent), pods in list(ctx.pods.items()):
+        for pod in list(pods or ()):
+            metadata = pod.get("metadata") or {}
+            status = pod.get("status") or {}
+            ip = status.get("podIP")
+            if metadata.get("deletionTimestamp") or status.get("phase") != "Running" or not ip:
+                continue
+            target = Target(namespace, parent, str(metadata.get("name")), str(ip))
+            annotations = metadata.get("annotations") or {}
+            found.append(_Pod(target, annotations.get(DELETION_COST_ANNOTATION)))
+    return found
+
+
+def _shown(readings: Iterable[AgentReading]) -> tuple[Any, ...]:
+    """The part of the readings the status shows (not the load, which moves all the time)."""
+    return tuple(
+        (r.pod, r.ready, r.kv_capacity_tokens, r.deep_probe_ok, r.deep_probe_error)
+        for r in readings
+    )
+
+
+def _degraded(ctx: Context, key: tuple[str, str]) -> bool:
+    for parent in list(ctx.parents.get(key) or ()):
+        for condition in (parent.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == conditions.DEGRADED and condition.get("status") == "True":
+                return True
+    return False
+
+
+def apply_round(
+    ctx: Context, parents: Iterable[tuple[str, str]], pods: list[_Pod], result: ReadResult
+) -> tuple[int, int]:
+    """Act on one round of readings (synchronous: Kubernetes writes); `parents` are the ones
+    with engine pods in the cache when the round started. Returns (parents refreshed,
+    deletion costs written)."""
+    by_parent: dict[tuple[str, str], list[AgentReading]] = {key: [] for key in parents}
+    for pod in pods:
+        reading = result.readings.get(pod.target)
+        if reading is not None:
+            by_parent.setdefault((pod.target.namespace, pod.target.parent), []).append(reading)
+    refreshed = 0
+    for key in set(by_parent) | set(ctx.fleet):
+        readings = tuple(sorted(by_parent.get(key, ()), key=lambda r: r.pod))
+        before = ctx.fleet.get(key)
+        # A parent whose pods are all gone keeps an empty reading (scaled to zero: nothing
+        # reported); `Context.forget` drops it with the parent.
+        ctx.fleet[key] = readings
+        if before is None or _shown(before) != _shown(readings) or _degraded(ctx, key):
+            try:
+                refresh_status(ctx, *key, trigger=TRIGGER_FLEET)
+                refreshed += 1
+            except KubeError as error:
+                log.warning("could not refresh %s/%s: %s", *key, error)
+    return refreshed, _write_costs(ctx, pods, result)
+
+
+def _write_costs(ctx: Context, pods: list[_Pod], result: ReadResult) -> int:
+    written = 0
+    for pod in pods:
+        reading = result.readings.get(pod.target)
+        cost = None if reading is None else deletion_cost(reading)
+        if cost is None or not cost_changed(pod.cost, cost):
+            continue
+        if written >= MAX_COST_PATCHES:
+            break
+        try:
+            ctx.kube.patch_annotations(
+                kinds.POD.api_version,
+                kinds.POD.kind,
+                pod.target.namespace,
+                pod.target.pod,
+                {DELETION_COST_ANNOTATION: str(cost)},
+            )
+            written += 1
+        except KubeError as error:
+            log.warning("could not set the deletion cost of %s: %s", pod.target.pod, error)
+    return written
+
+
+async def read_round(ctx: Context, client: AgentClient) -> tuple[int, ReadResult]:
+    """One round: read every agent, then act on the readings; returns (targets, result)."""
+    # The watch caches are read here, on the event loop that updates them, never from the
+    # worker thread below.
+    parents = [key for key, cached in list(ctx.pods.items()) if list(cached or ())]
+    pods = _pods(ctx)
+    result = await client.read_all([p.target for p in pods])
+    refreshed, costs = await asyncio.to_thread(apply_round, ctx, parents, pods, result)
+    log.debug(
+        "read %d agents (%d failed); %d statuses refreshed, %d deletion costs written",
+        len(pods),
+        result.failed,
+        refreshed,
+        costs,
+    )
+    return len(pods), result
+
+
+async def run(ctx: Context, client: AgentClient, *, interval: float) -> None:
+    """Read the fleet every `period(...)` seconds until cancelled; the first round waits one
+    interval, so a (re)starting operator resumes its parents without reading any agent."""
+    loop = asyncio.get_running_loop()
+    wait = interval
+    while True:
+        await asyncio.sleep(wait)
+        started = loop.time()
+        try:
+            count, _ = await read_round(ctx, client)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("reading the engine agents failed")
+            count = 0
+        wait = max(0.0, period(count, interval) - (loop.time() - started))

@@ -1,0 +1,115 @@
+"""The cold-start breakdown, from pod objects shaped like the ones the scheduler and kubelet
+write (creation, PodScheduled, the container's running.startedAt, Ready) and agent phases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmop.agents import AgentReading
+from llmop.coldstart import MAX_REPLICAS, replica_startup, startup_status
+from llmop.pods import pod_summary
+
+
+def pod(
+    name: str,
+    *,
+    created: str = "2026-11-23T10:00:00Z",
+    scheduled: str | None = "2026-11-23T10:00:02Z",
+    started: str | None = "2026-11-23T10:01:30Z",
+    ready: str | None = "2026-11-23T10:04:00Z",
+) -> dict[str, Any]:
+    conditions: list[dict[str, Any]] = [
+        {"type": "Initialized", "status": "True", "lastTransitionTime": created},
+        {
+            "type": "PodScheduled",
+            "status": "True" if scheduled else "False",
+            "lastTransitionTime": scheduled or created,
+            **({} if scheduled else {"reason": "Unschedulable"}),
+        },
+        {
+            "type": "Ready",
+            "status": "True" if ready else "False",
+            "lastTransitionTime": ready or started or created,
+        },
+    ]
+    state: dict[str, Any] = (
+        {"running": {"startedAt": started}}
+        if started
+        else {"waiting": {"reason": "ContainerCreating"}}
+    )
+    # Through pod_summary: the breakdown must work on what the watch cache keeps.
+    return pod_summary(
+        {
+            "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created},
+            "spec": {"containers": [{"name": "engine"}]},
+            "status": {
+                "phase": "Running" if started else "Pending",
+                "conditions": conditions,
+                "containerStatuses": [
+                    {"name": "engine", "ready": bool(ready), "restartCount": 0, "state": state}
+                ],
+            },
+        }
+    )
+
+
+def test_a_ready_replica_shows_each_step() -> None:
+    found = replica_startup(pod("x-1"))
+    assert found is not None
+    assert (found.phase, found.scheduled_after_seconds) == ("Ready", 2)
+    assert (found.started_after_seconds, found.ready_after_seconds) == (90, 240)
+
+
+def test_phases_of_a_replica_not_ready_yet() -> None:
+    phases = [
+        replica_startup(pod("a", scheduled=None, started=None, ready=None)),
+        replica_startup(pod("b", started=None, ready=None)),
+        replica_startup(pod("c", ready=None)),
+        replica_startup(pod("d", ready=None), AgentReading("d", phase="downloading")),
+        replica_startup(pod("e", ready=None), AgentReading("e", phase="loading")),
+        replica_startup(pod("f", ready=None), known="Loading"),
+    ]
+    assert [p.phase if p else None for p in phases] == [
+        "Scheduling",
+        "PullingImage",
+        "Starting",
+        "Downloading",
+        "Loading",
+        "Loading",
+    ]
+    b = phases[1]
+    assert b is not None
+    assert (b.scheduled_after_seconds, b.started_after_seconds, b.ready_after_seconds) == (
+        2,
+        None,
+        None,
+    )
+
+
+def test_summary_names_the_oldest_replica_still_starting() -> None:
+    status = startup_status(
+        [
+            pod("new", created="2026-11-23T10:05:00Z", ready=None),
+            pod("old", created="2026-11-23T10:03:00Z", started=None, ready=None),
+            pod("done"),
+        ]
+    )
+    assert status is not None
+    assert status.summary == "old PullingImage (+1 starting)"
+    assert [r.pod for r in status.replicas] == ["new", "old", "done"]
+
+
+def test_summary_when_all_are_ready_is_the_slowest_start() -> None:
+    status = startup_status([pod("x-1"), pod("x-2", ready="2026-11-23T10:09:00Z")])
+    assert status is not None
+    assert status.summary == "all ready; slowest 540s (x-2)"
+
+
+def test_breakdown_is_bounded_and_skips_pods_going_away() -> None:
+    pods = [pod(f"x-{i:02d}") for i in range(MAX_REPLICAS + 5)]
+    status = startup_status(pods)
+    assert status is not None
+    assert len(status.replicas) == MAX_REPLICAS
+    leaving = pod("gone")
+    leaving["metadata"]["deletionTimestamp"] = "2026-11-23T10:10:00Z"
+    assert startup_status([leaving]) is None
