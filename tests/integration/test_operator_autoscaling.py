@@ -106,3 +106,24 @@ def test_new_autoscaled_deployment_starts_at_min_replicas(
     ready = kit.wait_condition(namespace, "minrep", "Ready", "True", timeout=60)
     assert ready["status"]["replicaSummary"] == "2/2"
     assert replicas(kit, namespace, "minrep") == 2
+
+
+def test_hpa_without_a_metrics_api_is_named_in_the_status(
+    operator: OperatorProcess, kit: Kit, namespace: str
+) -> None:
+    """This cluster serves no custom metrics API: the HPA cannot read the queue depth, and the
+    CR says so in its own words (Degraded), rather than silently never scaling; Ready stays
+    honest. With autoscaling off again (no HPA) it clears."""
+    auto = {"minReplicas": 1, "maxReplicas": 3}
+    kit.apply_llmd(namespace, "blind", spec(autoscaling=auto))
+    obj = kit.wait_condition(namespace, "blind", "Degraded", "True", timeout=90)
+    degraded = {c["type"]: c for c in obj["status"]["conditions"]}["Degraded"]
+    assert degraded["reason"] == "AutoscalerInactive", degraded
+    assert "ScalingActive=False" in degraded["message"], degraded
+    assert "llmop_engine_queue_depth" in degraded["message"], degraded  # the HPA's own words
+    kit.wait_condition(namespace, "blind", "Ready", "True", timeout=60)
+
+    kit.apply_llmd(namespace, "blind", spec(replicas=1))
+    cleared = kit.wait_condition(namespace, "blind", "Degraded", "False", timeout=60)
+    assert kit.get(*HPA, namespace, "blind") is None
+    assert {c["type"]: c for c in cleared["status"]["conditions"]}["Ready"]["status"] == "True"

@@ -275,3 +275,99 @@ def test_status_patch_nulls_removed_keys_and_replaces_conditions() -> None:
 def test_parse_previous_tolerates_garbage() -> None:
     assert status_mod.parse_previous(None) == LLMDeploymentStatus()
     assert status_mod.parse_previous({"conditions": "nope"}) == LLMDeploymentStatus()
+
+
+def hpa(*conditions: tuple[str, str, str]) -> dict[str, Any]:
+    """An HPA as the watch cache keeps it (`observed.child_summary`): conditions only."""
+    from llmop.observed import child_summary
+
+    return child_summary(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "x", "namespace": "ns"},
+            "spec": {"maxReplicas": 5},
+            "status": {
+                "currentMetrics": [{"type": "Pods"}],  # churns at every sync: dropped
+                "conditions": [
+                    {
+                        "type": kind,
+                        "status": state,
+                        "reason": reason,
+                        "message": f"{reason} said the HPA",
+                        "lastTransitionTime": "2026-01-02T03:04:05Z",
+                    }
+                    for kind, state, reason in conditions
+                ],
+            },
+        }
+    )
+
+
+NO_METRICS = ("ScalingActive", "False", "FailedGetPodsMetric")
+
+
+def test_hpa_summary_keeps_conditions_without_timestamps_or_readings() -> None:
+    summary = hpa(("AbleToScale", "True", "ReadyForNewScale"), NO_METRICS)
+    assert summary["status"] == {
+        "conditions": [
+            {
+                "type": "AbleToScale",
+                "status": "True",
+                "reason": "ReadyForNewScale",
+                "message": "ReadyForNewScale said the HPA",
+            },
+            {
+                "type": "ScalingActive",
+                "status": "False",
+                "reason": "FailedGetPodsMetric",
+                "message": "FailedGetPodsMetric said the HPA",
+            },
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("conditions", "degraded"),
+    [
+        ([("AbleToScale", "True", "ReadyForNewScale"), NO_METRICS], True),
+        ([("AbleToScale", "False", "FailedGetScale")], True),
+        (
+            [
+                ("AbleToScale", "True", "ScaleDownStabilized"),
+                ("ScalingActive", "True", "ValidMetricFound"),
+            ],
+            False,
+        ),
+        # Its target scaled to 0 on purpose: the HPA idles, nothing is wrong.
+        ([("ScalingActive", "False", "ScalingDisabled")], False),
+        ([("ScalingLimited", "True", "TooManyReplicas")], False),
+    ],
+)
+def test_an_hpa_that_cannot_scale_degrades_with_its_own_words(
+    conditions: list[tuple[str, str, str]], degraded: bool
+) -> None:
+    resource = ld(autoscaling={"maxReplicas": 5})
+    status = derive_status(
+        name="x",
+        namespace="ns",
+        generation=4,
+        previous=LLMDeploymentStatus(),
+        spec=resource.spec,
+        sizing=plan_for(resource.spec),
+        deployment=deployment(status=ROLLED_OUT),
+        template_hash=HASH,
+        problem=None,
+        now=NOW,
+        hpa=hpa(*conditions),
+    )
+    got = {c.type: c for c in status.conditions}
+    assert got["Ready"].status == "True"  # the replicas serve: Ready stays honest
+    if degraded:
+        reason = conditions[-1][2]
+        assert (got["Degraded"].status, got["Degraded"].reason) == ("True", "AutoscalerInactive")
+        assert f"({conditions[-1][0]}=False, {reason}): {reason} said the HPA" in (
+            got["Degraded"].message or ""
+        )
+    else:
+        assert got["Degraded"].status == "False"

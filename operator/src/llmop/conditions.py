@@ -42,6 +42,8 @@ REASON_CAPACITY_SHORTFALL = "CapacityShortfall"
 """CapacityPlanned: the engines report less KV cache than the plan promised."""
 REASON_DEEP_PROBE_FAILING = "DeepProbeFailing"
 """Degraded=True: a pod is Ready but its agent's deep probe (a real completion) fails."""
+REASON_AUTOSCALER_INACTIVE = "AutoscalerInactive"
+"""Degraded=True: the HPA cannot compute or apply a replica count (e.g. no custom metrics API)."""
 
 
 @dataclass(frozen=True)

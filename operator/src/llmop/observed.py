@@ -27,7 +27,8 @@ _METADATA_KEPT = (
 )
 _OUR_MANAGERS = (names.FIELD_MANAGER, names.HANDOVER_FIELD_MANAGER)
 _STATUS_KEPT_KINDS = ("Deployment",)
-"""Only the Deployment's status feeds the parent's; HPA/PDB/Service status churn is dropped."""
+"""The Deployment's status feeds the parent's; of the HPA's only its conditions are kept (see
+`hpa_conditions`); PDB/Service status churn is dropped."""
 
 
 def _managed_fields(entries: Any) -> list[dict[str, Any]]:
@@ -59,7 +60,18 @@ def child_summary(body: Mapping[str, Any]) -> dict[str, Any]:
     }
     if body.get("kind") in _STATUS_KEPT_KINDS and body.get("status") is not None:
         summary["status"] = dict(body["status"])
+    elif body.get("kind") == "HorizontalPodAutoscaler":
+        summary["status"] = {"conditions": hpa_conditions(body)}
     return summary
+
+
+def hpa_conditions(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The HPA's conditions without their timestamps: what it can or cannot do changes rarely,
+    its metric readings (dropped) change at every sync."""
+    return [
+        {key: str(c.get(key) or "") for key in ("type", "status", "reason", "message")}
+        for c in (body.get("status") or {}).get("conditions") or ()
+    ]
 
 
 def parent_summary(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from llmop.render import model_cache
 from llmop.settings import RenderSettings
 from llmop.status import (
     Problem,
+    autoscaler_issue,
     derive_invalid_status,
     derive_status,
     parse_previous,
@@ -347,7 +348,8 @@ def _write_derived_status(
     event will say a moment later, so that event needs no second status write. It can never
     read as Ready."""
     namespace, name = _key(body)
-    deployment = live_children(ctx, namespace, name, body["metadata"]["uid"]).get(kinds.DEPLOYMENT)
+    live = live_children(ctx, namespace, name, body["metadata"]["uid"])
+    deployment = live.get(kinds.DEPLOYMENT)
     if deployment is None and applied:
         deployment = JUST_APPLIED
     spec = desired.llmd.spec
@@ -364,6 +366,7 @@ def _write_derived_status(
         now=ctx.clock(),
         pods=list(ctx.pods.get((namespace, name)) or ()),
         fleet=ctx.fleet.get((namespace, name)),
+        hpa=live.get(kinds.HPA) if spec.autoscaling is not None else None,
     )
     _write_status(ctx, body, status)
     stalled = problem is not None or desired.sizing.fits is False
@@ -629,7 +632,25 @@ def reconcile_parent(
         return outcome.result
 
 
-def _refresh(ctx: Context, kind: ChildKind, event_type: str, owner: Owner) -> str:
+def _hpa_news(parent: Mapping[str, Any], hpa: Mapping[str, Any] | None) -> bool:
+    """The HPA's event matters to the status: it cannot scale, or the status still says so.
+    (Its metric readings change at every sync; those events derive nothing.)"""
+    if hpa is not None and autoscaler_issue(hpa) is not None:
+        return True
+    return any(
+        c.get("type") == conditions.DEGRADED
+        and c.get("reason") == conditions.REASON_AUTOSCALER_INACTIVE
+        for c in (parent.get("status") or {}).get("conditions") or ()
+    )
+
+
+def _refresh(
+    ctx: Context,
+    kind: ChildKind,
+    event_type: str,
+    owner: Owner,
+    hpa: Mapping[str, Any] | None = None,
+) -> str:
     if event_type == "DELETED":
         # Recreating a child is the one write a stale cache could get wrong (a parent being
         # deleted right now): ask the API server.
@@ -658,8 +679,13 @@ def _refresh(ctx: Context, kind: ChildKind, event_type: str, owner: Owner) -> st
         problem = _run_plan(ctx, body, plan) if plan else None
         if plan:
             log.info("%s/%s: %s", owner.namespace, owner.name, "; ".join(plan.reasons))
-        if kind != kinds.DEPLOYMENT and not plan:
-            return RESULT_SKIPPED  # only the Deployment feeds the status
+        if (
+            kind != kinds.DEPLOYMENT
+            and not plan
+            and not (kind == kinds.HPA and _hpa_news(body, hpa))
+        ):
+            # Only the Deployment feeds the status, and the HPA when it cannot scale.
+            return RESULT_SKIPPED
         applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
         return _write_derived_status(ctx, body, desired, problem, applied=applied)
 
@@ -683,7 +709,8 @@ def refresh_from_child(ctx: Context, event_type: str | None, child: Mapping[str,
         ctx.metrics.reconciling(TRIGGER_CHILD) as outcome,
     ):
         try:
-            outcome.result = _refresh(ctx, kind, event_type, owner)
+            hpa = child if kind == kinds.HPA and event_type != "DELETED" else None
+            outcome.result = _refresh(ctx, kind, event_type, owner, hpa)
         except TerminatingError:
             outcome.result = RESULT_SKIPPED
         return outcome.result

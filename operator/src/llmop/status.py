@@ -255,10 +255,12 @@ def derive_status(
     now: datetime,
     pods: Iterable[Mapping[str, Any]] = (),
     fleet: Sequence[AgentReading] | None = None,
+    hpa: Mapping[str, Any] | None = None,
 ) -> LLMDeploymentStatus:
     """The whole status of a parsed LLMDeployment. `problem` is the caller's own stall reason
     (a child the API server rejected); planner and rollout problems are found here. `fleet` is
-    the agents' latest readings, None when this process has not read them yet."""
+    the agents' latest readings, None when this process has not read them yet; `hpa` the live
+    HorizontalPodAutoscaler, whose conditions say when it cannot scale."""
     pods = list(pods)
     rollout = observe_rollout(deployment, spec, template_hash=template_hash)
     problem = problem or find_problem(sizing, rollout)
@@ -276,7 +278,9 @@ def derive_status(
         problem,
         sizing,
         worst_issue(pods),
-        degraded=degraded_observation(_degraded_issue(previous, pods, fleet, now)),
+        degraded=degraded_observation(
+            _degraded_issue(previous, pods, fleet, now) or autoscaler_issue(hpa)
+        ),
         shortfall=shortfall,
     )
     return LLMDeploymentStatus(
@@ -345,6 +349,32 @@ def _degraded_issue(
         and before.reason == conditions.REASON_DEEP_PROBE_FAILING
     ):
         return PodIssue(before.reason, before.message, "")
+    return None
+
+
+# ScalingActive=False with this reason is the HPA idling on purpose (its target has 0 replicas).
+_HPA_BENIGN = {("ScalingActive", "ScalingDisabled")}
+
+
+def autoscaler_issue(hpa: Mapping[str, Any] | None) -> PodIssue | None:
+    """The HPA's own word when it cannot scale (ScalingActive or AbleToScale False): without it
+    an autoscaled deployment silently never scales, e.g. when no custom metrics API serves the
+    queue-depth metric."""
+    if hpa is None:
+        return None
+    for c in (hpa.get("status") or {}).get("conditions") or ():
+        kind, reason = str(c.get("type")), str(c.get("reason") or "")
+        if kind in ("ScalingActive", "AbleToScale") and c.get("status") == "False":
+            if (kind, reason) in _HPA_BENIGN:
+                continue
+            name = (hpa.get("metadata") or {}).get("name")
+            return PodIssue(
+                conditions.REASON_AUTOSCALER_INACTIVE,
+                f"HorizontalPodAutoscaler {name} cannot scale ({kind}=False, {reason}): "
+                f"{c.get('message') or 'no message'}. Check that the custom metrics API "
+                "(prometheus-adapter) serves llmop_engine_queue_depth for these pods.",
+                "",
+            )
     return None
 
 
