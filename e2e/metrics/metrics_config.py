@@ -21,7 +21,8 @@ TestPodMonitorPhaseFilter/TestSettingHonorLabels tests): job name `podMonitor/<n
 keep on `__meta_kubernetes_pod_container_port_name`, drop Failed/Succeeded pods.
 
 Used by e2e/metrics/pipeline.sh (the processes of `make cluster-up`) and by the tests
-(tests/chart/test_alert_rules.py, tests/chart/test_metrics_config.py, tests/e2e/test_metrics_pipeline.py).
+(tests/chart/test_alert_rules.py, tests/chart/test_metrics_config.py,
+tests/e2e/test_metrics_pipeline.py).
 
 Usage: metrics_config.py write --out DIR --kubeconfig FILE
 """
