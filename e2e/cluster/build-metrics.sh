@@ -68,7 +68,7 @@ LABEL="metrics binaries"
 GO_CACHE_NICE=10
 # shellcheck source=e2e/cluster/go-cache.sh
 source "$HERE/go-cache.sh"
-go_cache_open "~18 min on 2 cores"
+go_cache_open "~18 min on 2 cores" "$HERE/prometheus" "$HERE/prometheus-adapter"
 
 # What Prometheus's promu stamps, so --version and build_info report the real release.
 V=github.com/prometheus/common/version

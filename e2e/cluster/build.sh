@@ -56,7 +56,7 @@ fi
 LABEL="cluster binaries"
 # shellcheck source=e2e/cluster/go-cache.sh
 source "$HERE/go-cache.sh"
-go_cache_open "~15 min on 2 cores"
+go_cache_open "~15 min on 2 cores" "$HERE/k8s" "$HERE/etcd" "$HERE/kwok"
 
 MAJOR="${K8S_VERSION#v}" MAJOR="${MAJOR%%.*}"
 MINOR="${K8S_VERSION#v*.}" MINOR="${MINOR%%.*}"

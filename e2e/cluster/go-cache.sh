@@ -4,7 +4,10 @@
 # renamed into place, so a killed build never leaves a directory that looks finished.
 #
 # The caller sets LABEL (for messages), CACHE_ROOT, BIN_DIR and HERE, then:
-#   go_cache_open "<how long a cold build takes>"   exits printing BIN_DIR when it is complete
+#   go_cache_open "<how long a cold build takes>" <module dir>...
+#                         exits printing BIN_DIR when it is complete; else downloads the modules
+#                         (before the lock, so a concurrent build's compile overlaps them) and
+#                         takes the lock
 #   go_cache_build <name> <dir> <tags> <ldflags> <pkg>   into $STAGE, timed into $TIMES
 #   go_cache_check_version <binary> <expected substring> [args...]
 #   go_cache_close <binary>...                      records sizes, publishes, prints BIN_DIR
@@ -13,12 +16,19 @@
 
 go_cache_complete() { [[ -f "$BIN_DIR/.complete" ]]; }
 
-go_cache_open() { # go_cache_open <cold build estimate>
+go_cache_open() { # go_cache_open <cold build estimate> <module dir>...
+  local estimate="$1" dir
+  shift
   if go_cache_complete; then
     echo "$LABEL: reusing $BIN_DIR" >&2
     echo "$BIN_DIR"
     exit 0
   fi
+  for dir in "$@"; do
+    echo "$LABEL: downloading the modules of ${dir##*/}/" >&2
+    # Best effort: `go build` fetches whatever is still missing (and fails loudly if it can't).
+    (cd "$dir" && go mod download) || echo "$LABEL: warning: go mod download failed in $dir" >&2
+  done
   mkdir -p "$CACHE_ROOT"
   # One builder at a time: `make test` and a pytest session may both get here.
   exec 9>"$CACHE_ROOT/.build.lock"
@@ -34,7 +44,7 @@ go_cache_open() { # go_cache_open <cold build estimate>
   P="${LLMOP_GO_BUILD_P:-2}"
   TIMES="$STAGE/build-times.txt"
   echo "# $(go env GOVERSION), go build -p $P, $(nproc) cores, $(date -u +%FT%TZ)" >"$TIMES"
-  echo "$LABEL: building into $BIN_DIR (a cold build takes $1)" >&2
+  echo "$LABEL: building into $BIN_DIR (a cold build takes $estimate)" >&2
   TOTAL_START=$(date +%s)
 }
 
