@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import signal
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -220,3 +221,32 @@ def test_saturated_engine_without_metrics_is_not_killed(fleet: Fleet) -> None:
     assert "timed out" in probe  # the situation the agent must tolerate did arise
     assert all(code == 200 for code in lives), lives
     assert "exports no vllm:* metrics" in r.log_tail(50000)
+
+
+@pytest.mark.timeout(60)
+def test_download_progress_in_status_while_the_cache_grows(fleet: Fleet, tmp_path: Path) -> None:
+    cache = tmp_path / "models"
+    cache.mkdir()
+    r = fleet.start(["--sim-load-seconds", "40"], LLMOP_MODEL_CACHE_DIR=str(cache))
+    weights = cache / "model.safetensors"
+
+    async def scenario() -> dict[str, object]:
+        deadline = time.monotonic() + 30
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < deadline:
+                with weights.open("ab") as f:  # what a download looks like from outside
+                    f.write(b"\0" * (1 << 20))
+                await asyncio.sleep(0.5)
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(r.probe_url + "/status") as resp:
+                        status = await resp.json()
+                    if status["phase"] == "downloading" and status["modelCacheBytes"]:
+                        return dict(status)
+        raise AssertionError(f"no download progress in /status\n{r.log_tail()}")
+
+    status = asyncio.run(scenario())
+    got = status["modelCacheBytes"]
+    assert isinstance(got, int)
+    # Measured at the agent's last poll: at most the size now, and whole MiB written by then.
+    assert 0 < got <= weights.stat().st_size
+    assert got % (1 << 20) == 0

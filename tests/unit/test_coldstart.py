@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmop.agents import AgentReading
+from llmop.agents import AgentReading, parse_status
+from llmop.api.v1alpha1 import ReplicaStartup
 from llmop.coldstart import MAX_REPLICAS, replica_startup, startup_status
 from llmop.pods import pod_summary
 
@@ -67,7 +68,10 @@ def test_phases_of_a_replica_not_ready_yet() -> None:
         replica_startup(pod("c", ready=None)),
         replica_startup(pod("d", ready=None), AgentReading("d", phase="downloading")),
         replica_startup(pod("e", ready=None), AgentReading("e", phase="loading")),
-        replica_startup(pod("f", ready=None), known="Loading"),
+        replica_startup(
+            pod("f", ready=None),
+            known=ReplicaStartup(pod="f", phase="Loading", created="2026-11-23T10:00:00Z"),
+        ),
     ]
     assert [p.phase if p else None for p in phases] == [
         "Scheduling",
@@ -84,6 +88,26 @@ def test_phases_of_a_replica_not_ready_yet() -> None:
         None,
         None,
     )
+
+
+def test_download_bytes_while_the_engine_downloads_itself() -> None:
+    status = {"phase": "downloading", "ready": False, "modelCacheBytes": 3 * 2**30 + 2**29}
+    reading = parse_status("d", status)
+    found = replica_startup(pod("d", ready=None), reading)
+    assert found is not None
+    assert (found.phase, found.downloaded_bytes) == ("Downloading", 3 * 2**30 + 2**29)
+    summary = startup_status([pod("d", ready=None)], [reading])
+    assert summary is not None
+    assert summary.summary == "d Downloading 3.50 GiB"
+    # A restarted operator has read no agent yet: the last status's bytes stand until it does.
+    kept = replica_startup(pod("d", ready=None), known=found)
+    assert kept is not None
+    assert kept.downloaded_bytes == found.downloaded_bytes
+    # Once loading (or ready) the figure is gone: the download is over.
+    loading = replica_startup(pod("d", ready=None), AgentReading("d", phase="loading"), found)
+    assert loading is not None
+    assert loading.downloaded_bytes is None
+    assert replica_startup(pod("d"), reading) == replica_startup(pod("d"))
 
 
 def test_summary_names_the_oldest_replica_still_starting() -> None:

@@ -93,6 +93,9 @@ class Agent:
                 "ageSeconds": round(time.monotonic() - probe.finished_at, 1),
                 "error": probe.error or None,
             },
+            # Bytes in the model cache directory, measured until the engine first listens: while
+            # vLLM downloads the weights itself, how far the download got.
+            "modelCacheBytes": self.state.cache_bytes,
             "servedModelName": self.model_name,
             "modelRevision": flag_value(self.settings.engine_args, EngineFlag.REVISION),
             "backend": self.settings.backend,

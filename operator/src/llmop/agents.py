@@ -41,6 +41,7 @@ class AgentReading:
     running: int | None = None
     waiting: int | None = None
     kv_capacity_tokens: int | None = None
+    model_cache_bytes: int | None = None
     deep_probe_ok: bool | None = None
     deep_probe_error: str | None = None
 
@@ -75,6 +76,7 @@ def parse_status(pod: str, payload: Any) -> AgentReading:
         running=_count(payload.get("running")),
         waiting=_count(payload.get("queueDepth")),
         kv_capacity_tokens=_count(payload.get("kvCacheCapacityTokens")),
+        model_cache_bytes=_count(payload.get("modelCacheBytes")),
         deep_probe_ok=ok if isinstance(ok, bool) else None,
         deep_probe_error=str(error) if error else None,
     )

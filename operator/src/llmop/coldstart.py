@@ -41,11 +41,18 @@ def _engine(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return dict(statuses[0]) if statuses else {}
 
 
+def _downloaded(reading: AgentReading | None, known: ReplicaStartup | None) -> int | None:
+    if reading is not None:
+        return reading.model_cache_bytes
+    return None if known is None else known.downloaded_bytes
+
+
 def replica_startup(
-    pod: Mapping[str, Any], reading: AgentReading | None = None, known: str | None = None
+    pod: Mapping[str, Any], reading: AgentReading | None = None, known: ReplicaStartup | None = None
 ) -> ReplicaStartup | None:
     """One pod's breakdown; None for a pod without a creation time or one being deleted.
-    `known` is the phase the previous status gave it, kept while no reading says otherwise."""
+    `known` is what the previous status said of it: its phase and download bytes are kept while
+    no reading says otherwise."""
     metadata = pod.get("metadata") or {}
     created = parse_time(metadata.get("creationTimestamp"))
     if created is None or metadata.get("deletionTimestamp"):
@@ -63,7 +70,7 @@ def replica_startup(
     elif reading is not None:
         phase = _AGENT_PHASES.get(str(reading.phase).lower(), "Starting")
     else:
-        phase = _AGENT_PHASES.get(str(known).lower(), "Starting")
+        phase = _AGENT_PHASES.get(str(known and known.phase).lower(), "Starting")
     return ReplicaStartup(
         pod=str(metadata.get("name", "?")),
         phase=phase,
@@ -77,6 +84,7 @@ def replica_startup(
         ready_after_seconds=(
             _after(created, ready.get("lastTransitionTime")) if phase == "Ready" else None
         ),
+        downloaded_bytes=None if phase != "Downloading" else _downloaded(reading, known),
     )
 
 
@@ -86,7 +94,9 @@ def _summary(replicas: Sequence[ReplicaStartup]) -> str:
         # The oldest pod still starting is the one holding the deployment up the longest.
         slowest = min(starting, key=lambda r: (r.created, r.pod))
         others = f" (+{len(starting) - 1} starting)" if len(starting) > 1 else ""
-        return f"{slowest.pod} {slowest.phase}{others}"
+        got = slowest.downloaded_bytes
+        progress = f" {got / 2**30:.2f} GiB" if got is not None else ""
+        return f"{slowest.pod} {slowest.phase}{progress}{others}"
     timed = [r for r in replicas if r.ready_after_seconds is not None]
     if not timed:
         return ""
@@ -97,10 +107,10 @@ def _summary(replicas: Sequence[ReplicaStartup]) -> str:
 def startup_status(
     pods: Iterable[Mapping[str, Any]],
     readings: Iterable[AgentReading] = (),
-    known: Mapping[str, str] | None = None,
+    known: Mapping[str, ReplicaStartup] | None = None,
 ) -> StartupStatus | None:
-    """The breakdown of every live engine pod (None when there is none). `known`: pod → the
-    phase the previous status gave it, for pods no agent reading covers yet (a restarted
+    """The breakdown of every live engine pod (None when there is none). `known`: pod → what
+    the previous status said of it, for pods no agent reading covers yet (a restarted
     operator has read no agent: its first status must not undo what the last one said)."""
     by_pod = {r.pod: r for r in readings}
     replicas = []

@@ -308,7 +308,7 @@ def _startup(
     Loading) the previous status showed stand."""
     known = {}
     if fleet is None and previous.startup is not None:
-        known = {r.pod: r.phase for r in previous.startup.replicas}
+        known = {r.pod: r for r in previous.startup.replicas}
     return coldstart.startup_status(pods, fleet or (), known)
 
 

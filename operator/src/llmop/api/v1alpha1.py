@@ -729,6 +729,9 @@ class ReplicaStartup(ApiModel):
     """Pod created → engine container running (scheduling, image pull, container creation)."""
     ready_after_seconds: int | None = None
     """Pod created → Ready (everything: download and weight loading included)."""
+    downloaded_bytes: int | None = Field(default=None, ge=0)
+    """While the engine downloads the weights itself (no `spec.model.cache`): the bytes in the
+    pod's model directory so far, as its agent measured them."""
 
 
 class StartupStatus(ApiModel):
