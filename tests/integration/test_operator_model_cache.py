@@ -71,6 +71,20 @@ def jobs(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
     return list(json.loads(out)["items"])
 
 
+def floating_revision_events(cluster: Cluster, namespace: str) -> str:
+    """The namespace's FloatingRevision Events, as `kubectl get -o json` prints them."""
+    return cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        "reason=FloatingRevision",
+        "-o",
+        "json",
+    ).stdout
+
+
 def assert_nothing_created(kit: Kit, cluster: Cluster, namespace: str, name: str) -> None:
     assert kit.deployment(namespace, name) is None
     assert jobs(cluster, namespace) == []
@@ -224,16 +238,7 @@ def test_download_job_before_engine_then_engine_reads_the_cache_offline(
     assert model["cacheClaim"] == "m-model-cache"
     assert model["download"]["phase"] in ("Pending", "Downloading")
     assert model["download"]["bytesTotal"] == hub.repos[OPEN].total_bytes
-    events = llmop_crd.kubectl(
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        "reason=FloatingRevision",
-        "-o",
-        "json",
-    ).stdout
+    events = floating_revision_events(llmop_crd, namespace)
     assert f"pin spec.model.revision to {sha}" in events
     wide = llmop_crd.kubectl("get", "llmd", "m", "-n", namespace, "-o", "wide").stdout
     assert "DOWNLOAD" in wide
@@ -276,16 +281,7 @@ def test_download_job_before_engine_then_engine_reads_the_cache_offline(
     )
     kit.wait_condition(namespace, "m", "Ready", "True", timeout=60)
     assert [r for r in hub.requests if r.path.startswith(f"/api/models/{OPEN}")] == hub_calls
-    warnings = llmop_crd.kubectl(
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        "reason=FloatingRevision",
-        "-o",
-        "json",
-    ).stdout
+    warnings = floating_revision_events(llmop_crd, namespace)
     assert sum(e.get("count") or 1 for e in json.loads(warnings)["items"]) == 1
     assert [j["metadata"]["name"] for j in jobs(llmop_crd, namespace)] == [job_name]
     scaled = kit.deployment(namespace, "m")
