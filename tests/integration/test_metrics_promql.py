@@ -11,6 +11,11 @@ operator through its ServiceMonitor's path and interval, and loads the chart's P
 Everything comes from one chart render; the only values changed are intervals (5 s scrapes and
 evaluation, `for: 10s`) so the test runs in about a minute and a half.
 
+A second replica stays loading throughout (its engine's port closed): it must be scraped as
+loading and not ready, with no queue-depth series, so prometheus-adapter's query (the chart's
+metricsQuery) returns only the serving pod and the HPA counts the loading one as missing
+(docs/operations.md, "Loading replicas and the HPA").
+
 Then: steady traffic (both alert expressions empty), the simulator's `slow` fault until
 LLMOpTimeToFirstTokenHigh's expression is true and the alert fires, its `error` fault until
 LLMOpRequestErrorRateHigh's does, and last every query of the chart's dashboard (panels and
@@ -57,6 +62,7 @@ VALUES: dict[str, Any] = {
         "podMonitor": {"enabled": True, "interval": f"{INTERVAL_S}s"},
         "prometheusRule": {"enabled": True, "for": "10s"},
         "grafanaDashboard": {"enabled": True},
+        "prometheusAdapter": {"enabled": True},
     },
 }
 TTFT_ALERT = "LLMOpTimeToFirstTokenHigh"
@@ -95,6 +101,7 @@ class Chart:
     servicemonitor: dict[str, Any]
     rules: dict[str, Any]
     dashboard: dict[str, Any]
+    adapter: dict[str, Any]
 
     @classmethod
     def render(cls) -> Chart:
@@ -105,6 +112,20 @@ class Chart:
             servicemonitor=mc.one(docs, "ServiceMonitor"),
             rules=mc.rule_groups(mc.one(docs, "PrometheusRule")),
             dashboard=json.loads(mc.one(docs, "ConfigMap", "-dashboard")["data"]["llmop.json"]),
+            adapter=yaml.safe_load(mc.adapter_config(docs)),
+        )
+
+    def adapter_query(self, namespace: str, pods: list[str]) -> str:
+        """The PromQL prometheus-adapter sends for the HPA's request over `pods` (its
+        metricsQuery template, filled the way the adapter fills it for a pods query)."""
+        (rule,) = self.adapter["rules"]
+        series = rule["seriesQuery"].split("{")[0]
+        matchers = f'namespace="{namespace}",pod=~"{"|".join(pods)}"'
+        return str(
+            rule["metricsQuery"]
+            .replace("<<.Series>>", series)
+            .replace("<<.LabelMatchers>>", matchers)
+            .replace("<<.GroupBy>>", "pod")
         )
 
     def alert_expr(self, alert: str) -> str:
@@ -247,9 +268,27 @@ def replica(tmp_path: Path) -> Iterator[Replica]:
         r.stop()
 
 
+@pytest.fixture
+def loading_replica(tmp_path: Path) -> Iterator[Replica]:
+    """A second replica whose engine loads for longer than the test: the HPA's loading pod."""
+    r = Replica.start(
+        tmp_path / "loading", engine_args=["--sim-load-seconds", "600"], env=FAST_AGENT_ENV
+    )
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
 @pytest.mark.timeout(240)
 def test_faults_make_alerts_true_and_every_dashboard_query_has_data(
-    operator: OperatorProcess, kit: Kit, namespace: str, replica: Replica, tmp_path: Path
+    *,
+    operator: OperatorProcess,
+    kit: Kit,
+    namespace: str,
+    replica: Replica,
+    loading_replica: Replica,
+    tmp_path: Path,
 ) -> None:
     chart = Chart.render()
     mc = load_metrics_config()
@@ -258,19 +297,19 @@ def test_faults_make_alerts_true_and_every_dashboard_query_has_data(
         lambda: kit.deployment(namespace, NAME), timeout=60, what="the operator's Deployment"
     )
     template = deployment["spec"]["template"]
-    # The pod the Deployment makes, standing at the local processes' addresses.
-    pod = {
-        "metadata": {**template["metadata"], "namespace": namespace, "name": f"{NAME}-local-0"},
-        "spec": template["spec"],
-    }
-    targets = mc.kubernetes_sd_pod_targets(
-        pod,
-        {"http": f"127.0.0.1:{replica.api_port}", "probe": f"127.0.0.1:{replica.probe_port}"},
-    )
-    assert {t["labels"]["__meta_kubernetes_pod_container_port_name"] for t in targets} == {
-        "http",
-        "probe",
-    }, template
+    # Two pods the Deployment makes, standing at the local processes' addresses.
+    targets = []
+    for i, r in enumerate((replica, loading_replica)):
+        pod = {
+            "metadata": {**template["metadata"], "namespace": namespace, "name": f"{NAME}-{i}"},
+            "spec": template["spec"],
+        }
+        found = mc.kubernetes_sd_pod_targets(
+            pod, {"http": f"127.0.0.1:{r.api_port}", "probe": f"127.0.0.1:{r.probe_port}"}
+        )
+        ports = {t["labels"]["__meta_kubernetes_pod_container_port_name"] for t in found}
+        assert ports == {"http", "probe"}, template
+        targets += found
     config = {
         "global": {"scrape_interval": f"{INTERVAL_S}s", "evaluation_interval": f"{INTERVAL_S}s"},
         "rule_files": ["rules.yml"],
@@ -281,10 +320,20 @@ def test_faults_make_alerts_true_and_every_dashboard_query_has_data(
     }
     prom = start_prometheus(tmp_path / "prometheus", config, chart.rules)
     try:
-        measured = asyncio.run(scenario(prom, chart, kit, namespace, replica))
+        measured = asyncio.run(
+            scenario(
+                prom,
+                chart,
+                kit=kit,
+                namespace=namespace,
+                replica=replica,
+                loading=loading_replica,
+            )
+        )
     except BaseException:
         print("--- prometheus log ---\n" + prom.log_tail())
         print("--- engine log ---\n" + replica.log_tail())
+        print("--- loading engine log ---\n" + loading_replica.log_tail())
         raise
     finally:
         prom.stop()
@@ -292,7 +341,13 @@ def test_faults_make_alerts_true_and_every_dashboard_query_has_data(
 
 
 async def scenario(
-    prom: Prometheus, chart: Chart, kit: Kit, namespace: str, replica: Replica
+    prom: Prometheus,
+    chart: Chart,
+    *,
+    kit: Kit,
+    namespace: str,
+    replica: Replica,
+    loading: Replica,
 ) -> dict[str, object]:
     measured: dict[str, object] = {}
     ttft_expr, error_expr = chart.alert_expr(TTFT_ALERT), chart.alert_expr(ERROR_ALERT)
@@ -324,6 +379,21 @@ async def scenario(
             assert await prom.query(http, ttft_expr) == [], "TTFT alert true on healthy traffic"
             assert await prom.query(http, error_expr) == [], "error alert true without errors"
             measured["healthy p99 TTFT (s)"] = finite(await prom.query(http, ttft_p99))
+
+            # The loading replica (pod -1) is scraped, says it is loading and not ready, and has
+            # no queue-depth series: the adapter's own query for both pods returns only the
+            # serving one, so the HPA counts the loading pod as missing, not as an idle 0.
+            pod0, pod1 = f"{NAME}-0", f"{NAME}-1"
+            phase = await prom.query(http, f'llmop_engine_phase{{pod="{pod1}"}} == 1')
+            assert [s["metric"]["phase"] for s in phase] == ["loading"], phase
+            ready = await prom.query(http, f'llmop_engine_ready{{pod="{pod1}"}}')
+            assert finite(ready) == [0.0], ready
+            assert await prom.query(http, f'llmop_engine_queue_depth{{pod="{pod1}"}}') == []
+            adapter = await prom.query(http, chart.adapter_query(namespace, [pod0, pod1]))
+            assert [s["metric"]["pod"] for s in adapter] == [pod0], adapter
+            measured["adapter query over a serving and a loading pod"] = {
+                s["metric"]["pod"]: s["value"][1] for s in adapter
+            }
 
             async with http.post(
                 replica.api_url + "/sim/fault", json={"mode": "slow", "slowFactor": SLOW_FACTOR}
