@@ -32,7 +32,7 @@ import math
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,7 +245,9 @@ def finite(result: list[dict[str, Any]]) -> list[float]:
     return [v for v in (float(s["value"][1]) for s in result) if math.isfinite(v)]
 
 
-async def until(what: str, probe: Any, timeout: float, interval: float = 0.5) -> float:
+async def until(
+    what: str, probe: Callable[[], Awaitable[object]], timeout: float, interval: float = 0.5
+) -> float:
     """Seconds until the async `probe()` is truthy."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
