@@ -22,7 +22,9 @@ keep on `__meta_kubernetes_pod_container_port_name`, drop Failed/Succeeded pods.
 
 Used by e2e/metrics/pipeline.sh (the processes of `make cluster-up`) and by the tests
 (tests/chart/test_alert_rules.py, tests/chart/test_metrics_config.py,
-tests/e2e/test_metrics_pipeline.py).
+tests/e2e/test_metrics_pipeline.py, and tests/integration/test_metrics_promql.py, which scrapes
+agent + simulator processes through static targets carrying the labels kubernetes_sd would give
+the operator's real pod, so the PodMonitor's relabelling runs unchanged).
 
 Usage: metrics_config.py write --out DIR --kubeconfig FILE
 """
@@ -151,6 +153,89 @@ def podmonitor_scrape_configs(
         }
         if "interval" in ep:
             job["scrape_interval"] = ep["interval"]
+        jobs.append(job)
+    return jobs
+
+
+def kubernetes_sd_pod_targets(
+    pod: dict[str, Any], addresses: dict[str, str], phase: str = "Running"
+) -> list[dict[str, Any]]:
+    """The targets Prometheus's kubernetes_sd (role: pod) discovers for `pod`, as static_configs
+    entries: one per named container port, with the `__meta_kubernetes_*` labels the PodMonitor's
+    relabelling reads. `addresses` maps a port name to the `host:port` really scraped (local
+    processes stand in for the pod's IP), so the relabelling runs unchanged on static targets.
+    """
+    meta = pod["metadata"]
+    labels: dict[str, str] = {
+        "__meta_kubernetes_namespace": meta["namespace"],
+        "__meta_kubernetes_pod_name": meta["name"],
+        "__meta_kubernetes_pod_phase": phase,
+    }
+    for key, value in (meta.get("labels") or {}).items():
+        labels[f"__meta_kubernetes_pod_label_{_sanitize(key)}"] = str(value)
+        labels[f"__meta_kubernetes_pod_labelpresent_{_sanitize(key)}"] = "true"
+    targets = []
+    for container in pod["spec"]["containers"]:
+        for port in container.get("ports", []):
+            if port.get("name") not in addresses:
+                continue
+            targets.append(
+                {
+                    "targets": [addresses[port["name"]]],
+                    "labels": labels
+                    | {
+                        "__meta_kubernetes_pod_container_name": container["name"],
+                        "__meta_kubernetes_pod_container_port_name": port["name"],
+                        "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+                    },
+                }
+            )
+    return targets
+
+
+def podmonitor_static_scrape_configs(
+    podmonitor: dict[str, Any], targets: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """podmonitor_scrape_configs with static `targets` (kubernetes_sd_pod_targets) in place of
+    kubernetes_sd: the same jobs, interval and relabelling, for engines run as local processes."""
+    jobs = podmonitor_scrape_configs(podmonitor)
+    for job in jobs:
+        del job["kubernetes_sd_configs"]
+        job["static_configs"] = [dict(t) for t in targets]
+    return jobs
+
+
+def servicemonitor_static_scrape_configs(
+    servicemonitor: dict[str, Any], service: str, address: str
+) -> list[dict[str, Any]]:
+    """The operator's ServiceMonitor as static jobs scraping `address`. Simplified: the target
+    labels prometheus-operator's endpoints relabelling ends with (namespace, service, job =
+    the Service's name, endpoint = the port name) are set directly, not derived from
+    endpoints SD; path, interval and timeout come from the ServiceMonitor."""
+    ns = servicemonitor["metadata"]["namespace"]
+    name = servicemonitor["metadata"]["name"]
+    jobs = []
+    for i, ep in enumerate(servicemonitor["spec"]["endpoints"]):
+        job: dict[str, Any] = {
+            "job_name": f"serviceMonitor/{ns}/{name}/{i}",
+            "honor_labels": False,
+            "metrics_path": ep.get("path", "/metrics"),
+            "static_configs": [
+                {
+                    "targets": [address],
+                    "labels": {
+                        "namespace": ns,
+                        "service": service,
+                        "job": service,
+                        "endpoint": ep["port"],
+                    },
+                }
+            ],
+        }
+        if "interval" in ep:
+            job["scrape_interval"] = ep["interval"]
+        if "scrapeTimeout" in ep:
+            job["scrape_timeout"] = ep["scrapeTimeout"]
         jobs.append(job)
     return jobs
 

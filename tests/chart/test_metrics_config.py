@@ -137,6 +137,38 @@ def test_jobs_keep_exactly_the_engine_pods_metrics_ports() -> None:
     assert all(relabel(t, j["relabel_configs"]) is None for j in jobs for t in finished)
 
 
+def test_static_targets_are_what_kubernetes_sd_discovers_with_the_same_jobs() -> None:
+    """tests/integration/test_metrics_promql.py scrapes local processes through static targets:
+    they must carry the labels kubernetes_sd gives the operator's pod, under the very jobs (and
+    relabelling) the PodMonitor implies, only the discovery swapped."""
+    docs = mc.render()
+    pm = mc.one(docs, "PodMonitor")
+    _, labels, containers = engine_pod()
+    pod = {
+        "metadata": {"namespace": "team-a", "name": "chat-0", "labels": labels},
+        "spec": {"containers": containers},
+    }
+    addresses = {names.API_PORT_NAME: "127.0.0.1:1", names.PROBE_PORT_NAME: "127.0.0.1:2"}
+    static = mc.kubernetes_sd_pod_targets(pod, addresses)
+    discovered = {
+        t["__meta_kubernetes_pod_container_port_name"]: t for t in sd_targets(labels, containers)
+    }
+    assert len(static) == 2
+    for target in static:
+        port = target["labels"]["__meta_kubernetes_pod_container_port_name"]
+        expected = {k: v for k, v in discovered[port].items() if k.startswith("__meta_kubernetes_")}
+        got = dict(target["labels"])
+        assert got.pop("__meta_kubernetes_pod_container_port_number").isdigit()
+        assert got == expected
+        assert target["targets"] == [addresses[port]]
+    sd_jobs = mc.podmonitor_scrape_configs(pm)
+    static_jobs = mc.podmonitor_static_scrape_configs(pm, static)
+    for sd_job, static_job in zip(sd_jobs, static_jobs, strict=True):
+        assert static_job.pop("static_configs") == static
+        sd_job.pop("kubernetes_sd_configs")
+        assert static_job == sd_job
+
+
 def test_adapter_serves_the_metric_the_operators_hpa_scales_on() -> None:
     docs = mc.render()
     config = yaml.safe_load(mc.adapter_config(docs))

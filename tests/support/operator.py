@@ -190,7 +190,19 @@ class Kit:
 def install_crd(cluster: Cluster) -> None:
     """The LLMDeployment CRD, installed from crds/ and Established."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    # Polled, not `kubectl wait`: right after the apply the CRD can have no status.conditions
+    # yet, and kubectl wait then fails at once ("accessor error: <nil>").
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+    wait_until(
+        lambda: (
+            cluster.kubectl(
+                "get", f"crd/{CRD_NAME}", "-o", f"jsonpath={established}", check=False
+            ).stdout.strip()
+            == "True"
+        ),
+        timeout=60,
+        what=f"crd/{CRD_NAME} Established",
+    )
 
 
 def operator_kubeconfig_for(cluster: Cluster, directory: Path) -> Path:

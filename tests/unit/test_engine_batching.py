@@ -140,6 +140,34 @@ def test_hang_freezes_progress_and_aborts() -> None:
     asyncio.run(scenario())
 
 
+def test_error_fault_finishes_requests_with_reason_error_until_cleared() -> None:
+    """The error-rate alert's fault: `finished_reason="error"` in vLLM's success counter."""
+
+    async def scenario() -> None:
+        e = engine()
+        task = asyncio.create_task(e.run())
+        e.faults.set("error", 0.0)
+        failed = [e.submit(10, 20) for _ in range(3)]
+        await finished(failed)
+        assert [(r.finish_reason, r.generated) for r in failed] == [("error", 0)] * 3
+        assert not e.has_work()
+        assert e.used_blocks == 0
+        e.faults.set("none", 0.0)
+        ok = e.submit(10, 5)
+        await finished([ok])
+        assert (ok.finish_reason, ok.generated) == ("length", 5)
+        success = {
+            line.split('finished_reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in e.metrics.render(0, 0, 0.0).decode().splitlines()
+            if line.startswith("vllm:request_success_total{")
+        }
+        assert success == {"error": 3.0, "length": 1.0}
+        e.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
 def test_fault_validation() -> None:
     with pytest.raises(FaultError):
         FaultState().set("explode", 0.0)

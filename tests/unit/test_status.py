@@ -327,6 +327,33 @@ def test_hpa_summary_keeps_conditions_without_timestamps_or_readings() -> None:
     }
 
 
+def test_no_metrics_while_every_replica_loads_is_not_degraded() -> None:
+    """Loading engines export no queue depth, so an HPA whose replicas are all loading gets no
+    metric item (FailedGetPodsMetric) by design; once one serves, the same condition degrades."""
+    resource = ld(autoscaling={"maxReplicas": 5})
+    loading = {"replicas": 2, "updatedReplicas": 2, "readyReplicas": 0}
+
+    def degraded(dep_status: dict[str, int]) -> tuple[str, str | None]:
+        status = derive_status(
+            name="x",
+            namespace="ns",
+            generation=4,
+            previous=LLMDeploymentStatus(),
+            spec=resource.spec,
+            sizing=plan_for(resource.spec),
+            deployment=deployment(status=dep_status),
+            template_hash=HASH,
+            problem=None,
+            now=NOW,
+            hpa=hpa(("AbleToScale", "True", "ReadyForNewScale"), NO_METRICS),
+        )
+        got = {c.type: c for c in status.conditions}["Degraded"]
+        return got.status, got.reason
+
+    assert degraded(loading)[0] == "False"
+    assert degraded(ROLLED_OUT) == ("True", "AutoscalerInactive")
+
+
 @pytest.mark.parametrize(
     ("conditions", "degraded"),
     [

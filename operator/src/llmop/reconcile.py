@@ -648,8 +648,10 @@ def reconcile_parent(
 
 def _hpa_news(parent: Mapping[str, Any], hpa: Mapping[str, Any] | None) -> bool:
     """The HPA's event matters to the status: it cannot scale, or the status still says so.
-    (Its metric readings change at every sync; those events derive nothing.)"""
-    if hpa is not None and autoscaler_issue(hpa) is not None:
+    (Its metric readings change at every sync; those events derive nothing. While no replica is
+    ready, a Deployment event brings the first ready one and derives the status then.)"""
+    ready = int((parent.get("status") or {}).get("readyReplicas") or 0)
+    if hpa is not None and autoscaler_issue(hpa, ready) is not None:
         return True
     return any(
         c.get("type") == conditions.DEGRADED

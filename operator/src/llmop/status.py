@@ -279,7 +279,7 @@ def derive_status(
         sizing,
         worst_issue(pods),
         degraded=degraded_observation(
-            _degraded_issue(previous, pods, fleet, now) or autoscaler_issue(hpa)
+            _degraded_issue(previous, pods, fleet, now) or autoscaler_issue(hpa, rollout.ready)
         ),
         shortfall=shortfall,
     )
@@ -356,16 +356,23 @@ def _degraded_issue(
 _HPA_BENIGN = {("ScalingActive", "ScalingDisabled")}
 
 
-def autoscaler_issue(hpa: Mapping[str, Any] | None) -> PodIssue | None:
+def autoscaler_issue(hpa: Mapping[str, Any] | None, ready_replicas: int) -> PodIssue | None:
     """The HPA's own word when it cannot scale (ScalingActive or AbleToScale False): without it
     an autoscaled deployment silently never scales, e.g. when no custom metrics API serves the
-    queue-depth metric."""
+    queue-depth metric.
+
+    Not while no replica is ready: a loading engine exports no queue depth (docs/operations.md,
+    "Loading replicas and the HPA"), so with every replica loading the custom metrics API has no
+    item and the HPA reports FailedGetPodsMetric ("no metrics returned from custom metrics API")
+    by design; Ready/Progressing already say the replicas are loading."""
     if hpa is None:
         return None
     for c in (hpa.get("status") or {}).get("conditions") or ():
         kind, reason = str(c.get("type")), str(c.get("reason") or "")
         if kind in ("ScalingActive", "AbleToScale") and c.get("status") == "False":
             if (kind, reason) in _HPA_BENIGN:
+                continue
+            if ready_replicas == 0 and (kind, reason) == ("ScalingActive", "FailedGetPodsMetric"):
                 continue
             name = (hpa.get("metadata") or {}).get("name")
             return PodIssue(

@@ -232,6 +232,15 @@ class BatchEngine:
         self.steps += 1
         if prefill:
             self.metrics.prompt_tokens.inc(prefill)
+        if self.faults.mode == "error":
+            # A per-request engine failure: the step ends every running request, no token.
+            for req in self.running:
+                self._finish(req, "error")
+            self.running.clear()
+            self.used_blocks = 0
+            if not self.has_work():
+                self._idle.set()
+            return
         done: list[SimRequest] = []
         produced = 0
         for req in self.running:

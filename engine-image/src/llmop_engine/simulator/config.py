@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 log = logging.getLogger("llmop_engine.simulator")
 
-FAULTS = ("none", "hang", "crash", "slow", "refuse")
+FAULTS = ("none", "hang", "crash", "slow", "refuse", "error")
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # what `vllm serve` serves without a model argument
 
 
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llmop-engine simulate",
         description="vLLM-compatible simulator. Runtime faults: POST /sim/fault "
-        '{"mode": "hang|crash|slow|refuse|none"}; counters: GET /sim/stats.',
+        '{"mode": "hang|crash|slow|refuse|error|none"}; counters: GET /sim/stats.',
     )
     p.add_argument("--model", default=None)
     p.add_argument("--served-model-name", nargs="+", default=None)

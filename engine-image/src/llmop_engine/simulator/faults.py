@@ -6,6 +6,9 @@
   exits shortly after with a non-zero code (vLLM's watchdog does the same within ~5 s).
 - `slow`: every decode step takes `slowFactor` times longer; tokens still flow.
 - `refuse`: generation endpoints answer 503 (overloaded or misconfigured); `/health` is 200.
+- `error`: requests are admitted and prefilled, then finish with vLLM's `FinishReason.ERROR`
+  (`finished_reason="error"` in `vllm:request_success_total`, what a per-request engine failure
+  gives); `/health` stays 200. The error-rate alert's fault.
 - `none`: normal operation.
 
 Switch at start with `--sim-fault MODE [--sim-fault-after S]`, or at run time with
