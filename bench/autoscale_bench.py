@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import sys
 import tempfile
 import time
@@ -33,14 +32,13 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
-from support.cluster import Cluster, create_namespace, start_cluster, stop_cluster  # noqa: E402
-from support.operator import (  # noqa: E402
-    Kit,
-    OperatorProcess,
-    install_crd,
-    operator_kubeconfig_for,
+from support.cluster import Cluster, create_namespace  # noqa: E402
+from support.realnode import (  # noqa: E402
+    BackgroundLoad,
+    operator_on_real_node,
+    real_node_spec,
+    service_url,
 )
-from support.realnode import BackgroundLoad, real_node_spec, service_url  # noqa: E402
 
 TICK = 1.0
 
@@ -93,17 +91,11 @@ def main() -> int:
     args = parser.parse_args()
 
     os.environ["LLMOP_METRICS"] = "on"
-    name = f"llmop-test-{os.getpid()}-bench{secrets.token_hex(2)}"
-    cluster = start_cluster(name, owner_pid=os.getpid(), real_node="on")
-    metrics_dir = Path(cluster.kubeconfig).parent / "metrics"
-    operator: OperatorProcess | None = None
     out: dict[str, Any] = {}
-    try:
-        install_crd(cluster)
-        workdir = Path(tempfile.mkdtemp(prefix="llmop-bench-autoscale-"))
-        operator = OperatorProcess(operator_kubeconfig_for(cluster, workdir), workdir / "op.log")
-        operator.start()
-        kit = Kit(cluster)
+    workdir = Path(tempfile.mkdtemp(prefix="llmop-bench-autoscale-"))
+    with operator_on_real_node("bench", workdir) as rc:
+        cluster, kit = rc.cluster, rc.kit
+        metrics_dir = Path(cluster.kubeconfig).parent / "metrics"
         ns, llmd = create_namespace(cluster, "bench"), "scaled"
         spec = real_node_spec()
         del spec["replicas"]
@@ -166,10 +158,6 @@ def main() -> int:
             p: _proc_usage(metrics_dir / f"{p}.pid") for p in ("prometheus", "prometheus-adapter")
         }
         wall = time.monotonic() - wall0
-    finally:
-        if operator is not None:
-            operator.stop()
-        stop_cluster(name)
 
     print(
         f"\nLoad step 0 -> {clients} streaming clients (= {args.step}x one replica's batch of "

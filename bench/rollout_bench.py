@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import secrets
 import sys
 import tempfile
 import time
@@ -29,18 +27,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
 from llmop.settings import DEFAULT_SIMULATOR_IMAGE  # noqa: E402
-from support.cluster import Cluster, create_namespace, start_cluster, stop_cluster  # noqa: E402
-from support.operator import (  # noqa: E402
-    Kit,
-    OperatorProcess,
-    install_crd,
-    operator_kubeconfig_for,
-)
+from support.cluster import Cluster, create_namespace  # noqa: E402
+from support.operator import Kit  # noqa: E402
 from support.realnode import (  # noqa: E402
     KSERVE_STYLE,
     KUBEAI_STYLE,
     BackgroundLoad,
     PodSpecStyle,
+    operator_on_real_node,
     plain_engine_deployment,
     plain_service,
     real_node_spec,
@@ -145,23 +139,13 @@ def main() -> int:
     global KEEPALIVE  # noqa: PLW0603 - one switch for every scenario of this run
     KEEPALIVE = args.keepalive
 
-    name = f"llmop-test-{os.getpid()}-bench{secrets.token_hex(2)}"
-    cluster = start_cluster(name, owner_pid=os.getpid(), real_node="on")
-    operator: OperatorProcess | None = None
     rows: list[Row] = []
-    try:
-        install_crd(cluster)
-        workdir = Path(tempfile.mkdtemp(prefix="llmop-bench-rollout-"))
-        operator = OperatorProcess(operator_kubeconfig_for(cluster, workdir), workdir / "op.log")
-        operator.start()
-        kit = Kit(cluster)
+    workdir = Path(tempfile.mkdtemp(prefix="llmop-bench-rollout-"))
+    with operator_on_real_node("bench", workdir) as rc:
+        cluster, kit = rc.cluster, rc.kit
         rows.append(_run_llmop(cluster, kit, args.clients, args.max_tokens, args.settle))
         for style in (KUBEAI_STYLE, KSERVE_STYLE):
             rows.append(_run_plain(cluster, style, args.clients, args.max_tokens, args.settle))
-    finally:
-        if operator is not None:
-            operator.stop()
-        stop_cluster(name)
 
     print(
         f"\nRolling update of 3 replicas under {args.clients} streaming clients "

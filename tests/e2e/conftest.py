@@ -12,9 +12,6 @@ tested: never a silent green.
 
 from __future__ import annotations
 
-import atexit
-import os
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,16 +19,10 @@ from typing import Any
 
 import pytest
 
-from support.cluster import create_namespace, start_cluster, stop_cluster
+from support.cluster import create_namespace
 from support.hub_standin import HubRepo, HubStandin, synthetic_model
-from support.operator import (
-    REPO_ROOT,
-    Kit,
-    OperatorProcess,
-    install_crd,
-    operator_kubeconfig_for,
-)
-from support.realnode import RealCluster, real_node_unavailable
+from support.operator import REPO_ROOT
+from support.realnode import RealCluster, operator_on_real_node, real_node_unavailable
 
 IMAGES_PY = REPO_ROOT / "e2e" / "images" / "images.py"
 # The images the e2e pods run; built (or reused from the cache) before the node starts, which
@@ -88,34 +79,10 @@ def real_cluster(
         _skipped_because.append(why)
         pytest.skip(f"REAL NODE UNAVAILABLE ({why}): the e2e promises were NOT tested")
     _build_images()
-    # llmop-test-<pid>-…: cluster.sh reaps it if this process dies without cleaning up.
-    name = f"llmop-test-{os.getpid()}-e2e{secrets.token_hex(2)}"
-
-    def stop() -> None:
-        try:
-            stop_cluster(name)
-        except Exception as exc:  # clean-up must not mask the test result
-            print(f"warning: stopping cluster {name}: {exc}", file=sys.stderr)
-
-    atexit.register(stop)
-    operator: OperatorProcess | None = None
-    try:
-        cluster = start_cluster(name, owner_pid=os.getpid(), real_node="on")
-        install_crd(cluster)
-        kubeconfig = operator_kubeconfig_for(cluster, tmp_path_factory.mktemp("e2e-operator"))
-        port = hub.server.server_address[1]
-        operator = OperatorProcess(
-            kubeconfig,
-            tmp_path_factory.mktemp("e2e-operator-log") / "operator.log",
-            extra_env={"LLMOP_HUB_ENDPOINT": f"http://{host_address()}:{port}"},
-        )
-        operator.start()
-        yield RealCluster(cluster=cluster, operator=operator, kit=Kit(cluster))
-    finally:
-        if operator is not None:
-            operator.stop()
-        stop()
-        atexit.unregister(stop)
+    port = hub.server.server_address[1]
+    hub_env = {"LLMOP_HUB_ENDPOINT": f"http://{host_address()}:{port}"}
+    with operator_on_real_node("e2e", tmp_path_factory.mktemp("e2e-operator"), hub_env) as rc:
+        yield rc
 
 
 @pytest.fixture

@@ -5,20 +5,24 @@ flips) read from the API server."""
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import json
 import os
+import secrets
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmop_engine.harness.loadgen import LoadResult, ServiceEndpoint, run_clients
-from support.cluster import REPO_ROOT, Cluster, wait_until
-from support.operator import Kit, OperatorProcess
+from support.cluster import REPO_ROOT, Cluster, start_cluster, stop_cluster, wait_until
+from support.operator import Kit, OperatorProcess, install_crd, operator_kubeconfig_for
 
 NODE_SH = REPO_ROOT / "e2e" / "cluster" / "node.sh"
 REAL_NODE = "llmop-real-node"
@@ -54,6 +58,41 @@ class RealCluster:
         out = self.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
         items: list[dict[str, Any]] = json.loads(out)["items"]
         return items
+
+
+@contextlib.contextmanager
+def operator_on_real_node(
+    tag: str, workdir: Path, extra_env: Mapping[str, str] | None = None
+) -> Iterator[RealCluster]:
+    """A private cluster with this machine's real node joined, the CRD installed and the
+    operator running (its log in `workdir`); all of it gone on exit. Waits for the node while
+    another test or bench session holds it. `tag` marks the cluster's name (e2e, bench)."""
+    # llmop-test-<pid>-…: cluster.sh reaps it if this process dies without cleaning up.
+    name = f"llmop-test-{os.getpid()}-{tag}{secrets.token_hex(2)}"
+
+    def stop() -> None:
+        try:
+            stop_cluster(name)
+        except Exception as exc:  # clean-up must not mask the result
+            print(f"warning: stopping cluster {name}: {exc}", file=sys.stderr)
+
+    atexit.register(stop)
+    operator: OperatorProcess | None = None
+    try:
+        cluster = start_cluster(name, owner_pid=os.getpid(), real_node="on")
+        install_crd(cluster)
+        operator = OperatorProcess(
+            operator_kubeconfig_for(cluster, workdir),
+            workdir / "operator.log",
+            extra_env=dict(extra_env or {}),
+        )
+        operator.start()
+        yield RealCluster(cluster=cluster, operator=operator, kit=Kit(cluster))
+    finally:
+        if operator is not None:
+            operator.stop()
+        stop()
+        atexit.unregister(stop)
 
 
 def node_log_dir() -> Path:
