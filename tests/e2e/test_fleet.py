@@ -14,7 +14,14 @@ import pytest
 
 from llmop import names
 from support.cluster import wait_until
-from support.realnode import RealCluster, post_json, real_node_spec
+from support.realnode import (
+    BackgroundLoad,
+    RealCluster,
+    post_json,
+    real_node_spec,
+    service_url,
+    summary,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -88,3 +95,89 @@ def test_fleet_is_read_on_real_pods(real_cluster: RealCluster, e2e_namespace: st
     assert "last exit" in found["message"]
     obj = rc.kit.wait_condition(ns, name, "Ready", "True", timeout=120)
     assert _conds(obj)["Degraded"]["status"] == "True"  # recent restart: still worth a look
+
+
+def _cost(pod: dict[str, Any]) -> int | None:
+    value = (pod["metadata"].get("annotations") or {}).get(COST)
+    return None if value is None else int(value)
+
+
+def test_scale_down_removes_the_idle_pods_and_keeps_the_busy_one(
+    real_cluster: RealCluster, e2e_namespace: str
+) -> None:
+    rc, ns, name = real_cluster, e2e_namespace, "least-loaded"
+    rc.kit.apply_llmd(ns, name, real_node_spec(replicas=3))
+    rc.kit.wait_condition(ns, name, "Ready", "True", timeout=240)
+    selector = names.selector_string(name)
+    pods = rc.pods(ns, selector)
+    busy = pods[1]  # not the first or the last by name: the pick must come from the load
+    busy_name, busy_ip = busy["metadata"]["name"], busy["status"]["podIP"]
+
+    # Load pinned to one pod (its own IP), plus a trickle through the Service that the two idle
+    # pods drain when they go.
+    pinned = BackgroundLoad(f"http://{busy_ip}:8000", model=name, concurrency=12, duration=600)
+    trickle = BackgroundLoad(
+        service_url(rc.cluster, ns, name), model=name, concurrency=1, duration=600
+    )
+    pinned.start()
+    trickle.start()
+
+    def costs_follow_the_load() -> dict[str, int | None] | None:
+        costs = {p["metadata"]["name"]: _cost(p) for p in rc.pods(ns, selector)}
+        others = [c for n, c in costs.items() if n != busy_name]
+        top = costs.get(busy_name)
+        if top is not None and top >= 4 and all(c is not None and c < top for c in others):
+            return costs
+        return None
+
+    costs = wait_until(costs_follow_the_load, timeout=45, interval=1, what="deletion costs")
+    print(f"\ndeletion costs under load: {costs} (busy: {busy_name})")
+    rc.kubectl("scale", "llmd", "-n", ns, name, "--replicas=1")
+    left = wait_until(
+        lambda: (p := rc.pods(ns, selector)) and len(p) == 1 and p,
+        timeout=120,
+        what="one pod left",
+    )
+    rc.kit.wait_condition(ns, name, "Ready", "True", timeout=60)
+    pinned_result, trickle_result = pinned.stop(), trickle.stop()
+    print(f"pinned: {summary(pinned_result)}; via the Service: {summary(trickle_result)}")
+    assert left[0]["metadata"]["name"] == busy_name, costs
+    assert pinned_result.total >= 12, summary(pinned_result)
+    assert pinned_result.lost == 0, summary(pinned_result)
+    assert trickle_result.lost == 0, summary(trickle_result)
+
+
+def test_hung_deep_probe_degrades_and_recovers(
+    real_cluster: RealCluster, e2e_namespace: str
+) -> None:
+    rc, ns, name = real_cluster, e2e_namespace, "hung-probe"
+    # A long stall window: the agent keeps the hung engine alive, so only the deep probe tells.
+    rc.kit.apply_llmd(ns, name, real_node_spec(replicas=1, health={"stallSeconds": 300}))
+    rc.kit.wait_condition(ns, name, "Ready", "True", timeout=180)
+    pod = rc.pods(ns, names.selector_string(name))[0]
+    api = f"http://{pod['status']['podIP']}:8000/sim/fault"
+    code, body = post_json(api, {"mode": "hang"})
+    assert code == 200, body
+    hung_at = time.monotonic()
+
+    def degraded(reason: str | None) -> dict[str, Any] | None:
+        found = _conds(rc.kit.get_llmd(ns, name)).get("Degraded") or {}
+        if reason is None:
+            return found if found.get("status") == "False" else None
+        return found if found.get("reason") == reason else None
+
+    found = wait_until(
+        lambda: degraded("DeepProbeFailing"), timeout=30, interval=1, what="DeepProbeFailing"
+    )
+    print(f"\nDegraded {time.monotonic() - hung_at:.1f}s after the hang: {found['message']}")
+    assert found["status"] == "True"
+    assert pod["metadata"]["name"] in found["message"]
+
+    code, body = post_json(api, {"mode": "none"})
+    assert code == 200, body
+    healed_at = time.monotonic()
+    wait_until(lambda: degraded(None), timeout=30, interval=1, what="Degraded=False")
+    print(f"Degraded=False {time.monotonic() - healed_at:.1f}s after the engine recovered")
+    obj = rc.kit.wait_condition(ns, name, "Ready", "True", timeout=60)
+    restarts = rc.pods(ns, names.selector_string(name))[0]["status"]["containerStatuses"][0]
+    assert restarts["restartCount"] == 0, obj  # found by the probe, not by a kill
