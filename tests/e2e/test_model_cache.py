@@ -148,3 +148,53 @@ def test_download_job_fills_the_cache_once_for_every_replica(
         f"\nmodel cache e2e: {size_mib:.0f} MiB at {rate_mib:.0f} MiB/s per file: "
         f"apply→Ready cold {cold:.1f} s, warm {warm:.1f} s"
     )
+
+
+def file_gets(hub: HubStandin, name: str) -> int:
+    return len([r for r in hub.requests if r.method == "GET" and r.path.endswith("/" + name)])
+
+
+def test_killed_download_pod_is_replaced_and_keeps_finished_files(
+    real_cluster: RealCluster, e2e_namespace: str, cache_volume: str, hub: HubStandin
+) -> None:
+    """The download pod dies mid-download (deleted, as a node drain or preemption does): the Job
+    starts another pod, which keeps the files already complete (huggingface_hub 2.x restarts the
+    ones in flight: see docs/operations.md), and the engine starts on the filled cache."""
+    ns, name = e2e_namespace, "cached"
+    config_before = file_gets(hub, "config.json")
+    weights_before = weight_gets(hub)
+    real_cluster.kit.apply_llmd(
+        ns, name, real_node_spec(replicas=1, model={"cache": {"size": CLAIM_SIZE}})
+    )
+
+    def flowing() -> dict[str, Any] | None:
+        obj = real_cluster.kit.get_llmd(ns, name) or {}
+        download = ((obj.get("status") or {}).get("model") or {}).get("download") or {}
+        return download if (download.get("bytesDone") or 0) >= 16 << 20 else None
+
+    wait_until(flowing, timeout=120, interval=0.5, what="16 MiB downloaded")
+    (first,) = real_cluster.pods(ns, "job-name")
+    # One second of grace: a default 30 s would let this small download finish first.
+    real_cluster.kubectl(
+        "delete", "pod", "-n", ns, first["metadata"]["name"], "--grace-period=1", "--wait=false"
+    )
+    killed_at = time.monotonic()
+
+    obj = real_cluster.kit.wait_condition(ns, name, "Ready", "True", timeout=300)
+    print(
+        f"\nkilled download: engine Ready {time.monotonic() - killed_at:.1f}s after the kill; "
+        f"weight GETs {weight_gets(hub) - weights_before}, "
+        f"config.json GETs {file_gets(hub, 'config.json') - config_before}"
+    )
+    assert obj["status"]["model"]["download"]["phase"] == "Complete"
+    pods = real_cluster.pods(ns, "job-name")
+    assert first["metadata"]["name"] not in [p["metadata"]["name"] for p in pods]
+    assert [p["status"]["phase"] for p in pods] == ["Succeeded"]
+    sha = hub.repos["Qwen/Qwen2.5-0.5B-Instruct"].sha
+    snapshot = Path(cache_volume) / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots"
+    assert (snapshot / sha / "config.json").exists()
+    assert file_gets(hub, "config.json") - config_before == 1  # complete: never fetched again
+    # Each shard: once in the killed pod (cut), once more in its replacement.
+    assert weight_gets(hub) - weights_before >= 3
+    blobs = Path(cache_volume) / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "blobs"
+    assert not list(blobs.glob("*.incomplete"))
