@@ -32,16 +32,22 @@ WARMUP_SECONDS = 5
 SETTLE_SECONDS = 5
 
 
+@pytest.mark.parametrize("keepalive", [False, True], ids=["new-connection", "keepalive"])
 def test_rolling_update_under_load_loses_nothing(
-    real_cluster: RealCluster, e2e_namespace: str
+    real_cluster: RealCluster, e2e_namespace: str, keepalive: bool
 ) -> None:
+    """With `keepalive` each client reuses its pooled connection, which kube-proxy pins to one
+    pod, also after that pod left the Service: the draining engine's `Connection: close` is what
+    moves such a client to a pod still in the Service (llmop_engine.connection_close)."""
     ns, name = e2e_namespace, "rolling"
     kit = real_cluster.kit
     kit.apply_llmd(ns, name, real_node_spec(replicas=3))
     kit.wait_condition(ns, name, "Ready", "True", timeout=240)
     url = service_url(real_cluster.cluster, ns, name)
 
-    load = BackgroundLoad(url, model=name, concurrency=CLIENTS, duration=600).start()
+    load = BackgroundLoad(
+        url, model=name, concurrency=CLIENTS, duration=600, keepalive=keepalive
+    ).start()
     time.sleep(WARMUP_SECONDS)
     # A spec change that rolls every pod: a new engine flag.
     kit.apply_llmd(ns, name, real_node_spec(replicas=3, engine={"args": ["--sim-decode-ms", "21"]}))
@@ -49,7 +55,7 @@ def test_rolling_update_under_load_loses_nothing(
     wait_rolled_out(real_cluster.cluster, ns, name, 3)
     time.sleep(SETTLE_SECONDS)
     result = load.stop()
-    print(f"\nllmop rollout: {summary(result)}")
+    print(f"\nllmop rollout ({'keep-alive' if keepalive else 'new connection'}): {summary(result)}")
     assert result.total >= 50, summary(result)
     assert result.lost == 0, summary(result)
 

@@ -11,7 +11,10 @@ Real processes, no Kubernetes, no GPU, no model hub. Three engines, one after th
   saturated engine without metrics is not killed, a crash (EngineCore killed; vLLM exits 0)
   makes the agent exit non-zero;
 - `TestOverBudget`: a drain whose work outlasts the budget ends every stream cleanly, without
-  SIGKILL, exit code 0, the cut reported.
+  SIGKILL, exit code 0, the cut reported;
+- `TestKeepAliveClients`: clients pinned to the draining engine over keep-alive connections get
+  `Connection: close` (the agent's `--middleware`), move to another replica, lose nothing, and
+  the drain ends long before its budget.
 
 Measured numbers are printed in the terminal summary (tests/engine/conftest.py).
 """
@@ -22,6 +25,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import signal
 import sys
 import time
@@ -32,8 +36,10 @@ import aiohttp
 import pytest
 
 from engine import real_vllm
+from engine.keepalive import Outcome, PinnedClient, Target, run_clients
 from engine.real_vllm import MEASURED, Engine, http_get, metric_values, stream
 from llmop_engine import contract
+from llmop_engine.harness.replicas import Replica
 from support import tiny_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine]
@@ -455,6 +461,70 @@ class TestOverBudget:
         log = engine.log_tail(200000)
         assert "killing it" not in log
         assert "exhausted with 8 requests in the engine" in log
+
+
+class TestKeepAliveClients:
+    DRAIN = 60.0
+
+    @pytest.fixture(scope="class")
+    def engine(self, vllm_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+        # vLLM's own idle keep-alive timeout (5 s) is left as it is: it is the drain's quiet period.
+        yield from _engine(
+            vllm_dir, model_dir, tmp_path_factory.mktemp("vllm-e"), "engine E",
+            ["--max-num-seqs", "8"], env={"LLMOP_DRAIN_SECONDS": f"{self.DRAIN:g}"},
+        )  # fmt: skip
+
+    @pytest.mark.timeout(420)  # the engine's start (60-250 s on a loaded 2-core machine) included
+    def test_pinned_clients_move_away_and_the_drain_ends_early(
+        self, engine: Engine, tmp_path: Path
+    ) -> None:
+        # The pod still in the Service, where a new connection of a moved client lands.
+        other = Replica.start(tmp_path, with_agent=False, model=real_vllm.MODEL_NAME,
+                              engine_args=["--sim-load-seconds", "0"])  # fmt: skip
+        try:
+
+            async def scenario() -> tuple[list[Outcome], float, int | None, int]:
+                await other.wait_ready(30)
+                stop = asyncio.Event()
+                first = Target(engine.api, real_vllm.MODEL_NAME, engine.headers())
+                clients = [
+                    PinnedClient(first, Target(other.api_url, real_vllm.MODEL_NAME), 24)
+                    for _ in range(4)
+                ]
+                load = asyncio.create_task(run_clients(clients, stop))
+                await asyncio.sleep(3.0)
+                hook = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "llmop_engine", "drain", "--socket",
+                    engine.socket_path, "--no-wait",
+                )  # fmt: skip
+                started = time.monotonic()
+                await hook.wait()
+                engine.proc.send_signal(signal.SIGTERM)
+                code = await asyncio.to_thread(engine.wait_exit, self.DRAIN + 30)
+                took = time.monotonic() - started
+                await asyncio.sleep(1.0)
+                stop.set()
+                outcomes = await load
+                moved = sum(c.outcomes[-1].target == other.api_url for c in clients)
+                return outcomes, took, code, moved
+
+            outcomes, took, code, moved = asyncio.run(scenario())
+        finally:
+            other.stop()
+        log = engine.log_tail(200000)
+        drained = re.findall(r"drain: done in ([0-9.]+)s", log)
+        failed = [o for o in outcomes if not o.ok]
+        on_vllm = sum(o.target == engine.api for o in outcomes)
+        MEASURED["keep-alive clients (4, pinned): requests (on vLLM) / failed / moved / drain"] = (
+            f"{len(outcomes)} ({on_vllm}) / {len(failed)} / {moved} of 4 / {drained} s "
+            f"(budget {self.DRAIN:g}s), agent exit {took:.1f}s after preStop, code {code}"
+        )
+        assert failed == [], failed[:5]
+        assert moved == 4, log[-3000:]
+        assert code == 0, log[-3000:]
+        assert "exhausted" not in log
+        # Propagation (1 s) + the keep-alive quiet period (5 s) + exit, far from the 60 s budget.
+        assert took < 25.0, log[-3000:]
 
 
 class TestStopWhileLoading:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import pytest
 
 from llmop_engine.settings import SettingsError, add_agent_flags, from_env_and_flags
-from llmop_engine.supervisor import engine_command, engine_port, exit_status
+from llmop_engine.supervisor import engine_command, engine_env, engine_port, exit_status
 
 
 def settings(argv: list[str], env: dict[str, str], engine: list[str] | None = None):  # type: ignore[no-untyped-def]
@@ -34,9 +35,26 @@ def test_defaults_with_no_flags() -> None:
         # The agent runs the drain: it counts in-flight requests on /load and SIGTERMs the
         # engine only when idle or out of budget.
         "--enable-server-load-tracking",
+        # Once draining, vLLM closes each connection after its response (keep-alive clients).
+        "--middleware",
+        "llmop_engine.connection_close.CloseOnDrain",
         "--shutdown-timeout",
         "0",
     ]
+    assert s.engine_keep_alive_seconds == 5
+
+
+def test_engine_environment_names_the_drain_flag() -> None:
+    s = settings([], {"LLMOP_AGENT_SOCKET": "/run/llmop/agent.sock"})
+    env = engine_env(s, {"PATH": "/bin", "PYTHONPATH": "/opt/llmop"})
+    assert env["LLMOP_DRAIN_FLAG"] == "/run/llmop/agent.sock.draining"
+    assert env["PATH"] == "/bin"
+    # From a source tree the agent's package directory is added, so vLLM can import the
+    # middleware; the images' own PYTHONPATH stays first.
+    paths = env["PYTHONPATH"].split(":")
+    assert paths[0] == "/opt/llmop"
+    assert Path(paths[-1], "llmop_engine", "connection_close.py").is_file()
+    assert settings([], {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "2"}).engine_keep_alive_seconds == 2
 
 
 def test_renderer_environment() -> None:

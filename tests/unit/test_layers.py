@@ -59,6 +59,7 @@ OPERATOR_INDEPENDENT = (
 
 ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("llmop_engine.contract",),
+    ("llmop_engine.connection_close",),
     ("llmop_engine.vllm_metrics", "llmop_engine.simulator", "llmop_engine.harness"),
     ("llmop_engine.health", "llmop_engine.settings", "llmop_engine.download_progress"),
     (

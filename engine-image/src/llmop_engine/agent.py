@@ -21,13 +21,21 @@ import time
 
 from llmop_engine import health
 from llmop_engine.agent_metrics import AgentMetrics
-from llmop_engine.contract import EngineFlag
+from llmop_engine.contract import EngineFlag, drain_flag_path
 from llmop_engine.drain import DrainOutcome, Load, drain_sequence, stop_hung
 from llmop_engine.engine_client import EngineClient
 from llmop_engine.health import Observation, Policy, Verdict
 from llmop_engine.probe_server import start as start_servers
 from llmop_engine.settings import AgentSettings, flag_value
-from llmop_engine.supervisor import FORWARDED, Supervisor, engine_command, engine_port
+from llmop_engine.supervisor import (
+    FORWARDED,
+    Supervisor,
+    clear_drain_mark,
+    engine_command,
+    engine_env,
+    engine_port,
+    mark_draining,
+)
 from llmop_engine.vllm_metrics import EngineMetrics
 
 log = logging.getLogger("llmop_engine.agent")
@@ -54,7 +62,8 @@ class Agent:
             deep_probe_timeout_seconds=settings.deep_probe_timeout_seconds,
         )
         self.metrics = AgentMetrics()
-        self.supervisor = Supervisor(engine_command(settings))
+        self.supervisor = Supervisor(engine_command(settings), engine_env(settings, os.environ))
+        self.drain_flag = drain_flag_path(settings.agent_socket)
         self.client = EngineClient(engine_port(settings), settings.api_key)
         self.state = health.initial(time.monotonic())
         self.model_name = settings.served_model_name
@@ -132,6 +141,9 @@ class Agent:
         # Readiness goes off before anything else: the very next /readyz answers 503.
         self.state = health.start_drain(self.state, time.monotonic())
         self._after_change()
+        # From now on the engine closes each connection after its response: keep-alive clients
+        # pinned to this pod reconnect through the Service (connection_close).
+        mark_draining(self.drain_flag)
         self.drain_task = asyncio.create_task(self._drain(hung=hung), name="drain")
 
     async def _read_load(self) -> Load:
@@ -158,6 +170,7 @@ class Agent:
             listened=self.state.listening_since is not None,
             # A pod that never was ready is in no Service's endpoints: nothing to wait for.
             skip_propagation=not self.ever_ready,
+            quiet_seconds=self.settings.engine_keep_alive_seconds,
             on_cut=self.metrics.cut,
             on_stop=self._stop_sent,
         )
@@ -269,6 +282,7 @@ class Agent:
         log.info(
             "agent probes on %s:%d, drain socket %s", s.probe_host, s.probe_port, s.agent_socket
         )
+        clear_drain_mark(self.drain_flag)
         self.supervisor.start()
         self.state = health.initial(time.monotonic())
         loop.add_signal_handler(signal.SIGTERM, self.request_drain, "SIGTERM")
@@ -290,6 +304,7 @@ class Agent:
                 await runner.cleanup()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(s.agent_socket)
+            clear_drain_mark(self.drain_flag)
 
 
 def run(settings: AgentSettings) -> int:

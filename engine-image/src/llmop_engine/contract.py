@@ -61,6 +61,8 @@ class EngineFlag:
     PORT: Final = "--port"
     ENABLE_SERVER_LOAD_TRACKING: Final = "--enable-server-load-tracking"
     """Makes vLLM's `GET /load` count in-flight HTTP requests: the agent's drain waits on it."""
+    MIDDLEWARE: Final = "--middleware"
+    """An extra ASGI middleware by import path: the agent adds `CLOSE_ON_DRAIN_MIDDLEWARE`."""
 
 
 class Env:
@@ -81,6 +83,12 @@ class Env:
     POLL_INTERVAL_SECONDS: Final = "LLMOP_POLL_INTERVAL_SECONDS"
     API_KEY: Final = "VLLM_API_KEY"
     """vLLM's own variable; the agent reads it for its deep probes."""
+    DRAIN_FLAG: Final = "LLMOP_DRAIN_FLAG"
+    """Set by the agent on the engine process (never rendered): the path of a file that exists
+    once the pod drains; the engine then answers every response `Connection: close`."""
+    HTTP_KEEP_ALIVE_SECONDS: Final = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
+    """vLLM's own variable: seconds uvicorn keeps an idle keep-alive connection open (the
+    simulator reads it too). The agent's drain does not end before that long has passed."""
     HF_TOKEN: Final = "HF_TOKEN"
     HF_HOME: Final = "HF_HOME"
     HF_HUB_OFFLINE: Final = "HF_HUB_OFFLINE"
@@ -134,6 +142,10 @@ ENGINE_EXIT_GRACE_SECONDS: Final = 10
 """After the drain's final SIGTERM, how long the engine gets to exit before the agent SIGKILLs its
 process tree. vLLM aborting what is left and exiting: 0.6 s idle, 4.3 s with 8 streams aborted on
 a loaded 2-core node (measured); about twice that. The renderer's grace-period margin counts it."""
+HTTP_KEEP_ALIVE_SECONDS: Final = 5
+"""vLLM's default for `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` (0.32); the simulator uses the same."""
+CLOSE_ON_DRAIN_MIDDLEWARE: Final = "llmop_engine.connection_close.CloseOnDrain"
+"""The ASGI middleware the agent passes to `vllm serve --middleware` (see `Env.DRAIN_FLAG`)."""
 POLL_INTERVAL_SECONDS: Final = 1.0
 """How often the agent reads the engine's /health and /metrics (agent-only; not rendered)."""
 
@@ -162,6 +174,12 @@ def split_engine_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         i = args.index(ENGINE_ARGS_SEPARATOR)
         return args[:i], args[i + 1 :]
     return args, []
+
+
+def drain_flag_path(agent_socket: str) -> str:
+    """Where the agent marks the drain for the engine: beside its socket, in the pod's private
+    memory volume (the renderer's), so nothing outside the pod can set or clear it."""
+    return agent_socket + ".draining"
 
 
 def drain_command() -> list[str]:

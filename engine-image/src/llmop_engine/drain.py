@@ -17,7 +17,15 @@ budget, `deadline = start + propagation + drain`:
    drain mode answers them HTTP 500 ("cannot schedule new futures after shutdown"), and past its
    `--shutdown-timeout` it kills its EngineCore and then never exits while streams are open,
    leaving every client hanging without a finish reason.
-4. When two reads in a row show no request in flight, SIGTERM: vLLM exits.
+   From the start of the drain the engine answers every response `Connection: close`
+   (`llmop_engine.connection_close`): keep-alive clients pinned to this pod get their answer and
+   reconnect elsewhere, so in-flight work reaches zero instead of being topped up by them.
+4. When no request has been in flight for the engine's idle keep-alive timeout
+   (`quiet_seconds`, vLLM's `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s; at least two reads in a row),
+   SIGTERM: vLLM exits. By then the engine has closed every pooled connection: those used since
+   the drain began after their response, the others on their idle timeout. Without the quiet
+   period a client that reuses an idle connection just after the SIGTERM finds it closed under
+   its request.
 5. At the deadline with requests left, what is cut is logged and returned, and the agent ends
    them cleanly: SIGTERM to vLLM's EngineCore first, which (with `--shutdown-timeout 0`) aborts
    every request and sends each stream its `finish_reason: "abort"` through the still-running API
@@ -136,11 +144,13 @@ async def _until_aborted(supervisor: Supervisor, read_load: LoadReader, deadline
 
 
 async def _until_idle(
-    supervisor: Supervisor, read_load: LoadReader, deadline: float
+    supervisor: Supervisor, read_load: LoadReader, deadline: float, quiet_seconds: float = 0.0
 ) -> Load | None:
-    """Wait until the engine holds no work, it exits, or the deadline; returns the last reading."""
+    """Wait until the engine has held no work for `quiet_seconds` (and at least two readings in a
+    row), it exits, or the deadline; returns the last reading."""
     last: Load | None = None
     previous: tuple[float | None, ...] | None = None
+    quiet_since: float | None = None
     while supervisor.alive() and time.monotonic() < deadline:
         try:
             # A slow answer must not carry the wait past the deadline.
@@ -153,7 +163,12 @@ async def _until_idle(
             last = load
             # Twice idle with nothing moving in between: nothing arrived meanwhile either.
             if load.requests == 0 and load.signature == previous:
-                return load
+                if quiet_since is None:
+                    quiet_since = time.monotonic()
+                if time.monotonic() - quiet_since >= quiet_seconds:
+                    return load
+            else:
+                quiet_since = None
             previous = load.signature
         remaining = deadline - time.monotonic()
         if remaining > 0:
@@ -169,6 +184,7 @@ async def drain_sequence(
     read_load: LoadReader,
     listened: bool = True,
     skip_propagation: bool = False,
+    quiet_seconds: float = 0.0,
     on_cut: Callable[[int | None], None] | None = None,
     on_stop: Callable[[], None] | None = None,
 ) -> DrainOutcome:
@@ -209,12 +225,18 @@ async def drain_sequence(
         log.error("drain: the engine exited on its own during the drain")
         return done(DrainOutcome(0.0, exited_on_its_own=True))
 
-    log.info("drain: waiting up to %.0fs for in-flight requests to finish", drain_seconds)
-    last = await _until_idle(supervisor, read_load, deadline)
+    log.info(
+        "drain: waiting up to %.0fs for in-flight requests to finish (then %.0fs without any: the "
+        "engine's keep-alive timeout)",
+        drain_seconds,
+        quiet_seconds,
+    )
+    last = await _until_idle(supervisor, read_load, deadline, quiet_seconds)
     if not supervisor.alive():
         log.error("drain: the engine exited on its own during the drain")
         return done(DrainOutcome(0.0, exited_on_its_own=True))
-    over = time.monotonic() >= deadline
+    # Out of time, unless the last reading was idle (the quiet period did not fit in the budget).
+    over = time.monotonic() >= deadline and (last is None or last.requests != 0)
     cut: int | None = 0
     if over:
         cut = None if last is None else last.requests

@@ -43,6 +43,9 @@ class AgentSettings:
     # keeps hang detection within a second of stallSeconds at negligible cost.
     poll_interval_seconds: float = contract.POLL_INTERVAL_SECONDS
     api_key: str | None = None
+    # vLLM's idle keep-alive timeout (its own variable, inherited by the engine): the drain's quiet
+    # period, so that idle pooled connections are closed before the engine exits.
+    engine_keep_alive_seconds: float = contract.HTTP_KEEP_ALIVE_SECONDS
 
 
 class SettingsError(ValueError):
@@ -185,6 +188,9 @@ def from_env_and_flags(
             _float(env, Env.POLL_INTERVAL_SECONDS, d.poll_interval_seconds),
         ),
         api_key=api_key,
+        engine_keep_alive_seconds=_float(
+            env, Env.HTTP_KEEP_ALIVE_SECONDS, d.engine_keep_alive_seconds
+        ),
     )
     if settings.poll_interval_seconds <= 0:
         raise SettingsError("poll interval must be positive")

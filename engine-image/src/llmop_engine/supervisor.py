@@ -16,9 +16,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from llmop_engine.contract import EngineFlag
+from llmop_engine import contract
+from llmop_engine.contract import EngineFlag, Env
 from llmop_engine.settings import AgentSettings, flag_value, has_flag
 
 log = logging.getLogger("llmop_engine.supervisor")
@@ -58,6 +59,11 @@ def engine_command(settings: AgentSettings, python: str = sys.executable) -> lis
     budget, so a SIGTERM must abort at once: `--shutdown-timeout 0`, replacing any value in the
     engine flags (vLLM's own drain answers late requests HTTP 500 and, past its timeout, never
     exits while streams are open).
+
+    vLLM also gets the agent's `--middleware` (`contract.CLOSE_ON_DRAIN_MIDDLEWARE`): once the pod
+    drains, every response closes its connection, so that keep-alive clients pinned to this pod
+    move to another and in-flight work can reach zero (`llmop_engine.connection_close`). The
+    simulator does the same by itself.
     """
     args = list(settings.engine_args)
     if not has_flag(args, EngineFlag.HOST):
@@ -66,10 +72,42 @@ def engine_command(settings: AgentSettings, python: str = sys.executable) -> lis
         args += [EngineFlag.PORT, str(settings.api_port)]
     if not has_flag(args, EngineFlag.ENABLE_SERVER_LOAD_TRACKING):
         args += [EngineFlag.ENABLE_SERVER_LOAD_TRACKING]
+    if settings.backend != "simulator" and contract.CLOSE_ON_DRAIN_MIDDLEWARE not in args:
+        args += [EngineFlag.MIDDLEWARE, contract.CLOSE_ON_DRAIN_MIDDLEWARE]
     args = [*without_flag(args, EngineFlag.SHUTDOWN_TIMEOUT), EngineFlag.SHUTDOWN_TIMEOUT, "0"]
     if settings.backend == "simulator":
         return [python, "-m", "llmop_engine", "simulate", *args]
     return ["vllm", "serve", *args]
+
+
+def engine_env(settings: AgentSettings, environ: Mapping[str, str]) -> dict[str, str]:
+    """The child's environment: the agent's, plus where the drain flag will appear and, when the
+    agent runs from a source tree (tests, `make dev`), that tree on `PYTHONPATH` so vLLM's own
+    interpreter can import the middleware. In the images both share one interpreter with
+    `llmop_engine` on `PYTHONPATH` already; an installed package's site-packages is never added
+    (it would shadow vLLM's own dependencies)."""
+    env = dict(environ)
+    env[Env.DRAIN_FLAG] = contract.drain_flag_path(settings.agent_socket)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if os.path.basename(src) not in ("site-packages", "dist-packages") and src not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([*paths, src])
+    return env
+
+
+def mark_draining(path: str) -> None:
+    """Create the drain flag the engine's `Connection: close` reads (see `engine_env`)."""
+    try:
+        with open(path, "w"):
+            pass
+    except OSError as exc:  # keep-alive clients then stay pinned; the drain still runs
+        log.error("cannot create the drain flag %s: %s", path, exc)
+
+
+def clear_drain_mark(path: str) -> None:
+    """Remove a flag left by an earlier run of the agent in the same volume (a restart)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def engine_port(settings: AgentSettings) -> int:
@@ -95,8 +133,9 @@ def exit_status(status: int) -> int:
 
 
 class Supervisor:
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         self.argv = list(argv)
+        self.env = None if env is None else dict(env)
         self.proc: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
         self._exited = asyncio.Event()
@@ -113,6 +152,7 @@ class Supervisor:
         self.proc = subprocess.Popen(
             self.argv,
             start_new_session=True,
+            env=self.env,
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
         loop = asyncio.get_running_loop()

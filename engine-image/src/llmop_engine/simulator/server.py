@@ -6,6 +6,10 @@ generation requests, as vLLM's with `--enable-server-load-tracking`), and the si
 `POST|GET /sim/fault` and `GET /sim/stats` (request counts, split by probe vs client traffic; probes
 are requests whose User-Agent starts with `llmop-engine-probe`).
 
+Connections like vLLM's under the agent: idle keep-alive connections close after
+`VLLM_HTTP_TIMEOUT_KEEP_ALIVE` seconds (5), and once the agent's drain flag exists
+(`LLMOP_DRAIN_FLAG`) every response says `Connection: close` and its connection closes after it.
+
 Lifecycle like `vllm serve` 0.32 (observed on its CPU build): nothing listens during the simulated
 load time (connection refused), and SIGTERM then is ignored (vLLM does not exit while loading).
 SIGTERM with `--shutdown-timeout 0` aborts open requests at once (`finish_reason: "abort"`) and
@@ -22,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import time
 import uuid
@@ -30,6 +35,8 @@ from typing import Any
 
 from aiohttp import web
 
+from llmop_engine.connection_close import DrainFlag
+from llmop_engine.contract import HTTP_KEEP_ALIVE_SECONDS, Env
 from llmop_engine.simulator.batching import BatchEngine, RequestTooLongError, SimRequest
 from llmop_engine.simulator.config import SimConfig
 from llmop_engine.simulator.faults import FaultError, FaultState
@@ -84,11 +91,14 @@ class SimServer:
         self.stop_event = asyncio.Event()
         self.exit_code = 0
         self.started = time.time()
+        # What vLLM does with the agent's `--middleware` (llmop_engine.connection_close).
+        self.drain_flag = DrainFlag.from_env()
 
     # -- app --------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
         app = web.Application()
+        app.on_response_prepare.append(self._close_when_draining)
         app.router.add_get("/health", self.health)
         app.router.add_route("*", "/ping", self.health)
         app.router.add_get("/version", self.version)
@@ -101,6 +111,16 @@ class SimServer:
         app.router.add_get("/sim/fault", self.get_fault)
         app.router.add_post("/sim/fault", self.post_fault)
         return app
+
+    async def _close_when_draining(
+        self, request: web.Request, response: web.StreamResponse
+    ) -> None:
+        """Once the agent marks the drain, each response says `Connection: close` and the
+        connection closes after it, as vLLM with the agent's middleware does."""
+        if self.drain_flag.draining():
+            # Both: aiohttp (3.14) writes its own Connection header before this hook runs.
+            response.force_close()
+            response.headers["Connection"] = "close"
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.engine.dead else 200)
@@ -401,7 +421,12 @@ class SimServer:
         log.info("GPU KV cache size: %s tokens (simulated)", f"{blocks * self.cfg.block_size:,}")
         engine_task = asyncio.create_task(self.engine.run(), name="sim-scheduler")
         runner = web.AppRunner(
-            self.app(), handle_signals=False, access_log=None, shutdown_timeout=2.0
+            self.app(),
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=2.0,
+            # vLLM's uvicorn closes idle keep-alive connections after this (aiohttp: 75 s).
+            keepalive_timeout=keep_alive_seconds(),
         )
         await runner.setup()
         site = web.TCPSite(runner, self.cfg.host, self.cfg.port, backlog=1024, reuse_address=True)
@@ -441,6 +466,21 @@ class SimServer:
         log.info("Waiting for connections to close. (CTRL+C to force quit)")
         while self.active_handlers:
             await asyncio.sleep(0.1)
+
+
+def keep_alive_seconds() -> float:
+    """vLLM's idle keep-alive timeout, from its own variable as vLLM reads it."""
+    raw = os.environ.get(Env.HTTP_KEEP_ALIVE_SECONDS, "")
+    try:
+        return float(raw) if raw.strip() else float(HTTP_KEEP_ALIVE_SECONDS)
+    except ValueError:
+        log.warning(
+            "%s=%r is not a number; using %ss",
+            Env.HTTP_KEEP_ALIVE_SECONDS,
+            raw,
+            HTTP_KEEP_ALIVE_SECONDS,
+        )
+        return float(HTTP_KEEP_ALIVE_SECONDS)
 
 
 def run(cfg: SimConfig) -> int:
