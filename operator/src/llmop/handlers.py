@@ -10,6 +10,12 @@
 - Low-level `on.event` handlers on the children (filtered by our label, also server side via
   `settings.watching.label_selectors` in `main`) repair drift and re-derive the parent's status.
   Low-level handlers and indexes store nothing on the objects.
+- The index functions and the counting handler are `async` although they never await: they are
+  pure and take microseconds, and kopf runs a sync function in its thread pool, where every watch
+  event would otherwise queue behind the reconciles blocked on API calls. kopf 1.45 processes
+  every queued event of an object in turn (no batching), so the longer events wait, the more full
+  decoded bodies sit in its per-object queues: under a 1,000-CR burst that lag, not any cache,
+  was the operator's memory.
 
 - One startup activity starts `llmop.fleet`'s agent reader as a task of kopf's event loop (no
   daemon per LLMDeployment: that would add a finalizer); the cleanup activity stops it.
@@ -72,12 +78,12 @@ def _context(memo: Any, indexes: Mapping[str, Any]) -> Context:
 
 
 @kopf.index(GROUP, VERSION, PLURAL, id=PARENT_INDEX)
-def index_llmdeployment(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> Any:
+async def index_llmdeployment(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> Any:
     """(namespace, name) → the parent, without managedFields."""
     return {(namespace or "", name): parent_summary(body)}
 
 
-def _index_child(body: kopf.Body, **_: Any) -> Any:
+async def _index_child(body: kopf.Body, **_: Any) -> Any:
     """(namespace, parent name) → the child, with only the managedFields the plan reads."""
     owner = controller_owner(body)
     if owner is None:
@@ -86,7 +92,9 @@ def _index_child(body: kopf.Body, **_: Any) -> Any:
 
 
 @kopf.index(kinds.POD.api_version, kinds.POD.plural, labels=MANAGED_LABELS, id=POD_INDEX)
-def index_pod(body: kopf.Body, namespace: str | None, labels: Mapping[str, str], **_: Any) -> Any:
+async def index_pod(
+    body: kopf.Body, namespace: str | None, labels: Mapping[str, str], **_: Any
+) -> Any:
     """(namespace, parent name) → each engine pod, reduced to what its status problem needs.
     Pods are owned by ReplicaSets, so the parent comes from our label."""
     parent = labels.get(names.LABEL_DEPLOYMENT)
@@ -131,7 +139,7 @@ def reconcile_llmdeployment(body: kopf.Body, retry: int, memo: Any, **kwargs: An
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id=COUNT_HANDLER_ID)
-def count_llmdeployment(
+async def count_llmdeployment(
     type: str, namespace: str | None, name: str, memo: Any, **kwargs: Any
 ) -> None:
     """Keep the managed-objects gauge current, and forget deleted parents (cheap; stores
