@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -21,7 +22,10 @@ from support.cluster import REPO_ROOT, Cluster, wait_until
 from support.operator import Kit, OperatorProcess
 
 NODE_SH = REPO_ROOT / "e2e" / "cluster" / "node.sh"
+IMAGES_PY = REPO_ROOT / "e2e" / "images" / "images.py"
 REAL_NODE = "llmop-real-node"
+# The node's containerd (e2e/cluster/node.sh: $RUN_DIR/containerd/containerd.sock).
+NODE_CONTAINERD = "/run/llmop-node/containerd/containerd.sock"
 
 # Small enough that 3 replicas plus a surge pod fit the node's 2 CPUs with room for the operator
 # and the clients; limits equal requests, so each engine is throttled to this.
@@ -37,6 +41,23 @@ def real_node_unavailable() -> str | None:
     if result.returncode == 0:
         return None
     return (result.stdout + result.stderr).strip() or f"node.sh check exited {result.returncode}"
+
+
+def import_into_node(*images: str, timeout: float = 30 * 60) -> float:
+    """Build (or reuse from the cache) and import images into the running node's containerd,
+    for tests that need more than the node imports at start (the 6 GB engine-cpu image only
+    where a test runs it). In the open: a cold build's progress shows in the CI log. Returns
+    the seconds it took (a warm cache and an imported image: about a second)."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(IMAGES_PY), "import", "--address", NODE_CONTAINERD, *images],
+        stdout=subprocess.DEVNULL,
+        check=False,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{IMAGES_PY} import {' '.join(images)} failed ({result.returncode})")
+    return time.monotonic() - started
 
 
 @dataclass
