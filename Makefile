@@ -56,7 +56,15 @@ unit: install ## Unit tests only (pure core, fast).
 
 .PHONY: test
 test: install lint typecheck ## Full suite from a fresh clone: lint, types, unit, engine and integration tests.
+	@$(MAKE) --no-print-directory -j4 test-prereqs
 	$(BIN)/pytest -q
+
+# Every slow thing the suite needs, built (or reused from ~/.cache/llmop) in the open before pytest
+# starts, and in parallel: the Go builds queue on one lock (on 2 cores they would only slow each
+# other) while the vLLM install, the image stand-in's downloads and the next Go set's module
+# downloads overlap them. Each mk/*.mk adds its own prerequisites.
+.PHONY: test-prereqs
+test-prereqs: install
 
 .PHONY: bench
 bench: install ## Run every benchmark; each prints a table (not timed tests).

@@ -93,12 +93,6 @@ def main() -> int:
     args = parser.parse_args()
 
     os.environ["LLMOP_METRICS"] = "on"
-    # One real node per machine: wait for another cluster's run to give it back rather than fail.
-    owner = Path("/run/llmop-node/owner")
-    deadline = time.monotonic() + 900
-    while owner.exists() and owner.read_text().strip() and time.monotonic() < deadline:
-        print(f"waiting for the real node (held by {owner.read_text().strip()})", file=sys.stderr)
-        time.sleep(10)
     name = f"llmop-test-{os.getpid()}-bench{secrets.token_hex(2)}"
     cluster = start_cluster(name, owner_pid=os.getpid(), real_node="on")
     metrics_dir = Path(cluster.kubeconfig).parent / "metrics"

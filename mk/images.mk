@@ -64,4 +64,4 @@ images-for-tests:
 	  $(IMAGES_PY) build engine-sim pause; \
 	else echo "images: not root on Linux: tests/images will skip (builds need root)"; fi
 
-test: images-for-tests
+test-prereqs: images-for-tests

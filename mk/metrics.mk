@@ -13,7 +13,7 @@ alert-test: install metrics-binaries ## promtool unit tests of the chart's alert
 
 # The promtool tests run in the full suite: build in the open, so a cold build shows in the CI
 # log instead of inside pytest (and CI never skips them).
-test: metrics-binaries
+test-prereqs: metrics-binaries
 
 .PHONY: bench-autoscale
 bench-autoscale: install cluster-binaries metrics-binaries ## Load step on an autoscaled LLMDeployment: HPA reaction, scale-down loss, pipeline cost (real node).

@@ -64,69 +64,25 @@ if [[ "${1:-}" == "--print-dir" ]]; then
   exit 0
 fi
 
-complete() { [[ -f "$BIN_DIR/.complete" ]]; }
-
-if complete; then
-  echo "metrics binaries: reusing $BIN_DIR" >&2
-  echo "$BIN_DIR"
-  exit 0
-fi
-
-mkdir -p "$CACHE_ROOT"
-# One builder at a time (the same lock as build.sh: two Go builds on 2 cores only slow each other).
-exec 9>"$CACHE_ROOT/.build.lock"
-flock 9
-if complete; then
-  echo "metrics binaries: reusing $BIN_DIR (built by a concurrent run)" >&2
-  echo "$BIN_DIR"
-  exit 0
-fi
-
-STAGE="$BIN_DIR.partial"
-rm -rf "$STAGE"
-mkdir -p "$STAGE"
-P="${LLMOP_GO_BUILD_P:-2}"
-TIMES="$STAGE/build-times.txt"
-echo "# $GO_VERSION, go build -p $P, $(nproc) cores, $(date -u +%FT%TZ)" >"$TIMES"
-echo "metrics binaries: building into $BIN_DIR (a cold build takes ~10 min on 2 cores)" >&2
-
-build() { # build <name> <helper dir> <tags> <ldflags> <package>
-  local name="$1" dir="$2" tags="$3" ldflags="$4" pkg="$5" start end
-  start=$(date +%s)
-  echo "metrics binaries: go build $name ($pkg)" >&2
-  (cd "$dir" && nice -n 10 go build -p "$P" -trimpath -tags "$tags" -ldflags "$ldflags" -o "$STAGE/$name" "$pkg")
-  end=$(date +%s)
-  echo "$name $((end - start))s" >>"$TIMES"
-  echo "metrics binaries: $name done in $((end - start))s" >&2
-}
+LABEL="metrics binaries"
+GO_CACHE_NICE=10
+# shellcheck source=e2e/cluster/go-cache.sh
+source "$HERE/go-cache.sh"
+go_cache_open "~18 min on 2 cores" "$HERE/prometheus" "$HERE/prometheus-adapter"
 
 # What Prometheus's promu stamps, so --version and build_info report the real release.
 V=github.com/prometheus/common/version
 PROM_LDFLAGS="-s -w -X $V.Version=$PROM_VERSION -X $V.Branch=HEAD -X $V.BuildUser=llmop -X $V.Revision=$PROM_MOD_VERSION"
 ADAPTER_LDFLAGS="-s -w"
 
-TOTAL_START=$(date +%s)
-build prometheus "$HERE/prometheus" "$PROM_TAGS" "$PROM_LDFLAGS" github.com/prometheus/prometheus/cmd/prometheus
-build promtool "$HERE/prometheus" "$PROM_TAGS" "$PROM_LDFLAGS" github.com/prometheus/prometheus/cmd/promtool
-build prometheus-adapter "$HERE/prometheus-adapter" "" "$ADAPTER_LDFLAGS" sigs.k8s.io/prometheus-adapter/cmd/adapter
-echo "total $(($(date +%s) - TOTAL_START))s" >>"$TIMES"
+go_cache_build prometheus "$HERE/prometheus" "$PROM_TAGS" "$PROM_LDFLAGS" github.com/prometheus/prometheus/cmd/prometheus
+go_cache_build promtool "$HERE/prometheus" "$PROM_TAGS" "$PROM_LDFLAGS" github.com/prometheus/prometheus/cmd/promtool
+go_cache_build prometheus-adapter "$HERE/prometheus-adapter" "" "$ADAPTER_LDFLAGS" sigs.k8s.io/prometheus-adapter/cmd/adapter
 
-# Smoke-check: output captured first (no `cmd | grep -q` under pipefail).
-check_version() { # check_version <binary> <expected substring> [args...]
-  local bin="$1" want="$2" out
-  shift 2
-  out="$("$STAGE/$bin" "$@" 2>&1)" || { echo "build-metrics.sh: $bin $* failed: $out" >&2; exit 1; }
-  [[ "$out" == *"$want"* ]] || { echo "build-metrics.sh: $bin reports '$out', expected $want" >&2; exit 1; }
-}
-check_version prometheus "version $PROM_VERSION" --version
-check_version promtool "version $PROM_VERSION" --version
+# Smoke-check that every binary runs and reports the version we pinned.
+go_cache_check_version prometheus "version $PROM_VERSION" --version
+go_cache_check_version promtool "version $PROM_VERSION" --version
 # The adapter has no --version; its --help lists its flags but exits 2 (pflag: help requested).
 out="$("$STAGE/prometheus-adapter" --help 2>&1 || true)"
 [[ "$out" == *"--prometheus-url"* ]] || { echo "build-metrics.sh: prometheus-adapter --help: $out" >&2; exit 1; }
-(cd "$STAGE" && du -sh prometheus promtool prometheus-adapter) >>"$TIMES"
-
-touch "$STAGE/.complete"
-rm -rf "$BIN_DIR"
-mv "$STAGE" "$BIN_DIR"
-cat "$BIN_DIR/build-times.txt" >&2
-echo "$BIN_DIR"
+go_cache_close prometheus promtool prometheus-adapter

@@ -53,42 +53,10 @@ if [[ "${1:-}" == "--print-dir" ]]; then
   exit 0
 fi
 
-complete() { [[ -f "$BIN_DIR/.complete" ]]; }
-
-if complete; then
-  echo "cluster binaries: reusing $BIN_DIR" >&2
-  echo "$BIN_DIR"
-  exit 0
-fi
-
-mkdir -p "$CACHE_ROOT"
-# One builder at a time: `make test` and a pytest session may both get here.
-exec 9>"$CACHE_ROOT/.build.lock"
-flock 9
-if complete; then
-  echo "cluster binaries: reusing $BIN_DIR (built by a concurrent run)" >&2
-  echo "$BIN_DIR"
-  exit 0
-fi
-
-STAGE="$BIN_DIR.partial"
-rm -rf "$STAGE"
-mkdir -p "$STAGE"
-P="${LLMOP_GO_BUILD_P:-2}"
-TIMES="$STAGE/build-times.txt"
-echo "# $GO_VERSION, go build -p $P, $(nproc) cores, $(date -u +%FT%TZ)" >"$TIMES"
-
-echo "cluster binaries: building into $BIN_DIR (a cold build takes ~15 min on 2 cores)" >&2
-
-build() { # build <name> <helper dir> <ldflags> <package>
-  local name="$1" dir="$2" ldflags="$3" pkg="$4" start end
-  start=$(date +%s)
-  echo "cluster binaries: go build $name ($pkg)" >&2
-  (cd "$dir" && go build -p "$P" -trimpath -ldflags "$ldflags" -o "$STAGE/$name" "$pkg")
-  end=$(date +%s)
-  echo "$name $((end - start))s" >>"$TIMES"
-  echo "cluster binaries: $name done in $((end - start))s" >&2
-}
+LABEL="cluster binaries"
+# shellcheck source=e2e/cluster/go-cache.sh
+source "$HERE/go-cache.sh"
+go_cache_open "~15 min on 2 cores" "$HERE/k8s" "$HERE/etcd" "$HERE/kwok"
 
 MAJOR="${K8S_VERSION#v}" MAJOR="${MAJOR%%.*}"
 MINOR="${K8S_VERSION#v*.}" MINOR="${MINOR%%.*}"
@@ -102,34 +70,18 @@ done
 KWOK_LDFLAGS="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
 KWOK_LDFLAGS+=" -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${K8S_VERSION#v}"
 
-TOTAL_START=$(date +%s)
 for c in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
-  build "$c" "$HERE/k8s" "$K8S_LDFLAGS" "k8s.io/kubernetes/cmd/$c"
+  go_cache_build "$c" "$HERE/k8s" "" "$K8S_LDFLAGS" "k8s.io/kubernetes/cmd/$c"
 done
-build etcd "$HERE/etcd" "-s -w" go.etcd.io/etcd/server/v3
-build kwok "$HERE/kwok" "$KWOK_LDFLAGS" sigs.k8s.io/kwok/cmd/kwok
-build kwokctl "$HERE/kwok" "$KWOK_LDFLAGS" sigs.k8s.io/kwok/cmd/kwokctl
-echo "total $(($(date +%s) - TOTAL_START))s" >>"$TIMES"
+go_cache_build etcd "$HERE/etcd" "" "-s -w" go.etcd.io/etcd/server/v3
+go_cache_build kwok "$HERE/kwok" "" "$KWOK_LDFLAGS" sigs.k8s.io/kwok/cmd/kwok
+go_cache_build kwokctl "$HERE/kwok" "" "$KWOK_LDFLAGS" sigs.k8s.io/kwok/cmd/kwokctl
 
-# Smoke-check that every binary runs and reports the version we pinned. Output is captured
-# first: `cmd | grep -q` under pipefail fails at random when grep exits before the writer
-# (SIGPIPE, exit 141).
-check_version() { # check_version <binary> <expected substring> [args...]
-  local bin="$1" want="$2" out
-  shift 2
-  out="$("$STAGE/$bin" "$@" 2>&1)" || { echo "build.sh: $bin $* failed: $out" >&2; exit 1; }
-  [[ "$out" == *"$want"* ]] || { echo "build.sh: $bin reports '$out', expected $want" >&2; exit 1; }
-}
-check_version kube-apiserver "$K8S_VERSION" --version
-check_version kubectl "$K8S_VERSION" version --client
-check_version kubelet "$K8S_VERSION" --version
-check_version kube-proxy "$K8S_VERSION" --version
-check_version etcd "${ETCD_VERSION#v}" --version
-check_version kwokctl "" --version
-(cd "$STAGE" && du -sh "${BINARIES[@]}") >>"$TIMES"
-
-touch "$STAGE/.complete"
-rm -rf "$BIN_DIR"
-mv "$STAGE" "$BIN_DIR"
-cat "$BIN_DIR/build-times.txt" >&2
-echo "$BIN_DIR"
+# Smoke-check that every binary runs and reports the version we pinned.
+go_cache_check_version kube-apiserver "$K8S_VERSION" --version
+go_cache_check_version kubectl "$K8S_VERSION" version --client
+go_cache_check_version kubelet "$K8S_VERSION" --version
+go_cache_check_version kube-proxy "$K8S_VERSION" --version
+go_cache_check_version etcd "${ETCD_VERSION#v}" --version
+go_cache_check_version kwokctl "" --version
+go_cache_close "${BINARIES[@]}"

@@ -103,9 +103,9 @@ cmd_up() {
     --v=2
   echo "$host_ip:$aport" >"$dir/prometheus-adapter.addr"
 
-  local ca
+  local ca manifest version priority
   ca="$(base64 -w0 "$pki/ca.crt")"
-  "${k[@]}" apply -f - >/dev/null 2>&1 <<EOF
+  manifest="$(cat <<EOF
 apiVersion: v1
 kind: Namespace
 metadata: {name: $NS}
@@ -123,29 +123,25 @@ metadata: {name: $SVC, namespace: $NS}
 subsets:
 - addresses: [{ip: "$host_ip"}]
   ports: [{name: https, port: $aport}]
----
-apiVersion: apiregistration.k8s.io/v1
-kind: APIService
-metadata: {name: v1beta1.custom.metrics.k8s.io}
-spec:
-  group: custom.metrics.k8s.io
-  version: v1beta1
-  service: {namespace: $NS, name: $SVC, port: 443}
-  caBundle: $ca
-  groupPriorityMinimum: 100
-  versionPriority: 100
----
-apiVersion: apiregistration.k8s.io/v1
-kind: APIService
-metadata: {name: v1beta2.custom.metrics.k8s.io}
-spec:
-  group: custom.metrics.k8s.io
-  version: v1beta2
-  service: {namespace: $NS, name: $SVC, port: 443}
-  caBundle: $ca
-  groupPriorityMinimum: 100
-  versionPriority: 200
 EOF
+)"
+  # The adapter serves both versions of the API; the HPA controller prefers the higher priority.
+  for version in v1beta1:100 v1beta2:200; do
+    priority="${version#*:}" version="${version%:*}"
+    manifest+="
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: $version.custom.metrics.k8s.io}
+spec:
+  group: custom.metrics.k8s.io
+  version: $version
+  service: {namespace: $NS, name: $SVC, port: 443}
+  caBundle: $ca
+  groupPriorityMinimum: 100
+  versionPriority: $priority"
+  done
+  "${k[@]}" apply -f - >/dev/null 2>&1 <<<"$manifest"
   if ! wait_for "custom.metrics.k8s.io" 90 "${k[@]}" wait --for=condition=Available --timeout=5s \
     apiservice/v1beta1.custom.metrics.k8s.io apiservice/v1beta2.custom.metrics.k8s.io; then
     "${k[@]}" get apiservice v1beta1.custom.metrics.k8s.io -o yaml >&2 || true

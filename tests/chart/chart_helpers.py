@@ -41,7 +41,7 @@ MATRIX: dict[str, dict[str, Any]] = {
         },
     },
     "service-label": {
-        "engine": {"serviceMonitor": True},
+        "engine": {"serviceMonitor": True, "hubEndpoint": "http://hub-mirror.internal:8080"},
         "monitoring": {
             "deploymentLabel": "service",
             "prometheusRule": {"enabled": True},

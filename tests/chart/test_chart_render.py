@@ -203,6 +203,7 @@ def test_operator_understands_the_chart_env(case: str) -> None:
     assert cfg.image_pull_policy == engine.get("imagePullPolicy", "IfNotPresent")
     assert cfg.service_monitor is engine.get("serviceMonitor", False)
     assert cfg.gpu_resource_name == engine.get("gpuResourceName", "nvidia.com/gpu")
+    assert cfg.hub_endpoint == (engine.get("hubEndpoint") or None)
 
 
 def test_chart_engine_image_defaults_match_the_operator_defaults() -> None:

@@ -261,6 +261,38 @@ def test_download_job_before_engine_then_engine_reads_the_cache_offline(
     assert done["phase"] == "Complete"
     assert done["bytesDone"] == done["bytesTotal"]
 
+    # A new generation that leaves spec.model alone (a scale) keeps the verdict and the commit:
+    # no second hub call, no second FloatingRevision warning, no second download.
+    hub_calls = [r for r in hub.requests if r.path.startswith(f"/api/models/{OPEN}")]
+    kit.apply_llmd(
+        namespace,
+        "m",
+        {**spec(OPEN, {"size": "2Gi", "accessModes": ["ReadWriteMany"]}), "replicas": 2},
+    )
+    wait_until(
+        lambda: (d := kit.deployment(namespace, "m")) and d["spec"]["replicas"] == 2,
+        timeout=60,
+        what="the scaled Deployment",
+    )
+    kit.wait_condition(namespace, "m", "Ready", "True", timeout=60)
+    assert [r for r in hub.requests if r.path.startswith(f"/api/models/{OPEN}")] == hub_calls
+    warnings = llmop_crd.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        "reason=FloatingRevision",
+        "-o",
+        "json",
+    ).stdout
+    assert sum(e.get("count") or 1 for e in json.loads(warnings)["items"]) == 1
+    assert [j["metadata"]["name"] for j in jobs(llmop_crd, namespace)] == [job_name]
+    scaled = kit.deployment(namespace, "m")
+    assert scaled is not None
+    args = scaled["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--revision") + 1] == sha
+
 
 def test_failed_download_stalls_with_the_job_named(
     operator: OperatorProcess, kit: Kit, llmop_crd: Cluster, namespace: str, hub: HubStandin

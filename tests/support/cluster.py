@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import os
 import pathlib
@@ -38,6 +39,14 @@ BUILD_SH = REPO_ROOT / "e2e" / "cluster" / "build.sh"
 
 # Generous: a cold start includes building the binaries (tens of minutes on 2 cores).
 _UP_TIMEOUT_S = 90 * 60
+
+# node.sh's own lock serialises one `up` or `down`; this one is held by a test or bench process
+# for its cluster's whole life, so a second session waits for the machine's one real node instead
+# of failing on it. flock dies with the process, so a killed session never leaves it taken.
+_REAL_NODE_TENANCY = pathlib.Path("/run/llmop-node.tenancy")
+_REAL_NODE_OWNER = pathlib.Path("/run/llmop-node/owner")
+_REAL_NODE_WAIT_S = float(os.environ.get("LLMOP_REAL_NODE_WAIT_S", str(60 * 60)))
+_tenancies: dict[str, int] = {}
 _KUBECTL_TIMEOUT_S = 120
 
 T = TypeVar("T")
@@ -164,7 +173,13 @@ def start_cluster(
     cluster.sh's LLMOP_REAL_NODE: "off" (kwok nodes only, the default for the
     integration tests, so their pods never run for real), "auto" or "on".
     """
-    out = _run_script("up", name, state_dir, owner_pid, real_node)
+    if real_node == "on":
+        _take_real_node(name)
+    try:
+        out = _run_script("up", name, state_dir, owner_pid, real_node)
+    except BaseException:
+        _give_back_real_node(name)
+        raise
     kubeconfig = pathlib.Path(out.strip().splitlines()[-1])
     bin_dir = pathlib.Path((kubeconfig.parent / "bin-dir").read_text().strip())
     return Cluster(kubeconfig=kubeconfig, bin_dir=bin_dir, name=name)
@@ -172,7 +187,51 @@ def start_cluster(
 
 def stop_cluster(name: str, *, state_dir: pathlib.Path | None = None) -> None:
     """Delete the cluster ``name`` and its state; a no-op when it is not running."""
-    _run_script("down", name, state_dir, None)
+    try:
+        _run_script("down", name, state_dir, None)
+    finally:
+        _give_back_real_node(name)
+
+
+def _take_real_node(name: str) -> None:
+    """Wait (up to LLMOP_REAL_NODE_WAIT_S) until no other session of this machine holds the node."""
+    fd = os.open(_REAL_NODE_TENANCY, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + _REAL_NODE_WAIT_S
+    next_note = 0.0
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            now = time.monotonic()
+            if now > deadline:
+                os.close(fd)
+                raise TimeoutError(
+                    f"the real node stayed taken for {_REAL_NODE_WAIT_S:.0f}s (held by "
+                    f"{_real_node_owner()!r}); raise LLMOP_REAL_NODE_WAIT_S or stop that run"
+                ) from None
+            if now >= next_note:
+                print(
+                    f"{name}: waiting for the real node (held by {_real_node_owner()!r})",
+                    file=sys.stderr,
+                )
+                next_note = now + 60
+            time.sleep(2)
+            continue
+        _tenancies[name] = fd
+        return
+
+
+def _give_back_real_node(name: str) -> None:
+    fd = _tenancies.pop(name, None)
+    if fd is not None:
+        os.close(fd)  # closing the only descriptor releases the flock
+
+
+def _real_node_owner() -> str:
+    try:
+        return _REAL_NODE_OWNER.read_text().strip()
+    except OSError:
+        return "unknown"
 
 
 def existing_cluster() -> Cluster | None:

@@ -15,23 +15,15 @@ from typing import Any
 
 from llmop.agents import AgentReading
 from llmop.api.v1alpha1 import ReplicaStartup, StartupPhase, StartupStatus
+from llmop.conditions import parse_time
 
 MAX_REPLICAS = 10
 """Replicas listed in the status: the ones not ready, then the newest."""
 _AGENT_PHASES: dict[str, StartupPhase] = {"downloading": "Downloading", "loading": "Loading"}
 
 
-def _time(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def _after(start: datetime | None, end: Any) -> int | None:
-    moment = _time(end)
+    moment = parse_time(end)
     if start is None or moment is None:
         return None
     return max(0, round((moment - start).total_seconds()))
@@ -55,7 +47,7 @@ def replica_startup(
     """One pod's breakdown; None for a pod without a creation time or one being deleted.
     `known` is the phase the previous status gave it, kept while no reading says otherwise."""
     metadata = pod.get("metadata") or {}
-    created = _time(metadata.get("creationTimestamp"))
+    created = parse_time(metadata.get("creationTimestamp"))
     if created is None or metadata.get("deletionTimestamp"):
         return None
     scheduled = _condition(pod, "PodScheduled")

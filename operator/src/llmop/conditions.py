@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from llmop.api.v1alpha1 import Condition, ConditionStatus
 
@@ -59,6 +60,16 @@ class Observation:
 def format_time(now: datetime) -> str:
     """RFC 3339 in UTC with second precision, as the API server stores metav1.Time."""
     return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A metav1.Time from an object's body; None when absent or not a timestamp."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def find(conditions: Iterable[Condition], type_: str) -> Condition | None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from llmop.conditions import parse_time
+
 REASON_UNSCHEDULABLE = "Unschedulable"
 REASON_IMAGE_PULL = "ImagePullBackOff"
 REASON_CRASH_LOOP = "CrashLoopBackOff"
@@ -132,20 +134,11 @@ def _last_termination(container: Mapping[str, Any]) -> str:
     return f"last exit: {reason} (code {code}): {_hint(str(reason), code)}"
 
 
-def _parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def _recent_restart(name: str, container: Mapping[str, Any], now: datetime) -> PodIssue | None:
     """A container that restarted within `RECENT_RESTART` of `now`, whatever its state now."""
     restarts = container.get("restartCount", 0)
     terminated = (container.get("lastState") or {}).get("terminated") or {}
-    finished = _parse_time(terminated.get("finishedAt"))
+    finished = parse_time(terminated.get("finishedAt"))
     if not restarts or finished is None or now - finished > RECENT_RESTART:
         return None
     return PodIssue(

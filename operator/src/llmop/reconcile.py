@@ -39,6 +39,7 @@ from llmop.api.v1alpha1 import (
     KIND,
     LLMDeployment,
     LLMDeploymentStatus,
+    ModelSpec,
     ModelStatus,
 )
 from llmop.config import OperatorConfig
@@ -121,6 +122,10 @@ class _ModelGate:
 
     uid: str
     generation: int | None
+    model: ModelSpec
+    """The spec.model the verdict was reached for: a new generation that leaves it as it was
+    (`kubectl scale`, an engine flag) keeps a passing verdict and the resolved commit, so it neither
+    calls the hub again nor moves a floating revision to a newer commit behind the user's back."""
     verdict: preflight.Verdict
     status: ModelStatus
     applied: bool = False
@@ -475,7 +480,7 @@ def _preflight(ctx: Context, body: Mapping[str, Any], llmd: LLMDeployment) -> _M
         size_bytes=verdict.total_bytes,
         cache_claim=model_cache.cache_claim(llmd),
     )
-    gate = _ModelGate(metadata.get("uid", ""), metadata.get("generation"), verdict, status)
+    gate = _ModelGate(metadata.get("uid", ""), metadata.get("generation"), model, verdict, status)
     if verdict.ok and verdict.floating:
         spec = events.EventSpec("Warning", preflight.REASON_FLOATING_REVISION, verdict.message)
         try:
@@ -510,7 +515,16 @@ def _model_gate(ctx: Context, body: Mapping[str, Any], parsed: _Parsed) -> Desir
     key = _key(body)
     gate = ctx._gates.get(key)
     if gate is None or (gate.uid, gate.generation) != (parsed.uid, parsed.generation):
-        gate = _preflight(ctx, body, llmd)
+        # A refusal is checked again on every generation: access may have been granted since.
+        if (
+            gate is not None
+            and gate.uid == parsed.uid
+            and gate.verdict.ok
+            and gate.model == llmd.spec.model
+        ):
+            gate = _ModelGate(parsed.uid, parsed.generation, gate.model, gate.verdict, gate.status)
+        else:
+            gate = _preflight(ctx, body, llmd)
         ctx._gates[key] = gate
     verdict = gate.verdict
     if not verdict.ok or verdict.resolved_revision is None:
