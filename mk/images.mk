@@ -57,11 +57,14 @@ images-import: ## Import IMPORT_IMAGES (default: engine-sim pause) into the cont
 # tests/images builds the simulator and pause images (or reuses them from the cache): build them
 # first, in the open, so a cold build (the stand-in's debootstrap, minutes) shows in the CI log
 # instead of inside pytest. Only where the builder can run (root on Linux); elsewhere those
-# tests skip and say why.
+# tests skip and say why. The CPU engine image (~6 GB, tests/e2e/test_vllm_cpu_pod.py) only where
+# vLLM's CPU build can run: elsewhere that test skips and the image would be wasted work.
 .PHONY: images-for-tests
 images-for-tests:
 	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then \
 	  $(IMAGES_PY) build engine-sim pause; \
+	  if engine-image/vllm-cpu/build.sh --check >/dev/null; then $(IMAGES_PY) build engine-cpu; \
+	  else echo "images: vLLM's CPU build cannot run here: engine-cpu not built"; fi; \
 	else echo "images: not root on Linux: tests/images will skip (builds need root)"; fi
 
 test-prereqs: images-for-tests
