@@ -12,9 +12,6 @@ minute to start; two run at once during the rollout."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,20 +28,19 @@ from support.realnode import (
     BackgroundLoad,
     PodWatch,
     RealCluster,
+    create_model_volume,
+    delete_model_volume,
     import_into_node,
     post_json,
     service_url,
     summary,
+    vllm_cpu_spec,
     wait_rolled_out,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.vllm]
 
 CLAIM = "tiny-model"
-MODEL_DIR = "tiny"
-# KV budget: the planner's default for this memory is 1 GiB (VLLM_CPU_KVCACHE_SPACE=1), next to
-# the ~3.2 GiB vLLM's CPU runtime holds; what the real-engine tests measured at 3.6-4.2 GiB.
-MEMORY = "6Gi"
 CLIENTS = 4
 MAX_TOKENS = 32
 WARMUP_SECONDS = 5
@@ -79,76 +75,11 @@ def model_claim(
     real_cluster: RealCluster, e2e_namespace: str, tiny_model_dir: Path
 ) -> Iterator[str]:
     """The tiny model on a hostPath PersistentVolume of the real node, bound to claim CLAIM."""
-    pv_name = f"tiny-model-{e2e_namespace}"
-    path = Path("/var/lib/llmop-e2e") / pv_name
-    shutil.rmtree(path, ignore_errors=True)
-    shutil.copytree(tiny_model_dir, path / MODEL_DIR)
-    for root, _dirs, files in os.walk(path):  # the engine runs as uid 10001
-        os.chmod(root, 0o755)
-        for f in files:
-            os.chmod(Path(root) / f, 0o644)
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": pv_name},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "hostPath": {"path": str(path), "type": "Directory"},
-            "claimRef": {"namespace": e2e_namespace, "name": CLAIM},
-            "nodeAffinity": {
-                "required": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {
-                                    "key": "kubernetes.io/hostname",
-                                    "operator": "In",
-                                    "values": [REAL_NODE],
-                                }
-                            ]
-                        }
-                    ]
-                }
-            },
-        },
-    }
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": CLAIM, "namespace": e2e_namespace},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "",
-            "volumeName": pv_name,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    real_cluster.kubectl("create", "-f", "-", input=json.dumps(pv))
-    real_cluster.kubectl("create", "-f", "-", input=json.dumps(pvc))
+    pv_name = create_model_volume(real_cluster.cluster, e2e_namespace, CLAIM, tiny_model_dir)
     try:
         yield CLAIM
     finally:
-        real_cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def vllm_cpu_spec(claim: str, max_num_seqs: int = 16) -> dict[str, Any]:
-    return {
-        "model": {"name": f"pvc://{claim}/{MODEL_DIR}"},
-        "engine": {
-            "backend": "vllm",
-            # The random model is saved in float32; vLLM's CPU build would cast it otherwise.
-            "dtype": "float32",
-            "maxModelLen": 2048,
-            "maxNumSeqs": max_num_seqs,
-        },
-        "resources": {"gpus": 0, "memory": MEMORY},
-        "rollout": {"drainSeconds": 20, "endpointPropagationSeconds": 3},
-        "replicas": 1,
-    }
+        delete_model_volume(real_cluster.cluster, pv_name)
 
 
 def ready_seconds(pod: dict[str, Any]) -> float:
