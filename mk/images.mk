@@ -57,7 +57,8 @@ images-import: ## Import IMPORT_IMAGES (default: engine-sim pause) into the cont
 # tests/images builds the simulator and pause images (or reuses them from the cache): build them
 # first, in the open, so a cold build (the stand-in's debootstrap, minutes) shows in the CI log
 # instead of inside pytest. Only where the builder can run (root on Linux); elsewhere those
-# tests skip and say why.
+# tests skip and say why. The CPU engine image (~6 GB, ~25 min cold) is not built here: its e2e
+# test is opt-in (`make e2e-vllm-pod`).
 .PHONY: images-for-tests
 images-for-tests:
 	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then \
@@ -65,3 +66,8 @@ images-for-tests:
 	else echo "images: not root on Linux: tests/images will skip (builds need root)"; fi
 
 test-prereqs: images-for-tests
+
+.PHONY: e2e-vllm-pod
+e2e-vllm-pod: install cluster-binaries vllm-cpu ## Real vLLM (CPU) as a pod on the real node: builds engine-cpu (~25 min cold), Ready, completion, rollout.
+	$(IMAGES_PY) build engine-cpu pause
+	LLMOP_E2E_VLLM_POD=1 $(BIN)/pytest -q -s tests/e2e/test_vllm_cpu_pod.py

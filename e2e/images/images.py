@@ -95,6 +95,11 @@ class ImageSpec:
     tag: str
     # Build context: the repository root, or a directory prepared by the builder (pause).
     context: Path = REPO
+    # A big image (the CPU engine: ~6 GB of vLLM, torch and its CUDA libraries) is built with
+    # buildah's layer cache, so a change to the agent's sources (COPY'd after the pip install)
+    # reuses the install layer instead of reinstalling 6 GB, and exported with zstd layers: gzip
+    # of gigabytes on one core costs minutes (containerd >= 1.5 unpacks zstd).
+    big: bool = False
 
     @property
     def ref(self) -> str:
@@ -153,7 +158,7 @@ def specs() -> dict[str, ImageSpec]:
         ),
         "engine": ImageSpec("engine", REPO / "engine-image/Dockerfile", f"{reg}/engine", tag),
         "engine-cpu": ImageSpec(
-            "engine-cpu", REPO / "engine-image/Dockerfile.cpu", f"{reg}/engine-cpu", tag
+            "engine-cpu", REPO / "engine-image/Dockerfile.cpu", f"{reg}/engine-cpu", tag, big=True
         ),
         "pause": ImageSpec(
             "pause", HERE / "pause/Dockerfile", "localhost/pause", "3.10", context=HERE / "pause"
@@ -166,7 +171,7 @@ def specs() -> dict[str, ImageSpec]:
             repo, _, t = ref.rpartition(":")
             if not repo or "/" in t:
                 raise ImageError(f"image reference {ref!r} needs an explicit :tag")
-            out[name] = ImageSpec(name, spec.dockerfile, repo, t, spec.context)
+            out[name] = ImageSpec(name, spec.dockerfile, repo, t, spec.context, spec.big)
     return out
 
 
@@ -679,6 +684,8 @@ def input_key(spec: ImageSpec, resolve: bool = True) -> tuple[str, list[str]]:
     h = hashlib.sha256()
     h.update(f"recipe={RECIPE} ref={spec.ref} arch={os.uname().machine}\n".encode())
     h.update(b"dockerfile\0" + text.encode() + b"\0")
+    if spec.big:  # how it is built and exported (see ImageSpec.big); other keys stay as they were
+        h.update(b"big: layer cache, zstd export\n")
     for b in bases:
         h.update(f"base {b} {base_key(b, resolve)}\n".encode())
     if spec.name == "pause":
@@ -817,7 +824,9 @@ def build_buildah(spec: ImageSpec, rebuild: bool = False) -> dict[str, str]:
             "bud",
             "--isolation=chroot",
             "--pull=never",
-            "--layers=false",
+            # A cached step is reused only when its instruction, its parent and (COPY) the
+            # files' content are the same: what the input key covers, step by step.
+            f"--layers={'true' if spec.big else 'false'}",
             "--force-rm",  # no leftover working containers after a failed build
             "--identity-label=false",
             "--format=oci",
@@ -835,7 +844,14 @@ def build_buildah(spec: ImageSpec, rebuild: bool = False) -> dict[str, str]:
         built = time.monotonic()
         layout = stage / "oci"
         buildah(
-            "push", f"--signature-policy={POLICY}", "--quiet", spec.ref, f"oci:{layout}:{spec.tag}"
+            "push",
+            f"--signature-policy={POLICY}",
+            "--quiet",
+            # zstd, not gzip, for the big image: gzip of gigabytes on one core took 313 s
+            # (buildah 1.28 ignores --disable-compression for an oci: destination).
+            *(["--compression-format", "zstd"] if spec.big else []),
+            spec.ref,
+            f"oci:{layout}:{spec.tag}",
         )
         shutil.rmtree(ctx)
         meta = {
@@ -854,7 +870,8 @@ def build_buildah(spec: ImageSpec, rebuild: bool = False) -> dict[str, str]:
         shutil.rmtree(d, ignore_errors=True)
         stage.rename(d)
         (d / ".complete").write_text(f"{time.time()}\n")
-        prune(spec, keep=d)
+        # A big image's entries are gigabytes each: keep the newest only.
+        prune(spec, keep=d, entries=1 if spec.big else 3)
         log(
             f"{spec.name}: {spec.ref} {meta['digest'][:19]} built in {meta['build_seconds']}s, "
             f"exported in {meta['export_seconds']}s, {int(meta['size_bytes']) >> 20} MiB"
@@ -866,7 +883,8 @@ def prune(spec: ImageSpec, keep: Path, entries: int = 3) -> None:
     """Bound the cache: keep the newest few entries of this image (switching branches back and
     forth stays a cache hit) and drop images in our store that lost their tag to a rebuild."""
     mine = sorted(
-        (p for p in keep.parent.glob(f"{spec.name}-*") if (p / ".complete").is_file()),
+        # name-tag-key: `engine-*` alone would also match engine-cpu's and engine-sim's entries.
+        (p for p in keep.parent.glob(f"{spec.name}-{spec.tag}-*") if (p / ".complete").is_file()),
         key=lambda p: (p / ".complete").stat().st_mtime,
         reverse=True,
     )

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -25,12 +26,100 @@ from support.cluster import REPO_ROOT, Cluster, start_cluster, stop_cluster, wai
 from support.operator import Kit, OperatorProcess, install_crd, operator_kubeconfig_for
 
 NODE_SH = REPO_ROOT / "e2e" / "cluster" / "node.sh"
+IMAGES_PY = REPO_ROOT / "e2e" / "images" / "images.py"
 REAL_NODE = "llmop-real-node"
+# The node's containerd (e2e/cluster/node.sh: $RUN_DIR/containerd/containerd.sock).
+NODE_CONTAINERD = "/run/llmop-node/containerd/containerd.sock"
 
 # Small enough that 3 replicas plus a surge pod fit the node's 2 CPUs with room for the operator
 # and the clients; limits equal requests, so each engine is throttled to this.
 ENGINE_CPU = "200m"
 ENGINE_MEMORY = "256Mi"
+
+
+# The real vLLM CPU engine on the node (tests/e2e/test_vllm_cpu_pod.py, bench/rollout_bench.py
+# --vllm): the tiny model (tests/support/tiny_model.py) in MODEL_SUBDIR of a hostPath volume.
+MODEL_SUBDIR = "tiny"
+# The planner's default KV budget for this memory is 1 GiB (VLLM_CPU_KVCACHE_SPACE=1), next to the
+# ~3.2 GiB vLLM's CPU runtime holds: 3.6-4.2 GiB measured per engine.
+VLLM_CPU_MEMORY = "6Gi"
+MODEL_VOLUME_ROOT = Path("/var/lib/llmop-e2e")
+
+
+def vllm_cpu_spec(claim: str, *, replicas: int = 1, max_num_seqs: int = 16) -> dict[str, Any]:
+    """An LLMDeployment of vLLM's CPU build (backend vllm, no GPU) serving the tiny model from
+    `pvc://<claim>/tiny`; nothing in it names the node or the image."""
+    return {
+        "model": {"name": f"pvc://{claim}/{MODEL_SUBDIR}"},
+        "engine": {
+            "backend": "vllm",
+            # The random model is saved in float32; vLLM's CPU build would cast it otherwise.
+            "dtype": "float32",
+            "maxModelLen": 2048,
+            "maxNumSeqs": max_num_seqs,
+        },
+        "resources": {"gpus": 0, "memory": VLLM_CPU_MEMORY},
+        "rollout": {"drainSeconds": 20, "endpointPropagationSeconds": 3},
+        "replicas": replicas,
+    }
+
+
+def create_model_volume(cluster: Cluster, namespace: str, claim: str, model: Path) -> str:
+    """A copy of `model` in a hostPath PersistentVolume of the real node, bound to a new claim
+    `claim` in `namespace` (static: one node needs no provisioner). Returns the volume's name
+    for delete_model_volume."""
+    pv_name = f"{claim}-{namespace}"
+    path = MODEL_VOLUME_ROOT / pv_name
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(model, path / MODEL_SUBDIR)
+    for root, _dirs, files in os.walk(path):  # the engine runs as uid 10001
+        os.chmod(root, 0o755)
+        for f in files:
+            os.chmod(Path(root) / f, 0o644)
+    node_affinity = {
+        "required": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": "kubernetes.io/hostname", "operator": "In", "values": [REAL_NODE]}
+                    ]
+                }
+            ]
+        }
+    }
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": str(path), "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": claim},
+            "nodeAffinity": node_affinity,
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(pv))
+    cluster.kubectl("create", "-f", "-", input=json.dumps(pvc))
+    return pv_name
+
+
+def delete_model_volume(cluster: Cluster, pv_name: str) -> None:
+    cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)
+    shutil.rmtree(MODEL_VOLUME_ROOT / pv_name, ignore_errors=True)
 
 
 def real_node_unavailable() -> str | None:
@@ -41,6 +130,23 @@ def real_node_unavailable() -> str | None:
     if result.returncode == 0:
         return None
     return (result.stdout + result.stderr).strip() or f"node.sh check exited {result.returncode}"
+
+
+def import_into_node(*images: str, timeout: float = 30 * 60) -> float:
+    """Build (or reuse from the cache) and import images into the running node's containerd,
+    for tests that need more than the node imports at start (the 6 GB engine-cpu image only
+    where a test runs it). In the open: a cold build's progress shows in the CI log. Returns
+    the seconds it took (a warm cache and an imported image: about a second)."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(IMAGES_PY), "import", "--address", NODE_CONTAINERD, *images],
+        stdout=subprocess.DEVNULL,
+        check=False,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{IMAGES_PY} import {' '.join(images)} failed ({result.returncode})")
+    return time.monotonic() - started
 
 
 @dataclass

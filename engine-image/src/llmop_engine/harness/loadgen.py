@@ -124,13 +124,20 @@ async def stream_completion(
     ttfts: list[float] | None = None,
 ) -> tuple[str, str]:
     """One streaming completion; returns (outcome, reason). Appends its TTFT to `ttfts`."""
+    # Real vLLM, unlike the simulator: a model (a random test one above all) may emit EOS at any
+    # step (finish_reason `stop`), and a token whose text the detokenizer holds back (part of a
+    # multi-byte character, a special token) streams as a chunk with empty text. So EOS is
+    # ignored and the count is the engine's own (the usage chunk), not the chunks with text.
     payload = {
         "model": model,
         "prompt": "Tell me a story.",
         "max_tokens": max_tokens,
         "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
     }
     tokens, finish, done = 0, None, False
+    usage_tokens: int | None = None
     started = time.monotonic()
     try:
         async with http.post(api_url + "/v1/completions", json=payload) as resp:
@@ -145,6 +152,9 @@ async def stream_completion(
                     done = True
                     break
                 chunk = json.loads(data)
+                usage = chunk.get("usage")
+                if isinstance(usage, dict) and "completion_tokens" in usage:
+                    usage_tokens = int(usage["completion_tokens"])
                 for choice in chunk.get("choices", []):
                     if choice.get("text"):
                         if tokens == 0 and ttfts is not None:
@@ -156,6 +166,8 @@ async def stream_completion(
         return "failed", f"connect: {type(exc).__name__}"
     except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
         return ("truncated" if tokens else "failed"), type(exc).__name__
+    if usage_tokens is not None:
+        tokens = usage_tokens
     if finish == "length" and tokens == max_tokens and done:
         return "ok", ""
     if finish == "abort" and tokens == 0:
