@@ -430,11 +430,15 @@ class TestOverBudget:
             ["--max-num-seqs", "8"], env={"LLMOP_DRAIN_SECONDS": f"{self.DRAIN:g}"},
         )  # fmt: skip
 
+    # Three times the engine's 8 slots: however fast the machine, the deadline finds requests
+    # running and queued (8 streams alone once all finished within a quiet 2 + 5 s).
+    STREAMS = 24
+
     @pytest.mark.timeout(420)
     def test_over_budget_ends_streams_cleanly_exit_0_cut_reported(self, engine: Engine) -> None:
         async def scenario() -> tuple[list[real_vllm.StreamResult], float, int | None, float]:
             async with aiohttp.ClientSession() as http:
-                streams = await pending_streams(http, engine, 8, 1800)
+                streams = await pending_streams(http, engine, self.STREAMS, 1800)
                 await asyncio.sleep(2.0)
                 engine.proc.send_signal(signal.SIGTERM)
                 started = time.monotonic()
@@ -449,18 +453,28 @@ class TestOverBudget:
 
         results, cut, code, ended = asyncio.run(scenario())
         reasons = sorted({(r.finish_reason, r.error) for r in results}, key=str)
-        MEASURED["over budget (8 streams, drain 4s): ends / cut metric / exit"] = (
+        aborted = [r for r in results if r.finish_reason == "abort"]
+        MEASURED[f"over budget ({self.STREAMS} streams, 8 slots, drain 4s): ends / cut / exit"] = (
             f"{reasons} / {cut:g} / {ended:.1f}s after SIGTERM, code {code}"
         )
-        assert all(r.clean_end for r in results), results
-        assert all(r.finish_reason == "abort" for r in results), reasons
+        brief = [(r.status, r.finish_reason, r.tokens, r.done, r.error[:80]) for r in results]
+        print(f"\nover budget, per stream (status, finish, tokens, [DONE], error): {brief}")
+        # Running streams end with a reason; queued ones that never got a token see their stream
+        # closed with [DONE] and no choice (vLLM 0.32). Either way nothing is cut mid-connection.
+        queued = [r for r in results if r.finish_reason is None]
+        assert all(r.status == 200 and not r.error and r.done for r in results), brief
+        assert all(r.tokens == 0 for r in queued), brief
+        reasons_given = [r.finish_reason for r in results if r.finish_reason is not None]
+        assert set(reasons_given) <= {"length", "abort"}, brief
+        assert len(aborted) >= 8, brief  # the round running at the deadline
+        ended_by_deadline = len(aborted) + len(queued)
         assert code == 0, engine.log_tail()
-        assert cut == 8
+        assert cut == ended_by_deadline, brief
         # Within the budget plus the engine's exit grace (the agent's SIGKILL point).
         assert ended <= PROPAGATION + self.DRAIN + contract.ENGINE_EXIT_GRACE_SECONDS
         log = engine.log_tail(200000)
         assert "killing it" not in log
-        assert "exhausted with 8 requests in the engine" in log
+        assert f"exhausted with {ended_by_deadline} requests in the engine" in log
 
 
 class TestKeepAliveClients:

@@ -245,7 +245,8 @@ async def drain_sequence(
         waiting = "?" if m is None or m.waiting is None else f"{m.waiting:.0f}"
         log.warning(
             "drain: budget of %.0fs exhausted with %s requests in the engine (%s running, %s "
-            "waiting); ending the engine: they end with finish_reason=abort",
+            "waiting); ending the engine: running streams end with finish_reason=abort, queued "
+            "ones closed without a token",
             drain_seconds,
             "?" if cut is None else cut,
             running,
