@@ -11,11 +11,12 @@ the whole of kube-proxy's part; the real-node e2e (tests/e2e/test_rollout.py) ha
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
+
+from llmop_engine.harness.loadgen import sse_chunks
 
 
 @dataclass
@@ -50,15 +51,11 @@ async def completion(
             closed = r.headers.get("Connection", "").lower() == "close"
             if r.status != 200:
                 return False, closed, f"HTTP {r.status}: {(await r.text())[:120]}"
-            async for raw in r.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
+            async for chunk in sse_chunks(r):
+                if chunk is None:
                     done = True
                     continue
-                for choice in json.loads(data).get("choices") or []:
+                for choice in chunk.get("choices") or []:
                     finish = choice.get("finish_reason") or finish
     except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
         return False, True, f"{type(exc).__name__}: {exc}"

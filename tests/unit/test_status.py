@@ -327,6 +327,26 @@ def test_hpa_summary_keeps_conditions_without_timestamps_or_readings() -> None:
     }
 
 
+def _autoscaled_status(
+    resource: LLMDeployment, dep_status: dict[str, int], conditions: list[tuple[str, str, str]]
+) -> LLMDeploymentStatus:
+    """The status of autoscaled `resource` with its Deployment at `dep_status` and an HPA
+    reporting `conditions`."""
+    return derive_status(
+        name="x",
+        namespace="ns",
+        generation=4,
+        previous=LLMDeploymentStatus(),
+        spec=resource.spec,
+        sizing=plan_for(resource.spec),
+        deployment=deployment(status=dep_status),
+        template_hash=HASH,
+        problem=None,
+        now=NOW,
+        hpa=hpa(*conditions),
+    )
+
+
 def test_no_metrics_while_every_replica_loads_is_not_degraded() -> None:
     """Loading engines export no queue depth, so an HPA whose replicas are all loading gets no
     metric item (FailedGetPodsMetric) by design; once one serves, the same condition degrades."""
@@ -334,18 +354,8 @@ def test_no_metrics_while_every_replica_loads_is_not_degraded() -> None:
     loading = {"replicas": 2, "updatedReplicas": 2, "readyReplicas": 0}
 
     def degraded(dep_status: dict[str, int]) -> tuple[str, str | None]:
-        status = derive_status(
-            name="x",
-            namespace="ns",
-            generation=4,
-            previous=LLMDeploymentStatus(),
-            spec=resource.spec,
-            sizing=plan_for(resource.spec),
-            deployment=deployment(status=dep_status),
-            template_hash=HASH,
-            problem=None,
-            now=NOW,
-            hpa=hpa(("AbleToScale", "True", "ReadyForNewScale"), NO_METRICS),
+        status = _autoscaled_status(
+            resource, dep_status, [("AbleToScale", "True", "ReadyForNewScale"), NO_METRICS]
         )
         got = {c.type: c for c in status.conditions}["Degraded"]
         return got.status, got.reason
@@ -375,19 +385,7 @@ def test_an_hpa_that_cannot_scale_degrades_with_its_own_words(
     conditions: list[tuple[str, str, str]], degraded: bool
 ) -> None:
     resource = ld(autoscaling={"maxReplicas": 5})
-    status = derive_status(
-        name="x",
-        namespace="ns",
-        generation=4,
-        previous=LLMDeploymentStatus(),
-        spec=resource.spec,
-        sizing=plan_for(resource.spec),
-        deployment=deployment(status=ROLLED_OUT),
-        template_hash=HASH,
-        problem=None,
-        now=NOW,
-        hpa=hpa(*conditions),
-    )
+    status = _autoscaled_status(resource, ROLLED_OUT, conditions)
     got = {c.type: c for c in status.conditions}
     assert got["Ready"].status == "True"  # the replicas serve: Ready stays honest
     if degraded:

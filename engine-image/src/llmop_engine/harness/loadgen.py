@@ -17,9 +17,9 @@ import itertools
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -116,6 +116,17 @@ class LoadResult:
         return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
+async def sse_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any] | None]:
+    """The `data:` events of an OpenAI-style stream, parsed; None for the final `[DONE]`. A
+    consumer that reads on past it drains the body, so its keep-alive connection is reusable."""
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        yield None if data == b"[DONE]" else json.loads(data)
+
+
 async def stream_completion(
     http: aiohttp.ClientSession,
     api_url: str,
@@ -143,15 +154,10 @@ async def stream_completion(
         async with http.post(api_url + "/v1/completions", json=payload) as resp:
             if resp.status != 200:
                 return "failed", f"HTTP {resp.status}"
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
+            async for chunk in sse_chunks(resp):
+                if chunk is None:
                     done = True
                     break
-                chunk = json.loads(data)
                 usage = chunk.get("usage")
                 if isinstance(usage, dict) and "completion_tokens" in usage:
                     usage_tokens = int(usage["completion_tokens"])
