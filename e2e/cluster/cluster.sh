@@ -173,6 +173,15 @@ componentsPatches:
   - {key: requestheader-username-headers, value: X-Remote-User}
   - {key: requestheader-group-headers, value: X-Remote-Group}
   - {key: requestheader-extra-headers-prefix, value: X-Remote-Extra-}
+# One instance each, so no leader election: when a real vLLM engine saturates both cores, a
+# lease renewal can miss its 5 s deadline, and a controller that loses its lease exits for good
+# (the controller-manager did mid-run: no ServiceAccounts, every later test failed).
+- name: kube-controller-manager
+  extraArgs:
+  - {key: leader-elect, value: "false"}
+- name: kube-scheduler
+  extraArgs:
+  - {key: leader-elect, value: "false"}
 - name: kwok-controller
   extraArgs:
   # kwok plays the kubelet only for the fake nodes, never for the real one.
