@@ -178,6 +178,9 @@ async def stream_completion(
         return "ok", ""
     if finish == "abort" and tokens == 0:
         return "failed", "aborted before any token"
+    if finish is None and tokens == 0 and done:
+        # vLLM 0.32 ends a request still queued when the engine aborts everything this way.
+        return "failed", "no output before [DONE]"
     if finish != "length":
         return "truncated", f"finish_reason={finish}"
     return "truncated", f"{tokens}/{max_tokens} tokens, [DONE]={done}"

@@ -16,7 +16,8 @@ SIGTERM with `--shutdown-timeout 0` aborts open requests at once (`finish_reason
 exits. With N > 0 it finishes running and waiting work for up to N seconds while new requests get
 HTTP 500 ("cannot schedule new futures after shutdown"; /health stays 200), then exits. Work left
 at that deadline is never answered: the port closes, open streams get nothing more, and the process
-does not exit while any of them stays open ("Waiting for connections to close"). After a crash
+does not exit while any of them stays open ("Waiting for connections to close"). A stream still
+queued when everything is aborted ends with no choice and no finish reason, as vLLM's. After a crash
 `/health` answers 503, open requests end with an error, and the process exits with code 0.
 """
 
@@ -366,10 +367,10 @@ class SimServer:
             return f'data: {head}, "choices": [{json.dumps(choice)}]}}\n\n'
 
         sent = 0
+        # Like vLLM, chat's role chunk rides on the first output, not on the response headers.
+        role_pending = chat
         try:
             await resp.prepare(request)
-            if chat:
-                await resp.write(chunk(None, None, role=True).encode())
             while True:
                 if not req.finished:
                     await req.changed.wait()
@@ -380,9 +381,18 @@ class SimServer:
                     last = sent == upto - 1 and req.finished
                     parts.append(chunk(token_text(sent), req.finish_reason if last else None))
                     sent += 1
+                # vLLM 0.32 (measured): a request still queued when the engine aborts everything
+                # yields no output at all, so its stream has no choice and no finish reason, only
+                # the usage chunk and [DONE].
+                never_started = (
+                    req.finished and req.finish_reason == "abort" and req.admitted_at is None
+                )
+                if req.finished and not parts and not never_started:
+                    parts.append(chunk("" if not chat else None, req.finish_reason))
+                if role_pending and parts:
+                    parts.insert(0, chunk(None, None, role=True))
+                    role_pending = False
                 if req.finished:
-                    if not parts:
-                        parts.append(chunk("" if not chat else None, req.finish_reason))
                     if include_usage:
                         usage = {
                             "prompt_tokens": req.prompt_tokens,
