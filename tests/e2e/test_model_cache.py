@@ -11,8 +11,6 @@ the test removes)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,14 @@ import pytest
 from llmop import names
 from support.cluster import wait_until
 from support.hub_standin import HubStandin
-from support.realnode import REAL_NODE, RealCluster, real_node_spec
+from support.realnode import (
+    MODEL_VOLUME_ROOT,
+    REAL_NODE,
+    RealCluster,
+    create_cache_volume,
+    delete_model_volume,
+    real_node_spec,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -31,45 +36,15 @@ CLAIM_SIZE = "1Gi"
 
 
 @pytest.fixture
-def cache_volume(real_cluster: RealCluster, e2e_namespace: str) -> Iterator[str]:
+def cache_volume(real_cluster: RealCluster, e2e_namespace: str) -> Iterator[Path]:
     """A hostPath PersistentVolume on the real node, pre-bound to the claim the operator makes."""
-    name = f"model-cache-{e2e_namespace}"
-    path = Path("/var/lib/llmop-e2e") / name
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o777)  # the download pod runs as uid 10001; hostPath ignores fsGroup
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": CLAIM_SIZE},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": str(path), "type": "Directory"},
-            "claimRef": {"namespace": e2e_namespace, "name": "cached-model-cache"},
-            "nodeAffinity": {
-                "required": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {
-                                    "key": "kubernetes.io/hostname",
-                                    "operator": "In",
-                                    "values": [REAL_NODE],
-                                }
-                            ]
-                        }
-                    ]
-                }
-            },
-        },
-    }
-    real_cluster.kubectl("create", "-f", "-", input=json.dumps(pv))
+    pv_name = create_cache_volume(
+        real_cluster.cluster, e2e_namespace, "cached-model-cache", CLAIM_SIZE
+    )
     try:
-        yield str(path)
+        yield MODEL_VOLUME_ROOT / pv_name
     finally:
-        real_cluster.kubectl("delete", "pv", name, "--wait=false", check=False)
-        shutil.rmtree(path, ignore_errors=True)
+        delete_model_volume(real_cluster.cluster, pv_name)
 
 
 def weight_gets(hub: HubStandin) -> int:
@@ -77,7 +52,7 @@ def weight_gets(hub: HubStandin) -> int:
 
 
 def test_download_job_fills_the_cache_once_for_every_replica(
-    real_cluster: RealCluster, e2e_namespace: str, cache_volume: str, hub: HubStandin
+    real_cluster: RealCluster, e2e_namespace: str, cache_volume: Path, hub: HubStandin
 ) -> None:
     ns, name = e2e_namespace, "cached"
     before = weight_gets(hub)
@@ -111,7 +86,7 @@ def test_download_job_fills_the_cache_once_for_every_replica(
     (job,) = json.loads(real_cluster.kubectl("get", "jobs", "-n", ns, "-o", "json").stdout)["items"]
     (job_pod,) = real_cluster.pods(ns, f"job-name={job['metadata']['name']}")
     assert job_pod["spec"]["nodeName"] == REAL_NODE  # a real pod did the download
-    snapshot = Path(cache_volume) / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots"
+    snapshot = cache_volume / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots"
     assert (snapshot / sha / "config.json").exists()
     assert weight_gets(hub) - before == 2  # two shards, each fetched once
 
@@ -155,7 +130,7 @@ def file_gets(hub: HubStandin, name: str) -> int:
 
 
 def test_killed_download_pod_is_replaced_and_keeps_finished_files(
-    real_cluster: RealCluster, e2e_namespace: str, cache_volume: str, hub: HubStandin
+    real_cluster: RealCluster, e2e_namespace: str, cache_volume: Path, hub: HubStandin
 ) -> None:
     """The download pod dies mid-download (deleted, as a node drain or preemption does): the Job
     starts another pod, which keeps the files already complete (huggingface_hub 2.x restarts the
@@ -191,10 +166,10 @@ def test_killed_download_pod_is_replaced_and_keeps_finished_files(
     assert first["metadata"]["name"] not in [p["metadata"]["name"] for p in pods]
     assert [p["status"]["phase"] for p in pods] == ["Succeeded"]
     sha = hub.repos["Qwen/Qwen2.5-0.5B-Instruct"].sha
-    snapshot = Path(cache_volume) / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots"
+    snapshot = cache_volume / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots"
     assert (snapshot / sha / "config.json").exists()
     assert file_gets(hub, "config.json") - config_before == 1  # complete: never fetched again
     # Each shard: once in the killed pod (cut), once more in its replacement.
     assert weight_gets(hub) - weights_before >= 3
-    blobs = Path(cache_volume) / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "blobs"
+    blobs = cache_volume / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "blobs"
     assert not list(blobs.glob("*.incomplete"))

@@ -4,7 +4,9 @@ e2e/images and imported into the node's containerd), serving the tiny random-wei
 real-engine tests make (tests/support/tiny_model.py) from a `pvc://` claim on a static hostPath
 PersistentVolume. It goes Ready through the kubelet's probes (the agent's /readyz), answers a
 completion through the Service's ClusterIP, and a spec change rolls it under streaming load with
-no request lost.
+no request lost. The same engine also serves the tiny model as a Hub repository of the hub
+stand-in through `spec.model.cache`: the download Job fills the cache, and vLLM reads the resolved
+commit from it with the Hub offline.
 
 Cost: the image is ~6 GB (vLLM, torch and its CUDA libraries, which `import torch` needs even on
 CPU); a cold build takes minutes, a warm one is a cache hit. An engine takes ~3.6 GiB and about a
@@ -24,11 +26,13 @@ from engine import real_vllm
 from llmop import names
 from llmop_engine import contract
 from support import tiny_model
+from support.hub_standin import HubRepo, HubStandin
 from support.realnode import (
     REAL_NODE,
     BackgroundLoad,
     PodWatch,
     RealCluster,
+    create_cache_volume,
     create_model_volume,
     delete_model_volume,
     import_into_node,
@@ -55,6 +59,8 @@ pytestmark = [
 ]
 
 CLAIM = "tiny-model"
+# The tiny model as a Hub repository of the stand-in, for the model-cache path.
+TINY_REPO = "llmop-test/tiny-random"
 CLIENTS = 4
 MAX_TOKENS = 32
 WARMUP_SECONDS = 5
@@ -175,3 +181,52 @@ def test_vllm_cpu_engine_serves_and_rolls_without_loss(
     assert result.total >= 20, summary(result)
     assert result.lost == 0, summary(result)
     assert not any(watch.restarts.values()), watch.restarts
+
+
+def test_vllm_cpu_engine_serves_the_model_the_cache_downloaded(
+    real_cluster: RealCluster,
+    e2e_namespace: str,
+    engine_cpu_image: float,
+    tiny_model_dir: Path,
+    hub: HubStandin,
+) -> None:
+    ns, name = e2e_namespace, "vllm-cached"
+    hub.add(HubRepo(TINY_REPO, tiny_model_dir))
+    repo = hub.repos[TINY_REPO]
+    pv_name = create_cache_volume(real_cluster.cluster, ns, f"{name}-model-cache", "1Gi")
+    try:
+        spec = vllm_cpu_spec("")
+        spec["model"] = {"name": TINY_REPO, "cache": {"size": "1Gi"}}
+        applied = time.monotonic()
+        real_cluster.kit.apply_llmd(ns, name, spec)
+        obj = real_cluster.kit.wait_condition(ns, name, "Ready", "True", timeout=START_TIMEOUT)
+        apply_to_ready = time.monotonic() - applied
+        model = obj["status"]["model"]
+        assert model["resolvedRevision"] == repo.sha, model
+        assert model["download"]["phase"] == "Complete", model
+        (pod,) = real_cluster.pods(ns, names.selector_string(name))
+        (container,) = pod["spec"]["containers"]
+        # vLLM got the commit the pre-flight resolved and had no way to the Hub: it served what
+        # the download Job put in the cache.
+        assert "--revision" in container["args"], container["args"]
+        assert container["args"][container["args"].index("--revision") + 1] == repo.sha
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["HF_HUB_OFFLINE"] == "1", env
+        weights = [r for r in hub.requests if r.method == "GET" and r.path.endswith(".safetensors")]
+        assert len(weights) == 1, weights  # the one shard, fetched once, by the download Job
+
+        url = service_url(real_cluster.cluster, ns, name)
+        status, body = post_json(
+            url + "/v1/completions",
+            {"model": name, "prompt": "def main():", "max_tokens": 16, "ignore_eos": True},
+            timeout=60,
+        )
+        assert status == 200, body
+        assert body["usage"]["completion_tokens"] == 16, body
+        print(
+            f"\nvLLM CPU pod from the model cache: {repo.total_bytes / 2**20:.1f} MiB from the "
+            f"hub stand-in, apply→Ready {apply_to_ready:.1f} s, ready in "
+            f"{ready_seconds(pod):.0f} s after its container started"
+        )
+    finally:
+        delete_model_volume(real_cluster.cluster, pv_name)

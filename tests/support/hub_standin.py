@@ -151,6 +151,12 @@ class HubStandin:
         self.server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
+    def add(self, repo: HubRepo) -> None:
+        """Serve one more repository (a test that makes its model after the stand-in started)."""
+        with self._lock:
+            self.repos = {**self.repos, repo.repo_id: repo}
+            self.tokens = self.tokens | repo.allowed_tokens
+
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]

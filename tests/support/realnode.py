@@ -68,14 +68,43 @@ def create_model_volume(cluster: Cluster, namespace: str, claim: str, model: Pat
     """A copy of `model` in a hostPath PersistentVolume of the real node, bound to a new claim
     `claim` in `namespace` (static: one node needs no provisioner). Returns the volume's name
     for delete_model_volume."""
+    pv_name = _node_volume(cluster, namespace, claim, "1Gi", model=model)
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(pvc))
+    return pv_name
+
+
+def create_cache_volume(cluster: Cluster, namespace: str, claim: str, size: str) -> str:
+    """An empty hostPath PersistentVolume of the real node, pre-bound to the claim `claim` the
+    operator makes for `spec.model.cache`. Returns the volume's name for delete_model_volume."""
+    return _node_volume(cluster, namespace, claim, size, model=None)
+
+
+def _node_volume(
+    cluster: Cluster, namespace: str, claim: str, size: str, *, model: Path | None
+) -> str:
     pv_name = f"{claim}-{namespace}"
     path = MODEL_VOLUME_ROOT / pv_name
     shutil.rmtree(path, ignore_errors=True)
-    shutil.copytree(model, path / MODEL_SUBDIR)
-    for root, _dirs, files in os.walk(path):  # the engine runs as uid 10001
-        os.chmod(root, 0o755)
-        for f in files:
-            os.chmod(Path(root) / f, 0o644)
+    if model is None:
+        path.mkdir(parents=True)
+        os.chmod(path, 0o777)  # the download pod runs as uid 10001; hostPath ignores fsGroup
+    else:
+        shutil.copytree(model, path / MODEL_SUBDIR)
+        for root, _dirs, files in os.walk(path):  # the engine runs as uid 10001
+            os.chmod(root, 0o755)
+            for f in files:
+                os.chmod(Path(root) / f, 0o644)
     node_affinity = {
         "required": {
             "nodeSelectorTerms": [
@@ -92,7 +121,7 @@ def create_model_volume(cluster: Cluster, namespace: str, claim: str, model: Pat
         "kind": "PersistentVolume",
         "metadata": {"name": pv_name},
         "spec": {
-            "capacity": {"storage": "1Gi"},
+            "capacity": {"storage": size},
             "accessModes": ["ReadWriteOnce"],
             "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": "",
@@ -101,19 +130,7 @@ def create_model_volume(cluster: Cluster, namespace: str, claim: str, model: Pat
             "nodeAffinity": node_affinity,
         },
     }
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim, "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "",
-            "volumeName": pv_name,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
     cluster.kubectl("create", "-f", "-", input=json.dumps(pv))
-    cluster.kubectl("create", "-f", "-", input=json.dumps(pvc))
     return pv_name
 
 
