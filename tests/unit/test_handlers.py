@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+from typing import Any
+
 import kopf
+import pytest
 
 from llmop import handlers, kinds, main
 from llmop.config import OperatorConfig
@@ -66,3 +74,47 @@ def test_peering_settings() -> None:
     assert settings.peering.name == "default"
     assert settings.peering.mandatory is True
     assert settings.peering.priority == 5
+
+
+def _run_event(handler: Any, memo: Any, body: dict[str, Any]) -> None:
+    asyncio.run(
+        handler(type="MODIFIED", body=kopf.Body(body), memo=memo, logger=logging.getLogger("t"))
+    )
+
+
+@pytest.mark.parametrize(
+    ("handler", "quiet_name", "refresh_name", "body"),
+    [
+        (
+            handlers.child_event,
+            "quiet_child_event",
+            "refresh_from_child",
+            {"kind": "Deployment", "metadata": {"namespace": "ns", "name": "x"}},
+        ),
+        (
+            handlers.pod_event,
+            "quiet_pod_event",
+            "refresh_from_pod",
+            {"kind": "Pod", "metadata": {"namespace": "ns", "name": "x-abc"}},
+        ),
+    ],
+)
+def test_watch_events_take_a_worker_thread_only_to_write(
+    monkeypatch: pytest.MonkeyPatch, handler: Any, quiet_name: str, refresh_name: str, body: Any
+) -> None:
+    """A quiet event is answered in the event loop; any other runs the blocking refresh in
+    kopf's thread pool (the executor in the memo), never in the event loop's thread."""
+    quiet = True
+    workers: list[str] = []
+    monkeypatch.setattr(handlers, quiet_name, lambda *_: quiet)
+    monkeypatch.setattr(
+        handlers, refresh_name, lambda *_: workers.append(threading.current_thread().name)
+    )
+    with ThreadPoolExecutor(1, thread_name_prefix="kopf-pool") as pool:
+        memo = SimpleNamespace(context=SimpleNamespace(children={"cached": {}}), executor=pool)
+        _run_event(handler, memo, body)
+        assert workers == []
+        quiet = False
+        _run_event(handler, memo, body)
+    assert len(workers) == 1
+    assert workers[0].startswith("kopf-pool")

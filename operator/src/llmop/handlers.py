@@ -1,4 +1,4 @@
-"""kopf handler registrations: thin, synchronous, and only orchestration.
+"""kopf handler registrations: thin, and only orchestration.
 
 - One level-based `reconcile` on create/update/resume of LLMDeployments. No delete handler, no
   timers or daemons on LLMDeployment: kopf then adds no finalizer, and children go by owner
@@ -10,12 +10,13 @@
 - Low-level `on.event` handlers on the children (filtered by our label, also server side via
   `settings.watching.label_selectors` in `main`) repair drift and re-derive the parent's status.
   Low-level handlers and indexes store nothing on the objects.
-- The index functions and the counting handler are `async` although they never await: they are
-  pure and take microseconds, and kopf runs a sync function in its thread pool, where every watch
-  event would otherwise queue behind the reconciles blocked on API calls. kopf 1.45 processes
-  every queued event of an object in turn (no batching), so the longer events wait, the more full
-  decoded bodies sit in its per-object queues: under a 1,000-CR burst that lag, not any cache,
-  was the operator's memory.
+- The index functions, the counting handler and the child and pod event handlers are `async`:
+  kopf runs a sync function in its thread pool, where every watch event would otherwise queue
+  behind the reconciles blocked on API calls. kopf 1.45 processes every queued event of an object
+  in turn (no batching), so the longer events wait, the more full decoded bodies sit in its
+  per-object queues: under a 1,000-CR burst that lag, not any cache, was the operator's memory.
+  The event handlers decide from the caches in the event loop (`reconcile.quiet_child_event`,
+  `quiet_pod_event`: no I/O, no blocking) and send only events that lead to a write to the pool.
 
 - One startup activity starts `llmop.fleet`'s agent reader as a task of kopf's event loop (no
   daemon per LLMDeployment: that would add a finalizer); the cleanup activity stops it.
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -41,6 +42,8 @@ from llmop.pods import pod_summary
 from llmop.reconcile import (
     Context,
     controller_owner,
+    quiet_child_event,
+    quiet_pod_event,
     reconcile_parent,
     refresh_from_child,
     refresh_from_job,
@@ -101,11 +104,23 @@ async def index_pod(
     return None if not parent else {(namespace or "", parent): pod_summary(body)}
 
 
+async def _in_worker(memo: Any, function: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking step in kopf's thread pool (the executor `main` put in the memo), as kopf
+    runs a sync handler."""
+    executor = getattr(memo, "executor", None)
+    return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
+
+
 @kopf.on.event(kinds.POD.api_version, kinds.POD.plural, labels=MANAGED_LABELS, id=POD_HANDLER_ID)
-def pod_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
-    """An engine pod changed: its parent's status may now name (or stop naming) a problem."""
+async def pod_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
+    """An engine pod changed: its parent's status may now name (or stop naming) a problem.
+    Decided in the event loop when nothing is to be written; only a write takes a worker."""
+    ctx = _context(memo, kwargs)
+    pod = pod_summary(body)
+    if quiet_pod_event(ctx, type, pod):
+        return
     try:
-        refresh_from_pod(_context(memo, kwargs), type, pod_summary(body))
+        await _in_worker(memo, refresh_from_pod, ctx, type, pod)
     except KubeError as error:
         logger.warning(f"Could not process a Pod event: {error}")
 
@@ -150,11 +165,17 @@ async def count_llmdeployment(
         ctx.forget(namespace or "", name)
 
 
-def child_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
-    """A child changed or vanished: repair it, or refresh the parent's status. A transient API
-    error is only logged: the next event, or the parent's own reconcile, tries again."""
+async def child_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
+    """A child changed or vanished: repair it, or refresh the parent's status. Decided in the
+    event loop when nothing is to be written; only a write (or a deletion) takes a worker. A
+    transient API error is only logged: the next event, or the parent's own reconcile, tries
+    again."""
+    ctx = _context(memo, kwargs)
+    child = child_summary(body)
+    if quiet_child_event(ctx, type, child):
+        return
     try:
-        refresh_from_child(_context(memo, kwargs), type, child_summary(body))
+        await _in_worker(memo, refresh_from_child, ctx, type, child)
     except KubeError as error:
         logger.warning(f"Could not process a {body.get('kind')} event: {error}")
 
