@@ -153,7 +153,7 @@ class Coalescer:
             del self._drains[key]
 
     async def idle(self) -> None:
-        """Wait until nothing is pending (tests, shutdown)."""
+        """Wait until nothing is pending (the tests wait on it)."""
         while self._drains:
             await asyncio.gather(*self._drains.values(), return_exceptions=True)
 
