@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+from typing import Any, cast
+
 import kopf
+import pytest
 
 from llmop import handlers, kinds, main
 from llmop.config import OperatorConfig
@@ -66,3 +74,104 @@ def test_peering_settings() -> None:
     assert settings.peering.name == "default"
     assert settings.peering.mandatory is True
     assert settings.peering.priority == 5
+
+
+def _run_event(handler: Any, memo: Any, body: dict[str, Any], type: str = "MODIFIED") -> None:
+    async def go() -> None:
+        await handler(
+            type=type,
+            body=kopf.Body(cast(Any, body)),
+            namespace="ns",
+            memo=memo,
+            logger=logging.getLogger("t"),
+        )
+        await handlers._coalescer(memo).idle()
+
+    asyncio.run(go())
+
+
+POD = {
+    "kind": "Pod",
+    "metadata": {
+        "namespace": "ns",
+        "name": "x-abc",
+        "labels": {"serving.llmop.dev/deployment": "x"},
+    },
+}
+DEPLOYMENT = {"kind": "Deployment", "metadata": {"namespace": "ns", "name": "x"}}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (handlers.child_event, "quiet_child_event", "refresh_from_child", DEPLOYMENT, "MODIFIED"),
+        (handlers.child_event, "quiet_child_event", "refresh_from_child", DEPLOYMENT, "DELETED"),
+        (handlers.pod_event, "quiet_pod_event", "refresh_from_pod", POD, "MODIFIED"),
+    ],
+)
+def test_watch_events_take_a_worker_thread_only_to_write(
+    monkeypatch: pytest.MonkeyPatch, case: tuple[Any, str, str, Any, str]
+) -> None:
+    """A quiet event is answered in the event loop; any other runs the blocking refresh in
+    kopf's thread pool (the executor in the memo), never in the event loop's thread."""
+    handler, quiet_name, refresh_name, body, type = case
+    quiet = True
+    workers: list[str] = []
+    monkeypatch.setattr(handlers, quiet_name, lambda *_: quiet)
+    monkeypatch.setattr(
+        handlers, refresh_name, lambda *_: workers.append(threading.current_thread().name)
+    )
+    with ThreadPoolExecutor(1, thread_name_prefix="kopf-pool") as pool:
+        memo = SimpleNamespace(context=SimpleNamespace(children={"cached": {}}), executor=pool)
+        _run_event(handler, memo, body, type)
+        assert workers == []
+        quiet = False
+        _run_event(handler, memo, body, type)
+    assert len(workers) == 1
+    assert workers[0].startswith("kopf-pool")
+
+
+def test_events_waiting_for_a_worker_are_coalesced_per_object(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the pool is busy, later events of one object replace the waiting one (the refresh
+    reads the caches when it runs): each object is refreshed at most twice (the run already
+    taken, then the newest waiting event), with the newest event last; other objects are not
+    held up."""
+    monkeypatch.setattr(handlers, "quiet_child_event", lambda *_: False)
+    gate = threading.Event()
+    seen: list[tuple[str, str, int]] = []
+
+    def refresh(_ctx: Any, type: str, child: Any) -> None:
+        gate.wait(5)
+        seen.append((type, child["metadata"]["name"], child["metadata"]["generation"]))
+
+    monkeypatch.setattr(handlers, "refresh_from_child", refresh)
+
+    def deployment(name: str, generation: int) -> dict[str, Any]:
+        return {
+            "kind": "Deployment",
+            "metadata": {"namespace": "ns", "name": name, "generation": generation},
+        }
+
+    async def go(memo: Any) -> None:
+        kwargs = {"namespace": "ns", "memo": memo, "logger": logging.getLogger("t")}
+        for generation in range(1, 6):
+            await handlers.child_event(
+                type="MODIFIED", body=kopf.Body(cast(Any, deployment("x", generation))), **kwargs
+            )
+            await handlers.child_event(
+                type="MODIFIED", body=kopf.Body(cast(Any, deployment("y", generation))), **kwargs
+            )
+            await asyncio.sleep(0.01)  # the first run of each object has taken a thread
+        # Every handler returned although no refresh could finish yet.
+        assert seen == []
+        gate.set()
+        await handlers._coalescer(memo).idle()
+
+    with ThreadPoolExecutor(2) as pool:
+        memo = SimpleNamespace(context=SimpleNamespace(children={"cached": {}}), executor=pool)
+        asyncio.run(go(memo))
+    for name in ("x", "y"):
+        runs = [generation for _, n, generation in seen if n == name]
+        assert runs == [1, 5]

@@ -422,3 +422,143 @@ def test_a_generation_this_process_applied_is_only_repaired(
     run_parent(restarted, kube)
     applies = [c for c in kube.calls if c[0].startswith("apply")]
     assert applies == [("apply:llmop", "Service", "x"), ("apply:llmop", "Deployment", "x")]
+
+
+# ----------------------------------------------------------------------------------------------
+# Deciding in the event loop: each quiet answer must match what the worker path would do.
+
+
+def _unschedulable_pod() -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "x-abc",
+            "namespace": "ns",
+            "labels": {names.LABEL_DEPLOYMENT: "x", names.LABEL_MANAGED_BY: "llmop"},
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/1 nodes are available",
+                }
+            ],
+        },
+    }
+
+
+def _reconciles(ctx: reconcile.Context, trigger: str, result: str) -> float:
+    value = ctx.metrics.registry.get_sample_value(
+        "llmop_reconciles_total", {"trigger": trigger, "result": result}
+    )
+    return value or 0.0
+
+
+def test_an_unchanged_deployment_event_is_quiet_and_counted(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    kube.put(parent(replicas=1))
+    run_parent(ctx, kube)
+    rolled_out(kube, ready=1)
+    deliver(ctx, kube)
+    deployment = kube.objects["Deployment", "ns", "x"]
+    # The status changed (Ready): the worker path must write it.
+    assert not reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "ok"
+    assert conds(kube)["Ready"]["status"] == "True"
+    kube.calls.clear()
+    before = _reconciles(ctx, "child", "ok")
+    # The same Deployment again (a resync, a status field we do not read): nothing to write.
+    assert reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
+    assert kube.calls == []
+    assert _reconciles(ctx, "child", "ok") == before + 1
+    # ...and the worker path agrees.
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "ok"
+    assert kube.calls == []
+
+
+def test_a_drifted_child_is_not_quiet(ctx: reconcile.Context, kube: FakeKube) -> None:
+    kube.put(parent(replicas=2))
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+    service = kube.objects["Service", "ns", "x"]
+    assert reconcile.quiet_child_event(ctx, "MODIFIED", service)  # as applied: nothing to do
+    service["spec"]["ports"][0]["port"] = 9999
+    deliver(ctx, kube)
+    kube.calls.clear()
+    assert not reconcile.quiet_child_event(ctx, "MODIFIED", service)
+    assert kube.calls == []  # deciding makes no request; the repair is the worker's
+
+
+def test_deletions_and_busy_parents_go_to_the_worker(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    kube.put(parent(replicas=1))
+    run_parent(ctx, kube)
+    rolled_out(kube, ready=1)
+    deliver(ctx, kube)
+    deployment = kube.objects["Deployment", "ns", "x"]
+    reconcile.refresh_from_child(ctx, "MODIFIED", deployment)
+    assert reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
+    # A deletion reads the parent fresh before recreating: never decided from the caches.
+    assert not reconcile.quiet_child_event(ctx, "DELETED", deployment)
+    # While a worker holds (or waits for) this parent, its write may not be visible yet.
+    with ctx.locks.hold(("ns", "x")):
+        assert ctx.locks.busy(("ns", "x"))
+        assert not ctx.locks.busy(("ns", "y"))
+        assert not reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
+        assert not reconcile.quiet_pod_event(ctx, "MODIFIED", _unschedulable_pod())
+    assert not ctx.locks.busy(("ns", "x"))
+
+
+def test_foreign_initial_and_orphaned_child_events_are_quiet(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    foreign = {"kind": "Deployment", "metadata": {"namespace": "ns", "name": "y"}}
+    assert reconcile.quiet_child_event(ctx, "MODIFIED", foreign)
+    kube.put(parent())
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+    child = copy.deepcopy(kube.objects["Deployment", "ns", "x"])
+    assert reconcile.quiet_child_event(ctx, None, child)
+    child["metadata"]["ownerReferences"][0]["uid"] = "old-uid"  # a recreated parent's
+    kube.calls.clear()
+    assert reconcile.quiet_child_event(ctx, "MODIFIED", child)
+    assert kube.calls == []
+
+
+def test_a_decision_that_fails_goes_to_the_worker(
+    ctx: reconcile.Context, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kube.put(parent())
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(reconcile, "plan_children", broken)
+    assert not reconcile.quiet_child_event(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+
+
+def test_pod_events_are_quiet_unless_the_status_changes(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    kube.put(parent(replicas=1))
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    pod = _unschedulable_pod()
+    assert reconcile.quiet_pod_event(ctx, None, pod)  # initial listing
+    kube.calls.clear()
+    assert reconcile.quiet_pod_event(ctx, "MODIFIED", pod)  # the cache has no such pod yet
+    ctx.pods = {("ns", "x"): [pod]}
+    assert not reconcile.quiet_pod_event(ctx, "MODIFIED", pod)  # the status must name it
+    assert kube.calls == []
+    assert reconcile.refresh_from_pod(ctx, "MODIFIED", pod) == "ok"
+    assert "cannot be scheduled" in str(kube.objects["LLMDeployment", "ns", "x"]["status"])
+    kube.calls.clear()
+    assert reconcile.quiet_pod_event(ctx, "MODIFIED", pod)
+    assert kube.calls == []

@@ -1,4 +1,4 @@
-"""kopf handler registrations: thin, synchronous, and only orchestration.
+"""kopf handler registrations: thin, and only orchestration.
 
 - One level-based `reconcile` on create/update/resume of LLMDeployments. No delete handler, no
   timers or daemons on LLMDeployment: kopf then adds no finalizer, and children go by owner
@@ -10,12 +10,15 @@
 - Low-level `on.event` handlers on the children (filtered by our label, also server side via
   `settings.watching.label_selectors` in `main`) repair drift and re-derive the parent's status.
   Low-level handlers and indexes store nothing on the objects.
-- The index functions and the counting handler are `async` although they never await: they are
-  pure and take microseconds, and kopf runs a sync function in its thread pool, where every watch
-  event would otherwise queue behind the reconciles blocked on API calls. kopf 1.45 processes
-  every queued event of an object in turn (no batching), so the longer events wait, the more full
-  decoded bodies sit in its per-object queues: under a 1,000-CR burst that lag, not any cache,
-  was the operator's memory.
+- The index functions, the counting handler and the child and pod event handlers are `async`:
+  kopf runs a sync function in its thread pool, where every watch event would otherwise queue
+  behind the reconciles blocked on API calls. kopf 1.45 processes every queued event of an object
+  in turn (no batching), so the longer events wait, the more full decoded bodies sit in its
+  per-object queues: under a 1,000-CR burst that lag, not any cache, was the operator's memory.
+  The event handlers decide from the caches in the event loop (`reconcile.quiet_child_event`,
+  `quiet_pod_event`: no I/O, no blocking) and send only events that lead to a write to the pool,
+  coalesced per object (`Coalescer`) so that a handler never waits on the pool and kopf's queue
+  of that object drains at once.
 
 - One startup activity starts `llmop.fleet`'s agent reader as a task of kopf's event loop (no
   daemon per LLMDeployment: that would add a finalizer); the cleanup activity stops it.
@@ -27,7 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import kopf
@@ -41,11 +45,15 @@ from llmop.pods import pod_summary
 from llmop.reconcile import (
     Context,
     controller_owner,
+    quiet_child_event,
+    quiet_pod_event,
     reconcile_parent,
     refresh_from_child,
     refresh_from_job,
     refresh_from_pod,
 )
+
+log = logging.getLogger("llmop.handlers")
 
 MAX_RETRY_DELAY_SECONDS = 300.0
 MANAGED_LABELS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
@@ -101,13 +109,75 @@ async def index_pod(
     return None if not parent else {(namespace or "", parent): pod_summary(body)}
 
 
+async def _in_worker(memo: Any, function: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking step in kopf's thread pool (the executor `main` put in the memo), as kopf
+    runs a sync handler."""
+    executor = getattr(memo, "executor", None)
+    return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
+
+
+class Coalescer:
+    """At most one pending worker run per key: a later event for the key replaces the arguments
+    of the run still waiting for a thread, and the handler returns at once.
+
+    Why: a watch event whose handler awaits a worker holds up every later event of its object in
+    kopf's per-object queue, each fully decoded, and under a burst the thread pool is a long FIFO
+    of reconciles blocked on the API server. The refreshes decide from the caches when they run,
+    so only the newest event of a key matters; coalescing keeps one entry per key in memory
+    instead of a queue of bodies, and one pool item instead of many. Runs on kopf's event loop
+    only (no locking)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[Hashable, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
+        self._drains: dict[Hashable, asyncio.Task[None]] = {}
+
+    def submit(self, memo: Any, key: Hashable, function: Callable[..., Any], *args: Any) -> None:
+        """Run `function(*args)` in the pool soon, unless a later submit for `key` replaces it
+        before a thread takes it."""
+        self._waiting[key] = (function, args)
+        if key not in self._drains:
+            self._drains[key] = asyncio.create_task(self._drain(memo, key))
+
+    async def _drain(self, memo: Any, key: Hashable) -> None:
+        try:
+            while key in self._waiting:
+                function, args = self._waiting.pop(key)
+                try:
+                    await _in_worker(memo, function, *args)
+                except KubeError as error:
+                    # The next event, or the parent's own reconcile, tries again.
+                    log.warning("could not process an event of %s: %s", key, error)
+                except Exception:
+                    log.exception("processing an event of %s failed", key)
+        finally:
+            del self._drains[key]
+
+    async def idle(self) -> None:
+        """Wait until nothing is pending (the tests wait on it)."""
+        while self._drains:
+            await asyncio.gather(*self._drains.values(), return_exceptions=True)
+
+
+def _coalescer(memo: Any) -> Coalescer:
+    coalescer: Coalescer | None = getattr(memo, "coalescer", None)
+    if coalescer is None:
+        coalescer = memo.coalescer = Coalescer()
+    return coalescer
+
+
 @kopf.on.event(kinds.POD.api_version, kinds.POD.plural, labels=MANAGED_LABELS, id=POD_HANDLER_ID)
-def pod_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
-    """An engine pod changed: its parent's status may now name (or stop naming) a problem."""
-    try:
-        refresh_from_pod(_context(memo, kwargs), type, pod_summary(body))
-    except KubeError as error:
-        logger.warning(f"Could not process a Pod event: {error}")
+async def pod_event(
+    type: str, body: kopf.Body, namespace: str | None, memo: Any, **kwargs: Any
+) -> None:
+    """An engine pod changed: its parent's status may now name (or stop naming) a problem.
+    Decided in the event loop when nothing is to be written; a write is coalesced per parent
+    and takes a worker."""
+    ctx = _context(memo, kwargs)
+    pod = pod_summary(body)
+    if quiet_pod_event(ctx, type, pod):
+        return
+    parent = (body.get("metadata") or {}).get("labels", {}).get(names.LABEL_DEPLOYMENT)
+    _coalescer(memo).submit(memo, ("pod", namespace, parent), refresh_from_pod, ctx, type, pod)
 
 
 for _kind in kinds.WATCHED:
@@ -150,13 +220,26 @@ async def count_llmdeployment(
         ctx.forget(namespace or "", name)
 
 
-def child_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
-    """A child changed or vanished: repair it, or refresh the parent's status. A transient API
-    error is only logged: the next event, or the parent's own reconcile, tries again."""
-    try:
-        refresh_from_child(_context(memo, kwargs), type, child_summary(body))
-    except KubeError as error:
-        logger.warning(f"Could not process a {body.get('kind')} event: {error}")
+async def child_event(
+    type: str, body: kopf.Body, namespace: str | None, memo: Any, logger: Any, **kwargs: Any
+) -> None:
+    """A child changed or vanished: repair it, or refresh the parent's status. Decided in the
+    event loop when nothing is to be written; a write is coalesced per child and takes a worker,
+    a deletion is awaited as it is. A transient API error is only logged: the next event, or the
+    parent's own reconcile, tries again."""
+    ctx = _context(memo, kwargs)
+    child = child_summary(body)
+    if quiet_child_event(ctx, type, child):
+        return
+    if type == "DELETED":
+        # Never replaced by a later event: a deletion reads the parent fresh and recreates.
+        try:
+            await _in_worker(memo, refresh_from_child, ctx, type, child)
+        except KubeError as error:
+            logger.warning(f"Could not process a {body.get('kind')} event: {error}")
+        return
+    key = (str(body.get("kind")), namespace, body.get("metadata", {}).get("name"))
+    _coalescer(memo).submit(memo, key, refresh_from_child, ctx, type, child)
 
 
 for _kind in kinds.WATCHED:

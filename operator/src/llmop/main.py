@@ -138,10 +138,13 @@ def run(argv: Sequence[str]) -> int:
         target=_poll_downloads_until, args=(stop, memo.context), name="download-poller", daemon=True
     )
     poller.start()
+    settings = build_settings(config)
+    # The async event handlers send their writes to the same pool kopf runs sync handlers in.
+    memo.executor = settings.execution.executor
     try:
         asyncio.run(
             kopf.operator(
-                settings=build_settings(config),
+                settings=settings,
                 clusterwide=config.clusterwide,
                 namespaces=config.namespaces,
                 standalone=config.standalone,

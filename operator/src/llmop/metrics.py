@@ -108,8 +108,12 @@ class Metrics:
             self.errors.labels(trigger, type(error).__name__).inc()
             raise
         finally:
-            self.reconciles.labels(trigger, outcome.result).inc()
-            self.duration.labels(trigger, outcome.result).observe(perf_counter() - started)
+            self.count_reconcile(trigger, outcome.result, perf_counter() - started)
+
+    def count_reconcile(self, trigger: str, result: str, seconds: float) -> None:
+        """Record one finished reconcile (for a decision timed by the caller)."""
+        self.reconciles.labels(trigger, result).inc()
+        self.duration.labels(trigger, result).observe(seconds)
 
     def observe_object(self, kind: str, key: str, *, present: bool) -> None:
         """Track one managed object from watch events (present=False when it was deleted)."""

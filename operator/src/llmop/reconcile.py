@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from time import perf_counter
 from typing import Any
 
 from pydantic import ValidationError
@@ -95,6 +96,11 @@ class KeyedLocks:
                     del self._locks[key]
                 else:
                     self._locks[key] = (lock, users - 1)
+
+    def busy(self, key: tuple[str, str]) -> bool:
+        """Someone holds or waits for the lock of `key` right now (never blocks on it)."""
+        with self._guard:
+            return key in self._locks
 
     def __len__(self) -> int:
         with self._guard:
@@ -338,15 +344,15 @@ JUST_APPLIED: Mapping[str, Any] = {"metadata": {"generation": 1}}
 """How a Deployment looks right after its first apply, before any controller saw it."""
 
 
-def _write_derived_status(
+def _derived_status(
     ctx: Context,
     body: Mapping[str, Any],
     desired: DesiredState,
     problem: Problem | None,
     *,
     applied: bool = False,
-) -> str:
-    """Derive the status from the watch cache of the Deployment and write it if it changed.
+) -> LLMDeploymentStatus:
+    """The status derived from the watch cache of the Deployment (no I/O).
 
     A Deployment this reconcile just applied but the cache has not delivered yet is read as
     freshly created (not yet observed: rolling out) rather than missing — what its own watch
@@ -358,7 +364,7 @@ def _write_derived_status(
     if deployment is None and applied:
         deployment = JUST_APPLIED
     spec = desired.llmd.spec
-    status = derive_status(
+    return derive_status(
         name=name,
         namespace=namespace,
         generation=desired.llmd.metadata.generation,
@@ -373,7 +379,28 @@ def _write_derived_status(
         fleet=ctx.fleet.get((namespace, name)),
         hpa=live.get(kinds.HPA) if spec.autoscaling is not None else None,
     )
-    _write_status(ctx, body, status)
+
+
+def _status_changed(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
+    """`_write_derived_status(ctx, body, desired, None)` would write (decided without I/O)."""
+    status = _derived_status(ctx, body, desired, None)
+    raw_previous = _previous_status(ctx, body)
+    return (
+        status_patch(raw_previous, _with_model_status(ctx, body, status, raw_previous)) is not None
+    )
+
+
+def _write_derived_status(
+    ctx: Context,
+    body: Mapping[str, Any],
+    desired: DesiredState,
+    problem: Problem | None,
+    *,
+    applied: bool = False,
+) -> str:
+    """Derive the status from the watch cache of the Deployment (`_derived_status`) and write
+    it if it changed."""
+    _write_status(ctx, body, _derived_status(ctx, body, desired, problem, applied=applied))
     stalled = problem is not None or desired.sizing.fits is False
     return RESULT_STALLED if stalled else RESULT_OK
 
@@ -744,26 +771,32 @@ def refresh_from_pod(ctx: Context, event_type: str | None, pod: Mapping[str, Any
     return refresh_status(ctx, namespace, name, trigger=TRIGGER_POD)
 
 
+def _status_target(
+    ctx: Context, namespace: str, name: str
+) -> tuple[Mapping[str, Any], DesiredState] | None:
+    """The cached parent and its desired state, when the status paths own its status: not for
+    a missing or dying parent, nor an unreadable or stalled spec (the parent path owns those;
+    a rejected child is not visible from here)."""
+    body = _cached_parent(ctx, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    desired = _desired(ctx, body, _parse(ctx, body))
+    stalled = any(
+        c.get("type") == conditions.STALLED and c.get("status") == "True"
+        for c in (body.get("status") or {}).get("conditions") or []
+    )
+    return None if desired is None or stalled else (body, desired)
+
+
 def refresh_status(ctx: Context, namespace: str, name: str, *, trigger: str = TRIGGER_FLEET) -> str:
     """Re-derive one parent's status from the caches (pods, Deployment, agent readings);
     writes only the status, and only when it changed."""
     with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(trigger) as outcome:
-        body = _cached_parent(ctx, namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
+        target = _status_target(ctx, namespace, name)
+        if target is None:
             outcome.result = RESULT_SKIPPED
             return outcome.result
-        parsed = _parse(ctx, body)
-        desired_now = _desired(ctx, body, parsed)
-        stalled = any(
-            c.get("type") == conditions.STALLED and c.get("status") == "True"
-            for c in (body.get("status") or {}).get("conditions") or []
-        )
-        if desired_now is None or stalled:
-            # The parent path owns the status of an unreadable or stalled spec (a rejected
-            # child is not visible from here).
-            outcome.result = RESULT_SKIPPED
-            return outcome.result
-        desired = desired_now
+        body, desired = target
         outcome.result = _guarded(
             ctx, body, lambda: _write_derived_status(ctx, body, desired, None)
         )
@@ -794,3 +827,103 @@ def poll_downloads(ctx: Context) -> None:
             reconcile_parent(ctx, body, trigger=TRIGGER_DOWNLOAD)
         except KubeError as error:
             log.warning("download progress of %s/%s: %s", namespace, name, error)
+
+
+# ----------------------------------------------------------------------------------------------
+# Deciding in kopf's event loop
+#
+# Most child and pod watch events change nothing we write (a Deployment's status moving, a pod
+# being scheduled). kopf runs a sync handler in its thread pool, where such an event queues behind
+# the reconciles blocked on the API server, and kopf holds every later event of that object, fully
+# decoded, in a per-object queue meanwhile: under a 1,000-CR burst that backlog was the operator's
+# memory and its lag. These checks answer those events from the caches alone (no I/O, no waiting
+# on a lock, microseconds), so only events that lead to a write take a worker thread.
+#
+# Why a "quiet" answer is safe: kopf updates its indexes before it calls the handlers, so the
+# caches already hold this event's object. A worker that takes the parent's lock after the check
+# derives from data at least as new; one that holds or waits for it during the check makes the
+# answer "not quiet", and the event goes to the worker path as before.
+
+
+def _quiet(
+    ctx: Context, trigger: str, key: tuple[str, str], decide: Callable[[], str | None]
+) -> bool:
+    """Run `decide` unless a worker is busy with `key`; record its result as a reconcile when
+    it found nothing to write. Any error leaves the event to the worker path, which handles it."""
+    if ctx.locks.busy(key):
+        return False
+    started = perf_counter()
+    try:
+        result = decide()
+    except Exception:
+        return False
+    if result is None:
+        return False
+    ctx.metrics.count_reconcile(trigger, result, perf_counter() - started)
+    return True
+
+
+def _quiet_result(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> str | None:
+    """What `_write_derived_status(ctx, body, desired, None)` returns, if it would not write."""
+    if _status_changed(ctx, body, desired):
+        return None
+    return RESULT_STALLED if desired.sizing.fits is False else RESULT_OK
+
+
+def quiet_child_event(ctx: Context, event_type: str | None, child: Mapping[str, Any]) -> bool:
+    """True when `refresh_from_child(ctx, event_type, child)` would write nothing — decided
+    from the caches, without I/O or blocking — and the event has been recorded as it would
+    record it. False when it must run: a child to repair, a status that changed, a deletion
+    (the parent is then read fresh), or a worker busy with this parent."""
+    kind = kinds.child(str(child.get("kind")))
+    owner = controller_owner(child)
+    if owner is None or kind is None:
+        return True
+    metadata = child.get("metadata") or {}
+    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    ctx.metrics.observe_object(kind.kind, key, present=event_type != "DELETED")
+    if event_type is None:
+        return True  # initial listing: the parents' resume handlers reconcile them anyway
+    if event_type == "DELETED":
+        return False
+
+    parent: Owner = owner
+    child_kind: ChildKind = kind  # (named again: a closure sees no narrowing)
+
+    def decide() -> str | None:
+        body = _cached_parent(ctx, parent.namespace, parent.name)
+        if (
+            body is None
+            or body["metadata"].get("uid") != parent.uid
+            or body["metadata"].get("deletionTimestamp")
+        ):
+            return RESULT_SKIPPED
+        desired = _desired(ctx, body, _parse(ctx, body))
+        if desired is None:
+            return RESULT_SKIPPED
+        live = live_children(ctx, parent.namespace, parent.name, parent.uid)
+        if plan_children(desired, live, parent=body, only=child_kind):
+            return None
+        if child_kind != kinds.DEPLOYMENT and not (
+            child_kind == kinds.HPA and _hpa_news(body, child)
+        ):
+            return RESULT_SKIPPED
+        return _quiet_result(ctx, body, desired)
+
+    return _quiet(ctx, TRIGGER_CHILD, (parent.namespace, parent.name), decide)
+
+
+def quiet_pod_event(ctx: Context, event_type: str | None, pod: Mapping[str, Any]) -> bool:
+    """True when `refresh_from_pod(ctx, event_type, pod)` would write nothing (decided from the
+    caches, without I/O or blocking), recorded as it would record it; False when it must run."""
+    metadata = pod.get("metadata") or {}
+    namespace = str(metadata.get("namespace") or "")
+    name = (metadata.get("labels") or {}).get(names.LABEL_DEPLOYMENT)
+    if event_type is None or not name:
+        return True
+
+    def decide() -> str | None:
+        target = _status_target(ctx, namespace, name)
+        return RESULT_SKIPPED if target is None else _quiet_result(ctx, *target)
+
+    return _quiet(ctx, TRIGGER_POD, (namespace, name), decide)
