@@ -456,14 +456,19 @@ def _reconciles(ctx: reconcile.Context, trigger: str, result: str) -> float:
     return value or 0.0
 
 
-def test_an_unchanged_deployment_event_is_quiet_and_counted(
-    ctx: reconcile.Context, kube: FakeKube
-) -> None:
+def _ready_deployment(ctx: reconcile.Context, kube: FakeKube) -> dict[str, Any]:
+    """One replica rolled out and delivered to the caches; returns the live Deployment."""
     kube.put(parent(replicas=1))
     run_parent(ctx, kube)
     rolled_out(kube, ready=1)
     deliver(ctx, kube)
-    deployment = kube.objects["Deployment", "ns", "x"]
+    return kube.objects["Deployment", "ns", "x"]
+
+
+def test_an_unchanged_deployment_event_is_quiet_and_counted(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    deployment = _ready_deployment(ctx, kube)
     # The status changed (Ready): the worker path must write it.
     assert not reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
     assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "ok"
@@ -495,11 +500,7 @@ def test_a_drifted_child_is_not_quiet(ctx: reconcile.Context, kube: FakeKube) ->
 def test_deletions_and_busy_parents_go_to_the_worker(
     ctx: reconcile.Context, kube: FakeKube
 ) -> None:
-    kube.put(parent(replicas=1))
-    run_parent(ctx, kube)
-    rolled_out(kube, ready=1)
-    deliver(ctx, kube)
-    deployment = kube.objects["Deployment", "ns", "x"]
+    deployment = _ready_deployment(ctx, kube)
     reconcile.refresh_from_child(ctx, "MODIFIED", deployment)
     assert reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
     # A deletion reads the parent fresh before recreating: never decided from the caches.
