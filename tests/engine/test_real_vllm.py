@@ -249,11 +249,9 @@ class TestServing:
         # The agent is at most one 0.5 s poll behind; with streams ending and starting all the
         # time, a read now and then falls between its polls (2 of 10 once).
         assert len(equal) >= 6, matches
-        # Every slot running and the rest waiting, as vLLM itself said at the first read (how
-        # many had finished by then depends on the machine's speed).
-        first_waiting, first_running = matches[0][0]
-        assert first_running == 4.0, matches
-        assert first_waiting > 0, matches
+        # Every slot running and the rest waiting, as vLLM itself said (a read vLLM left
+        # unanswered counts nothing).
+        assert any(m[0][1] == 4.0 and m[0][0] > 0 for m in matches), matches
         # vLLM's own figure (vllm:cache_config_info kv_cache_size_tokens), read back unchanged.
         assert all(m[2] == 524288 for m in matches), matches
 
