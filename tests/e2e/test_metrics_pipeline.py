@@ -125,13 +125,16 @@ def test_queue_depth_reaches_the_custom_metrics_api(
             hpa = json.loads(
                 real_cluster.kubectl("get", "hpa", "-n", ns, name, "-o", "json").stdout
             )
+            # An HPA sync that could not read the metric writes an entry of type "" with no
+            # "pods" (seen in CI right after Ready): only a Pods entry with a value counts.
             current = hpa.get("status", {}).get("currentMetrics") or []
-            return hpa if current and current[0]["pods"]["current"]["averageValue"] else None
+            pods = [m["pods"] for m in current if m.get("type") == "Pods" and "pods" in m]
+            return hpa if pods and pods[0]["current"].get("averageValue") else None
 
         hpa = wait_until(hpa_reads_it, timeout=60, interval=2, what="HPA currentMetrics")
         conditions = {c["type"]: c for c in hpa["status"]["conditions"]}
         assert conditions["ScalingActive"]["status"] == "True", conditions["ScalingActive"]
-        metric = hpa["status"]["currentMetrics"][0]["pods"]["metric"]["name"]
+        (metric,) = [m["pods"]["metric"]["name"] for m in hpa["status"]["currentMetrics"]]
         assert metric == names.QUEUE_DEPTH_METRIC
     finally:
         result = load.stop()
