@@ -40,6 +40,7 @@ class Step:
     probe: bool | None = None  # True/False: a deep probe that finished at t with this result
     timeout: bool = False  # the failed probe got no answer (rather than an error answer)
     drain: bool = False
+    answered: bool = True  # False: /metrics did not answer (timeout), `metrics` is then None
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,15 @@ def run(case: Case) -> health.Verdict:
         else:
             state = health.observe(
                 state,
-                Observation(s.t, s.alive, s.reach, s.metrics, s.cache_bytes, s.exit_code),
+                Observation(
+                    s.t,
+                    s.alive,
+                    s.reach,
+                    s.metrics,
+                    s.cache_bytes,
+                    s.exit_code,
+                    metrics_answered=s.answered,
+                ),
             )
     return health.verdict(state, case.policy, case.at)
 
@@ -104,6 +113,14 @@ CASES = [
     Case("busy, no progress beyond the readiness window",
          [*SERVING, Step(2, metrics=busy(10)), Step(14, metrics=busy(10))], 14,
          Phase.READY, live=True, ready=False),
+    Case("busy, a late poll whose /metrics read timed out is no evidence of a stall",
+         [*SERVING, Step(2, metrics=busy(10)), Step(3, metrics=busy(11)),
+          Step(14, answered=False)], 14,
+         Phase.READY, live=True, ready=True),
+    Case("busy, /metrics unanswered for a whole stall: hung all the same",
+         [*SERVING, Step(2, metrics=busy(10)), Step(3, metrics=busy(11)),
+          Step(34, answered=False)], 34,
+         Phase.FAILED, live=False, ready=False),
     Case("busy, no progress beyond stall: hung",
          [*SERVING, Step(2, metrics=busy(10)), Step(20, metrics=busy(10)),
           Step(33, metrics=busy(10))], 33,
@@ -185,7 +202,9 @@ def _state_after(steps: list[Step]) -> health.HealthState:
         if s.probe is not None:
             state = health.record_probe(state, ProbeResult(s.t, s.t + 0.02, s.probe))
         else:
-            state = health.observe(state, Observation(s.t, True, s.reach, s.metrics))
+            state = health.observe(
+                state, Observation(s.t, True, s.reach, s.metrics, metrics_answered=s.answered)
+            )
     return state
 
 
@@ -255,3 +274,13 @@ def test_a_probe_answered_with_engine_dead_is_final() -> None:
     state = health.observe(state, Observation(6, True, Reach.REFUSED))
     v = health.verdict(state, POLICY, 6)
     assert (v.phase, v.live) == (Phase.FAILED, False)
+
+
+def test_an_unanswered_metrics_read_is_not_missing_metrics() -> None:
+    """A /metrics timeout (a saturated vLLM API server) is not --disable-log-stats: the load
+    stays known, and the figures are not published as current."""
+    state = _state_after([*SERVING, Step(2, metrics=busy(10)), Step(3, answered=False)])
+    assert health.load_known(state)
+    assert health.published_load(state, 3.0, max_age=5.0) is None
+    answered_empty = _state_after([*SERVING, Step(2, metrics=busy(10)), Step(3)])
+    assert not health.load_known(answered_empty)

@@ -219,12 +219,13 @@ class Agent:
         timeout = max(1.0, min(5.0, s.deep_probe_timeout_seconds))
         alive = self.supervisor.alive()
         reach = await self.client.health(timeout)
-        metrics = None
+        metrics, answered = None, False
         if reach is health.Reach.OK:
-            metrics = await self.client.metrics(timeout)
+            answered, metrics = await self.client.read_metrics(timeout)
             if self.model_name is None:
                 self.model_name = await self.client.first_model(timeout)
-        if reach is health.Reach.OK and metrics is None and not self._warned_no_metrics:
+        no_series = reach is health.Reach.OK and answered and metrics is None
+        if no_series and not self._warned_no_metrics:
             self._warned_no_metrics = True
             log.warning(
                 "the engine serves but exports no vllm:* metrics (--disable-log-stats?): queue "
@@ -241,6 +242,7 @@ class Agent:
                 process_alive=alive and self.supervisor.alive(),
                 reach=reach,
                 metrics=metrics,
+                metrics_answered=answered,
                 cache_bytes=cache_bytes,
                 exit_code=self.supervisor.returncode,
             ),

@@ -61,19 +61,25 @@ class EngineClient:
             return Reach.ERROR
 
     async def metrics(self, timeout: float) -> EngineMetrics | None:
+        return (await self.read_metrics(timeout))[1]
+
+    async def read_metrics(self, timeout: float) -> tuple[bool, EngineMetrics | None]:
+        """(answered, figures). Answered without figures: e.g. --disable-log-stats, no vllm:*
+        metrics at all. Not answered: a timeout or error, which a saturated vLLM API server
+        (one event loop streaming for every client) produces while /health still answers."""
         try:
             async with self._http().get(
                 self.base + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout)
             ) as resp:
                 if resp.status != 200:
-                    return None
+                    return False, None
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
-            return None
+            return False, None
         parsed = parse(text)
         if parsed.pending is None and parsed.progress_tokens is None:
-            return None  # e.g. --disable-log-stats: no vllm:* metrics at all
-        return parsed
+            return True, None
+        return True, parsed
 
     async def in_flight(self, timeout: float) -> int | None:
         """HTTP requests in flight (`GET /load`, kept by vLLM with --enable-server-load-tracking,

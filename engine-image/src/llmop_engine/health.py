@@ -79,6 +79,9 @@ class Observation:
     metrics: EngineMetrics | None = None
     cache_bytes: int | None = None
     exit_code: int | None = None
+    # False: /metrics did not answer (timeout, error); that says nothing about whether the
+    # engine exports load figures, unlike an answer without vllm:* series.
+    metrics_answered: bool = True
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,7 @@ def observe(state: HealthState, obs: Observation) -> HealthState:
             last_reach_ok_at=now,
             listening_since=state.listening_since if state.listening_since is not None else now,
         )
-    if obs.reach is Reach.OK:
+    if obs.reach is Reach.OK and obs.metrics_answered:
         new = replace(new, metrics_missing=obs.metrics is None)
         if obs.metrics is not None:
             new = _fold_metrics(new, obs.metrics, now)
@@ -358,6 +361,10 @@ def _busy_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
     pending = int(metrics.pending or 0)
     ref = _latest(state.busy_since, state.last_progress_at) or now
     stalled = now - ref
+    # Readiness judges a stall as of the last load reading: a poll that came late (this process
+    # held up) or a /metrics read that timed out is no evidence that the engine stopped. The
+    # hang rule (liveness) still counts to now.
+    seen_stalled = (state.metrics_at if state.metrics_at is not None else now) - ref
     if stalled > policy.stall_seconds:
         return Verdict(
             phase=Phase.FAILED,
@@ -365,12 +372,12 @@ def _busy_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
             ready=False,
             reason=f"hung: {pending} pending requests and no generated tokens for {stalled:.0f}s",
         )
-    if stalled > policy.ready_stall_seconds:
+    if seen_stalled > policy.ready_stall_seconds:
         return Verdict(
             phase=Phase.READY,
             live=True,
             ready=False,
-            reason=f"no progress for {stalled:.0f}s with {pending} pending",
+            reason=f"no progress for {seen_stalled:.0f}s with {pending} pending",
         )
     probe = state.last_probe
     if probe is not None and not probe.ok:
