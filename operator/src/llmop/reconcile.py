@@ -687,14 +687,78 @@ def _hpa_news(parent: Mapping[str, Any], hpa: Mapping[str, Any] | None) -> bool:
     )
 
 
-def _refresh(
-    ctx: Context,
-    kind: ChildKind,
-    event_type: str,
-    owner: Owner,
-    hpa: Mapping[str, Any] | None = None,
-) -> str:
-    if event_type == "DELETED":
+@dataclass(frozen=True)
+class _ChildEvent:
+    """A watch event of a child we own, as both the event-loop check and the worker read it."""
+
+    kind: ChildKind
+    owner: Owner
+    type: str
+    hpa: Mapping[str, Any] | None  # the HPA as this event delivered it (its conditions matter)
+
+
+def _child_event(
+    ctx: Context, event_type: str | None, child: Mapping[str, Any]
+) -> _ChildEvent | None:
+    """Record a child's watch event (the managed-objects gauge); None when it asks nothing of
+    a parent: not ours, or the initial listing (the parents' resume handlers reconcile then)."""
+    kind = kinds.child(str(child.get("kind")))
+    owner = controller_owner(child)
+    if owner is None or kind is None:
+        return None
+    metadata = child.get("metadata") or {}
+    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    ctx.metrics.observe_object(kind.kind, key, present=event_type != "DELETED")
+    if event_type is None:
+        return None
+    hpa = child if kind == kinds.HPA and event_type != "DELETED" else None
+    return _ChildEvent(kind, owner, event_type, hpa)
+
+
+@dataclass(frozen=True)
+class _ChildWork:
+    """What a child event asks of its parent: repair the child (a non-empty plan), then write
+    the parent's status if it changed."""
+
+    body: Mapping[str, Any]
+    desired: DesiredState
+    plan: ChildPlan
+
+
+def _child_work(
+    ctx: Context, event: _ChildEvent, body: Mapping[str, Any] | None
+) -> _ChildWork | str:
+    """The one decision for a child event, from the caches and the parent `body` (no I/O): a
+    result when the parent is to be left alone, else the work. Both paths call it — the event
+    loop to tell quiet events from the rest (`quiet_child_event`), the worker to act
+    (`_refresh`), deriving again under the parent's lock from caches at least as new."""
+    owner = event.owner
+    if (
+        body is None
+        or body["metadata"].get("uid") != owner.uid
+        or body["metadata"].get("deletionTimestamp")
+    ):
+        return RESULT_SKIPPED
+    desired = _desired(ctx, body, _parse(ctx, body))
+    if desired is None:
+        # The parent path owns the status of an unreadable spec, and of a model cache that
+        # this process has not yet seen filled.
+        return RESULT_SKIPPED
+    live = live_children(ctx, owner.namespace, owner.name, owner.uid)
+    plan = plan_children(desired, live, parent=body, only=event.kind)
+    if (
+        not plan
+        and event.kind != kinds.DEPLOYMENT
+        and not (event.kind == kinds.HPA and _hpa_news(body, event.hpa))
+    ):
+        # Only the Deployment feeds the status, and the HPA when it cannot scale.
+        return RESULT_SKIPPED
+    return _ChildWork(body, desired, plan)
+
+
+def _refresh(ctx: Context, event: _ChildEvent) -> str:
+    owner = event.owner
+    if event.type == "DELETED":
         # Recreating a child is the one write a stale cache could get wrong (a parent being
         # deleted right now): ask the API server.
         body = ctx.kube.read(
@@ -702,58 +766,37 @@ def _refresh(
         )
     else:
         body = _cached_parent(ctx, owner.namespace, owner.name)
-    if (
-        body is None
-        or body["metadata"].get("uid") != owner.uid
-        or body["metadata"].get("deletionTimestamp")
-    ):
+    if body is None:
         return RESULT_SKIPPED
-    parsed = _parse(ctx, body)
-    desired = _desired(ctx, body, parsed)
-    if desired is None:
-        # The parent path owns the status of an unreadable spec, and of a model cache that
-        # this process has not yet seen filled.
-        return RESULT_SKIPPED
+    parent = body
 
     def run() -> str:
-        assert desired is not None
-        live = live_children(ctx, owner.namespace, owner.name, owner.uid)
-        plan = plan_children(desired, live, parent=body, only=kind)
-        problem = _run_plan(ctx, body, plan) if plan else None
-        if plan:
-            log.info("%s/%s: %s", owner.namespace, owner.name, "; ".join(plan.reasons))
-        if (
-            kind != kinds.DEPLOYMENT
-            and not plan
-            and not (kind == kinds.HPA and _hpa_news(body, hpa))
-        ):
-            # Only the Deployment feeds the status, and the HPA when it cannot scale.
-            return RESULT_SKIPPED
-        applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
-        return _write_derived_status(ctx, body, desired, problem, applied=applied)
+        work = _child_work(ctx, event, parent)
+        if isinstance(work, str):
+            return work
+        problem = None
+        if work.plan:
+            problem = _run_plan(ctx, parent, work.plan)
+            log.info("%s/%s: %s", owner.namespace, owner.name, "; ".join(work.plan.reasons))
+        applied = problem is None and any(
+            a.kind == kinds.DEPLOYMENT.kind for a in work.plan.applies
+        )
+        return _write_derived_status(ctx, parent, work.desired, problem, applied=applied)
 
-    return _guarded(ctx, body, run)
+    return _guarded(ctx, parent, run)
 
 
 def refresh_from_child(ctx: Context, event_type: str | None, child: Mapping[str, Any]) -> str:
     """React to a watch event of a labelled child (Deployment, Service, HPA, PDB)."""
-    kind = kinds.child(str(child.get("kind")))
-    owner = controller_owner(child)
-    if owner is None or kind is None:
-        return RESULT_SKIPPED
-    metadata = child.get("metadata") or {}
-    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
-    ctx.metrics.observe_object(kind.kind, key, present=event_type != "DELETED")
-    if event_type is None:
-        # Initial listing at startup: the parents' resume handlers reconcile them anyway.
+    event = _child_event(ctx, event_type, child)
+    if event is None:
         return RESULT_SKIPPED
     with (
-        ctx.locks.hold((owner.namespace, owner.name)),
+        ctx.locks.hold((event.owner.namespace, event.owner.name)),
         ctx.metrics.reconciling(TRIGGER_CHILD) as outcome,
     ):
         try:
-            hpa = child if kind == kinds.HPA and event_type != "DELETED" else None
-            outcome.result = _refresh(ctx, kind, event_type, owner, hpa)
+            outcome.result = _refresh(ctx, event)
         except TerminatingError:
             outcome.result = RESULT_SKIPPED
         return outcome.result
@@ -875,42 +918,20 @@ def quiet_child_event(ctx: Context, event_type: str | None, child: Mapping[str, 
     from the caches, without I/O or blocking — and the event has been recorded as it would
     record it. False when it must run: a child to repair, a status that changed, a deletion
     (the parent is then read fresh), or a worker busy with this parent."""
-    kind = kinds.child(str(child.get("kind")))
-    owner = controller_owner(child)
-    if owner is None or kind is None:
+    event = _child_event(ctx, event_type, child)
+    if event is None:
         return True
-    metadata = child.get("metadata") or {}
-    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
-    ctx.metrics.observe_object(kind.kind, key, present=event_type != "DELETED")
-    if event_type is None:
-        return True  # initial listing: the parents' resume handlers reconcile them anyway
-    if event_type == "DELETED":
+    if event.type == "DELETED":
         return False
-
-    parent: Owner = owner
-    child_kind: ChildKind = kind  # (named again: a closure sees no narrowing)
+    owner = event.owner
 
     def decide() -> str | None:
-        body = _cached_parent(ctx, parent.namespace, parent.name)
-        if (
-            body is None
-            or body["metadata"].get("uid") != parent.uid
-            or body["metadata"].get("deletionTimestamp")
-        ):
-            return RESULT_SKIPPED
-        desired = _desired(ctx, body, _parse(ctx, body))
-        if desired is None:
-            return RESULT_SKIPPED
-        live = live_children(ctx, parent.namespace, parent.name, parent.uid)
-        if plan_children(desired, live, parent=body, only=child_kind):
-            return None
-        if child_kind != kinds.DEPLOYMENT and not (
-            child_kind == kinds.HPA and _hpa_news(body, child)
-        ):
-            return RESULT_SKIPPED
-        return _quiet_result(ctx, body, desired)
+        work = _child_work(ctx, event, _cached_parent(ctx, owner.namespace, owner.name))
+        if isinstance(work, str):
+            return work
+        return None if work.plan else _quiet_result(ctx, work.body, work.desired)
 
-    return _quiet(ctx, TRIGGER_CHILD, (parent.namespace, parent.name), decide)
+    return _quiet(ctx, TRIGGER_CHILD, (owner.namespace, owner.name), decide)
 
 
 def quiet_pod_event(ctx: Context, event_type: str | None, pod: Mapping[str, Any]) -> bool:
