@@ -111,6 +111,8 @@ class HealthState:
     reach: Reach = Reach.REFUSED
     listening_since: float | None = None
     last_reach_ok_at: float | None = None
+    # Polls in a row whose /health got no answer (or not 200); 0 after one that got 200.
+    reach_failures: int = 0
     cache_bytes: int | None = None
     last_download_progress_at: float | None = None
     metrics: EngineMetrics | None = None
@@ -148,6 +150,11 @@ class Verdict:
     reason: str
 
 
+UNANSWERED_POLLS_BEFORE_UNREADY = 2
+"""/health polls in a row that must go unanswered before readiness goes off (a refused
+connection takes it off at once: nothing listens)."""
+
+
 def initial(now: float) -> HealthState:
     return HealthState(started_at=now)
 
@@ -161,6 +168,7 @@ def observe(state: HealthState, obs: Observation) -> HealthState:
         process_alive=obs.process_alive,
         reach=obs.reach,
         load_fresh=obs.reach is Reach.OK and obs.metrics is not None,
+        reach_failures=0 if obs.reach is Reach.OK else state.reach_failures + 1,
     )
     if obs.reach is Reach.DEAD and state.dead_at is None and not state.stopping:
         new = replace(new, dead_at=now)
@@ -342,14 +350,22 @@ def _serving_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
                 ready=False,
                 reason=f"engine unreachable for {since:.0f}s",
             )
-        if state.reach is Reach.REFUSED or since > policy.deep_probe_timeout_seconds:
+        # One /health poll that got no answer is not enough to pull the pod out: vLLM's API
+        # server, streaming for every client on one event loop, answers it late now and then,
+        # and a loaded node can hold up this process for seconds (measured on real vLLM: 0.2-5 s
+        # readiness dips of a busy engine that kept generating). A timed-out poll lasts the
+        # whole timeout, so `since` alone passed the bound after a single one.
+        unanswered = state.reach_failures >= UNANSWERED_POLLS_BEFORE_UNREADY
+        if state.reach is Reach.REFUSED or (
+            unanswered and since > policy.deep_probe_timeout_seconds
+        ):
             return Verdict(
                 phase=Phase.READY,
                 live=True,
                 ready=False,
                 reason=f"engine not answering ({state.reach})",
             )
-        # One slow /health answer is not enough to pull the pod out; judge by what we knew.
+        # Until then, judge by what the last answered poll showed.
     if is_busy(state):
         return _busy_verdict(state, policy, now)
     return _idle_verdict(state, policy, now)
@@ -380,7 +396,10 @@ def _busy_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
             reason=f"no progress for {seen_stalled:.0f}s with {pending} pending",
         )
     probe = state.last_probe
-    if probe is not None and not probe.ok:
+    # A probe that timed out while the engine is busy queued behind real work (it was sent
+    # from an idle reading just as load arrived): the progress counters above decide. An
+    # answered failure (an error) still counts until progress is seen after it.
+    if probe is not None and not probe.ok and not probe.timed_out:
         progressed_after = (
             state.last_progress_at is not None and state.last_progress_at > probe.finished_at
         )
