@@ -343,7 +343,11 @@ def _starting_verdict(state: HealthState, policy: Policy, now: float) -> Verdict
 def _serving_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
     if state.reach is not Reach.OK:
         since = now - (state.last_reach_ok_at or now)
-        if since > policy.stall_seconds:
+        unanswered = state.reach_failures >= UNANSWERED_POLLS_BEFORE_UNREADY
+        # One unanswered poll never costs liveness: when this process itself was held
+        # up (17 s once on a loaded node, measured), the /health call in flight times out the
+        # moment it runs again, and `since` spans the whole hold-up.
+        if since > policy.stall_seconds and (unanswered or state.reach is Reach.REFUSED):
             return Verdict(
                 phase=Phase.FAILED,
                 live=False,
@@ -355,7 +359,6 @@ def _serving_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
         # and a loaded node can hold up this process for seconds (measured on real vLLM: 0.2-5 s
         # readiness dips of a busy engine that kept generating). A timed-out poll lasts the
         # whole timeout, so `since` alone passed the bound after a single one.
-        unanswered = state.reach_failures >= UNANSWERED_POLLS_BEFORE_UNREADY
         if state.reach is Reach.REFUSED or (
             unanswered and since > policy.deep_probe_timeout_seconds
         ):
