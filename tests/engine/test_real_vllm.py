@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import re
@@ -142,6 +143,42 @@ async def wait_for(
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """One read of the busy test: when, the deep probes the agent had sent by then, vLLM's own
+    (waiting, running) (None: its /metrics did not answer), the agent's, and the KV capacity the
+    agent published."""
+
+    at: float
+    probes_sent: float
+    vllm: tuple[float, float] | None
+    agent: tuple[object, object]
+    capacity: object
+
+
+BUSY_READ_GAP = 3.0
+"""At most this long between two reads for "busy at both ends" to mean busy through the interval:
+the clients run in this process, and only a longer hold-up of it lets 10 streams of 1,500 tokens
+(6 queued) drain, which is then the agent's idle engine, rightly probed."""
+
+
+def busy_intervals(reads: list[Read]) -> list[tuple[Read, Read]]:
+    return [
+        (a, b)
+        for a, b in itertools.pairwise(reads)
+        if a.vllm
+        and b.vllm
+        and sum(a.vllm) > 0
+        and sum(b.vllm) > 0
+        and b.at - a.at <= BUSY_READ_GAP
+    ]
+
+
+def reads_line(reads: list[Read]) -> list[tuple[float, float, float | None]]:
+    first = reads[0].at if reads else 0.0
+    return [(round(r.at - first, 1), r.probes_sent, r.vllm and sum(r.vllm)) for r in reads]
+
+
 class TestServing:
     @pytest.fixture(scope="class")
     def engine(self, vllm_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
@@ -172,7 +209,7 @@ class TestServing:
         assert s["servedModelName"] == real_vllm.MODEL_NAME
         MEASURED["deep probe latency (idle, one token)"] = f"{probe['latencySeconds']}s"
 
-    @pytest.mark.timeout(180)
+    @pytest.mark.timeout(240)
     def test_busy_metrics_equal_vllms_own_and_no_probe_while_busy(self, engine: Engine) -> None:
         """With 4 slots and 10 streams kept in flight: running 4, the rest waiting, read at one
         moment; no deep probe is sent while vLLM itself reports pending work."""
@@ -185,9 +222,7 @@ class TestServing:
                     return values[0]
             raise AssertionError(f"the agent's /metrics never answered: {engine.log_tail()}")
 
-        async def scenario() -> tuple[
-            list[tuple[object, ...]], list[tuple[float, float]], tuple[list[int], list[int]]
-        ]:
+        async def scenario() -> tuple[list[Read], tuple[list[int], list[int]], list[str]]:
             async with aiohttp.ClientSession() as http:
                 # 10 clients, each starting a new stream when one ends, so the engine stays busy
                 # through the reads however fast it runs (a fixed batch drained before the reads
@@ -202,58 +237,65 @@ class TestServing:
 
                 streams = [asyncio.create_task(client()) for _ in range(10)]
                 await asyncio.sleep(4.0)
-                matches: list[tuple[object, ...]] = []
+                reads: list[Read] = []
                 lives: list[int] = []
                 readies: list[int] = []
-                # (deep probes the agent had sent, vLLM's pending read just after that count)
-                timeline: list[tuple[float, float]] = []
-                for _ in range(10):
+                refusals: list[str] = []  # any answer other than 200, with the agent's reason
+                # At least 10 reads; more (up to 30) while this process was held up too often
+                # for 5 busy intervals (its clients then cannot keep the engine busy).
+                while len(reads) < 10 or (len(busy_intervals(reads)) < 5 and len(reads) < 30):
+                    at = time.monotonic()
                     sent = await probes_sent(http)
                     _, text = await http_get(http, engine.api + "/metrics")
                     s = await status(http, engine)
-                    vllm = (
-                        sum(metric_values(text, "vllm:num_requests_waiting")),
-                        sum(metric_values(text, "vllm:num_requests_running")),
-                    )
-                    timeline.append((sent, vllm[0] + vllm[1]))
-                    matches.append(
-                        (vllm, (s["queueDepth"], s["running"]), s["kvCacheCapacityTokens"])
-                    )
-                    lives.append((await http_get(http, engine.probes + "/livez", LIVEZ))[0])
-                    readies.append((await http_get(http, engine.probes + "/readyz", READYZ))[0])
+                    waiting = metric_values(text, "vllm:num_requests_waiting")
+                    running = metric_values(text, "vllm:num_requests_running")
+                    vllm = (sum(waiting), sum(running)) if waiting and running else None
+                    agent = (s["queueDepth"], s["running"])
+                    reads.append(Read(at, sent, vllm, agent, s["kvCacheCapacityTokens"]))
+                    for path, timeout, codes in (
+                        ("/livez", LIVEZ, lives),
+                        ("/readyz", READYZ, readies),
+                    ):
+                        code, body = await http_get(http, engine.probes + path, timeout)
+                        codes.append(code)
+                        if code not in (0, 200):
+                            refusals.append(f"{path} {code} at read {len(codes)}: {body}")
                     await asyncio.sleep(0.5)
                 keep_going.clear()
                 for t in streams:
                     t.cancel()
                 await asyncio.gather(*streams, return_exceptions=True)
-            return matches, timeline, (lives, readies)
+            return reads, (lives, readies), refusals
 
-        matches, timeline, (lives, readies) = asyncio.run(scenario())
-        print(f"\nbusy: (vLLM waiting, running) vs agent, 10 reads: {matches}")
-        print(f"busy: (deep probes sent, vLLM pending) per read: {timeline}")
-        # The clients keep 10 streams in flight, so busy at both ends of an interval means busy
-        # through it (a new stream starts within milliseconds of one ending), and the agent had
-        # no idle reading to probe on.
-        busy_intervals = [
-            (a[0], b[0]) for a, b in itertools.pairwise(timeline) if a[1] > 0 and b[1] > 0
-        ]
+        reads, (lives, readies), refusals = asyncio.run(scenario())
+        print(f"\nbusy: {len(reads)} reads of (vLLM (waiting, running), agent's): ", end="")
+        print([(r.vllm, r.agent) for r in reads])
+        print(
+            f"busy: (s after the first read, deep probes sent, vLLM pending): {reads_line(reads)}"
+        )
+        for refusal in refusals:
+            print(f"busy: answered other than 200: {refusal}")
         # Busy and progressing: live and ready whenever the agent answered, and never unanswered
         # long enough for the kubelet to restart it.
         for codes in (lives, readies):
             answered_failures, unanswered_run = probe_failures(codes)
-            assert answered_failures == [], (lives, readies)
+            assert answered_failures == [], (lives, readies, refusals)
             assert unanswered_run < LIVENESS_FAILURE_THRESHOLD, (lives, readies)
-        assert len(busy_intervals) >= 3, timeline  # the premise: the engine stayed busy
-        assert all(after == before for before, after in busy_intervals), timeline
-        equal = [m for m in matches if m[0] == m[1]]
+        intervals = busy_intervals(reads)
+        assert len(intervals) >= 3, reads_line(reads)  # the premise: the engine stayed busy
+        assert all(a.probes_sent == b.probes_sent for a, b in intervals), reads_line(reads)
         # The agent is at most one 0.5 s poll behind; with streams ending and starting all the
-        # time, a read now and then falls between its polls (2 of 10 once).
-        assert len(equal) >= 6, matches
-        # Every slot running and the rest waiting, as vLLM itself said (a read vLLM left
-        # unanswered counts nothing).
-        assert any(m[0][1] == 4.0 and m[0][0] > 0 for m in matches), matches
-        # vLLM's own figure (vllm:cache_config_info kv_cache_size_tokens), read back unchanged.
-        assert all(m[2] == 524288 for m in matches), matches
+        # time, a read now and then falls between its polls (2 of 10 once). Reads where either
+        # side's /metrics went unanswered compare nothing.
+        both = [r for r in reads if r.vllm is not None and r.agent[0] is not None]
+        assert len([r for r in both if r.vllm == r.agent]) >= 0.6 * len(both) > 0, reads
+        # Every slot running and the rest waiting, as vLLM itself said.
+        assert any(r.vllm[1] == 4.0 and r.vllm[0] > 0 for r in reads if r.vllm), reads
+        # vLLM's own figure (vllm:cache_config_info kv_cache_size_tokens), read back unchanged
+        # (None: the agent's latest read of vLLM's /metrics got no answer, so it publishes none).
+        assert all(r.capacity in (524288, None) for r in reads), reads
+        assert any(r.capacity == 524288 for r in reads), reads
 
     @pytest.mark.timeout(150)
     def test_engine_core_hang_detected_and_recovered(self, engine: Engine) -> None:
@@ -323,7 +365,8 @@ class TestServing:
         assert not_ready is not None
         assert dead is not None
         assert back is not None
-        assert not_ready <= PROBE_TIMEOUT + 3
+        # Two /health polls in a row must go unanswered (one can be late from a busy server).
+        assert not_ready <= 2 * PROBE_TIMEOUT + 3
         assert STALL - 1 <= dead <= STALL + 6  # a /health call may be in flight for 3 s
         assert before == (0, "published")
         # Unknown while unreachable: no queue depth in /status, no series for the HPA.
@@ -414,11 +457,11 @@ class TestNoMetricsApiKey:
         assert s["ready"] is True
         assert s["queueDepth"] is None  # no metrics: unknown, not 0
 
-    @pytest.mark.timeout(150)
+    @pytest.mark.timeout(210)
     def test_saturated_without_metrics_is_not_killed(self, engine: Engine) -> None:
         window = 2 * STALL + INTERVAL
 
-        async def scenario() -> tuple[list[tuple[float, int, str]], list[str]]:
+        async def scenario() -> tuple[list[tuple[float, int, str]], list[str], list[str]]:
             async with aiohttp.ClientSession() as http:
                 # 24 long streams over 2 slots: far more work than the window holds, however
                 # fast the machine (12 once drained before the window ended on a quiet one).
@@ -426,7 +469,15 @@ class TestNoMetricsApiKey:
                 lives: list[tuple[float, int, str]] = []
                 probes: list[str] = []
                 started = time.monotonic()
-                while time.monotonic() - started < window:
+                log_from = len(engine.log_tail(10**9))
+                # The window, and longer (up to 3 windows) while this process was held up so
+                # often that it saw fewer than 20 liveness answers (2 in 28 s once), or no deep
+                # probe has timed out behind the streams yet; the agent's own log covers the
+                # time this process could not look.
+                while (elapsed := time.monotonic() - started) < window or (
+                    (len(lives) < 20 or not any("timed out" in p for p in probes))
+                    and elapsed < 3 * window
+                ):
                     code, body = await http_get(http, engine.probes + "/livez", LIVEZ)
                     lives.append((round(time.monotonic() - started, 1), code, body))
                     probes.append(str((await status(http, engine))["lastDeepProbe"]))
@@ -434,15 +485,17 @@ class TestNoMetricsApiKey:
                 for t in streams:
                     t.cancel()
                 await asyncio.gather(*streams, return_exceptions=True)
-            return lives, probes
+            verdicts = engine.log_tail(10**9)[log_from:]
+            return lives, probes, [line for line in verdicts.splitlines() if "live=False" in line]
 
-        lives, probes = asyncio.run(scenario())
+        lives, probes, not_live = asyncio.run(scenario())
         timed_out = [p for p in probes if "timed out" in p]
         print(
             f"\nno metrics, saturated {window:.0f}s: {len(lives)} liveness checks; "
             f"{len(timed_out)} status reads showed a timed-out deep probe; last {probes[-1]}"
         )
         assert timed_out, probes  # the probe did queue behind real work
+        assert not_live == []  # the agent's verdicts, also while this process could not look
         answered_failures, unanswered_run = probe_failures([code for _, code, _ in lives])
         assert answered_failures == [], (lives, engine.log_tail())
         assert unanswered_run < LIVENESS_FAILURE_THRESHOLD, (lives, engine.log_tail())
@@ -519,12 +572,16 @@ class TestOverBudget:
         assert len(aborted) >= 8, brief  # the round running at the deadline
         ended_by_deadline = len(aborted) + len(queued)
         assert code == 0, engine.log_tail()
-        assert cut == ended_by_deadline, brief
+        # The count is taken at the deadline from vLLM's gauges, which lag behind the EngineCore
+        # while the API server is behind on delivering tokens: a request whose tokens were all
+        # generated still counts and then ends `length` (8 of 24 once). So: at least what the
+        # deadline ended, at most what was sent.
+        assert ended_by_deadline <= cut <= self.STREAMS, brief
         # Within the budget plus the engine's exit grace (the agent's SIGKILL point).
         assert ended <= PROPAGATION + self.DRAIN + contract.ENGINE_EXIT_GRACE_SECONDS
         log = engine.log_tail(200000)
         assert "killing it" not in log
-        assert f"exhausted with {ended_by_deadline} requests in the engine" in log
+        assert f"exhausted with {cut:g} requests in the engine" in log
 
 
 class TestKeepAliveClients:
