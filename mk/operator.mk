@@ -9,10 +9,14 @@ AGENTS ?= 100
 run: install ## Run the operator against the local cluster (make cluster-up first).
 	KUBECONFIG=$(shell $(MAKE) -s --no-print-directory cluster-kubeconfig) $(BIN)/llmop run
 
+# Its own control plane with kwok nodes only: no real node, no Prometheus scraping, nothing
+# else on the API server the operator is measured against. Removed afterwards.
+BENCH_CLUSTER := LLMOP_CLUSTER_NAME=llmop-bench-operator LLMOP_REAL_NODE=off LLMOP_METRICS=off $(CLUSTER_SH)
+
 .PHONY: bench-operator
 bench-operator: install ## Operator benchmark: N CRs at once (N=100,500,1000): time to children + status, RSS.
-	KUBECONFIG=$$($(MAKE) -s --no-print-directory cluster-up | tail -n 1) \
-	  $(PY) bench/operator_bench.py --counts $(N)
+	KUBECONFIG=$$($(BENCH_CLUSTER) up | tail -n 1) $(PY) bench/operator_bench.py --counts $(N); \
+	  status=$$?; $(BENCH_CLUSTER) down; exit $$status
 
 bench: bench-operator
 
