@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import json
 import os
 import re
 import signal
@@ -174,6 +175,13 @@ def busy_intervals(reads: list[Read]) -> list[tuple[Read, Read]]:
     ]
 
 
+def _reason(answer: str, prefixes: tuple[str, ...]) -> bool:
+    """The agent's probe answer (`{"ok":..., "reason":...}`) gives one of these reasons."""
+    with contextlib.suppress(ValueError, AttributeError):
+        return str(json.loads(answer).get("reason", "")).startswith(prefixes)
+    return False
+
+
 def reads_line(reads: list[Read]) -> list[tuple[float, float, float | None]]:
     first = reads[0].at if reads else 0.0
     return [(round(r.at - first, 1), r.probes_sent, r.vllm and sum(r.vllm)) for r in reads]
@@ -222,7 +230,9 @@ class TestServing:
                     return values[0]
             raise AssertionError(f"the agent's /metrics never answered: {engine.log_tail()}")
 
-        async def scenario() -> tuple[list[Read], tuple[list[int], list[int]], list[str]]:
+        async def scenario() -> tuple[
+            list[Read], tuple[list[int], list[int]], list[tuple[str, int, int, str]]
+        ]:
             async with aiohttp.ClientSession() as http:
                 # 10 clients, each starting a new stream when one ends, so the engine stays busy
                 # through the reads however fast it runs (a fixed batch drained before the reads
@@ -240,7 +250,8 @@ class TestServing:
                 reads: list[Read] = []
                 lives: list[int] = []
                 readies: list[int] = []
-                refusals: list[str] = []  # any answer other than 200, with the agent's reason
+                # any answer other than 200: (path, read, code, the agent's JSON answer)
+                refusals: list[tuple[str, int, int, str]] = []
                 # At least 10 reads; more (up to 30) while this process was held up too often
                 # for 5 busy intervals (its clients then cannot keep the engine busy).
                 while len(reads) < 10 or (len(busy_intervals(reads)) < 5 and len(reads) < 30):
@@ -260,7 +271,7 @@ class TestServing:
                         code, body = await http_get(http, engine.probes + path, timeout)
                         codes.append(code)
                         if code not in (0, 200):
-                            refusals.append(f"{path} {code} at read {len(codes)}: {body}")
+                            refusals.append((path, len(codes), code, body))
                     await asyncio.sleep(0.5)
                 keep_going.clear()
                 for t in streams:
@@ -276,12 +287,18 @@ class TestServing:
         )
         for refusal in refusals:
             print(f"busy: answered other than 200: {refusal}")
-        # Busy and progressing: live and ready whenever the agent answered, and never unanswered
-        # long enough for the kubelet to restart it.
+        # Busy and progressing: live whenever the agent answered, and never unanswered long
+        # enough for the kubelet to restart it.
         for codes in (lives, readies):
-            answered_failures, unanswered_run = probe_failures(codes)
-            assert answered_failures == [], (lives, readies, refusals)
-            assert unanswered_run < LIVENESS_FAILURE_THRESHOLD, (lives, readies)
+            assert probe_failures(codes)[1] < LIVENESS_FAILURE_THRESHOLD, (lives, readies)
+        assert [r for r in refusals if r[0] == "/livez"] == [], refusals
+        # Ready too, unless vLLM itself stopped: this VM freezes every process for seconds under
+        # vLLM's load (once vLLM's API server answered nothing and generated nothing for 11 s in
+        # CI), and then "not answering" or "no progress" is the right verdict. Never for another
+        # reason (a probe timed out behind the streams, a late poll, a stale reading).
+        vllm_stopped = ("engine not answering", "no progress for")
+        wrong = [r for r in refusals if r[0] == "/readyz" and not _reason(r[3], vllm_stopped)]
+        assert wrong == [], refusals
         intervals = busy_intervals(reads)
         assert len(intervals) >= 3, reads_line(reads)  # the premise: the engine stayed busy
         assert all(a.probes_sent == b.probes_sent for a, b in intervals), reads_line(reads)

@@ -41,6 +41,7 @@ class Step:
     timeout: bool = False  # the failed probe got no answer (rather than an error answer)
     drain: bool = False
     answered: bool = True  # False: /metrics did not answer (timeout), `metrics` is then None
+    probe_from: float | None = None  # when the probe finishing at t was sent (else t - 0.05)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,14 @@ def run(case: Case) -> health.Verdict:
             state = health.probe_started(state)
             error = "" if s.probe else ("timed out" if s.timeout else "HTTP 500")
             state = health.record_probe(
-                state, ProbeResult(s.t - 0.05, s.t, s.probe, error, timed_out=s.timeout)
+                state,
+                ProbeResult(
+                    s.t - 0.05 if s.probe_from is None else s.probe_from,
+                    s.t,
+                    s.probe,
+                    error,
+                    timed_out=s.timeout,
+                ),
             )
         else:
             state = health.observe(
@@ -138,6 +146,16 @@ CASES = [
     Case("probe timed out as load arrived (queued behind it), busy: progress decides",
          [*SERVING, Step(12, probe=False, timeout=True), Step(13, metrics=busy(0))], 13,
          Phase.READY, live=True, ready=True),
+    Case("idle, probe timed out while tokens were generated (behind work now done): ready",
+         [*SERVING, Step(8, Reach.OK, idle(50)), Step(9, probe=False, timeout=True, probe_from=6)],
+         9, Phase.READY, live=True, ready=True),
+    Case("idle reading older than a timed-out probe (/metrics unanswered since): ready",
+         [*SERVING, Step(6, answered=False), Step(9, probe=False, timeout=True, probe_from=6)],
+         9, Phase.READY, live=True, ready=True),
+    Case("idle, fresh readings without progress, probe timed out: not ready (a hang)",
+         [*SERVING, Step(6, Reach.OK, idle()), Step(7, Reach.OK, idle()),
+          Step(9, probe=False, timeout=True, probe_from=6)],
+         9, Phase.READY, live=True, ready=False),
     Case("failed probe superseded by progress",
          [*SERVING, Step(12, probe=False), Step(13, metrics=busy(0)), Step(14, metrics=busy(9))],
          14, Phase.READY, live=True, ready=True),
