@@ -453,18 +453,17 @@ def _idle_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
             ready=True,
             reason=f"deep probe {probe.error} behind work that made progress",
         )
-    if probe.timed_out and load_known(state) and (state.metrics_at or 0.0) < probe.started_at:
-        # No load reading answered since it was sent (vLLM's API server, streaming for every
-        # client, leaves /metrics unanswered under load): idle is an old reading, and a probe
-        # stuck behind real work looks like a hang. Routable until the stall bound, then judged
-        # as any failing probe.
-        if failing <= policy.stall_seconds:
-            return Verdict(
-                phase=Phase.READY,
-                live=True,
-                ready=True,
-                reason=f"deep probe {probe.error}; no load reading since it was sent",
-            )
+    # No load reading answered since it was sent (vLLM's API server, streaming for every client,
+    # leaves /metrics unanswered under load): idle is an old reading, and a probe stuck behind
+    # real work looks like a hang. Routable until the stall bound, then judged as any failure.
+    unread = load_known(state) and (state.metrics_at or 0.0) < probe.started_at
+    if probe.timed_out and unread and failing <= policy.stall_seconds:
+        return Verdict(
+            phase=Phase.READY,
+            live=True,
+            ready=True,
+            reason=f"deep probe {probe.error}; no load reading since it was sent",
+        )
     if probe.timed_out and not load_known(state):
         # Without load figures a probe stuck behind real work looks exactly like a hang; killing
         # a saturated engine is the worse mistake, so timeouts alone never cost liveness.
