@@ -37,7 +37,7 @@ import yaml
 from llmop.kube import Kube, KubeError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from support.readiness import ReadyWatch
+from support.readiness import ReadyWatch, watch_objects
 
 API_VERSION = "serving.llmop.dev/v1alpha1"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -194,32 +194,14 @@ class Progress:
             return len(names["deployments"] & names["services"]), len(names["status"])
 
     def _run(self, key: str, func: Any, args: tuple[str, ...]) -> None:
-        from kubernetes import client, watch
+        def on_event(event_type: str, obj: dict[str, Any]) -> None:
+            name = obj["metadata"]["name"]
+            written = (obj.get("status") or {}).get("observedGeneration") is not None
+            present = event_type != "DELETED" and (key != "status" or written)
+            with self._lock:
+                (self._names[key].add if present else self._names[key].discard)(name)
 
-        version = ""
-        while not self._stop.is_set():
-            try:
-                for event in watch.Watch().stream(
-                    func,
-                    *args,
-                    resource_version=version or None,
-                    timeout_seconds=5,
-                    deserialize=False,
-                ):
-                    obj = event["object"]
-                    if event["type"] == "ERROR":  # 410 Gone: start over with a fresh list
-                        version = ""
-                        break
-                    version = obj["metadata"].get("resourceVersion", version)
-                    name = obj["metadata"]["name"]
-                    written = (obj.get("status") or {}).get("observedGeneration") is not None
-                    present = event["type"] != "DELETED" and (key != "status" or written)
-                    with self._lock:
-                        (self._names[key].add if present else self._names[key].discard)(name)
-                    if self._stop.is_set():
-                        break
-            except client.ApiException:
-                version = ""
+        watch_objects(func, args, self._stop, on_event)
 
 
 def run_one(

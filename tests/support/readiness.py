@@ -6,6 +6,7 @@ Used by the burst integration test and by bench/operator_bench.py."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,39 @@ def is_ready(obj: dict[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
+
+
+def watch_objects(
+    list_func: Any,
+    args: tuple[str, ...],
+    stop: threading.Event,
+    on_event: Callable[[str, dict[str, Any]], None],
+) -> None:
+    """Call `on_event(type, object)` for every watch event of `list_func(*args)` (raw JSON
+    objects) until `stop` is set, resuming from the last resourceVersion, and from a fresh list
+    after 410 Gone or an API error."""
+    from kubernetes import client, watch
+
+    version = ""
+    while not stop.is_set():
+        try:
+            for event in watch.Watch().stream(
+                list_func,
+                *args,
+                resource_version=version or None,
+                timeout_seconds=5,
+                deserialize=False,
+            ):
+                obj = event["object"]
+                if event["type"] == "ERROR":  # 410 Gone: start over with a fresh list
+                    version = ""
+                    break
+                version = obj["metadata"].get("resourceVersion", version)
+                on_event(event["type"], obj)
+                if stop.is_set():
+                    break
+        except client.ApiException:
+            version = ""
 
 
 @dataclass
@@ -67,32 +101,13 @@ class ReadyWatch:
             self._ready[name] = (generation, ready)
 
     def _run(self) -> None:
-        from kubernetes import client, watch
+        from kubernetes import client
 
         api = client.CustomObjectsApi(self.api_client)
-        version = ""
-        while not self._stop.is_set():
-            stream = watch.Watch().stream(
-                api.list_namespaced_custom_object,
-                API_GROUP,
-                API_VERSION,
-                self.namespace,
-                PLURAL,
-                resource_version=version or None,
-                timeout_seconds=5,
-            )
-            try:
-                for event in stream:
-                    obj = event["object"]
-                    if event["type"] == "ERROR":  # 410 Gone: start over with a fresh list
-                        version = ""
-                        break
-                    version = obj["metadata"].get("resourceVersion", version)
-                    self.observe(obj)
-                    if self._stop.is_set():
-                        break
-            except client.ApiException:
-                version = ""
+        args = (API_GROUP, API_VERSION, self.namespace, PLURAL)
+        watch_objects(
+            api.list_namespaced_custom_object, args, self._stop, lambda _, o: self.observe(o)
+        )
 
     def start(self) -> ReadyWatch:
         self._thread = threading.Thread(target=self._run, daemon=True, name="ready-watch")
