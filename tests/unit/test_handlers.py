@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import copy
+import gc
 import logging
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any, cast
@@ -14,6 +18,8 @@ import pytest
 
 from llmop import handlers, kinds, main
 from llmop.config import OperatorConfig
+from llmop.metrics import Metrics
+from llmop.observed import child_event_summary
 
 
 def _handlers(kind: str) -> list[object]:
@@ -144,24 +150,24 @@ def test_events_waiting_for_a_worker_are_coalesced_per_object(
 
     def refresh(_ctx: Any, type: str, child: Any) -> None:
         gate.wait(5)
-        seen.append((type, child["metadata"]["name"], child["metadata"]["generation"]))
+        seen.append((type, child["metadata"]["name"], int(child["metadata"]["resourceVersion"])))
 
     monkeypatch.setattr(handlers, "refresh_from_child", refresh)
 
-    def deployment(name: str, generation: int) -> dict[str, Any]:
+    def deployment(name: str, version: int) -> dict[str, Any]:
         return {
             "kind": "Deployment",
-            "metadata": {"namespace": "ns", "name": name, "generation": generation},
+            "metadata": {"namespace": "ns", "name": name, "resourceVersion": str(version)},
         }
 
     async def go(memo: Any) -> None:
         kwargs = {"namespace": "ns", "memo": memo, "logger": logging.getLogger("t")}
-        for generation in range(1, 6):
+        for version in range(1, 6):
             await handlers.child_event(
-                type="MODIFIED", body=kopf.Body(cast(Any, deployment("x", generation))), **kwargs
+                type="MODIFIED", body=kopf.Body(cast(Any, deployment("x", version))), **kwargs
             )
             await handlers.child_event(
-                type="MODIFIED", body=kopf.Body(cast(Any, deployment("y", generation))), **kwargs
+                type="MODIFIED", body=kopf.Body(cast(Any, deployment("y", version))), **kwargs
             )
             await asyncio.sleep(0.01)  # the first run of each object has taken a thread
         # Every handler returned although no refresh could finish yet.
@@ -173,5 +179,73 @@ def test_events_waiting_for_a_worker_are_coalesced_per_object(
         memo = SimpleNamespace(context=SimpleNamespace(children={"cached": {}}), executor=pool)
         asyncio.run(go(memo))
     for name in ("x", "y"):
-        runs = [generation for _, n, generation in seen if n == name]
+        runs = [version for _, n, version in seen if n == name]
         assert runs == [1, 5]
+
+
+def test_a_waiting_event_does_not_keep_kopf_s_cause_alive() -> None:
+    """kopf keeps the cause of the running handler (the whole decoded watch event) in a context
+    variable; the coalescer's task must not inherit it, or every event waiting for a thread
+    keeps its body alive (~1,900 of them at 1,000 CRs)."""
+    cause_var: contextvars.ContextVar[object] = contextvars.ContextVar("cause_var")
+    gate = threading.Event()
+
+    class Cause:
+        pass
+
+    async def go(coalescer: handlers.Coalescer, memo: Any) -> None:
+        cause = Cause()
+
+        def handler(value: Cause) -> None:  # as kopf runs one: a copied context, a var set
+            cause_var.set(value)
+            coalescer.submit(memo, "k", gate.wait, 5)
+
+        contextvars.copy_context().run(handler, cause)
+        reference = weakref.ref(cause)
+        del cause
+        gc.collect()
+        alive = reference() is not None
+        gate.set()
+        await coalescer.idle()
+        assert not alive, "the waiting run kept the handler's context (and its cause) alive"
+
+    with ThreadPoolExecutor(1) as pool:
+        asyncio.run(go(handlers.Coalescer(), SimpleNamespace(executor=pool)))
+
+
+def test_every_object_s_copy_of_the_memo_shares_one_coalescer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf gives each object `copy.copy(memo)`; a coalescer made on first use would be one per
+    object (1,900 at 1,000 CRs), so `main` makes it before any copy."""
+    monkeypatch.setattr(main.Kube, "connect", staticmethod(lambda **_: SimpleNamespace()))
+    memo = main._memo(OperatorConfig(), Metrics())
+    assert handlers._coalescer(copy.copy(memo)) is handlers._coalescer(copy.copy(memo))
+
+
+def test_a_queued_child_event_keeps_only_what_the_worker_reads() -> None:
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "namespace": "ns",
+            "name": "x",
+            "uid": "u",
+            "resourceVersion": "7",
+            "ownerReferences": [{"kind": "LLMDeployment", "name": "x", "uid": "p"}],
+            "managedFields": [{"manager": "llmop"}],
+        },
+        "spec": {"template": {"spec": {"containers": [{"name": "engine"}]}}},
+        "status": {"readyReplicas": 1},
+    }
+    stub = child_event_summary(deployment)
+    assert stub == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            key: deployment["metadata"][key]
+            for key in ("namespace", "name", "uid", "resourceVersion", "ownerReferences")
+        },
+    }
+    hpa = {**deployment, "kind": "HorizontalPodAutoscaler", "status": {"conditions": []}}
+    assert child_event_summary(hpa)["status"] == {"conditions": []}

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -40,7 +41,7 @@ from llmop import fleet, kinds, names
 from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
 from llmop.engine_client import AgentClient
 from llmop.kube import KubeError
-from llmop.observed import child_summary, parent_summary
+from llmop.observed import child_event_summary, child_summary, parent_summary
 from llmop.pods import pod_summary
 from llmop.reconcile import (
     Context,
@@ -136,7 +137,12 @@ class Coalescer:
         before a thread takes it."""
         self._waiting[key] = (function, args)
         if key not in self._drains:
-            self._drains[key] = asyncio.create_task(self._drain(memo, key))
+            # An empty context: a task inherits its creator's, and inside a handler that holds
+            # kopf's cause, the whole decoded watch event, until the task ends. Under a burst
+            # that kept ~1,900 raw events alive behind the thread pool's queue.
+            self._drains[key] = asyncio.create_task(
+                self._drain(memo, key), context=contextvars.Context()
+            )
 
     async def _drain(self, memo: Any, key: Hashable) -> None:
         try:
@@ -159,6 +165,9 @@ class Coalescer:
 
 
 def _coalescer(memo: Any) -> Coalescer:
+    """The operator's one coalescer. kopf hands each object a shallow copy of the operator's
+    memo, so it must exist before the first copy (`main` puts it there); one made later would
+    live in a single object's copy."""
     coalescer: Coalescer | None = getattr(memo, "coalescer", None)
     if coalescer is None:
         coalescer = memo.coalescer = Coalescer()
@@ -239,7 +248,7 @@ async def child_event(
             logger.warning(f"Could not process a {body.get('kind')} event: {error}")
         return
     key = (str(body.get("kind")), namespace, body.get("metadata", {}).get("name"))
-    _coalescer(memo).submit(memo, key, refresh_from_child, ctx, type, child)
+    _coalescer(memo).submit(memo, key, refresh_from_child, ctx, type, child_event_summary(child))
 
 
 for _kind in kinds.WATCHED:

@@ -95,7 +95,8 @@ def _memo(config: OperatorConfig, metrics: Metrics) -> kopf.Memo:
         metrics=metrics,
         instance=os.environ.get("POD_NAME") or socket.gethostname(),
     )
-    return kopf.Memo(context=context)
+    # Shared by every object's copy of the memo: one pending worker run per key, operator-wide.
+    return kopf.Memo(context=context, coalescer=handlers.Coalescer())
 
 
 def _poll_downloads_until(stop: threading.Event, context: Context) -> None:
