@@ -18,6 +18,7 @@ import pytest
 
 from llmop import handlers, kinds, main
 from llmop.config import OperatorConfig
+from llmop.kube import Kube
 from llmop.metrics import Metrics
 from llmop.observed import child_event_summary
 
@@ -218,13 +219,13 @@ def test_every_object_s_copy_of_the_memo_shares_one_coalescer(
 ) -> None:
     """kopf gives each object `copy.copy(memo)`; a coalescer made on first use would be one per
     object (1,900 at 1,000 CRs), so `main` makes it before any copy."""
-    monkeypatch.setattr(main.Kube, "connect", staticmethod(lambda **_: SimpleNamespace()))
+    monkeypatch.setattr(Kube, "connect", staticmethod(lambda **_: SimpleNamespace()))
     memo = main._memo(OperatorConfig(), Metrics())
     assert handlers._coalescer(copy.copy(memo)) is handlers._coalescer(copy.copy(memo))
 
 
 def test_a_queued_child_event_keeps_only_what_the_worker_reads() -> None:
-    deployment = {
+    deployment: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
