@@ -14,6 +14,7 @@ from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment
 from llmop.desired import desired_state
 from llmop.kinds import ChildKind
+from llmop.observed import child_summary, full_spec
 from llmop.plan import Apply, Delete, drifted, owns_field, plan_children
 from llmop.settings import RenderSettings
 
@@ -284,3 +285,31 @@ def test_repair_plan_applies_only_what_is_missing_or_drifted() -> None:
         ("apply", "Deployment", 2),
         ("apply", "PodDisruptionBudget", None),
     ]
+
+
+def test_a_cached_deployment_is_checked_for_drift_on_its_whole_spec() -> None:
+    """The watch cache keeps a Deployment's spec as text (`observed.child_summary`); the drift
+    check still sees every field of the pod template, and the handover still reads replicas."""
+    deployment = live_rendered(FIXED_2, kinds.DEPLOYMENT)
+    cached = child_summary(deployment)
+    assert cached["spec"] == {"replicas": 2}
+    assert full_spec(cached)["spec"] == deployment["spec"]
+    calm = plan_children(
+        desired(FIXED_2), {kinds.DEPLOYMENT: cached}, parent=PARENT, only=kinds.DEPLOYMENT
+    )
+    assert not calm
+    deployment["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:1"
+    repair = plan_children(
+        desired(FIXED_2),
+        {kinds.DEPLOYMENT: child_summary(deployment)},
+        parent=PARENT,
+        only=kinds.DEPLOYMENT,
+    )
+    assert repair.reasons == ["Deployment: apply (drifted from its intent)"]
+    handover = plan_children(
+        desired(AUTOSCALED),
+        {kinds.DEPLOYMENT: child_summary(recorded(LIVE_FIXED_2))},
+        parent=PARENT,
+    )
+    assert handover.handover_first is not None
+    assert handover.handover_first.manifest["spec"] == {"replicas": 2}

@@ -3,12 +3,14 @@
 A cached object keeps what the plan and the status read (identity, labels, annotations, owner
 references, spec, the Deployment's status) and drops the bulk nobody reads: `managedFields`
 shrink to the Apply entries of our own field managers, cut down to `spec.replicas` — the one
-field whose ownership the replica handover decides on. At 1,000 LLMDeployments the full bodies
-would be most of the operator's memory.
+field whose ownership the replica handover decides on; a Deployment's spec is kept as JSON
+text, decoded only for a drift check. At 1,000 LLMDeployments the full bodies would be most of
+the operator's memory.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +28,11 @@ _METADATA_KEPT = (
     "ownerReferences",
 )
 _OUR_MANAGERS = (names.FIELD_MANAGER, names.HANDOVER_FIELD_MANAGER)
+_SPEC_AS_TEXT_KINDS = ("Deployment",)
+"""Kinds whose cached spec is kept as compact JSON text (plus `replicas`, which the status and
+the handover read on every event): a decoded pod template is ~12 KiB of small Python objects,
+its text ~3 KiB, and only the drift check reads it (`full_spec`)."""
+SPEC_TEXT = "specText"
 _STATUS_KEPT_KINDS = ("Deployment",)
 """The Deployment's status feeds the parent's; of the HPA's only its conditions are kept (see
 `hpa_conditions`); PDB/Service status churn is dropped."""
@@ -56,13 +63,26 @@ def child_summary(body: Mapping[str, Any]) -> dict[str, Any]:
             **_metadata(metadata),
             "managedFields": _managed_fields(metadata.get("managedFields")),
         },
-        "spec": dict(body.get("spec") or {}),
     }
+    spec = body.get("spec") or {}
+    if body.get("kind") in _SPEC_AS_TEXT_KINDS:
+        summary["spec"] = {"replicas": spec["replicas"]} if "replicas" in spec else {}
+        summary[SPEC_TEXT] = json.dumps(spec, separators=(",", ":"))
+    else:
+        summary["spec"] = dict(spec)
     if body.get("kind") in _STATUS_KEPT_KINDS and body.get("status") is not None:
         summary["status"] = dict(body["status"])
     elif body.get("kind") == "HorizontalPodAutoscaler":
         summary["status"] = {"conditions": hpa_conditions(body)}
     return summary
+
+
+def full_spec(child: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A child with its whole spec, whether it is a cached summary or a body read fresh."""
+    text = child.get(SPEC_TEXT)
+    if text is None:
+        return child
+    return {**child, "spec": json.loads(text)}
 
 
 def child_event_summary(child: Mapping[str, Any]) -> dict[str, Any]:

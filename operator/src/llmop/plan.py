@@ -22,6 +22,7 @@ from typing import Any
 from llmop import kinds, names
 from llmop.desired import DesiredState
 from llmop.kinds import ChildKind
+from llmop.observed import full_spec
 
 REPLICAS_PATH = ("spec", "replicas")
 
@@ -200,7 +201,7 @@ def plan_children(
             reason = f"{kind.kind}: apply (generation {desired.llmd.metadata.generation})"
         elif current is None:
             reason = f"{kind.kind}: apply (missing)"
-        elif drifted(owned, current):
+        elif drifted(owned, full_spec(current)):
             reason = f"{kind.kind}: apply (drifted from its intent)"
         else:
             continue
