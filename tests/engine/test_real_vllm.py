@@ -157,6 +157,8 @@ class Read:
     capacity: object
 
 
+BUSY_WINDOWS = 3
+"""Measurement windows of the busy test at most (each up to 120 s of reads)."""
 BUSY_READ_GAP = 3.0
 BUSY_PENDING = 6
 """An interval counts as busy throughout when both its reads saw at least BUSY_PENDING requests
@@ -224,7 +226,7 @@ class TestServing:
         assert s["servedModelName"] == real_vllm.MODEL_NAME
         MEASURED["deep probe latency (idle, one token)"] = f"{probe['latencySeconds']}s"
 
-    @pytest.mark.timeout(300)
+    @pytest.mark.timeout(150 * BUSY_WINDOWS)
     def test_busy_metrics_equal_vllms_own_and_no_probe_while_busy(self, engine: Engine) -> None:
         """With 4 slots and 10 streams kept in flight: running 4, the rest waiting, read at one
         moment; no deep probe is sent while vLLM itself reports pending work."""
@@ -296,14 +298,24 @@ class TestServing:
                 await asyncio.gather(*streams, return_exceptions=True)
             return reads, (lives, readies), refusals
 
-        reads, (lives, readies), refusals = asyncio.run(scenario())
-        print(f"\nbusy: {len(reads)} reads of (vLLM (waiting, running), agent's): ", end="")
-        print([(r.vllm, r.agent) for r in reads])
-        print(
-            f"busy: (s after the first read, deep probes sent, vLLM pending): {reads_line(reads)}"
-        )
-        for refusal in refusals:
-            print(f"busy: answered other than 200: {refusal}")
+        # A window in which this VM held the test process up so much that fewer than 3 busy
+        # intervals were read (CI: reads 8-20 s apart for 90 s) has not tested the promise: it
+        # is measured again, up to 3 windows. Every window's probe answers are asserted below.
+        lives: list[int] = []
+        readies: list[int] = []
+        refusals: list[tuple[str, int, int, str]] = []
+        for window in range(1, BUSY_WINDOWS + 1):
+            reads, (window_lives, window_readies), window_refusals = asyncio.run(scenario())
+            lives, readies = lives + window_lives, readies + window_readies
+            refusals += window_refusals
+            print(f"\nbusy {window}: {len(reads)} reads of (vLLM (waiting, running), agent's): ")
+            print([(r.vllm, r.agent) for r in reads])
+            print(f"busy {window}: (s after the first read, probes sent, pending): ", end="")
+            print(reads_line(reads))
+            for refusal in window_refusals:
+                print(f"busy {window}: answered other than 200: {refusal}")
+            if len(busy_intervals(reads)) >= 3:
+                break
         # Busy and progressing: live whenever the agent answered, and never unanswered long
         # enough for the kubelet to restart it.
         for codes in (lives, readies):
@@ -319,10 +331,13 @@ class TestServing:
         intervals = busy_intervals(reads)
         assert len(intervals) >= 3, reads_line(reads)  # the premise: the engine stayed busy
         assert all(a.probes_sent == b.probes_sent for a, b in intervals), reads_line(reads)
-        # The agent is at most one 0.5 s poll behind; with streams ending and starting all the
-        # time, a read now and then falls between its polls (2 of 10 once). Reads where either
-        # side's /metrics went unanswered compare nothing.
-        both = [r for r in reads if r.vllm is not None and r.agent[0] is not None]
+        # The agent publishes vLLM's figures as of its last poll: compared where vLLM's were
+        # steady, at the reads that bound a busy interval. Elsewhere the poll can be seconds old
+        # on this VM (held up with everything else: 5 of 7 reads differed in one run). With
+        # streams ending and starting all the time, a read now and then falls between its polls
+        # (2 of 10 once). Reads where either side's /metrics went unanswered compare nothing.
+        steady = [r for r in reads if any(r is a or r is b for a, b in intervals)]
+        both = [r for r in steady if r.vllm is not None and r.agent[0] is not None]
         assert len([r for r in both if r.vllm == r.agent]) >= 0.6 * len(both) > 0, reads
         # Every slot running and the rest waiting, as vLLM itself said.
         assert any(r.vllm[1] == 4.0 and r.vllm[0] > 0 for r in reads if r.vllm), reads
