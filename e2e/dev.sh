@@ -106,8 +106,11 @@ cmd_up() {
   # setsid + nohup: the operator outlives `make dev`; stdin/stdout detached from the terminal.
   local settings
   settings="$(chart_env)"
-  # One NAME=value word per line, each value quoted by the renderer (shlex.quote).
-  eval "env $(tr '\n' ' ' <<<"$settings")" \
+  # One NAME=value word per line, each value quoted by the renderer (shlex.quote). `exec`: the
+  # background subshell becomes the operator (setsid does not fork outside a process-group
+  # leader), so $! is the operator's PID; without it the pidfile held the subshell's, and
+  # `make dev-down` left the operator running.
+  eval "exec env $(tr '\n' ' ' <<<"$settings")" \
     KUBECONFIG="$kubeconfig" LLMOP_LOG_FORMAT=text LLMOP_BIND_ADDRESS=127.0.0.1 \
     LLMOP_LIVENESS_PORT="$liveness" LLMOP_METRICS_PORT="$metrics" \
     setsid nohup "$VENV/bin/llmop" run </dev/null >>"$work/operator.log" 2>&1 &
