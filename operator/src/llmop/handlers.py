@@ -237,7 +237,7 @@ async def child_event(
     a deletion is awaited as it is. A transient API error is only logged: the next event, or the
     parent's own reconcile, tries again."""
     ctx = _context(memo, kwargs)
-    child = child_summary(body)
+    child = child_event_summary(body)
     if quiet_child_event(ctx, type, child):
         return
     if type == "DELETED":
@@ -248,7 +248,7 @@ async def child_event(
             logger.warning(f"Could not process a {body.get('kind')} event: {error}")
         return
     key = (str(body.get("kind")), namespace, body.get("metadata", {}).get("name"))
-    _coalescer(memo).submit(memo, key, refresh_from_child, ctx, type, child_event_summary(child))
+    _coalescer(memo).submit(memo, key, refresh_from_child, ctx, type, child)
 
 
 for _kind in kinds.WATCHED:

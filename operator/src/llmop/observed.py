@@ -86,8 +86,8 @@ def full_spec(child: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def child_event_summary(child: Mapping[str, Any]) -> dict[str, Any]:
-    """What a queued child event keeps until a worker takes it: which child (kind, name, owner)
-    and, for an HPA, its conditions; the worker reads everything else from the caches, which
+    """What a child event's decision and a queued child event keep: which child (kind, name,
+    owner) and, for an HPA, its conditions; both read everything else from the caches, which
     are at least as new. Under a burst ~1,800 events wait for a thread; each holding a whole
     Deployment kept a second copy of its pod template alive next to the cached one."""
     metadata = child.get("metadata") or {}
@@ -100,8 +100,8 @@ def child_event_summary(child: Mapping[str, Any]) -> dict[str, Any]:
             if key in metadata
         },
     }
-    if child.get("kind") == "HorizontalPodAutoscaler" and "status" in child:
-        summary["status"] = child["status"]
+    if child.get("kind") == "HorizontalPodAutoscaler":
+        summary["status"] = {"conditions": hpa_conditions(child)}
     return summary
 
 
