@@ -6,10 +6,13 @@ how much memory the operator uses. Not a test: prints a table.
 
 The CRs use the simulator backend with `replicas: 0`, so the numbers measure the operator
 (watch, plan, render, server-side apply, status) rather than the fake kubelets starting pods.
-`--replicas 1` gives every CR a pod (kwok makes it ready at once) and also reports when all
-CRs were Ready and how often a CR's Ready condition went True → False → True at one generation
-(watched, not polled, so short dips count). The operator's CPU time is read from /proc before
-it stops; `--profile DIR` samples it with py-spy (a dev dependency) into DIR.
+`--replicas 1` gives every CR a pod (kwok makes it ready at once, on fake nodes the bench adds
+for them and removes at the end) and also reports when all CRs were Ready and how often a CR's
+Ready condition went True → False → True at one generation (watched, not polled, so short dips
+count), and per CR the seconds from its pod's Ready to its own (`lag`, median and max) and from
+its Deployment's Available to its Ready (`op lag`: the operator's share), from the conditions'
+lastTransitionTime. The operator's CPU time is read from /proc
+before it stops; `--profile DIR` samples it with py-spy (a dev dependency) into DIR.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from llmop.kube import Kube, KubeError
+from llmop.names import LABEL_DEPLOYMENT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.readiness import ReadyWatch, watch_objects
@@ -43,6 +48,8 @@ API_VERSION = "serving.llmop.dev/v1alpha1"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = REPO_ROOT / "crds" / "serving.llmop.dev_llmdeployments.yaml"
 APPLY_THREADS = 16
+BENCH_NODE_PODS = 500
+BENCH_NODE_PREFIX = "llmop-bench-"
 SERVICE_CIDR = {
     "apiVersion": "networking.k8s.io/v1",
     "kind": "ServiceCIDR",
@@ -65,6 +72,10 @@ class Row:
     ready_seconds: float = float("nan")
     flaps: int = 0
     ready_dips: int = 0
+    ready_lag_median: float = float("nan")
+    ready_lag_max: float = float("nan")
+    ready_lag_count: int = 0
+    operator_lag_max: float = float("nan")
 
 
 def _api_client() -> Any:
@@ -130,6 +141,100 @@ def _start_operator(log: Any) -> tuple[subprocess.Popen[bytes], int]:
         except OSError:
             time.sleep(0.5)
     raise RuntimeError("operator did not become healthy")
+
+
+def _bench_node(name: str) -> dict[str, Any]:
+    room = {
+        "cpu": "4000",
+        "memory": "64Ti",
+        "pods": str(BENCH_NODE_PODS),
+        "ephemeral-storage": "10Ti",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            # The cluster's kwok plays the kubelet of nodes with this annotation (cluster.sh).
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+            },
+        },
+        "status": {"capacity": room, "allocatable": room},
+    }
+
+
+def add_pod_room(kube: Kube, pods: int, timeout: float = 120) -> list[str]:
+    """Fake nodes with room for `pods` more pods, Ready before the clock starts: the cluster's
+    four GPU nodes hold 440 pods, short of one pod for each of 1,000 CRs."""
+    names = [f"{BENCH_NODE_PREFIX}{index}" for index in range(math.ceil(pods / BENCH_NODE_PODS))]
+    for name in names:
+        node = _bench_node(name)
+        kube.apply(node, field_manager="llmop-bench")
+        # An apply keeps no status on an existing node; the status subresource does.
+        kube.patch_status("v1", "Node", None, name, node["status"])
+    deadline = time.monotonic() + timeout
+    while not all(_node_ready(kube, name) for name in names):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"bench nodes {names} not Ready after {timeout:.0f}s: is kwok up?")
+        time.sleep(1)
+    return names
+
+
+def _node_ready(kube: Kube, name: str) -> bool:
+    node = kube.read("v1", "Node", None, name) or {}
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _true_since(obj: dict[str, Any], condition_type: str) -> datetime | None:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == condition_type and condition.get("status") == "True":
+            return datetime.fromisoformat(condition["lastTransitionTime"].replace("Z", "+00:00"))
+    return None
+
+
+@dataclass
+class Lags:
+    """Per CR, seconds from its last pod turning Ready to the CR's own Ready (`pod`), and from
+    its Deployment turning Available to the CR's Ready (`deployment`: the operator's own share;
+    the rest is kube-controller-manager's ReplicaSet and Deployment status updates)."""
+
+    pod: list[float]
+    deployment: list[float]
+
+
+def ready_lags(kube: Kube, namespace: str) -> Lags:
+    """From the objects' condition lastTransitionTimes (one-second resolution; kwok, the
+    controllers and the operator share this machine's clock), read once after the run: no load
+    inside the timed window."""
+    pods_ready: dict[str, datetime] = {}
+    for pod in kube.list("v1", "Pod", namespace):
+        parent = (pod["metadata"].get("labels") or {}).get(LABEL_DEPLOYMENT)
+        since = _true_since(pod, "Ready")
+        if parent and since is not None:
+            pods_ready[parent] = max(since, pods_ready.get(parent, since))
+    available = {
+        d["metadata"]["name"]: _true_since(d, "Available")
+        for d in kube.list("apps/v1", "Deployment", namespace)
+    }
+    lags = Lags([], [])
+    for llmd in kube.list(API_VERSION, "LLMDeployment", namespace):
+        name = llmd["metadata"]["name"]
+        since = _true_since(llmd, "Ready")
+        if since is None:
+            continue
+        if (pod_since := pods_ready.get(name)) is not None:
+            lags.pod.append((since - pod_since).total_seconds())
+        if (deployment_since := available.get(name)) is not None:
+            lags.deployment.append((since - deployment_since).total_seconds())
+    lags.pod.sort()
+    lags.deployment.sort()
+    return lags
 
 
 def _spec(replicas: int) -> dict[str, Any]:
@@ -214,6 +319,8 @@ def run_one(
     profile: Path | None = None,
 ) -> Row:
     namespace = f"bench-{count}-{secrets.token_hex(3)}"
+    if replicas:
+        add_pod_room(kube, count * replicas)
     kube.apply(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
         field_manager="llmop-bench",
@@ -281,6 +388,7 @@ def run_one(
         rss = _rss_mib(process.pid)
         writes = _metric(metrics_port, "llmop_status_writes_total")
         cpu = _cpu_seconds(process.pid) - cpu_at_start
+        lags = ready_lags(kube, namespace) if replicas else Lags([], [])
     finally:
         watcher.stop()
         progress.stop()
@@ -306,6 +414,10 @@ def run_one(
         ready_seconds=ready_at if ready_at is not None and replicas else nan,
         flaps=watcher.flaps,
         ready_dips=watcher.dips,
+        ready_lag_median=lags.pod[len(lags.pod) // 2] if lags.pod else nan,
+        ready_lag_max=lags.pod[-1] if lags.pod else nan,
+        ready_lag_count=len(lags.pod),
+        operator_lag_max=lags.deployment[-1] if lags.deployment else nan,
     )
 
 
@@ -338,7 +450,10 @@ def main() -> int:
         f"{'RSS MiB':>8} {'peak MiB':>9} {'status writes':>14} {'CPU s':>7}"
     )
     if args.replicas:
-        header += f" {'Ready s':>8} {'flaps':>6} {'dips':>5}"
+        header += (
+            f" {'Ready s':>8} {'flaps':>6} {'dips':>5} {'lag p50 s':>10} {'lag max s':>10}"
+            f" {'lags':>5} {'op lag max s':>13}"
+        )
     with tempfile.NamedTemporaryFile(
         "ab", prefix="llmop-bench-", suffix=".log", delete=False
     ) as log:
@@ -357,12 +472,20 @@ def main() -> int:
                 f"{row.peak_rss_mib:>9.0f} {row.status_writes:>14.0f} {row.cpu_seconds:>7.1f}"
             )
             if args.replicas:
-                line += f" {row.ready_seconds:>8.1f} {row.flaps:>6} {row.ready_dips:>5}"
+                line += (
+                    f" {row.ready_seconds:>8.1f} {row.flaps:>6} {row.ready_dips:>5}"
+                    f" {row.ready_lag_median:>10.0f} {row.ready_lag_max:>10.0f}"
+                    f" {row.ready_lag_count:>5} {row.operator_lag_max:>13.0f}"
+                )
             print(line, flush=True)
             # The next run's operator would otherwise resume (and be timed on) these CRs.
             deadline = time.monotonic() + 600
             while _bench_namespaces(kube) and time.monotonic() < deadline:
                 time.sleep(2)
+    # After the namespaces: a node deleted under its pods would leave them to the pod GC.
+    for node in kube.list("v1", "Node"):
+        if node["metadata"]["name"].startswith(BENCH_NODE_PREFIX):
+            kube.delete("v1", "Node", None, node["metadata"]["name"])
     return 0
 
 

@@ -13,7 +13,8 @@ OWNERS = {
     "kubernetes": {"kube.py"},
     "aiohttp": {"engine_client.py"},
     "prometheus_client": {"metrics.py"},
-    "kopf": {"handlers.py", "main.py"},
+    # The framework: its registrations, its settings, and its storage extension point.
+    "kopf": {"handlers.py", "main.py", "persistence.py"},
     "huggingface_hub": {"hub.py"},
     "httpx2": {"hub.py"},  # huggingface_hub's HTTP client: its transport errors
 }

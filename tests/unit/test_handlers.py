@@ -21,6 +21,7 @@ from llmop.config import OperatorConfig
 from llmop.kube import Kube
 from llmop.metrics import Metrics
 from llmop.observed import child_event_summary
+from llmop.persistence import ProcessDiffBase
 
 
 def _handlers(kind: str) -> list[object]:
@@ -56,7 +57,7 @@ def test_settings_use_our_prefixes_and_server_side_label_filters() -> None:
     assert settings.persistence.finalizer.startswith("serving.llmop.dev/")
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.progress_storage.prefix == "serving.llmop.dev"
-    assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+    assert isinstance(settings.persistence.diffbase_storage, ProcessDiffBase)
     assert settings.persistence.diffbase_storage.prefix == "serving.llmop.dev"
     assert settings.execution.max_workers == 7
     assert settings.peering.standalone is True
@@ -119,8 +120,9 @@ DEPLOYMENT = {"kind": "Deployment", "metadata": {"namespace": "ns", "name": "x"}
 def test_watch_events_take_a_worker_thread_only_to_write(
     monkeypatch: pytest.MonkeyPatch, case: tuple[Any, str, str, Any, str]
 ) -> None:
-    """A quiet event is answered in the event loop; any other runs the blocking refresh in
-    kopf's thread pool (the executor in the memo), never in the event loop's thread."""
+    """A quiet event is answered in the event loop; any other runs the blocking refresh in the
+    refresh pool (`main` puts it in the memo), never in the event loop's thread nor in kopf's
+    pool, where under a burst it would wait behind every queued reconcile."""
     handler, quiet_name, refresh_name, body, type = case
     quiet = True
     workers: list[str] = []
@@ -128,14 +130,21 @@ def test_watch_events_take_a_worker_thread_only_to_write(
     monkeypatch.setattr(
         handlers, refresh_name, lambda *_: workers.append(threading.current_thread().name)
     )
-    with ThreadPoolExecutor(1, thread_name_prefix="kopf-pool") as pool:
-        memo = SimpleNamespace(context=SimpleNamespace(children={"cached": {}}), executor=pool)
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="kopf-pool") as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="refresh-pool") as refresh_pool,
+    ):
+        memo = SimpleNamespace(
+            context=SimpleNamespace(children={"cached": {}}),
+            executor=pool,
+            refresh_executor=refresh_pool,
+        )
         _run_event(handler, memo, body, type)
         assert workers == []
         quiet = False
         _run_event(handler, memo, body, type)
     assert len(workers) == 1
-    assert workers[0].startswith("kopf-pool")
+    assert workers[0].startswith("refresh-pool")
 
 
 def test_events_waiting_for_a_worker_are_coalesced_per_object(
@@ -184,6 +193,24 @@ def test_events_waiting_for_a_worker_are_coalesced_per_object(
         assert runs == [1, 5]
 
 
+def test_events_within_the_delay_make_one_refresh_with_the_newest() -> None:
+    """The Deployment controller writes a new Deployment's status three times within a second;
+    waiting `delay` before the first run writes the parent's status once, not once per step
+    (at 1,000 CRs with pods: 2,472 status writes instead of 2,984)."""
+    runs: list[int] = []
+
+    async def go(coalescer: handlers.Coalescer, memo: Any) -> None:
+        for version in range(1, 6):
+            coalescer.submit(memo, "k", runs.append, version)
+            await asyncio.sleep(0.01)
+        assert runs == []
+        await coalescer.idle()
+
+    with ThreadPoolExecutor(1) as pool:
+        asyncio.run(go(handlers.Coalescer(delay=0.3), SimpleNamespace(executor=pool)))
+    assert runs == [5]
+
+
 def test_a_waiting_event_does_not_keep_kopf_s_cause_alive() -> None:
     """kopf keeps the cause of the running handler (the whole decoded watch event) in a context
     variable; the coalescer's task must not inherit it, or every event waiting for a thread
@@ -222,6 +249,7 @@ def test_every_object_s_copy_of_the_memo_shares_one_coalescer(
     monkeypatch.setattr(Kube, "connect", staticmethod(lambda **_: SimpleNamespace()))
     memo = main._memo(OperatorConfig(), Metrics())
     assert handlers._coalescer(copy.copy(memo)) is handlers._coalescer(copy.copy(memo))
+    assert memo.coalescer.delay == main.COALESCE_SECONDS > 0
 
 
 def test_a_queued_child_event_keeps_only_what_the_worker_reads() -> None:
@@ -250,3 +278,26 @@ def test_a_queued_child_event_keeps_only_what_the_worker_reads() -> None:
     }
     hpa = {**deployment, "kind": "HorizontalPodAutoscaler", "status": {"conditions": []}}
     assert child_event_summary(hpa)["status"] == {"conditions": []}
+
+
+def test_a_deleted_parent_s_diff_base_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf never calls the diff base for a gone object; the count handler must, or the
+    operator would keep one entry per LLMDeployment ever created."""
+    monkeypatch.setattr(Kube, "connect", staticmethod(lambda **_: SimpleNamespace()))
+    memo = main._memo(OperatorConfig(), Metrics())
+    memo.context.children = {"cached": {}}  # the caches are handed over: no indexes needed
+    memo.diffbase = diffbase = ProcessDiffBase("serving.llmop.dev")
+    for uid in ("u-1", "u-2"):
+        body = kopf.Body({"metadata": {"uid": uid, "name": uid, "namespace": "ns"}, "spec": {}})
+        diffbase.store(body=body, patch=kopf.Patch(), essence=diffbase.build(body=body))
+
+    async def event(type: str, uid: str) -> None:
+        await handlers.count_llmdeployment(
+            type=type, namespace="ns", name=uid, uid=uid, memo=copy.copy(memo)
+        )
+
+    asyncio.run(event("MODIFIED", "u-1"))
+    assert len(diffbase) == 2
+    asyncio.run(event("DELETED", "u-1"))
+    assert len(diffbase) == 1
+    assert diffbase.fetch(body=kopf.Body({"metadata": {"uid": "u-2"}})) is not None

@@ -20,6 +20,8 @@
   coalesced per object (`Coalescer`) so that a handler never waits on the pool and kopf's queue
   of that object drains at once.
 
+- kopf's memory of the last handled spec is kept in this process (`llmop.persistence`), not on
+  the object; the count handler drops a deleted object's entry.
 - One startup activity starts `llmop.fleet`'s agent reader as a task of kopf's event loop (no
   daemon per LLMDeployment: that would add a finalizer); the cleanup activity stops it.
 
@@ -42,6 +44,7 @@ from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
 from llmop.engine_client import AgentClient
 from llmop.kube import KubeError
 from llmop.observed import child_event_summary, child_summary, parent_summary
+from llmop.persistence import ProcessDiffBase
 from llmop.pods import pod_summary
 from llmop.reconcile import (
     Context,
@@ -111,9 +114,13 @@ async def index_pod(
 
 
 async def _in_worker(memo: Any, function: Callable[..., Any], *args: Any) -> Any:
-    """Run a blocking step in kopf's thread pool (the executor `main` put in the memo), as kopf
-    runs a sync handler."""
-    executor = getattr(memo, "executor", None)
+    """Run a blocking step of an event handler in the refresh pool that `main` put in the memo.
+
+    Not in kopf's pool, where the reconciles run: under a burst that pool is a FIFO of hundreds
+    of reconciles, each a few API calls, and a CR whose pods were ready waited behind all of
+    them for its Ready (45 s at 1,000 CRs with pods). A refresh is a status write or a repair,
+    so a few threads of its own keep it prompt. Falls back to kopf's pool (`memo.executor`)."""
+    executor = getattr(memo, "refresh_executor", None) or getattr(memo, "executor", None)
     return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
 
 
@@ -128,7 +135,8 @@ class Coalescer:
     instead of a queue of bodies, and one pool item instead of many. Runs on kopf's event loop
     only (no locking)."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
         self._waiting: dict[Hashable, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
         self._drains: dict[Hashable, asyncio.Task[None]] = {}
 
@@ -146,6 +154,8 @@ class Coalescer:
 
     async def _drain(self, memo: Any, key: Hashable) -> None:
         try:
+            if self.delay:
+                await asyncio.sleep(self.delay)
             while key in self._waiting:
                 function, args = self._waiting.pop(key)
                 try:
@@ -219,7 +229,7 @@ def reconcile_llmdeployment(body: kopf.Body, retry: int, memo: Any, **kwargs: An
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id=COUNT_HANDLER_ID)
 async def count_llmdeployment(
-    type: str, namespace: str | None, name: str, memo: Any, **kwargs: Any
+    type: str, namespace: str | None, name: str, uid: str | None, memo: Any, **kwargs: Any
 ) -> None:
     """Keep the managed-objects gauge current, and forget deleted parents (cheap; stores
     nothing on the object)."""
@@ -227,6 +237,9 @@ async def count_llmdeployment(
     ctx.metrics.observe_object("LLMDeployment", f"{namespace}/{name}", present=type != "DELETED")
     if type == "DELETED":
         ctx.forget(namespace or "", name)
+        diffbase: ProcessDiffBase | None = getattr(memo, "diffbase", None)
+        if diffbase is not None and uid:
+            diffbase.forget(uid)
 
 
 async def child_event(

@@ -1,8 +1,8 @@
 """`llmop run`: configure and start the kopf operator.
 
-Reads the config once, builds kopf's settings (our own annotation/finalizer prefixes,
-server-side label filtering of child watches, quiet Event posting, worker count), starts the
-metrics server, and runs kopf with the handlers from `llmop.handlers`.
+Reads the config once, builds kopf's settings (our own annotation/finalizer prefixes, the last
+handled spec kept in memory, server-side label filtering of child watches, quiet Event posting,
+worker count), starts the metrics server, and runs kopf with the handlers from `llmop.handlers`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -22,6 +23,7 @@ from llmop import handlers, kinds, names
 from llmop.config import ConfigError, OperatorConfig, load
 from llmop.kube import Kube, KubeError
 from llmop.metrics import Metrics
+from llmop.persistence import ProcessDiffBase, QuietProgressStorage
 from llmop.reconcile import Context, poll_downloads
 
 DOWNLOAD_POLL_SECONDS = 5.0
@@ -29,22 +31,22 @@ DOWNLOAD_POLL_SECONDS = 5.0
 
 log = logging.getLogger("llmop.main")
 
-DIFFBASE_KEY = "last-handled-configuration"
 FINALIZER = f"{names.KOPF_PREFIX}/finalizer"
 """Never added (no delete handlers, timers or daemons), but named ours in case kopf needs one."""
 WATCH_CHUNK_SIZE = 500
+COALESCE_SECONDS = 1.0
+"""How long a child or pod event waits for later ones of the same object before its refresh
+runs (`handlers.Coalescer`): a new Deployment's status is written three times within about a
+second, and one status write of the parent then says it all."""
 
 
 def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     """kopf's settings for `config`."""
     settings = kopf.OperatorSettings()
     settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=names.KOPF_PREFIX
-    )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=names.KOPF_PREFIX, key=DIFFBASE_KEY
-    )
+    # Nothing on the user's object unless a handler retries (`llmop.persistence`).
+    settings.persistence.progress_storage = QuietProgressStorage(prefix=names.KOPF_PREFIX)
+    settings.persistence.diffbase_storage = ProcessDiffBase(prefix=names.KOPF_PREFIX)
     # kopf posts an Event for every handler log line at INFO; only warnings are worth one.
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = config.max_workers
@@ -87,8 +89,18 @@ def _configure_logging(config: OperatorConfig) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
+def refresh_workers(config: OperatorConfig) -> int:
+    """Threads for the event handlers' status writes and repairs (`handlers._in_worker`)."""
+    return max(1, config.max_workers // 8)
+
+
 def _memo(config: OperatorConfig, metrics: Metrics) -> kopf.Memo:
-    kube = Kube.connect(pool_size=config.max_workers + 4, timeout=config.request_timeout_seconds)
+    # A connection for every thread that calls the API: kopf's pool, the refresh pool, and the
+    # download poller and the odd startup call.
+    kube = Kube.connect(
+        pool_size=config.max_workers + refresh_workers(config) + 4,
+        timeout=config.request_timeout_seconds,
+    )
     context = Context(
         kube=kube,
         config=config,
@@ -96,7 +108,7 @@ def _memo(config: OperatorConfig, metrics: Metrics) -> kopf.Memo:
         instance=os.environ.get("POD_NAME") or socket.gethostname(),
     )
     # Shared by every object's copy of the memo: one pending worker run per key, operator-wide.
-    return kopf.Memo(context=context, coalescer=handlers.Coalescer())
+    return kopf.Memo(context=context, coalescer=handlers.Coalescer(delay=COALESCE_SECONDS))
 
 
 def _poll_downloads_until(stop: threading.Event, context: Context) -> None:
@@ -142,6 +154,11 @@ def run(argv: Sequence[str]) -> int:
     settings = build_settings(config)
     # The async event handlers send their writes to the same pool kopf runs sync handlers in.
     memo.executor = settings.execution.executor
+    memo.refresh_executor = ThreadPoolExecutor(
+        refresh_workers(config), thread_name_prefix="llmop-refresh"
+    )
+    # The count handler forgets a deleted object's diff base (kopf never does).
+    memo.diffbase = settings.persistence.diffbase_storage
     try:
         asyncio.run(
             kopf.operator(
@@ -158,6 +175,7 @@ def run(argv: Sequence[str]) -> int:
     finally:
         stop.set()
         poller.join(timeout=DOWNLOAD_POLL_SECONDS + 1)
+        memo.refresh_executor.shutdown(wait=False, cancel_futures=True)
         memo.context.kube.close()
         if server is not None:
             server.shutdown()
