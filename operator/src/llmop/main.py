@@ -152,7 +152,8 @@ def run(argv: Sequence[str]) -> int:
     )
     poller.start()
     settings = build_settings(config)
-    # The async event handlers send their writes to the same pool kopf runs sync handlers in.
+    # kopf's pool runs the reconciles; the event handlers' writes take a pool of their own
+    # (`handlers._in_worker`), kopf's only as a fallback.
     memo.executor = settings.execution.executor
     memo.refresh_executor = ThreadPoolExecutor(
         refresh_workers(config), thread_name_prefix="llmop-refresh"
