@@ -11,8 +11,8 @@ for them and removes at the end) and also reports when all CRs were Ready and ho
 Ready condition went True → False → True at one generation (watched, not polled, so short dips
 count), and per CR the seconds from its pod's Ready to its own (`lag`, median and max) and from
 its Deployment's Available to its Ready (`op lag`: the operator's share), from the conditions'
-lastTransitionTime. The operator's CPU time is read from /proc
-before it stops; `--profile DIR` samples it with py-spy (a dev dependency) into DIR.
+lastTransitionTime. The operator's CPU time is read from /proc before it stops; `--profile DIR`
+samples it with py-spy (a dev dependency) into DIR.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def _bench_node(name: str) -> dict[str, Any]:
     }
 
 
-def add_pod_room(kube: Kube, pods: int, timeout: float = 120) -> list[str]:
+def add_pod_room(kube: Kube, pods: int, timeout: float = 120) -> None:
     """Fake nodes with room for `pods` more pods, Ready before the clock starts: the cluster's
     four GPU nodes hold 440 pods, short of one pod for each of 1,000 CRs."""
     names = [f"{BENCH_NODE_PREFIX}{index}" for index in range(math.ceil(pods / BENCH_NODE_PODS))]
@@ -182,7 +182,6 @@ def add_pod_room(kube: Kube, pods: int, timeout: float = 120) -> list[str]:
         if time.monotonic() > deadline:
             raise RuntimeError(f"bench nodes {names} not Ready after {timeout:.0f}s: is kwok up?")
         time.sleep(1)
-    return names
 
 
 def _node_ready(kube: Kube, name: str) -> bool:
