@@ -26,6 +26,11 @@
 #                            once the real node has joined (the kwok nodes' pods export nothing).
 #                            auto starts it when the real node joined and says why not otherwise;
 #                            on fails instead; off never starts it.
+#
+# Every address range the cluster hands out (ranges.sh: Service CIDRs, kwok's pod CIDR, the real
+# node's pods) is kept on this machine while the cluster is up: `up` registers the cluster with
+# egress-guard.sh (local routes + a counting drop rule) before anything gets an address, and
+# `down` unregisters it last.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -40,8 +45,11 @@ REAL_NODE="${LLMOP_REAL_NODE:-auto}"
 NODE_SH="$HERE/node.sh"
 METRICS="${LLMOP_METRICS:-auto}"
 PIPELINE_SH="$HERE/../metrics/pipeline.sh"
+GUARD_SH="$HERE/egress-guard.sh"
+# shellcheck source=ranges.sh
+source "$HERE/ranges.sh"
 # The real node's address (node.sh): a host address the API server can dial for the adapter.
-NODE_IP=10.255.7.1
+NODE_IP="$REAL_NODE_IP"
 # kwokctl keeps its pki, pid files, logs and etcd data under $KWOK_WORKDIR/clusters/<name>.
 export KWOK_WORKDIR="$WORK/kwok"
 
@@ -95,6 +103,8 @@ teardown() {
     fi
   fi
   rm -rf "$WORK"
+  # Last: until now a process of this cluster could still dial one of its ranges.
+  "$GUARD_SH" down "$NAME" || log "egress guard: unregistering failed"
 }
 
 # Delete test clusters whose owning pytest process is gone (killed with -9, or
@@ -159,6 +169,8 @@ componentsPatches:
   - {key: unsafe-no-fsync, value: "true"}
 - name: kube-apiserver
   extraArgs:
+  # Pinned (the API server's default), so ranges.sh names it; kept local by egress-guard.sh.
+  - {key: service-cluster-ip-range, value: "$SERVICE_CIDR"}
   # The real node (node.sh) registers with an IP only, and verifies the API server's client cert.
   - {key: kubelet-preferred-address-types, value: InternalIP}
   - {key: kubelet-client-certificate, value: "$pki/admin.crt"}
@@ -187,6 +199,9 @@ componentsPatches:
   # kwok plays the kubelet only for the fake nodes, never for the real one.
   - {key: manage-all-nodes, value: "false"}
   - {key: manage-nodes-with-annotation-selector, value: kwok.x-k8s.io/node=fake}
+  # The fake pods' addresses: a range of their own (kwok's default is the Service CIDR), routed
+  # unreachable by egress-guard.sh, so a read of a fake pod fails at once, on this machine.
+  - {key: cidr, value: "$KWOK_POD_CIDR"}
 EOF
 }
 
@@ -258,6 +273,7 @@ cmd_up() {
   if [[ -d "$WORK" ]]; then
     if [[ "$(cat "$WORK/bin-dir" 2>/dev/null)" == "$bin" ]] && healthy; then
       log "already running"
+      "$GUARD_SH" up "$NAME" "$WORK"
       apply_nodes
       wait_ready
       join_real_node
@@ -270,6 +286,8 @@ cmd_up() {
   fi
   mkdir -p "$WORK"
   echo "$bin" >"$WORK/bin-dir"
+  # Before any component starts: from the first pod on, its address must stay local.
+  "$GUARD_SH" up "$NAME" "$WORK"
   if [[ -n "${LLMOP_CLUSTER_OWNER_PID:-}" ]]; then
     start_watchdog "$LLMOP_CLUSTER_OWNER_PID"
   fi

@@ -29,10 +29,12 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 
 NODE_NAME=llmop-real-node
+# shellcheck source=ranges.sh
+source "$HERE/ranges.sh"
 # A /32 on lo: the kubelet serves there. The kubelet refuses loopback node IPs, and an address on
 # lo never leaves this machine.
-NODE_IP=10.255.7.1
-POD_CIDR=10.244.7.0/24
+NODE_IP="$REAL_NODE_IP"
+POD_CIDR="$REAL_NODE_POD_CIDR"
 BRIDGE=llmopbr0
 GPUS="${LLMOP_NODE_GPUS:-4}"
 GPU_PRODUCT="${LLMOP_NODE_GPU_PRODUCT:-NVIDIA-L4}"
@@ -133,6 +135,21 @@ sysctl_dump() { # sorted "key = value" lines of the stable sysctls (multi-line v
   awk -v re="$VOLATILE_SYSCTLS" 'index($0, " = ") && $1 !~ re' <<<"$all" | LC_ALL=C sort
 }
 
+# iptables-save's output less the tables that hold nothing: only built-in chains, every policy
+# ACCEPT, no rule. Such a table passes every packet exactly as an absent one does, and the kernel
+# (or iptables-nft) creates it on the first command that names it (a fresh machine has none until
+# kube-proxy's first run), so "empty" and "absent" are the same host state.
+without_empty_tables() { # without_empty_tables <iptables-save output>
+  awk '
+    /^\*/ { table = $0; body = ""; empty = 1; next }
+    /^COMMIT/ { if (!empty) printf "%s\n%s%s\n", table, body, $0; table = ""; next }
+    table == "" { print; next }
+    /^:/ { if ($2 != "ACCEPT") empty = 0 }
+    /^-/ { empty = 0 }
+    { body = body $0 "\n" }
+  ' <<<"$1"
+}
+
 # Everything `down` promises to restore, in a comparable text form. Each command's output is
 # captured before it is filtered, so a missing tool (nft) cannot fail the pipeline.
 snapshot() {
@@ -153,7 +170,7 @@ snapshot() {
   echo "## iptables"
   for t in iptables ip6tables; do
     out="$("$t-save" 2>/dev/null || true)"
-    sed -E '/^#/d; s/\[[0-9]+:[0-9]+\]//' <<<"$out" | LC_ALL=C sort
+    sed -E '/^#/d; /^$/d; s/\[[0-9]+:[0-9]+\]//' <<<"$(without_empty_tables "$out")" | LC_ALL=C sort
   done
   echo "## nftables"
   if command -v nft >/dev/null; then
@@ -415,6 +432,7 @@ cmd_up() {
   write_pki "$work/kwok/clusters/$cluster/pki"
   write_configs "$server"
   ip addr add "$NODE_IP/32" dev lo 2>/dev/null || true
+  route_services_to_bridge
 
   start_bg containerd containerd --config "$VAR_DIR/containerd.toml"
   wait_for 30 containerd ctr --address "$SOCK" version || die "containerd did not start (log: $LOG_DIR/containerd.log)"
@@ -436,6 +454,19 @@ cmd_up() {
   # ones (ip_forward, set by the CNI bridge) stay until `down`: pods need them.
   restore_sysctls vm.overcommit_memory kernel.panic kernel.panic_on_oops
   log "Ready in $((SECONDS - start))s (pods $POD_CIDR on $BRIDGE, logs $LOG_DIR)"
+}
+
+# The Service CIDRs go to the pods' bridge (created here; the CNI bridge plugin takes it over at
+# the first pod), ahead of egress-guard.sh's `unreachable` routes: a connection from the host to
+# a ClusterIP needs a route before kube-proxy's OUTPUT DNAT can send it to a pod, and this one
+# keeps a ClusterIP nothing serves on this machine. Deleting the bridge (`down`) removes them.
+route_services_to_bridge() {
+  ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+  ip link set "$BRIDGE" up
+  local cidr
+  for cidr in "$SERVICE_CIDR" "${EXTRA_SERVICE_CIDRS[@]}"; do
+    ip route replace "$cidr" dev "$BRIDGE" metric 100
+  done
 }
 
 # GPU capacity through the status subresource (the documented way to advertise an extended

@@ -4,7 +4,11 @@ advertises GPUs so an unchanged LLMDeployment lands on it, and `down` restores t
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -84,3 +88,52 @@ def test_down_restores_the_host_exactly(real_cluster: RealCluster) -> None:
 def _diff(before: str, after: str) -> list[str]:
     b, a = set(before.splitlines()), set(after.splitlines())
     return [f"- {line}" for line in sorted(b - a)] + [f"+ {line}" for line in sorted(a - b)]
+
+
+def _iptables_section(snapshot: str) -> str:
+    lines = snapshot.splitlines()
+    start, end = lines.index("## iptables"), lines.index("## nftables")
+    return "\n".join(lines[start + 1 : end])
+
+
+@pytest.fixture
+def fresh_netns() -> Iterator[str]:
+    """A new network namespace: no iptables table loaded yet, as on a fresh machine."""
+    if os.geteuid() != 0 or shutil.which("iptables") is None:
+        pytest.skip("needs root and iptables")
+    name = f"llmop-fresh-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def test_snapshot_equates_empty_tables_with_absent_ones(fresh_netns: str) -> None:
+    """On a fresh machine `up` (kube-proxy) creates the first filter/nat/mangle tables and `down`
+    leaves them empty with ACCEPT policies: the same host as before, so the same snapshot. A rule
+    or a chain left behind still shows."""
+
+    def in_ns(*args: str) -> str:
+        return subprocess.run(
+            ["ip", "netns", "exec", fresh_netns, *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+
+    fresh = _iptables_section(in_ns(str(NODE_SH), "snapshot"))
+    for family in ("iptables", "ip6tables"):
+        for table, chain in (("filter", "FORWARD"), ("nat", "POSTROUTING"), ("mangle", "OUTPUT")):
+            in_ns(family, "-w", "-t", table, "-A", chain, "-j", "ACCEPT")
+            in_ns(family, "-w", "-t", table, "-D", chain, "-j", "ACCEPT")
+    saved = in_ns("iptables-save")
+    assert "*nat" in saved, "premise: the tables exist now, empty"
+    assert _iptables_section(in_ns(str(NODE_SH), "snapshot")) == fresh
+
+    in_ns("iptables", "-w", "-t", "nat", "-N", "LEFT-BEHIND")
+    assert _iptables_section(in_ns(str(NODE_SH), "snapshot")) != fresh
+    in_ns("iptables", "-w", "-t", "nat", "-X", "LEFT-BEHIND")
+    in_ns("iptables", "-w", "-t", "mangle", "-P", "FORWARD", "DROP")
+    assert _iptables_section(in_ns(str(NODE_SH), "snapshot")) != fresh
