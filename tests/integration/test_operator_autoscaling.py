@@ -3,6 +3,7 @@ keeps the running count; turning it off applies the CR's replicas and removes th
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ import pytest
 
 from support.cluster import wait_until
 from support.manifests import simulator_spec as spec
+from support.operator import conditions
 
 if TYPE_CHECKING:
     from support.operator import Kit, OperatorProcess
@@ -127,3 +129,118 @@ def test_hpa_without_a_metrics_api_is_named_in_the_status(
     cleared = kit.wait_condition(namespace, "blind", "Degraded", "False", timeout=60)
     assert kit.get(*HPA, namespace, "blind") is None
     assert {c["type"]: c for c in cleared["status"]["conditions"]}["Ready"]["status"] == "True"
+
+
+def _hpas_denied(kit: Kit, namespace: str) -> bool:
+    """Whether the API server denies an HPA in `namespace` now (a server-side dry run)."""
+    probe = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "probe", "namespace": namespace},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "probe"},
+            "maxReplicas": 2,
+        },
+    }
+    out = kit.cluster.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(probe), check=False
+    )
+    return out.returncode != 0 and "not allowed here" in out.stderr
+
+
+def _deny_hpas(kit: Kit, namespace: str) -> str:
+    """A ValidatingAdmissionPolicy (and binding) that denies every HPA in `namespace`; returns
+    its name, once the API server enforces it."""
+    name = f"deny-hpa-{namespace}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["autoscaling"],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["horizontalpodautoscalers"],
+                    }
+                ]
+            },
+            "validations": [{"expression": "false", "message": "HPAs are not allowed here"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+    kit.cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"kind": "List", "apiVersion": "v1", "items": [policy, binding]}),
+    )
+    wait_until(
+        lambda: _hpas_denied(kit, namespace), timeout=30, interval=0.5, what="the policy enforced"
+    )
+    return name
+
+
+def test_a_denied_hpa_stays_stalled(operator: OperatorProcess, kit: Kit, namespace: str) -> None:
+    """The Stalled an admission policy causes is not erased by the Deployment and pod events
+    that follow (they used to write "Recovered" within a second, leaving Ready with no HPA)."""
+    policy = _deny_hpas(kit, namespace)
+    try:
+        auto = {"minReplicas": 1, "maxReplicas": 3}
+        kit.apply_llmd(namespace, "denied", spec(autoscaling=auto))
+        kit.wait_condition(namespace, "denied", "Stalled", "True", timeout=60)
+        # The engine pod comes up on kwok meanwhile: Deployment and pod events keep coming.
+        wait_until(
+            lambda: (
+                (kit.deployment(namespace, "denied") or {}).get("status", {}).get("readyReplicas")
+            ),
+            timeout=60,
+            what="the engine pod ready",
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            obj = kit.get_llmd(namespace, "denied")
+            found = conditions(obj)
+            assert found["Stalled"]["status"] == "True", found["Stalled"]
+            assert found["Stalled"]["reason"] == "ChildRejected"
+            assert "not allowed here" in found["Stalled"]["message"]
+            time.sleep(0.5)
+        assert kit.get(*HPA, namespace, "denied") is None
+        reasons = {
+            e["reason"]
+            for e in kit.kube.list("v1", "Event", namespace)
+            if e["involvedObject"].get("name") == "denied"
+        }
+        assert "ChildRejected" in reasons
+        assert "Recovered" not in reasons
+    finally:
+        kit.cluster.kubectl(
+            "delete",
+            "validatingadmissionpolicybinding,validatingadmissionpolicy",
+            policy,
+            "--ignore-not-found",
+            check=False,
+        )
+    wait_until(
+        lambda: not _hpas_denied(kit, namespace), timeout=30, interval=0.5, what="the policy gone"
+    )
+    # The policy is gone; the next generation's parent pass creates the HPA and clears it.
+    kit.apply_llmd(
+        namespace, "denied", spec(autoscaling=auto, service={"annotations": {"touch": "1"}})
+    )
+    kit.wait_condition(namespace, "denied", "Stalled", "False", timeout=60)
+    assert kit.get(*HPA, namespace, "denied") is not None

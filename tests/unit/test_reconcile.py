@@ -563,3 +563,132 @@ def test_pod_events_are_quiet_unless_the_status_changes(
     kube.calls.clear()
     assert reconcile.quiet_pod_event(ctx, "MODIFIED", pod)
     assert kube.calls == []
+
+
+# ----------------------------------------------------------------------------------------------
+# A found problem stays reported: every status path carries what the parent path found.
+# (The Job and download paths run the parent path itself: `refresh_from_job` and
+# `poll_downloads` call `reconcile_parent`, which meets the rejection again.)
+
+
+def stalled(kube: FakeKube) -> tuple[str, str]:
+    found = conds(kube)["Stalled"]
+    return found["status"], found["reason"]
+
+
+def _pending_pod_event(ctx: reconcile.Context) -> dict[str, Any]:
+    pod = _unschedulable_pod()
+    ctx.pods = {("ns", "x"): [pod]}
+    return pod
+
+
+def test_a_rejected_hpa_stays_stalled_on_every_path(ctx: reconcile.Context, kube: FakeKube) -> None:
+    """The live repro: an admission policy denies the HPA; Deployment, pod and fleet events
+    used to write "no longer stalled" within a second, leaving Ready=True with no HPA."""
+    kube.put(parent(autoscaling={"minReplicas": 1, "maxReplicas": 3}))
+    kube.reject.add("HorizontalPodAutoscaler")
+    assert run_parent(ctx, kube) == "stalled"
+    assert stalled(kube) == ("True", "ChildRejected")
+    rolled_out(kube, ready=1)
+    deliver(ctx, kube)
+    deployment = kube.objects["Deployment", "ns", "x"]
+
+    assert not reconcile.quiet_child_event(ctx, "MODIFIED", deployment)  # Ready moves: writes
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "stalled"
+    assert stalled(kube) == ("True", "ChildRejected")
+    assert reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
+    assert _reconciles(ctx, "child", "stalled") == 2  # the worker's and the quiet one
+    assert reconcile.refresh_from_pod(ctx, "MODIFIED", _pending_pod_event(ctx)) == "stalled"
+    assert stalled(kube) == ("True", "ChildRejected")
+    assert "cannot be scheduled" in str(kube.objects["LLMDeployment", "ns", "x"]["status"])
+    assert reconcile.refresh_status(ctx, "ns", "x") == "stalled"
+    assert stalled(kube) == ("True", "ChildRejected")
+    assert "Recovered" not in {c[1] for c in kube.calls if c[0] == "event"}
+
+    # A child event that repairs another child does not clear it.
+    kube.objects["Service", "ns", "x"]["spec"]["ports"][0]["port"] = 9999
+    deliver(ctx, kube)
+    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Service", "ns", "x"])
+    assert kube.objects["Service", "ns", "x"]["spec"]["ports"][0]["port"] != 9999
+    assert stalled(kube) == ("True", "ChildRejected")
+
+    # The policy is lifted: the next parent pass applies every child and clears it.
+    kube.reject.clear()
+    assert run_parent(ctx, kube) == "ok"
+    assert ("HorizontalPodAutoscaler", "ns", "x") in kube.objects
+    assert stalled(kube)[0] == "False"
+
+
+def test_a_rejection_on_the_child_path_is_remembered_too(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    deployment = _ready_deployment(ctx, kube)
+    reconcile.refresh_from_child(ctx, "MODIFIED", deployment)
+    assert conds(kube)["Ready"]["status"] == "True"
+    kube.objects["Service", "ns", "x"]["spec"]["ports"][0]["port"] = 9999
+    kube.reject.add("Service")
+    deliver(ctx, kube)
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Service", "ns", "x"]) == (
+        "stalled"
+    )
+    assert stalled(kube) == ("True", "ChildRejected")
+    assert reconcile.refresh_from_pod(ctx, "MODIFIED", _pending_pod_event(ctx)) == "stalled"
+    assert stalled(kube) == ("True", "ChildRejected")
+
+
+def test_an_internal_error_stays_reported_until_a_parent_pass(
+    ctx: reconcile.Context, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deployment = _ready_deployment(ctx, kube)
+    real_plan = reconcile.plan_children
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(reconcile, "plan_children", broken)
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "error"
+    assert stalled(kube) == ("True", "InternalError")
+    monkeypatch.setattr(reconcile, "plan_children", real_plan)
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "stalled"
+    assert reconcile.refresh_from_pod(ctx, "MODIFIED", _pending_pod_event(ctx)) == "stalled"
+    assert reconcile.refresh_status(ctx, "ns", "x") == "stalled"
+    assert stalled(kube) == ("True", "InternalError")
+    assert run_parent(ctx, kube) == "ok"
+    assert stalled(kube)[0] == "False"
+
+
+def test_a_new_generation_forgets_the_old_problem(ctx: reconcile.Context, kube: FakeKube) -> None:
+    kube.put(parent(autoscaling={"minReplicas": 1, "maxReplicas": 3}))
+    kube.reject.add("HorizontalPodAutoscaler")
+    run_parent(ctx, kube)
+    kube.reject.clear()
+    body = parent(autoscaling={"minReplicas": 1, "maxReplicas": 4})
+    body["metadata"]["generation"] = 2
+    body["status"] = kube.objects["LLMDeployment", "ns", "x"]["status"]
+    kube.put(body)
+    assert run_parent(ctx, kube) == "ok"
+    assert stalled(kube)[0] == "False"
+
+
+def test_a_new_process_refinds_the_problem_on_its_first_parent_pass(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    """The memory is per process: a new leader leaves a Stalled it did not find to the parent
+    path (its status paths do not erase it), which finds the problem again."""
+    kube.put(parent(autoscaling={"minReplicas": 1, "maxReplicas": 3}))
+    kube.reject.add("HorizontalPodAutoscaler")
+    run_parent(ctx, kube)
+    rolled_out(kube, ready=1)
+    successor = reconcile.Context(
+        kube=ctx.kube, config=ctx.config, metrics=Metrics(), instance="test", clock=lambda: NOW
+    )
+    deliver(successor, kube)
+    kube.calls.clear()
+    assert reconcile.refresh_status(successor, "ns", "x") == "skipped"
+    assert reconcile.refresh_from_pod(successor, "MODIFIED", _pending_pod_event(successor)) == (
+        "skipped"
+    )
+    assert not [c for c in kube.calls if c[0] == "status"]
+    assert run_parent(successor, kube) == "stalled"
+    assert stalled(kube) == ("True", "ChildRejected")
+    assert reconcile.refresh_status(successor, "ns", "x") == "stalled"

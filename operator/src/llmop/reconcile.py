@@ -140,6 +140,17 @@ class _ModelGate:
     """Set once the cache holds the commit: what the engine children are planned from."""
 
 
+@dataclass(frozen=True)
+class _Found:
+    """A problem this process found for one generation of a parent, and the kind of the child
+    the API server rejected (None for problems of the parent itself)."""
+
+    uid: str
+    generation: int | None
+    problem: Problem
+    child: str | None = None
+
+
 @dataclass
 class Context:
     """Everything a reconcile needs, built once at startup (kopf's memo carries it)."""
@@ -168,6 +179,9 @@ class Context:
     """The model pre-flight of each parent with spec.model.cache, once per generation."""
     downloading: set[tuple[str, str]] = field(default_factory=set)
     """Parents whose download Job runs: `poll_downloads` refreshes their progress."""
+    _problems: dict[tuple[str, str], _Found] = field(default_factory=dict)
+    """The last problem found per parent: every status path carries it until a new generation
+    or a parent pass that applied every child (`_remember`, `_problem_of`, `_clear_problem`)."""
 
     def __post_init__(self) -> None:
         self.render_settings = self.config.render_settings()
@@ -180,6 +194,7 @@ class Context:
         self._gates.pop((namespace, name), None)
         self.downloading.discard((namespace, name))
         self.fleet.pop((namespace, name), None)
+        self._problems.pop((namespace, name), None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,15 +287,27 @@ def _previous_status(ctx: Context, body: Mapping[str, Any]) -> Any:
 # Doing
 
 
+class StepRejectedError(RejectedError):
+    """The API server refused one step of a plan; `kind` names the child it was for."""
+
+    def __init__(self, kind: str, error: RejectedError) -> None:
+        super().__init__(str(error), error.status)
+        self.kind = kind
+
+
 def execute(ctx: Context, plan: ChildPlan) -> None:
-    """Carry out a child plan, step by step, deciding nothing. Raises `RejectedError` when the
-    API server refuses an object, `KubeError` for transient failures."""
+    """Carry out a child plan, step by step, deciding nothing. Raises `StepRejectedError` when
+    the API server refuses an object, `KubeError` for transient failures."""
     for step in plan.steps():
-        if isinstance(step, Delete):
-            if ctx.kube.delete(step.kind.api_version, step.kind.kind, step.namespace, step.name):
-                ctx.metrics.child_writes.labels(step.kind.kind, "delete").inc()
-        else:
-            _apply(ctx, step)
+        kind = step.kind.kind if isinstance(step, Delete) else step.kind
+        try:
+            if isinstance(step, Delete):
+                if ctx.kube.delete(step.kind.api_version, kind, step.namespace, step.name):
+                    ctx.metrics.child_writes.labels(kind, "delete").inc()
+            else:
+                _apply(ctx, step)
+        except RejectedError as error:
+            raise StepRejectedError(kind, error) from error
 
 
 def _apply(ctx: Context, step: Apply) -> None:
@@ -328,6 +355,7 @@ def _with_model_status(
 
 def _stalled(ctx: Context, body: Mapping[str, Any], problem: Problem) -> str:
     namespace, name = _key(body)
+    _remember(ctx, body, problem)
     status = derive_invalid_status(
         name=name,
         generation=body["metadata"].get("generation"),
@@ -359,6 +387,8 @@ def _derived_status(
     event will say a moment later, so that event needs no second status write. It can never
     read as Ready."""
     namespace, name = _key(body)
+    if problem is None:
+        problem = _problem_of(ctx, body)
     live = live_children(ctx, namespace, name, body["metadata"]["uid"])
     deployment = live.get(kinds.DEPLOYMENT)
     if deployment is None and applied:
@@ -401,18 +431,72 @@ def _write_derived_status(
     """Derive the status from the watch cache of the Deployment (`_derived_status`) and write
     it if it changed."""
     _write_status(ctx, body, _derived_status(ctx, body, desired, problem, applied=applied))
-    stalled = problem is not None or desired.sizing.fits is False
+    return _result(ctx, body, desired, problem)
+
+
+def _result(
+    ctx: Context, body: Mapping[str, Any], desired: DesiredState, problem: Problem | None
+) -> str:
+    """The reconcile's result for a derived status: stalled while a problem is found or
+    remembered, or the model does not fit."""
+    stalled = (
+        problem is not None or _problem_of(ctx, body) is not None or desired.sizing.fits is False
+    )
     return RESULT_STALLED if stalled else RESULT_OK
 
 
 def _run_plan(ctx: Context, body: Mapping[str, Any], plan: ChildPlan) -> Problem | None:
+    """Execute `plan`; a rejected child is a problem, remembered for every status path."""
     if plan:
         log.debug("%s/%s: %s", *_key(body), "; ".join(plan.reasons))
     try:
         execute(ctx, plan)
-    except RejectedError as error:
-        return Problem(conditions.REASON_CHILD_REJECTED, str(error))
+    except StepRejectedError as error:
+        problem = Problem(conditions.REASON_CHILD_REJECTED, str(error))
+        _remember(ctx, body, problem, child=error.kind)
+        return problem
     return None
+
+
+# ----------------------------------------------------------------------------------------------
+# The problem memory: a found problem is never erased by a path that cannot see it
+#
+# Only the parent path applies every child and checks the spec and the model; the child, pod,
+# fleet and download paths derive the status from caches. Without this memory they derived it
+# with no problem and wrote "no longer stalled" a moment after the parent path found one.
+
+
+def _remember(
+    ctx: Context, body: Mapping[str, Any], problem: Problem, *, child: str | None = None
+) -> None:
+    metadata = body["metadata"]
+    ctx._problems[_key(body)] = _Found(
+        str(metadata.get("uid") or ""), metadata.get("generation"), problem, child
+    )
+
+
+def _problem_of(ctx: Context, body: Mapping[str, Any]) -> Problem | None:
+    """The problem this process found for the parent's current generation, if any."""
+    found = ctx._problems.get(_key(body))
+    metadata = body["metadata"]
+    if found is None or (found.uid, found.generation) != (
+        metadata.get("uid"),
+        metadata.get("generation"),
+    ):
+        return None
+    return found.problem
+
+
+def _clear_problem(ctx: Context, body: Mapping[str, Any], plan: ChildPlan, *, repair: bool) -> None:
+    """A parent pass applied its plan: clear the problem when that pass covered it (a full
+    apply, or a repair that applied the rejected child; a problem of the parent itself, such
+    as an internal error, is cleared by any parent pass that got this far)."""
+    found = ctx._problems.get(_key(body))
+    if found is None:
+        return
+    kinds_done = {s.kind.kind if isinstance(s, Delete) else s.kind for s in plan.steps()}
+    if not repair or found.child is None or found.child in kinds_done:
+        del ctx._problems[_key(body)]
 
 
 def _guarded(ctx: Context, body: Mapping[str, Any], run: Callable[[], str]) -> str:
@@ -650,6 +734,7 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
     problem = _run_plan(ctx, body, plan)
     if problem is None:
         ctx._applied[namespace, name] = (uid, parsed.generation)
+        _clear_problem(ctx, body, plan, repair=done)
     applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
     return _write_derived_status(ctx, body, desired, problem, applied=applied)
 
@@ -818,15 +903,17 @@ def _status_target(
     ctx: Context, namespace: str, name: str
 ) -> tuple[Mapping[str, Any], DesiredState] | None:
     """The cached parent and its desired state, when the status paths own its status: not for
-    a missing or dying parent, nor an unreadable or stalled spec (the parent path owns those;
-    a rejected child is not visible from here)."""
+    a missing or dying parent, nor an unreadable spec (the parent path owns those). A problem
+    this process found is carried by the derivation (`_problem_of`); a Stalled status it has
+    no memory of (written before a restart or by another leader, or a model that does not fit)
+    is left to the parent path, which finds the problem again on its first pass."""
     body = _cached_parent(ctx, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
     desired = _desired(ctx, body, _parse(ctx, body))
-    stalled = any(
+    stalled = _problem_of(ctx, body) is None and any(
         c.get("type") == conditions.STALLED and c.get("status") == "True"
-        for c in (body.get("status") or {}).get("conditions") or []
+        for c in (_previous_status(ctx, body) or {}).get("conditions") or []
     )
     return None if desired is None or stalled else (body, desired)
 
@@ -910,7 +997,7 @@ def _quiet_result(ctx: Context, body: Mapping[str, Any], desired: DesiredState) 
     """What `_write_derived_status(ctx, body, desired, None)` returns, if it would not write."""
     if _status_changed(ctx, body, desired):
         return None
-    return RESULT_STALLED if desired.sizing.fits is False else RESULT_OK
+    return _result(ctx, body, desired, None)
 
 
 def quiet_child_event(ctx: Context, event_type: str | None, child: Mapping[str, Any]) -> bool:
