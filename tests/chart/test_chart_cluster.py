@@ -201,10 +201,10 @@ def test_install_yields_the_operator_deployment_rbac_and_crd(release: Release) -
             "get", "deployment", release.name, "-n", release.namespace, "-o", "json"
         ).stdout
     )
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
-    # kwok plays the kubelet: the pod is scheduled and reported running, no container runs.
-    assert deployment["status"].get("availableReplicas") == 1
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    # kwok plays the kubelet: the pods are scheduled and reported running, no container runs.
+    assert deployment["status"].get("availableReplicas") == 2
     crd = json.loads(cluster.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
     annotations = crd["metadata"]["annotations"]
     assert annotations["meta.helm.sh/release-name"] == release.name
@@ -217,8 +217,12 @@ def test_install_yields_the_operator_deployment_rbac_and_crd(release: Release) -
         ("clusterrolebinding", release.name),
         ("serviceaccount", release.name),
         ("service", f"{release.name}-metrics"),
+        ("role", f"{release.name}-leader-election"),
+        ("rolebinding", f"{release.name}-leader-election"),
+        ("poddisruptionbudget", release.name),
     ):
-        args = ["get", kind, name] + (["-n", release.namespace] if kind.startswith("serv") else [])
+        namespaced = kind.startswith(("serv", "role", "pod"))
+        args = ["get", kind, name] + (["-n", release.namespace] if namespaced else [])
         assert cluster.kubectl(*args, check=False).returncode == 0, (kind, name)
 
 
@@ -281,7 +285,9 @@ def test_operator_under_chart_rbac_drives_statuses_argo_cd_classifies(
     cluster.kubectl("create", "namespace", app_namespace)
     kube = Kube(cluster.api_client())
     operator = OperatorProcess(
-        _service_account_kubeconfig(release, tmp_path / "kubeconfig"), tmp_path / "operator.log"
+        _service_account_kubeconfig(release, tmp_path / "kubeconfig"),
+        tmp_path / "operator.log",
+        namespace=release.namespace,
     )
     operator.start()
     try:

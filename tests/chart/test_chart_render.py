@@ -148,23 +148,44 @@ def test_default_objects() -> None:
         ("ClusterRoleBinding", "llmop-framework"),
         ("CustomResourceDefinition", "llmdeployments.serving.llmop.dev"),
         ("Deployment", "llmop"),
+        ("PodDisruptionBudget", "llmop"),
+        ("Role", "llmop-leader-election"),
+        ("RoleBinding", "llmop-leader-election"),
         ("Service", "llmop-metrics"),
         ("ServiceAccount", "llmop"),
     ]
 
 
-def test_operator_deployment_is_single_recreate_standalone_and_restricted() -> None:
+def test_operator_deployment_is_two_elected_replicas_and_restricted() -> None:
     docs = render()
     deployment = find(docs, "Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
     pod = deployment["spec"]["template"]["spec"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    # Preferred anti-affinity: spread over nodes, yet a one-node cluster runs both.
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == selector
+    assert (
+        "requiredDuringSchedulingIgnoredDuringExecution" not in pod["affinity"]["podAntiAffinity"]
+    )
+    pdb = find(docs, "PodDisruptionBudget", "llmop")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
     assert pod["serviceAccountName"] == "llmop"
     assert pod["securityContext"]["runAsNonRoot"] is True
     container = operator_container(docs)
     assert container["image"] == "ghcr.io/llmop/operator:0.1.0"
     assert container["args"] == ["run"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    env = env_of(container)
+    assert env["LLMOP_LEADER_ELECT"] == "true"
+    (pod_namespace,) = [e for e in container["env"] if e["name"] == "POD_NAMESPACE"]
+    assert pod_namespace["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"healthz": 8080, "metrics": 9090}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
@@ -197,6 +218,7 @@ def test_operator_understands_the_chart_env(case: str) -> None:
     assert cfg.agent_read_interval_seconds == operator.get("agentReadIntervalSeconds", 10)
     assert cfg.agent_read_concurrency == operator.get("agentReadConcurrency", 32)
     assert cfg.liveness_port == operator.get("livenessPort", 8080)
+    assert cfg.leader_elect is operator.get("leaderElection", True)
     assert cfg.metrics_port == metrics.get("port", 9090)
     assert cfg.vllm_image == engine.get("vllmImage", "ghcr.io/llmop/engine:0.1.0")
     assert cfg.simulator_image == engine.get("simulatorImage", "ghcr.io/llmop/engine-sim:0.1.0")
@@ -306,6 +328,17 @@ def test_rbac_grants_exactly_what_the_operator_uses() -> None:
     expected_app[(registry.SECRET.group, registry.SECRET.plural)] = {"get"}  # the Hub token
     assert app == expected_app
     assert framework == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+    # Leader election: exactly the Lease verbs, in the release's namespace only.
+    lease = find(docs, "Role", "llmop-leader-election")
+    assert lease["metadata"]["namespace"] == "llmop-system"
+    assert _grants(lease) == {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
+    named = [r for r in lease["rules"] if r.get("resourceNames")]
+    assert [(r["resourceNames"], sorted(r["verbs"])) for r in named] == [
+        (["llmop-operator"], ["get", "update"])
+    ]
+    binding = find(docs, "RoleBinding", "llmop-leader-election")
+    assert binding["roleRef"]["name"] == "llmop-leader-election"
+    assert binding["subjects"][0]["namespace"] == "llmop-system"
     assert ("monitoring.coreos.com", "servicemonitors") not in _grants(
         find(render(), "ClusterRole", "llmop")
     )
@@ -329,7 +362,9 @@ def test_every_rbac_rule_is_commented_at_the_source() -> None:
 
 def test_namespaced_install_binds_the_application_role_per_namespace() -> None:
     docs = render(MATRIX["namespaced"])
-    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    bindings = [
+        d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"
+    ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert all(b["roleRef"]["name"] == "llmop" for b in bindings)
     cluster_bindings = [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"]

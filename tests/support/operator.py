@@ -57,10 +57,17 @@ class OperatorProcess:
     """`llmop run` as a subprocess with its own liveness/metrics ports and a log file."""
 
     def __init__(
-        self, kubeconfig: Path, log_path: Path, extra_env: dict[str, str] | None = None
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        extra_env: dict[str, str] | None = None,
+        *,
+        namespace: str = OPERATOR_NAMESPACE,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
+        self.namespace = namespace
+        """The namespace the process runs "in" (POD_NAMESPACE): where its leader Lease lives."""
         self.extra_env = dict(extra_env or {})
         self.liveness_port = free_port()
         self.metrics_port = free_port()
@@ -76,6 +83,7 @@ class OperatorProcess:
             LLMOP_BIND_ADDRESS="127.0.0.1",
             LLMOP_LOG_FORMAT="text",
             LLMOP_RETRY_DELAY_SECONDS="2",
+            POD_NAMESPACE=self.namespace,
             **self.extra_env,
         )
         command = [*llmop_executable(), "run"]

@@ -7,7 +7,7 @@ independent may not import each other even within a layer. Imports inside functi
 
 Operator: api < planner < foundation < sizing | render < desired < status | plan | events
           | preflight < config | kube | metrics | hub | engine_client | persistence < reconcile
-          < fleet < handlers | main < cli
+          < fleet | leader < handlers | main < cli
 Engine:   contract < vllm_metrics | simulator | harness < health | settings | download_progress
           < supervisor | engine_client | agent_metrics | probe_server | drain | download < agent
           < cli
@@ -51,7 +51,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.persistence",
     ),
     ("llmop.reconcile",),
-    ("llmop.fleet",),
+    ("llmop.fleet", "llmop.leader"),
     ("llmop.handlers", "llmop.main"),
     ("llmop.cli",),
 )

@@ -74,6 +74,9 @@ class OperatorConfig:
     """`json` (one object per line) or `text`."""
     verbose: bool = False
     """Debug logging."""
+    leader_elect: bool = True
+    """Reconcile only while holding the leader Lease (`llmop.leader`): replicas beyond the
+    first wait as standbys. Off: this process reconciles alone, at once."""
 
     @property
     def clusterwide(self) -> bool:
@@ -218,6 +221,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="store_true", default=_bool(default("VERBOSE", "false"))
     )
+    parser.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=_bool(default("LEADER_ELECT", "true")),
+        help="hold the llmop-operator Lease before reconciling (--no-leader-elect: one process)",
+    )
     return parser
 
 
@@ -265,4 +274,5 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
         agent_read_concurrency=args.agent_read_concurrency,
         log_format=args.log_format,
         verbose=args.verbose,
+        leader_elect=args.leader_elect,
     )

@@ -95,13 +95,16 @@ MODEL_CACHE: tuple[ChildKind, ...] = (PVC, JOB)
 part of `CHILDREN`, whose plan only runs once the cache is filled)."""
 SECRET = Kind("v1", "Secret", "secrets")
 """Read only: the token of spec.model.tokenSecretRef, for the pre-flight access check."""
+LEASE = Kind("coordination.k8s.io/v1", "Lease", "leases")
+"""The leader election's Lease (`llmop.leader`), in the operator's own namespace."""
 
 OBSERVED: tuple[ObservedKind, ...] = (POD,)
 """Kinds the operator watches but does not own (label-filtered, list + watch): the engine pods,
 whose problems the status names and whose deletion cost `llmop.fleet` keeps current."""
 
 _BY_KIND = {
-    k.kind: k for k in (*CHILDREN, *MODEL_CACHE, LLMDEPLOYMENT, EVENT, POD, NAMESPACE, SECRET)
+    k.kind: k
+    for k in (*CHILDREN, *MODEL_CACHE, LLMDEPLOYMENT, EVENT, POD, NAMESPACE, SECRET, LEASE)
 }
 
 

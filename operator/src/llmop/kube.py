@@ -264,6 +264,29 @@ class Kube:
             self._raise("PATCH", path, status, data)
         return True
 
+    def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a new object; a KubeError with status 409 when it exists already."""
+        metadata = manifest["metadata"]
+        path = _path(manifest["apiVersion"], manifest["kind"], metadata.get("namespace"))
+        status, data = self._request("POST", path, body=dict(manifest))
+        if status >= 300:
+            self._raise("POST", path, status, data)
+        result: dict[str, Any] = data
+        return result
+
+    def replace(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT the whole object; with metadata.resourceVersion set, a KubeError with status 409
+        when the object changed since it was read (optimistic concurrency)."""
+        metadata = manifest["metadata"]
+        path = _path(
+            manifest["apiVersion"], manifest["kind"], metadata.get("namespace"), metadata["name"]
+        )
+        status, data = self._request("PUT", path, body=dict(manifest))
+        if status >= 300:
+            self._raise("PUT", path, status, data)
+        result: dict[str, Any] = data
+        return result
+
     def create_event(self, event: Mapping[str, Any]) -> None:
         """Post a core/v1 Event; a missing namespace (being deleted) is not an error."""
         path = _path("v1", "Event", event["metadata"]["namespace"])

@@ -8,13 +8,17 @@ worker count), starts the metrics server, and runs kopf with the handlers from `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import kopf
@@ -22,6 +26,7 @@ import kopf
 from llmop import handlers, kinds, names
 from llmop.config import ConfigError, OperatorConfig, load
 from llmop.kube import Kube, KubeError
+from llmop.leader import LeaderElector, Timing
 from llmop.metrics import Metrics
 from llmop.persistence import ProcessDiffBase, QuietProgressStorage
 from llmop.reconcile import Context, poll_downloads
@@ -120,6 +125,76 @@ def _poll_downloads_until(stop: threading.Event, context: Context) -> None:
             log.exception("download progress poll failed")
 
 
+LEADER_REQUEST_TIMEOUT_SECONDS = 5.0
+"""Deadline of one Lease request: well inside the renew deadline, so one hung request cannot
+outlast it."""
+LOST_EXIT_CODE = 3
+"""The exit code after losing the Lease (Kubernetes restarts the container as a standby)."""
+
+
+def lease_namespace(config: OperatorConfig, env: dict[str, str]) -> str:
+    """The operator's own namespace (the pod's), else the first watched one, else `default`."""
+    return env.get("POD_NAMESPACE") or next(iter(config.namespaces), "") or "default"
+
+
+class _StandbyHealth(BaseHTTPRequestHandler):
+    """/healthz of a standby: the process is up and trying for the Lease (kopf's own endpoint
+    takes the port over once this process leads)."""
+
+    def do_GET(self) -> None:
+        body = b"standby\n" if self.path == "/healthz" else b"not found\n"
+        self.send_response(200 if self.path == "/healthz" else 404)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # one line per probe otherwise
+        return
+
+
+@contextlib.contextmanager
+def _standby_health(config: OperatorConfig) -> Iterator[None]:
+    if not config.liveness_port:
+        yield
+        return
+    ThreadingHTTPServer.allow_reuse_address = True
+    server = ThreadingHTTPServer((config.bind_address, config.liveness_port), _StandbyHealth)
+    thread = threading.Thread(target=server.serve_forever, name="standby-health", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _wait_for_lease(config: OperatorConfig, elector: LeaderElector) -> bool:
+    """Block until this process leads (True) or SIGINT/SIGTERM asks it to stop (False),
+    serving /healthz meanwhile: a standby is healthy and Ready."""
+    stop = threading.Event()
+
+    def stop_waiting(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, stop_waiting) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with _standby_health(config):
+            return elector.acquire(stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _on_lost(kopf_stop: threading.Event, grace: float) -> None:
+    """Stop reconciling before a standby may start: ask kopf to stop, and end the process
+    if it has not within `grace` seconds (a write still in flight is one a leader sent)."""
+    kopf_stop.set()
+    timer = threading.Timer(grace, lambda: os._exit(LOST_EXIT_CODE))
+    timer.daemon = True
+    timer.start()
+
+
 def run(argv: Sequence[str]) -> int:
     """Run the operator until SIGINT/SIGTERM; returns the process exit code."""
     try:
@@ -146,6 +221,32 @@ def run(argv: Sequence[str]) -> int:
         "starting llmop operator",
         extra={"namespaces": list(config.namespaces) or "*", "standalone": config.standalone},
     )
+    elector: LeaderElector | None = None
+    kopf_stop = threading.Event()
+    keeper_stop = threading.Event()
+    if config.leader_elect:
+        timing = Timing()
+        elector = LeaderElector(
+            Kube.connect(pool_size=2, timeout=LEADER_REQUEST_TIMEOUT_SECONDS),
+            lease_namespace(config, dict(os.environ)),
+            # Unique per process, as client-go's are: two processes on one host (or a pod
+            # restarted under the same name) are still two candidates.
+            f"{memo.context.instance}_{uuid.uuid4().hex[:8]}",
+            timing=timing,
+        )
+        metrics.leader.set(0)
+        if not _wait_for_lease(config, elector):
+            if server is not None:
+                server.shutdown()
+            return 0
+        grace = max(1.0, timing.lease_duration - timing.renew_deadline - 2)
+        threading.Thread(
+            target=elector.keep,
+            args=(keeper_stop, lambda: _on_lost(kopf_stop, grace)),
+            name="leader-keeper",
+            daemon=True,
+        ).start()
+    metrics.leader.set(1)
     stop = threading.Event()
     poller = threading.Thread(
         target=_poll_downloads_until, args=(stop, memo.context), name="download-poller", daemon=True
@@ -171,13 +272,19 @@ def run(argv: Sequence[str]) -> int:
                 priority=config.priority,
                 liveness_endpoint=liveness,
                 memo=memo,
+                stop_flag=kopf_stop,
             )
         )
     finally:
+        metrics.leader.set(0)
+        keeper_stop.set()
         stop.set()
         poller.join(timeout=DOWNLOAD_POLL_SECONDS + 1)
         memo.refresh_executor.shutdown(wait=False, cancel_futures=True)
         memo.context.kube.close()
+        if elector is not None:
+            elector.release()
+            elector.kube.close()
         if server is not None:
             server.shutdown()
-    return 0
+    return LOST_EXIT_CODE if kopf_stop.is_set() else 0

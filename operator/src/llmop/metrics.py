@@ -93,6 +93,11 @@ class Metrics:
             ["kind"],
             registry=reg,
         )
+        self.leader = Gauge(
+            "llmop_leader",
+            "1 while this process holds the leader Lease and reconciles; 0 on a standby.",
+            registry=reg,
+        )
         self._lock = threading.Lock()
         self._seen: dict[str, set[str]] = {}
 
