@@ -540,7 +540,7 @@ def test_a_decision_that_fails_goes_to_the_worker(
     def broken(*_: Any, **__: Any) -> Any:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(reconcile, "plan_children", broken)
+    monkeypatch.setattr(reconcile.entry, "plan_children", broken)
     assert not reconcile.quiet_child_event(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
 
 
@@ -640,15 +640,15 @@ def test_an_internal_error_stays_reported_until_a_parent_pass(
     ctx: reconcile.Context, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     deployment = _ready_deployment(ctx, kube)
-    real_plan = reconcile.plan_children
+    real_plan = reconcile.entry.plan_children
 
     def broken(*_: Any, **__: Any) -> Any:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(reconcile, "plan_children", broken)
+    monkeypatch.setattr(reconcile.entry, "plan_children", broken)
     assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "error"
     assert stalled(kube) == ("True", "InternalError")
-    monkeypatch.setattr(reconcile, "plan_children", real_plan)
+    monkeypatch.setattr(reconcile.entry, "plan_children", real_plan)
     assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "stalled"
     assert reconcile.refresh_from_pod(ctx, "MODIFIED", _pending_pod_event(ctx)) == "stalled"
     assert reconcile.refresh_status(ctx, "ns", "x") == "stalled"

@@ -1,0 +1,99 @@
+"""Reading the watch caches: a child's owner, a parent's live children, the cached parent, its
+parsed spec (once per generation) and the status as last written."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from llmop.api.v1alpha1 import GROUP, KIND, LLMDeployment
+from llmop.desired import DesiredState, desired_state
+from llmop.kinds import ChildKind
+from llmop.reconcile.context import Context, Parsed
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The LLMDeployment a child belongs to."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+def controller_owner(child: Mapping[str, Any]) -> Owner | None:
+    """The LLMDeployment that controls `child`, from its owner references."""
+    metadata = child.get("metadata") or {}
+    for reference in metadata.get("ownerReferences") or []:
+        if (
+            reference.get("kind") == KIND
+            and str(reference.get("apiVersion", "")).startswith(GROUP + "/")
+            and reference.get("controller")
+        ):
+            return Owner(metadata.get("namespace", ""), reference["name"], reference["uid"])
+    return None
+
+
+def one_owned(values: Iterable[Mapping[str, Any]] | None, uid: str | None) -> dict[str, Any] | None:
+    """The cached object owned by `uid` (a recreated parent's old children do not count)."""
+    for value in list(values or ()):
+        owner = controller_owner(value)
+        if uid is None or (owner is not None and owner.uid == uid):
+            return dict(value)
+    return None
+
+
+def live_children(ctx: Context, namespace: str, name: str, uid: str) -> dict[ChildKind, Any]:
+    """The watched children of one parent as the watch caches last saw them."""
+    return {
+        kind: one_owned(index.get((namespace, name)), uid) for kind, index in ctx.children.items()
+    }
+
+
+def cached_parent(ctx: Context, namespace: str, name: str) -> dict[str, Any] | None:
+    return one_owned(ctx.parents.get((namespace, name)), None)
+
+
+def key_of(body: Mapping[str, Any]) -> tuple[str, str]:
+    metadata = body["metadata"]
+    return metadata["namespace"], metadata["name"]
+
+
+def _summary(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors()[:5]:
+        location = ".".join(str(part) for part in item["loc"])
+        parts.append(f"{location}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def parse(ctx: Context, body: Mapping[str, Any]) -> Parsed:
+    """The parent's desired state, computed once per generation."""
+    key = key_of(body)
+    metadata = body["metadata"]
+    uid, generation = metadata.get("uid", ""), metadata.get("generation")
+    cached = ctx._parsed.get(key)
+    if cached is not None and cached.uid == uid and cached.generation == generation:
+        return cached
+    try:
+        desired: DesiredState | None = desired_state(
+            LLMDeployment.model_validate(body), ctx.render_settings
+        )
+        error = None
+    except ValidationError as invalid:
+        desired, error = None, _summary(invalid)
+    parsed = Parsed(uid, generation, desired, error)
+    ctx._parsed[key] = parsed
+    return parsed
+
+
+def previous_status(ctx: Context, body: Mapping[str, Any]) -> Any:
+    """The status as last written: this process's own write when the body predates it (the
+    operator is the only status writer, and a watch event may lag behind its own patch)."""
+    written = ctx._written.get(key_of(body))
+    if written is not None and written[0] == body["metadata"].get("uid"):
+        return written[1]
+    return body.get("status")

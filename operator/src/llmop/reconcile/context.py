@@ -1,0 +1,156 @@
+"""The reconcile's context: the per-parent locks, the watch caches handed in by the handlers,
+and what this process remembers between events (parsed specs, its own status writes, applied
+generations, model gates, downloads, agent readings, found problems)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from llmop import preflight
+from llmop.agents import AgentReading
+from llmop.api.v1alpha1 import ModelSpec, ModelStatus
+from llmop.config import OperatorConfig
+from llmop.desired import DesiredState
+from llmop.kinds import ChildKind
+from llmop.kube import Kube
+from llmop.metrics import Metrics
+from llmop.settings import RenderSettings
+from llmop.status import Problem
+
+TRIGGER_PARENT = "parent"
+TRIGGER_CHILD = "child"
+TRIGGER_POD = "pod"
+TRIGGER_FLEET = "fleet"
+
+ChildIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
+"""A watch cache of one child kind: (namespace, parent name) → the live children (normally
+one). kopf's indexes have this shape; tests pass plain dicts."""
+
+
+class KeyedLocks:
+    """One lock per parent, created on demand and dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[tuple[str, str], tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def hold(self, key: tuple[str, str]) -> Iterator[None]:
+        """Hold the lock of `key`."""
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+    def busy(self, key: tuple[str, str]) -> bool:
+        """Someone holds or waits for the lock of `key` right now (never blocks on it)."""
+        with self._guard:
+            return key in self._locks
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._locks)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Parsed:
+    """One generation of a parent, parsed and planned once (not once per child event)."""
+
+    uid: str
+    generation: int | None
+    desired: DesiredState | None
+    error: str | None
+
+
+@dataclass
+class ModelGate:
+    """One generation's model pre-flight verdict, the engine children rendered at the resolved
+    commit, and the latest model status (the download's progress)."""
+
+    uid: str
+    generation: int | None
+    model: ModelSpec
+    """The spec.model the verdict was reached for: a new generation that leaves it as it was
+    (`kubectl scale`, an engine flag) keeps a passing verdict and the resolved commit, so it neither
+    calls the hub again nor moves a floating revision to a newer commit behind the user's back."""
+    verdict: preflight.Verdict
+    status: ModelStatus
+    applied: bool = False
+    """The claim and the Job were applied for this generation (re-applied if the Job goes)."""
+    desired: DesiredState | None = None
+    """Set once the cache holds the commit: what the engine children are planned from."""
+
+
+@dataclass(frozen=True)
+class Found:
+    """A problem this process found for one generation of a parent, and the kind of the child
+    the API server rejected (None for problems of the parent itself)."""
+
+    uid: str
+    generation: int | None
+    problem: Problem
+    child: str | None = None
+
+
+@dataclass
+class Context:
+    """Everything a reconcile needs, built once at startup (kopf's memo carries it)."""
+
+    kube: Kube
+    config: OperatorConfig
+    metrics: Metrics
+    instance: str
+    render_settings: RenderSettings = field(init=False)
+    locks: KeyedLocks = field(default_factory=KeyedLocks)
+    clock: Callable[[], datetime] = _now
+    children: dict[ChildKind, ChildIndex] = field(default_factory=dict)
+    """Watch caches of the watched child kinds (kopf indexes, set by the handlers)."""
+    parents: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]] = field(default_factory=dict)
+    """Watch cache of the LLMDeployments: (namespace, name) → the parent."""
+    pods: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]] = field(default_factory=dict)
+    """Watch cache of the engine pods: (namespace, parent name) → their summaries (llmop.pods)."""
+    fleet: dict[tuple[str, str], tuple[AgentReading, ...]] = field(default_factory=dict)
+    """The agents' latest readings per parent (written by `llmop.fleet`); a parent absent here
+    has not been read by this process yet, and its status keeps what the agents said before."""
+    _parsed: dict[tuple[str, str], Parsed] = field(default_factory=dict)
+    _written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    _applied: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
+    """(uid, generation) each parent's children were last fully applied for, by this process."""
+    _gates: dict[tuple[str, str], ModelGate] = field(default_factory=dict)
+    """The model pre-flight of each parent with spec.model.cache, once per generation."""
+    downloading: set[tuple[str, str]] = field(default_factory=set)
+    """Parents whose download Job runs: `poll_downloads` refreshes their progress."""
+    _problems: dict[tuple[str, str], Found] = field(default_factory=dict)
+    """The last problem found per parent: every status path carries it until a new generation
+    or a parent pass that applied every child (`remember`, `problem_of`, `clear_problem`)."""
+
+    def __post_init__(self) -> None:
+        self.render_settings = self.config.render_settings()
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what this process remembers of a deleted parent."""
+        self._parsed.pop((namespace, name), None)
+        self._written.pop((namespace, name), None)
+        self._applied.pop((namespace, name), None)
+        self._gates.pop((namespace, name), None)
+        self.downloading.discard((namespace, name))
+        self.fleet.pop((namespace, name), None)
+        self._problems.pop((namespace, name), None)

@@ -1,0 +1,48 @@
+"""The problem memory: a found problem is never erased by a path that cannot see it.
+
+Only the parent path applies every child and checks the spec and the model; the child, pod,
+fleet and download paths derive the status from caches. Without this memory they derived it
+with no problem and wrote "no longer stalled" a moment after the parent path found one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from llmop.plan import ChildPlan, Delete
+from llmop.reconcile.caches import key_of
+from llmop.reconcile.context import Context, Found
+from llmop.status import Problem
+
+
+def remember(
+    ctx: Context, body: Mapping[str, Any], problem: Problem, *, child: str | None = None
+) -> None:
+    metadata = body["metadata"]
+    ctx._problems[key_of(body)] = Found(
+        str(metadata.get("uid") or ""), metadata.get("generation"), problem, child
+    )
+
+
+def problem_of(ctx: Context, body: Mapping[str, Any]) -> Problem | None:
+    """The problem this process found for the parent's current generation, if any."""
+    found = ctx._problems.get(key_of(body))
+    metadata = body["metadata"]
+    if found is None or (found.uid, found.generation) != (
+        metadata.get("uid"),
+        metadata.get("generation"),
+    ):
+        return None
+    return found.problem
+
+
+def clear_problem(ctx: Context, body: Mapping[str, Any], plan: ChildPlan, *, repair: bool) -> None:
+    """A parent pass applied its plan: clear the problem when that pass covered it (a full
+    apply, or a repair that applied the rejected child; a problem of the parent itself, such
+    as an internal error, is cleared by any parent pass that got this far)."""
+    found = ctx._problems.get(key_of(body))
+    if found is None:
+        return
+    kinds_done = {s.kind.kind if isinstance(s, Delete) else s.kind for s in plan.steps()}
+    if not repair or found.child is None or found.child in kinds_done:
+        del ctx._problems[key_of(body)]

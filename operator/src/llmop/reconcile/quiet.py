@@ -1,0 +1,89 @@
+"""Deciding in kopf's event loop which child and pod events would write nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from time import perf_counter
+from typing import Any
+
+from llmop import names
+from llmop.desired import DesiredState
+from llmop.metrics import RESULT_SKIPPED
+from llmop.reconcile.caches import cached_parent
+from llmop.reconcile.context import TRIGGER_CHILD, TRIGGER_POD, Context
+from llmop.reconcile.entry import child_event, child_work, status_target
+from llmop.reconcile.writes import result_of, status_changed
+
+# Most child and pod watch events change nothing we write (a Deployment's status moving, a pod
+# being scheduled). kopf runs a sync handler in its thread pool, where such an event queues behind
+# the reconciles blocked on the API server, and kopf holds every later event of that object, fully
+# decoded, in a per-object queue meanwhile: under a 1,000-CR burst that backlog was the operator's
+# memory and its lag. These checks answer those events from the caches alone (no I/O, no waiting
+# on a lock, microseconds), so only events that lead to a write take a worker thread.
+#
+# Why a "quiet" answer is safe: kopf updates its indexes before it calls the handlers, so the
+# caches already hold this event's object. A worker that takes the parent's lock after the check
+# derives from data at least as new; one that holds or waits for it during the check makes the
+# answer "not quiet", and the event goes to the worker path as before.
+
+
+def _quiet(
+    ctx: Context, trigger: str, key: tuple[str, str], decide: Callable[[], str | None]
+) -> bool:
+    """Run `decide` unless a worker is busy with `key`; record its result as a reconcile when
+    it found nothing to write. Any error leaves the event to the worker path, which handles it."""
+    if ctx.locks.busy(key):
+        return False
+    started = perf_counter()
+    try:
+        result = decide()
+    except Exception:
+        return False
+    if result is None:
+        return False
+    ctx.metrics.count_reconcile(trigger, result, perf_counter() - started)
+    return True
+
+
+def _quiet_result(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> str | None:
+    """What `write_derived_status(ctx, body, desired, None)` returns, if it would not write."""
+    if status_changed(ctx, body, desired):
+        return None
+    return result_of(ctx, body, desired, None)
+
+
+def quiet_child_event(ctx: Context, event_type: str | None, child: Mapping[str, Any]) -> bool:
+    """True when `refresh_from_child(ctx, event_type, child)` would write nothing — decided
+    from the caches, without I/O or blocking — and the event has been recorded as it would
+    record it. False when it must run: a child to repair, a status that changed, a deletion
+    (the parent is then read fresh), or a worker busy with this parent."""
+    event = child_event(ctx, event_type, child)
+    if event is None:
+        return True
+    if event.type == "DELETED":
+        return False
+    owner = event.owner
+
+    def decide() -> str | None:
+        work = child_work(ctx, event, cached_parent(ctx, owner.namespace, owner.name))
+        if isinstance(work, str):
+            return work
+        return None if work.plan else _quiet_result(ctx, work.body, work.desired)
+
+    return _quiet(ctx, TRIGGER_CHILD, (owner.namespace, owner.name), decide)
+
+
+def quiet_pod_event(ctx: Context, event_type: str | None, pod: Mapping[str, Any]) -> bool:
+    """True when `refresh_from_pod(ctx, event_type, pod)` would write nothing (decided from the
+    caches, without I/O or blocking), recorded as it would record it; False when it must run."""
+    metadata = pod.get("metadata") or {}
+    namespace = str(metadata.get("namespace") or "")
+    name = (metadata.get("labels") or {}).get(names.LABEL_DEPLOYMENT)
+    if event_type is None or not name:
+        return True
+
+    def decide() -> str | None:
+        target = status_target(ctx, namespace, name)
+        return RESULT_SKIPPED if target is None else _quiet_result(ctx, *target)
+
+    return _quiet(ctx, TRIGGER_POD, (namespace, name), decide)
