@@ -308,7 +308,7 @@ class Progress:
         watch_objects(func, args, self._stop, on_event)
 
 
-def run_one(
+def run_one(  # noqa: C901, PLR0915
     kube: Kube,
     count: int,
     timeout: float,

@@ -227,7 +227,7 @@ class TestServing:
         MEASURED["deep probe latency (idle, one token)"] = f"{probe['latencySeconds']}s"
 
     @pytest.mark.timeout(150 * BUSY_WINDOWS)
-    def test_busy_metrics_equal_vllms_own_and_no_probe_while_busy(self, engine: Engine) -> None:
+    def test_busy_metrics_equal_vllms_own_and_no_probe_while_busy(self, engine: Engine) -> None:  # noqa: C901, PLR0915
         """With 4 slots and 10 streams kept in flight: running 4, the rest waiting, read at one
         moment; no deep probe is sent while vLLM itself reports pending work."""
 

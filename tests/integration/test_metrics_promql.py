@@ -342,7 +342,7 @@ def test_faults_make_alerts_true_and_every_dashboard_query_has_data(
     print("\n" + "\n".join(f"{k}: {v}" for k, v in measured.items()))
 
 
-async def scenario(
+async def scenario(  # noqa: PLR0915
     prom: Prometheus,
     chart: Chart,
     *,

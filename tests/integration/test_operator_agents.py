@@ -82,7 +82,7 @@ def costs(kit: Kit, namespace: str) -> dict[str, str | None]:
     }
 
 
-def test_agents_feed_capacity_degraded_and_least_loaded_scale_down(
+def test_agents_feed_capacity_degraded_and_least_loaded_scale_down(  # noqa: PLR0915
     operator: OperatorProcess, kit: Kit, namespace: str
 ) -> None:
     kit.apply_llmd(namespace, "agents", spec(replicas=3))

@@ -195,7 +195,7 @@ def make_volume(llmop_crd: Cluster, namespace: str) -> Iterator[Callable[[], Non
         llmop_crd.kubectl("delete", "pv", name, "--wait=false", check=False)
 
 
-def test_download_job_before_engine_then_engine_reads_the_cache_offline(
+def test_download_job_before_engine_then_engine_reads_the_cache_offline(  # noqa: PLR0915
     *,
     operator: OperatorProcess,
     kit: Kit,

@@ -183,7 +183,7 @@ def _total_bytes(api: HfApi, repo_id: str, revision: str | None) -> tuple[str, i
     return info.sha, sum(s.size or 0 for s in info.siblings or [])
 
 
-def download(
+def download(  # noqa: C901
     repo_id: str,
     revision: str | None,
     hf_home: Path,

@@ -194,7 +194,7 @@ async def _until_idle(
     return last
 
 
-async def drain_sequence(
+async def drain_sequence(  # noqa: C901
     supervisor: Supervisor,
     propagation_seconds: float,
     drain_seconds: float,

@@ -18,6 +18,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -195,6 +196,54 @@ def _on_lost(kopf_stop: threading.Event, grace: float) -> None:
     timer.start()
 
 
+@dataclass
+class _Leadership:
+    """This process's part in the leader election (no elector with --no-leader-elect)."""
+
+    elector: LeaderElector | None
+    kopf_stop: threading.Event = field(default_factory=threading.Event)
+    """Set when the Lease is lost: kopf stops, and the process exits with LOST_EXIT_CODE."""
+    keeper_stop: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def take(cls, config: OperatorConfig, instance: str, metrics: Metrics) -> _Leadership | None:
+        """Return once this process may reconcile (keeping the Lease from then on); None when
+        SIGINT/SIGTERM came while it waited as a standby."""
+        if not config.leader_elect:
+            metrics.leader.set(1)
+            return cls(None)
+        timing = Timing()
+        elector = LeaderElector(
+            Kube.connect(pool_size=2, timeout=LEADER_REQUEST_TIMEOUT_SECONDS),
+            lease_namespace(config, dict(os.environ)),
+            # Unique per process, as client-go's are: two processes on one host (or a pod
+            # restarted under the same name) are still two candidates.
+            f"{instance}_{uuid.uuid4().hex[:8]}",
+            timing=timing,
+        )
+        metrics.leader.set(0)
+        if not _wait_for_lease(config, elector):
+            elector.kube.close()
+            return None
+        leadership = cls(elector)
+        grace = max(1.0, timing.lease_duration - timing.renew_deadline - 2)
+        threading.Thread(
+            target=elector.keep,
+            args=(leadership.keeper_stop, lambda: _on_lost(leadership.kopf_stop, grace)),
+            name="leader-keeper",
+            daemon=True,
+        ).start()
+        metrics.leader.set(1)
+        return leadership
+
+    def end(self) -> None:
+        """Stop renewing and hand the Lease over (a clean stop)."""
+        self.keeper_stop.set()
+        if self.elector is not None:
+            self.elector.release()
+            self.elector.kube.close()
+
+
 def run(argv: Sequence[str]) -> int:
     """Run the operator until SIGINT/SIGTERM; returns the process exit code."""
     try:
@@ -221,32 +270,11 @@ def run(argv: Sequence[str]) -> int:
         "starting llmop operator",
         extra={"namespaces": list(config.namespaces) or "*", "standalone": config.standalone},
     )
-    elector: LeaderElector | None = None
-    kopf_stop = threading.Event()
-    keeper_stop = threading.Event()
-    if config.leader_elect:
-        timing = Timing()
-        elector = LeaderElector(
-            Kube.connect(pool_size=2, timeout=LEADER_REQUEST_TIMEOUT_SECONDS),
-            lease_namespace(config, dict(os.environ)),
-            # Unique per process, as client-go's are: two processes on one host (or a pod
-            # restarted under the same name) are still two candidates.
-            f"{memo.context.instance}_{uuid.uuid4().hex[:8]}",
-            timing=timing,
-        )
-        metrics.leader.set(0)
-        if not _wait_for_lease(config, elector):
-            if server is not None:
-                server.shutdown()
-            return 0
-        grace = max(1.0, timing.lease_duration - timing.renew_deadline - 2)
-        threading.Thread(
-            target=elector.keep,
-            args=(keeper_stop, lambda: _on_lost(kopf_stop, grace)),
-            name="leader-keeper",
-            daemon=True,
-        ).start()
-    metrics.leader.set(1)
+    leadership = _Leadership.take(config, memo.context.instance, metrics)
+    if leadership is None:  # stopped while a standby
+        if server is not None:
+            server.shutdown()
+        return 0
     stop = threading.Event()
     poller = threading.Thread(
         target=_poll_downloads_until, args=(stop, memo.context), name="download-poller", daemon=True
@@ -272,19 +300,16 @@ def run(argv: Sequence[str]) -> int:
                 priority=config.priority,
                 liveness_endpoint=liveness,
                 memo=memo,
-                stop_flag=kopf_stop,
+                stop_flag=leadership.kopf_stop,
             )
         )
     finally:
         metrics.leader.set(0)
-        keeper_stop.set()
+        leadership.end()
         stop.set()
         poller.join(timeout=DOWNLOAD_POLL_SECONDS + 1)
         memo.refresh_executor.shutdown(wait=False, cancel_futures=True)
         memo.context.kube.close()
-        if elector is not None:
-            elector.release()
-            elector.kube.close()
         if server is not None:
             server.shutdown()
-    return LOST_EXIT_CODE if kopf_stop.is_set() else 0
+    return LOST_EXIT_CODE if leadership.kopf_stop.is_set() else 0

@@ -127,7 +127,7 @@ async def sse_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, An
         yield None if data == b"[DONE]" else json.loads(data)
 
 
-async def stream_completion(
+async def stream_completion(  # noqa: C901, PLR0912
     http: aiohttp.ClientSession,
     api_url: str,
     model: str,

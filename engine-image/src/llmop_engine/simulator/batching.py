@@ -228,7 +228,7 @@ class BatchEngine:
                 continue  # the step never completes
             self._deliver(self.clock(), prefill)
 
-    def _deliver(self, now: float, prefill: int) -> None:
+    def _deliver(self, now: float, prefill: int) -> None:  # noqa: C901
         self.steps += 1
         if prefill:
             self.metrics.prompt_tokens.inc(prefill)

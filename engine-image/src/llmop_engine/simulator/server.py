@@ -238,7 +238,7 @@ class SimServer:
             raise ValueError("prompt must be a string or a list")
         return estimate_tokens(prompt)
 
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:  # noqa: C901
         if (denied := self._auth(request)) is not None:
             return denied
         is_probe = request.headers.get("User-Agent", "").startswith(PROBE_USER_AGENT)
@@ -333,7 +333,7 @@ class SimServer:
             }
         )
 
-    async def _stream(
+    async def _stream(  # noqa: C901, PLR0912
         self, request: web.Request, req: SimRequest, chat: bool, model: str, include_usage: bool
     ) -> web.StreamResponse:
         resp = web.StreamResponse(

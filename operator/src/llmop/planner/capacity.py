@@ -163,7 +163,7 @@ def _fmt_gib(value: float) -> str:
     return f"{value:.2f} GiB"
 
 
-def _plan_core(request: PlanRequest) -> CapacityPlan:
+def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: PLR0915
     """Plan without suggestions (the suggestion search calls this repeatedly)."""
     arch = request.architecture
     tp = request.tensor_parallel_size
@@ -290,7 +290,7 @@ def _with_context_fix(request: PlanRequest, text: str) -> str | None:
     return f"{text} and engine.maxModelLen: {length}"
 
 
-def suggest_fixes(request: PlanRequest, limit: int = 5) -> tuple[str, ...]:
+def suggest_fixes(request: PlanRequest, limit: int = 5) -> tuple[str, ...]:  # noqa: C901, PLR0912
     """The smallest changes that make ``request`` fit, cheapest first (pure: re-plans only).
 
     Order: raise gpuMemoryUtilization to 0.95, fp8 KV cache, a shorter maxModelLen (all free),

@@ -125,7 +125,7 @@ def _download_progress(ctx: Context, namespace: str, job_name: str) -> Any:
     return None
 
 
-def run_gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> DesiredState | str:
+def run_gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> DesiredState | str:  # noqa: C901, PLR0912
     """The desired state at the resolved commit once the cache holds it; else the result of
     stalling (pre-flight refused, download failed) or of waiting for the download."""
     assert parsed.desired is not None
