@@ -1,7 +1,11 @@
 """The operator ↔ engine-agent contract: command line, environment, ports, paths and defaults.
 
 The operator's renderer (`llmop.render.engine_args`) writes a container's `args` and `env` from
-these names; the agent (`llmop_engine.settings`) reads them back with the same names. Both sides
+these names; the agent (`llmop_engine.settings`) reads them back with the same names. The model
+downloader's contract lives here too: the Job's command line (`llmop.render.model_cache` writes
+it, `llmop_engine.download` parses it), its exit codes (the Job's failure policy), and the keys
+of its `GET /progress` answer (`llmop_engine.download_progress` writes them, the operator reads
+them into status.model.download). Both sides
 import this module and nothing else of each other, so a renamed variable or flag cannot drift
 apart silently. It is stdlib-only and free of I/O: the simulator image ships only
 `llmop_engine`, and the operator imports this one module from it. `docs/engine-contract.md`
@@ -24,6 +28,8 @@ DRAIN: Final = "drain"
 """Subcommand of the preStop hook."""
 ENGINE_ARGS_SEPARATOR: Final = "--"
 """Everything after it goes to the engine unchanged."""
+DOWNLOAD: Final = "download"
+"""Subcommand of the model cache's download Job: fill the cache once, with progress."""
 
 Backend = Literal["vllm", "simulator"]
 BACKENDS: Final[tuple[Backend, ...]] = ("vllm", "simulator")
@@ -63,6 +69,48 @@ class EngineFlag:
     """Makes vLLM's `GET /load` count in-flight HTTP requests: the agent's drain waits on it."""
     MIDDLEWARE: Final = "--middleware"
     """An extra ASGI middleware by import path: the agent adds `CLOSE_ON_DRAIN_MIDDLEWARE`."""
+
+
+class DownloadFlag:
+    """Flags of `llmop-engine download`."""
+
+    MODEL: Final = "--model"
+    REVISION: Final = "--revision"
+    HF_HOME: Final = "--hf-home"
+    DEADLINE_SECONDS: Final = "--deadline-seconds"
+    MAX_ATTEMPTS: Final = "--max-attempts"
+    MAX_WORKERS: Final = "--max-workers"
+    INTERVAL: Final = "--interval"
+    PROGRESS_FILE: Final = "--progress-file"
+    PROGRESS_PORT: Final = "--progress-port"
+    TERMINATION_LOG: Final = "--termination-log"
+
+
+class DownloadExit:
+    """Exit codes of `llmop-engine download`; the Job fails at once on FATAL (podFailurePolicy)
+    and the operator names each in the Stalled message."""
+
+    OK: Final = 0
+    FATAL: Final = 2
+    """The Hub refused in a way no retry fixes (access, unknown repo, revision or file)."""
+    DEADLINE: Final = 3
+    ATTEMPTS: Final = 4
+
+
+class ProgressKey:
+    """Keys of the downloader's `GET /progress` JSON (camelCase, as status.model.download)."""
+
+    PHASE: Final = "phase"
+    BYTES_DONE: Final = "bytesDone"
+    BYTES_TOTAL: Final = "bytesTotal"
+    RATE_BYTES_PER_SECOND: Final = "rateBytesPerSecond"
+    ETA_SECONDS: Final = "etaSeconds"
+    ATTEMPT: Final = "attempt"
+    MESSAGE: Final = "message"
+
+
+PROGRESS_RETRYING: Final = "retrying"
+"""The `phase` value while the downloader waits to retry after a network failure."""
 
 
 class Env:
@@ -124,6 +172,8 @@ LOAD_PATH: Final = "/load"
 """The engine's in-flight request count (`{"server_load": N}`), read by the agent's drain."""
 QUEUE_DEPTH_METRIC: Final = "llmop_engine_queue_depth"
 """Per-pod gauge of waiting requests (the HPA's Pods metric via prometheus-adapter)."""
+PROGRESS_PATH: Final = "/progress"
+"""The downloader's progress (JSON, `ProgressKey`), served on the probe port."""
 AGENT_SOCKET: Final = "/tmp/llmop-agent.sock"
 """Default drain socket; the renderer points `LLMOP_AGENT_SOCKET` into a memory volume."""
 
@@ -148,6 +198,8 @@ CLOSE_ON_DRAIN_MIDDLEWARE: Final = "llmop_engine.connection_close.CloseOnDrain"
 """The ASGI middleware the agent passes to `vllm serve --middleware` (see `Env.DRAIN_FLAG`)."""
 POLL_INTERVAL_SECONDS: Final = 1.0
 """How often the agent reads the engine's /health and /metrics (agent-only; not rendered)."""
+DOWNLOAD_DEADLINE_SECONDS: Final = 6 * 3600
+"""The downloader's own deadline: 6 h moves 1 TiB at 50 MB/s; a stuck download fails visibly."""
 
 
 def run_args(

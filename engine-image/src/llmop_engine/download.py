@@ -35,7 +35,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -49,15 +49,15 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from llmop_engine import contract
 from llmop_engine import download_progress as dp
 
 log = logging.getLogger("llmop.download")
 
-EXIT_OK = 0
-EXIT_FATAL = 2
-"""The Hub refused in a way no retry fixes (access, unknown repo/revision/file)."""
-EXIT_DEADLINE = 3
-EXIT_ATTEMPTS = 4
+EXIT_OK = contract.DownloadExit.OK
+EXIT_FATAL = contract.DownloadExit.FATAL
+EXIT_DEADLINE = contract.DownloadExit.DEADLINE
+EXIT_ATTEMPTS = contract.DownloadExit.ATTEMPTS
 
 
 class FatalError(Exception):
@@ -158,7 +158,7 @@ class Reporter:
 def serve_progress(reporter: Reporter, port: int) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path != "/progress":
+            if self.path != contract.PROGRESS_PATH:
                 self.send_error(404)
                 return
             body = json.dumps(reporter.latest.as_json()).encode()
@@ -260,22 +260,30 @@ def download(  # noqa: C901
         reporter.stop()
 
 
-def main(argv: Sequence[str]) -> int:
+def parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The command line of `llmop-engine download` (flags named in `contract.DownloadFlag`)."""
+    flag = contract.DownloadFlag
     parser = argparse.ArgumentParser(
-        prog="llmop-engine download",
+        prog=f"{contract.ENTRYPOINT} {contract.DOWNLOAD}",
         description="Fill a model cache from the Hugging Face Hub (honours HF_ENDPOINT, HF_TOKEN).",
     )
-    parser.add_argument("--model", required=True, help="Hugging Face repo id, org/name")
-    parser.add_argument("--revision", default=None, help="commit sha (or branch/tag)")
-    parser.add_argument("--hf-home", default=os.environ.get("HF_HOME", "/models"))
-    parser.add_argument("--deadline-seconds", type=float, default=6 * 3600.0)
-    parser.add_argument("--max-attempts", type=int, default=10)
-    parser.add_argument("--max-workers", type=int, default=8, help="files fetched in parallel")
-    parser.add_argument("--interval", type=float, default=1.0, help="progress sampling seconds")
-    parser.add_argument("--progress-file", default=None)
-    parser.add_argument("--progress-port", type=int, default=None)
-    parser.add_argument("--termination-log", default="/dev/termination-log")
-    ns = parser.parse_args(argv)
+    parser.add_argument(flag.MODEL, required=True, help="Hugging Face repo id, org/name")
+    parser.add_argument(flag.REVISION, default=None, help="commit sha (or branch/tag)")
+    parser.add_argument(flag.HF_HOME, default=env.get(contract.Env.HF_HOME, "/models"))
+    parser.add_argument(
+        flag.DEADLINE_SECONDS, type=float, default=float(contract.DOWNLOAD_DEADLINE_SECONDS)
+    )
+    parser.add_argument(flag.MAX_ATTEMPTS, type=int, default=10)
+    parser.add_argument(flag.MAX_WORKERS, type=int, default=8, help="files fetched in parallel")
+    parser.add_argument(flag.INTERVAL, type=float, default=1.0, help="progress sampling seconds")
+    parser.add_argument(flag.PROGRESS_FILE, default=None)
+    parser.add_argument(flag.PROGRESS_PORT, type=int, default=None)
+    parser.add_argument(flag.TERMINATION_LOG, default="/dev/termination-log")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    ns = parser(os.environ).parse_args(argv)
     hf_home = Path(ns.hf_home)
     reporter = Reporter(
         repo_folder(hf_home / "hub", ns.model),

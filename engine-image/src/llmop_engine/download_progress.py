@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from llmop_engine import contract
+
 DownloadPhase = Literal["resolving", "downloading", "retrying", "complete", "failed"]
 
 RATE_WINDOW_SECONDS = 10.0
@@ -45,16 +47,17 @@ class Progress:
     message: str = ""
 
     def as_json(self) -> dict[str, object]:
+        key = contract.ProgressKey
         return {
-            "phase": self.phase,
-            "bytesDone": self.bytes_done,
-            "bytesTotal": self.bytes_total,
-            "rateBytesPerSecond": (
+            key.PHASE: self.phase,
+            key.BYTES_DONE: self.bytes_done,
+            key.BYTES_TOTAL: self.bytes_total,
+            key.RATE_BYTES_PER_SECOND: (
                 None if self.rate_bytes_per_second is None else round(self.rate_bytes_per_second)
             ),
-            "etaSeconds": None if self.eta_seconds is None else round(self.eta_seconds),
-            "attempt": self.attempt,
-            "message": self.message,
+            key.ETA_SECONDS: None if self.eta_seconds is None else round(self.eta_seconds),
+            key.ATTEMPT: self.attempt,
+            key.MESSAGE: self.message,
         }
 
 

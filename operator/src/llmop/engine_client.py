@@ -34,7 +34,7 @@ DEFAULT_TIMEOUT_SECONDS = 2.0
 """The agent answers `/status` from memory in well under a millisecond; two seconds is a hung
 agent or an unreachable pod, not a slow one."""
 DEFAULT_CONCURRENCY = 32
-PROGRESS_PATH = "/progress"
+PROGRESS_PATH = contract.PROGRESS_PATH
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,13 @@ from llmop_engine import contract
 
 DOWNLOAD_CONTAINER = "download"
 DOWNLOAD_APP_NAME = "llmop-model-download"
-DOWNLOAD_DEADLINE_SECONDS = 6 * 3600
-"""The downloader's own deadline: 6 h moves 1 TiB at 50 MB/s; a stuck download fails visibly."""
+DOWNLOAD_DEADLINE_SECONDS = contract.DOWNLOAD_DEADLINE_SECONDS
 JOB_DEADLINE_MARGIN_SECONDS = 600
 """The Job's deadline allows the downloader's plus scheduling and image pull."""
 JOB_BACKOFF_LIMIT = 3
 """Pod-level failures (eviction, OOM, node loss) retried by the Job; the downloader retries
 network failures itself, within one pod."""
-EXIT_FATAL = 2
-"""`llmop-engine download` exit code for failures a retry cannot fix (see download.py)."""
+EXIT_FATAL = contract.DownloadExit.FATAL
 RUN_AS_USER = 10001
 DEFAULT_ACCESS_MODES = ("ReadWriteOnce",)
 
@@ -104,16 +102,16 @@ def render_download_job(
         "image": _image(llmd, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "args": [
-            "download",
-            "--model",
+            contract.DOWNLOAD,
+            contract.DownloadFlag.MODEL,
             spec.model.name,
-            "--revision",
+            contract.DownloadFlag.REVISION,
             revision,
-            "--hf-home",
+            contract.DownloadFlag.HF_HOME,
             names.MODEL_CACHE_PATH,
-            "--deadline-seconds",
+            contract.DownloadFlag.DEADLINE_SECONDS,
             str(DOWNLOAD_DEADLINE_SECONDS),
-            "--progress-port",
+            contract.DownloadFlag.PROGRESS_PORT,
             str(names.PROBE_PORT),
         ],
         "env": env,
@@ -236,13 +234,14 @@ def download_status(
     rate = eta = None
     shown: str = phase
     if progress is not None and phase == "Downloading":
-        done = _int(progress.get("bytesDone"))
-        rate = _int(progress.get("rateBytesPerSecond"))
-        eta = _int(progress.get("etaSeconds"))
-        total = _int(progress.get("bytesTotal")) or total
-        if progress.get("phase") == "retrying":
+        key = contract.ProgressKey
+        done = _int(progress.get(key.BYTES_DONE))
+        rate = _int(progress.get(key.RATE_BYTES_PER_SECOND))
+        eta = _int(progress.get(key.ETA_SECONDS))
+        total = _int(progress.get(key.BYTES_TOTAL)) or total
+        if progress.get(key.PHASE) == contract.PROGRESS_RETRYING:
             shown = "Retrying"
-        message = str(progress.get("message") or message)
+        message = str(progress.get(key.MESSAGE) or message)
     parts = [shown]
     if total:
         parts.append(f"{_size(done or 0)}/{_size(total)}")
