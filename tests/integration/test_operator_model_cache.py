@@ -19,7 +19,7 @@ import pytest
 from support.cluster import Cluster, wait_until
 from support.hub_standin import HubRepo, HubStandin, synthetic_model
 from support.manifests import simulator_spec
-from support.operator import OperatorProcess
+from support.operator import OperatorProcess, conditions
 
 if TYPE_CHECKING:
     from support.operator import Kit
@@ -244,6 +244,14 @@ def test_download_job_before_engine_then_engine_reads_the_cache_offline(  # noqa
     assert "DOWNLOAD" in wide
     time.sleep(1)
     assert kit.deployment(namespace, "m") is None  # no engine pod waits on the download
+    # Ready and Reconciling say what Argo CD and Flux should show: the model downloads.
+    found = conditions(kit.get_llmd(namespace, "m"))
+    for kind in ("Ready", "Reconciling"):
+        assert found[kind]["reason"] == "DownloadingModel", found[kind]
+        assert found[kind]["message"].startswith("Downloading the model into its cache: ")
+    # The claim and the Job went through the executor: counted like every child write.
+    for kind in ("Job", "PersistentVolumeClaim"):
+        assert operator.metric("llmop_child_writes_total", kind=kind, action="apply") >= 1
 
     # A volume for the claim: the download pod schedules, and kwok's default pod stages run a
     # Job's pod to completion, so the Job controller itself marks the Job Complete.

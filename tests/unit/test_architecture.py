@@ -31,6 +31,7 @@ PURE = (
     "sizing.py",
     "desired.py",
     "plan.py",
+    "cache_gate.py",
     "events.py",
     "crdgen.py",
     "preflight.py",

@@ -6,8 +6,8 @@ independent may not import each other even within a layer. Imports inside functi
 (a lazy import is still a dependency). A new violation fails `make test`.
 
 Operator: api < planner < foundation < sizing | render < desired < status | plan | events
-          | preflight < config | kube | metrics | hub | engine_client | persistence < reconcile
-          < fleet | leader < handlers | main < cli
+          | preflight < cache_gate < config | kube | metrics | hub | engine_client | persistence
+          < reconcile < fleet | leader < handlers | main < cli
 Engine:   contract < vllm_metrics | simulator | harness < health | settings | download_progress
           < supervisor | engine_client | agent_metrics | probe_server | drain | download < agent
           < cli
@@ -42,6 +42,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
     ("llmop.sizing", "llmop.render"),
     ("llmop.desired",),
     ("llmop.status", "llmop.plan", "llmop.events", "llmop.preflight"),
+    ("llmop.cache_gate",),
     (
         "llmop.config",
         "llmop.kube",

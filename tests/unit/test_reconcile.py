@@ -16,6 +16,7 @@ import pytest
 
 from llmop import kinds, names, reconcile
 from llmop.config import OperatorConfig
+from llmop.hub import HubUnavailableError
 from llmop.kube import RejectedError, TerminatingError
 from llmop.metrics import Metrics
 
@@ -692,3 +693,19 @@ def test_a_new_process_refinds_the_problem_on_its_first_parent_pass(
     assert run_parent(successor, kube) == "stalled"
     assert stalled(kube) == ("True", "ChildRejected")
     assert reconcile.refresh_status(successor, "ns", "x") == "stalled"
+
+
+def test_a_hub_outage_is_transient_not_an_internal_error(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    """The hub not answering raises its own transient error (the handler retries with backoff);
+    it never stalls the parent as a bug would."""
+    kube.put(parent())
+
+    def outage() -> str:
+        raise HubUnavailableError("the hub did not answer: timed out")
+
+    body = kube.objects["LLMDeployment", "ns", "x"]
+    with pytest.raises(HubUnavailableError):
+        reconcile.writes.guarded(ctx, body, outage)
+    assert "status" not in body

@@ -28,6 +28,8 @@ TYPES = (READY, RECONCILING, STALLED, CAPACITY_PLANNED, DEGRADED)
 REASON_ALL_REPLICAS_READY = "AllReplicasReady"
 REASON_SCALED_TO_ZERO = "ScaledToZero"
 REASON_CREATING = "Creating"
+REASON_DOWNLOADING_MODEL = "DownloadingModel"
+"""The engine children wait for the model cache to fill (spec.model.cache)."""
 REASON_ROLLING_OUT = "RollingOut"
 REASON_SCALING = "Scaling"
 REASON_WAITING_FOR_REPLICAS = "WaitingForReplicas"

@@ -42,6 +42,7 @@ import kopf
 from llmop import fleet, kinds, names
 from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
 from llmop.engine_client import AgentClient
+from llmop.hub import HubUnavailableError
 from llmop.kube import KubeError
 from llmop.observed import child_event_summary, child_summary, parent_summary
 from llmop.persistence import ProcessDiffBase
@@ -210,7 +211,7 @@ def job_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any)
     """A model download Job changed: a finished download lets the engine pods be created."""
     try:
         refresh_from_job(_context(memo, kwargs), type, dict(body))
-    except KubeError as error:
+    except (KubeError, HubUnavailableError) as error:
         logger.warning(f"Could not process a Job event: {error}")
 
 
@@ -222,7 +223,7 @@ def reconcile_llmdeployment(body: kopf.Body, retry: int, memo: Any, **kwargs: An
     ctx = _context(memo, kwargs)
     try:
         reconcile_parent(ctx, parent_summary(body))
-    except KubeError as error:
+    except (KubeError, HubUnavailableError) as error:
         delay = min(ctx.config.retry_delay_seconds * 2**retry, MAX_RETRY_DELAY_SECONDS)
         raise kopf.TemporaryError(str(error), delay=delay) from error
 

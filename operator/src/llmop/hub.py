@@ -23,6 +23,11 @@ from llmop.preflight import HubAnswer, HubFacts, HubFailure
 INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
 
 
+class HubUnavailableError(Exception):
+    """The hub could not answer now (network, 5xx, rate limit): the reconcile retries later with
+    backoff, as for a transient API error; nothing is stalled."""
+
+
 def probe(
     repo_id: str,
     revision: str | None,

@@ -115,9 +115,12 @@ def find_problem(sizing: SizingResult | None, rollout: Rollout) -> Problem | Non
     return None
 
 
-def _progress(rollout: Rollout) -> tuple[str, str] | None:
-    """(reason, message) of why the rollout is not finished; None when it is."""
+def _progress(rollout: Rollout, waiting: str | None = None) -> tuple[str, str] | None:
+    """(reason, message) of why the rollout is not finished; None when it is. `waiting` says
+    what the engine Deployment waits for before it is created (the model download)."""
     if not rollout.exists:
+        if waiting is not None:
+            return conditions.REASON_DOWNLOADING_MODEL, waiting
         return conditions.REASON_CREATING, "Creating the engine Deployment."
     if not (rollout.current_generation_observed and rollout.template_current):
         return conditions.REASON_ROLLING_OUT, "Rolling out the new engine template."
@@ -180,11 +183,13 @@ def observe_conditions(
     *,
     degraded: Observation | None = None,
     shortfall: str | None = None,
+    waiting: str | None = None,
 ) -> list[Observation]:
     """Ready, Reconciling, Stalled and CapacityPlanned, in that order, then `degraded` when
     given. While the rollout is not done, a pod's problem (unschedulable, image pull, crash
-    loop) names the cause: Ready's reason becomes it and both messages say which pod and why."""
-    observations = _observe(rollout, problem, sizing, pod_issue, shortfall)
+    loop) names the cause: Ready's reason becomes it and both messages say which pod and why.
+    `waiting`: what the engine Deployment waits for before it exists (the model download)."""
+    observations = _observe(rollout, problem, sizing, pod_issue, shortfall, waiting=waiting)
     return observations if degraded is None else [*observations, degraded]
 
 
@@ -194,6 +199,8 @@ def _observe(
     sizing: SizingResult | None,
     pod_issue: PodIssue | None,
     shortfall: str | None,
+    *,
+    waiting: str | None,
 ) -> list[Observation]:
     capacity = _capacity_observation(sizing, shortfall)
     if problem is not None:
@@ -209,7 +216,7 @@ def _observe(
             capacity,
         ]
     not_stalled = Observation(conditions.STALLED, "False", conditions.REASON_AS_EXPECTED)
-    progress = _progress(rollout)
+    progress = _progress(rollout, waiting)
     if progress is not None:
         reason, message = progress
         ready_reason = reason
@@ -256,11 +263,14 @@ def derive_status(
     pods: Iterable[Mapping[str, Any]] = (),
     fleet: Sequence[AgentReading] | None = None,
     hpa: Mapping[str, Any] | None = None,
+    waiting: str | None = None,
 ) -> LLMDeploymentStatus:
     """The whole status of a parsed LLMDeployment. `problem` is the caller's own stall reason
     (a child the API server rejected); planner and rollout problems are found here. `fleet` is
     the agents' latest readings, None when this process has not read them yet; `hpa` the live
-    HorizontalPodAutoscaler, whose conditions say when it cannot scale."""
+    HorizontalPodAutoscaler, whose conditions say when it cannot scale; `waiting` what the engine
+    Deployment waits for before it is created (the model download), said by Ready and
+    Reconciling instead of "Creating"."""
     pods = list(pods)
     rollout = observe_rollout(deployment, spec, template_hash=template_hash)
     problem = problem or find_problem(sizing, rollout)
@@ -282,6 +292,7 @@ def derive_status(
             _degraded_issue(previous, pods, fleet, now) or autoscaler_issue(hpa, rollout.ready)
         ),
         shortfall=shortfall,
+        waiting=waiting,
     )
     return LLMDeploymentStatus(
         observed_generation=generation,

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from llmop.api.v1alpha1 import GROUP, KIND, LLMDeployment
+from llmop.cache_gate import waiting_message
 from llmop.desired import DesiredState, desired_state
 from llmop.kinds import ChildKind
 from llmop.reconcile.context import Context, Parsed
@@ -97,3 +98,16 @@ def previous_status(ctx: Context, body: Mapping[str, Any]) -> Any:
     if written is not None and written[0] == body["metadata"].get("uid"):
         return written[1]
     return body.get("status")
+
+
+def waiting_for_model(ctx: Context, body: Mapping[str, Any]) -> str | None:
+    """Ready's and Reconciling's message while this generation's engine children wait for the
+    model cache to fill (None when they do not)."""
+    gate = ctx._gates.get(key_of(body))
+    metadata = body["metadata"]
+    if gate is None or (gate.uid, gate.generation) != (
+        metadata.get("uid"),
+        metadata.get("generation"),
+    ):
+        return None
+    return waiting_message(gate.status.download)

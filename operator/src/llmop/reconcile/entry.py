@@ -10,6 +10,7 @@ from typing import Any
 
 from llmop import conditions, kinds, names
 from llmop.desired import DesiredState
+from llmop.hub import HubUnavailableError
 from llmop.kinds import ChildKind
 from llmop.kube import KubeError, TerminatingError
 from llmop.metrics import RESULT_SKIPPED
@@ -74,7 +75,7 @@ def reconcile_parent(
 ) -> str:
     """Bring one LLMDeployment (`body`, as the watch delivered it) and its children to the
     desired state; returns the result (ok, stalled, skipped, error). Raises `KubeError` for
-    transient API failures."""
+    transient API failures, `HubUnavailableError` when the model hub cannot answer now."""
     namespace, name = key_of(body)
     with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(trigger) as outcome:
         if body["metadata"].get("deletionTimestamp"):
@@ -281,5 +282,5 @@ def poll_downloads(ctx: Context) -> None:
             continue
         try:
             reconcile_parent(ctx, body, trigger=TRIGGER_DOWNLOAD)
-        except KubeError as error:
+        except (KubeError, HubUnavailableError) as error:
             log.warning("download progress of %s/%s: %s", namespace, name, error)

@@ -8,16 +8,16 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from llmop import conditions, engine_client, events, hub, kinds, names, preflight
+from llmop import engine_client, events, hub, kinds, preflight
 from llmop.api.v1alpha1 import LLMDeployment, ModelStatus
+from llmop.cache_gate import plan_gate
 from llmop.desired import DesiredState, desired_state
-from llmop.kube import KubeError, RejectedError
+from llmop.kube import KubeError
 from llmop.metrics import RESULT_OK
-from llmop.plan import owner_reference, with_owner
 from llmop.quantity import quantity_value
 from llmop.reconcile.caches import key_of
 from llmop.reconcile.context import Context, ModelGate, Parsed
-from llmop.reconcile.writes import write_derived_status, write_stalled
+from llmop.reconcile.writes import run_plan, write_derived_status, write_stalled
 from llmop.render import model_cache
 from llmop.status import Problem
 
@@ -28,7 +28,6 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 """Set by the Job controller on the Job's pods."""
 TRIGGER_DOWNLOAD = "download"
 REASON_CACHE_CLAIM_NOT_FOUND = "CacheClaimNotFound"
-REASON_MODEL_DOWNLOAD_FAILED = "ModelDownloadFailed"
 REASON_TOKEN_SECRET_NOT_FOUND = "TokenSecretNotFound"
 
 
@@ -91,7 +90,7 @@ def _preflight(ctx: Context, body: Mapping[str, Any], llmd: LLMDeployment) -> Mo
             cache_bytes=cache_bytes if isinstance(cache_bytes, float) else None,
         )
         if verdict.retry:
-            raise KubeError(verdict.message)  # the handler retries with backoff
+            raise hub.HubUnavailableError(verdict.message)  # the handler retries with backoff
     status = ModelStatus(
         resolved_revision=verdict.resolved_revision,
         floating_revision=verdict.floating if verdict.resolved_revision else None,
@@ -125,78 +124,73 @@ def _download_progress(ctx: Context, namespace: str, job_name: str) -> Any:
     return None
 
 
-def run_gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> DesiredState | str:  # noqa: C901, PLR0912
-    """The desired state at the resolved commit once the cache holds it; else the result of
-    stalling (pre-flight refused, download failed) or of waiting for the download."""
+def _gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> ModelGate:
+    """This generation's gate: the pre-flight runs once per generation (a refusal is checked
+    again on every generation, as access may have been granted since; an accepted model that
+    did not change keeps its verdict)."""
     assert parsed.desired is not None
     llmd = parsed.desired.llmd
     key = key_of(body)
     gate = ctx._gates.get(key)
-    if gate is None or (gate.uid, gate.generation) != (parsed.uid, parsed.generation):
-        # A refusal is checked again on every generation: access may have been granted since.
-        if (
-            gate is not None
-            and gate.uid == parsed.uid
-            and gate.verdict.ok
-            and gate.model == llmd.spec.model
-        ):
-            gate = ModelGate(parsed.uid, parsed.generation, gate.model, gate.verdict, gate.status)
-        else:
-            gate = _preflight(ctx, body, llmd)
-        ctx._gates[key] = gate
-    verdict = gate.verdict
-    if not verdict.ok or verdict.resolved_revision is None:
-        return write_stalled(
-            ctx, body, Problem(verdict.reason or conditions.REASON_STALLED, verdict.message)
-        )
-    sha = verdict.resolved_revision
+    if gate is not None and (gate.uid, gate.generation) == (parsed.uid, parsed.generation):
+        return gate
+    if (
+        gate is not None
+        and gate.uid == parsed.uid
+        and gate.verdict.ok
+        and gate.model == llmd.spec.model
+    ):
+        gate = ModelGate(parsed.uid, parsed.generation, gate.model, gate.verdict, gate.status)
+    else:
+        gate = _preflight(ctx, body, llmd)
+    ctx._gates[key] = gate
+    return gate
+
+
+def _read_job(ctx: Context, namespace: str, llmd: LLMDeployment, sha: str) -> Any:
     job_name = model_cache.download_job_name(llmd, sha)
-    job = ctx.kube.read(kinds.JOB.api_version, kinds.JOB.kind, key[0], job_name)
-    if job is None or not gate.applied:
-        reference = owner_reference(body)
-        manifests = [
-            model_cache.render_pvc(llmd),
-            model_cache.render_download_job(llmd, ctx.render_settings, revision=sha),
-        ]
-        try:
-            for manifest in manifests:
-                if manifest is not None:
-                    ctx.kube.apply(
-                        with_owner(manifest, reference),
-                        field_manager=names.FIELD_MANAGER,
-                        want_result=False,
-                    )
-        except RejectedError as error:
-            return write_stalled(ctx, body, Problem(conditions.REASON_CHILD_REJECTED, str(error)))
+    return ctx.kube.read(kinds.JOB.api_version, kinds.JOB.kind, namespace, job_name)
+
+
+def run_gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> DesiredState | str:
+    """The desired state at the resolved commit once the cache holds it; else the result of
+    stalling (pre-flight refused, download failed) or of waiting for the download. Decided by
+    `cache_gate.plan_gate`; its applies go through the executor."""
+    assert parsed.desired is not None
+    llmd = parsed.desired.llmd
+    key = key_of(body)
+    gate = _gate(ctx, body, parsed)
+    sha = gate.verdict.resolved_revision
+    job = _read_job(ctx, key[0], llmd, sha) if gate.verdict.ok and sha else None
+    progress = None
+    if job is not None and model_cache.download_phase(job)[0] == "Downloading":
+        progress = _download_progress(ctx, key[0], job["metadata"]["name"])
+    settings = ctx.render_settings
+    plan = plan_gate(
+        llmd, body, settings, gate.verdict, job=job, progress=progress, applied=gate.applied
+    )
+    if plan.children:
+        problem = run_plan(ctx, body, plan.children)
+        if problem is not None:
+            return write_stalled(ctx, body, problem)
         gate.applied = True
-        job = ctx.kube.read(kinds.JOB.api_version, kinds.JOB.kind, key[0], job_name)
-    phase, message = model_cache.download_phase(job)
-    progress = _download_progress(ctx, key[0], job_name) if phase == "Downloading" else None
-    if phase == "Downloading":
+        job = _read_job(ctx, key[0], llmd, plan.revision or "")
+        plan = plan_gate(llmd, body, settings, gate.verdict, job=job, progress=None, applied=True)
+    if plan.downloading:
         ctx.downloading.add(key)
     else:
         ctx.downloading.discard(key)
-    gate.status = gate.status.model_copy(
-        update={
-            "download": model_cache.download_status(phase, message, progress, verdict.total_bytes)
-        }
-    )
-    if phase == "Failed":
-        return write_stalled(
-            ctx,
-            body,
-            Problem(
-                REASON_MODEL_DOWNLOAD_FAILED,
-                f"the download Job {job_name} failed ({message}): see `kubectl logs "
-                f"job/{job_name} -n {key[0]}`; fix the cause, then delete the Job to retry",
-            ),
-        )
-    if phase != "Complete":
+    if plan.download is not None:
+        gate.status = gate.status.model_copy(update={"download": plan.download})
+    if plan.outcome == "stall":
+        assert plan.problem is not None
+        return write_stalled(ctx, body, plan.problem)
+    if plan.outcome == "wait":
         write_derived_status(ctx, body, parsed.desired, None)
         return RESULT_OK
     if gate.desired is None:
         gate.desired = desired_state(
-            LLMDeployment.model_validate(body), ctx.render_settings, resolved_revision=sha
+            LLMDeployment.model_validate(body), settings, resolved_revision=plan.revision
         )
     return gate.desired
 

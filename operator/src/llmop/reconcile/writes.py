@@ -10,10 +10,11 @@ from typing import Any
 from llmop import conditions, events, kinds
 from llmop.api.v1alpha1 import LLMDeploymentStatus, ModelStatus
 from llmop.desired import DesiredState
+from llmop.hub import HubUnavailableError
 from llmop.kube import KubeError, RejectedError
 from llmop.metrics import RESULT_ERROR, RESULT_OK, RESULT_STALLED
 from llmop.plan import Apply, ChildPlan, Delete
-from llmop.reconcile.caches import key_of, live_children, previous_status
+from llmop.reconcile.caches import key_of, live_children, previous_status, waiting_for_model
 from llmop.reconcile.context import Context
 from llmop.reconcile.problems import problem_of, remember
 from llmop.status import Problem, derive_invalid_status, derive_status, parse_previous, status_patch
@@ -142,6 +143,7 @@ def _derived_status(
         pods=list(ctx.pods.get((namespace, name)) or ()),
         fleet=ctx.fleet.get((namespace, name)),
         hpa=live.get(kinds.HPA) if spec.autoscaling is not None else None,
+        waiting=waiting_for_model(ctx, body),
     )
 
 
@@ -197,7 +199,7 @@ def guarded(ctx: Context, body: Mapping[str, Any], run: Callable[[], str]) -> st
     forever, and the next spec change or operator restart tries again."""
     try:
         return run()
-    except KubeError:
+    except (KubeError, HubUnavailableError):
         raise
     except Exception as error:
         namespace, name = key_of(body)
