@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,9 +20,11 @@ from pathlib import Path
 
 import aiohttp
 
-from llmop_engine.harness.loadgen import Endpoints, run_clients
-from llmop_engine.harness.replicas import Replica
-from llmop_engine.harness.rollout import RolloutConfig, rolling_replace
+# The harness is test code (tests/support), shipped in no image.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.harness.loadgen import Endpoints, run_clients
+from support.harness.replicas import Replica
+from support.harness.rollout import RolloutConfig, rolling_replace
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

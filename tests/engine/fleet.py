@@ -6,7 +6,7 @@ from pathlib import Path
 
 import aiohttp
 
-from llmop_engine.harness.replicas import Replica
+from support.harness.replicas import Replica
 
 # Short budgets so hangs and probes show up in seconds; polling twice a second.
 FAST_AGENT_ENV = {

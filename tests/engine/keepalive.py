@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from llmop_engine.harness.loadgen import sse_chunks
+from support.harness.loadgen import sse_chunks
 
 
 @dataclass

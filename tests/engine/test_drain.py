@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmop_engine.harness.rollout import RolloutConfig, rolling_replace
+from support.harness.rollout import RolloutConfig, rolling_replace
 
 pytestmark = pytest.mark.engine
 

@@ -20,8 +20,8 @@ import pytest
 
 from engine.fleet import Fleet, http_status
 from llmop_engine import contract
-from llmop_engine.harness.loadgen import stream_completion
-from llmop_engine.harness.replicas import Replica
+from support.harness.loadgen import stream_completion
+from support.harness.replicas import Replica
 
 pytestmark = pytest.mark.engine
 

@@ -28,7 +28,7 @@ import pytest
 
 from engine.fleet import Fleet
 from engine.keepalive import PinnedClient, Target, run_clients
-from llmop_engine.harness.replicas import free_port, port_open
+from support.harness.replicas import free_port, port_open
 
 pytestmark = pytest.mark.engine
 

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 
 from engine.fleet import Fleet, http_status
-from llmop_engine.harness.loadgen import Endpoints, run_clients, stream_completion
-from llmop_engine.harness.replicas import port_open
+from support.harness.loadgen import Endpoints, run_clients, stream_completion
+from support.harness.replicas import port_open
 
 pytestmark = pytest.mark.engine
 

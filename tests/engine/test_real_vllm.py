@@ -51,8 +51,8 @@ from engine.real_vllm import (
 from engine.real_vllm import LIVEZ_TIMEOUT as LIVEZ
 from engine.real_vllm import READYZ_TIMEOUT as READYZ
 from llmop_engine import contract
-from llmop_engine.harness.replicas import Replica
 from support import tiny_model
+from support.harness.replicas import Replica
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine]
 

@@ -42,9 +42,9 @@ import pytest
 import yaml
 
 from engine.fleet import FAST_AGENT_ENV
-from llmop_engine.harness.loadgen import stream_completion
-from llmop_engine.harness.replicas import Replica, free_port
 from support.cluster import wait_until
+from support.harness.loadgen import stream_completion
+from support.harness.replicas import Replica, free_port
 from support.manifests import simulator_spec
 from support.metrics import load_metrics_config, metrics_bin_dir
 from support.operator import Kit, OperatorProcess

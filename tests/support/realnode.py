@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmop_engine.harness.loadgen import LoadResult, ServiceEndpoint, run_clients
 from support.cluster import REPO_ROOT, Cluster, start_cluster, stop_cluster, wait_until
+from support.harness.loadgen import LoadResult, ServiceEndpoint, run_clients
 from support.operator import Kit, OperatorProcess, install_crd, operator_kubeconfig_for
 
 NODE_SH = REPO_ROOT / "e2e" / "cluster" / "node.sh"

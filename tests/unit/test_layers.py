@@ -8,7 +8,7 @@ independent may not import each other even within a layer. Imports inside functi
 Operator: api < planner < foundation < sizing | render < desired < status | plan | events
           | preflight < cache_gate < config | kube | metrics | hub | engine_client | persistence
           < reconcile < fleet | leader < handlers | main < cli
-Engine:   contract < vllm_metrics | simulator | harness < health | settings | download_progress
+Engine:   contract < vllm_metrics | simulator < health | settings | download_progress
           < supervisor | engine_client | agent_metrics | probe_server | drain | download < agent
           < cli
 """
@@ -68,7 +68,7 @@ OPERATOR_INDEPENDENT = (
 ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("llmop_engine.contract",),
     ("llmop_engine.connection_close",),
-    ("llmop_engine.vllm_metrics", "llmop_engine.simulator", "llmop_engine.harness"),
+    ("llmop_engine.vllm_metrics", "llmop_engine.simulator"),
     ("llmop_engine.health", "llmop_engine.settings", "llmop_engine.download_progress"),
     (
         "llmop_engine.supervisor",
@@ -82,7 +82,6 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("llmop_engine.cli", "llmop_engine.__main__"),
 )
 ENGINE_INDEPENDENT = (
-    ("llmop_engine.simulator", "llmop_engine.harness"),
     ("llmop_engine.simulator", "llmop_engine.vllm_metrics"),  # the simulator speaks for vLLM
 )
 

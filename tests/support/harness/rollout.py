@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmop_engine.harness.loadgen import Endpoints, LoadResult, run_clients
-from llmop_engine.harness.replicas import Replica
+from support.harness.loadgen import Endpoints, LoadResult, run_clients
+from support.harness.replicas import Replica
 
 MODEL = "sim-model"
 
