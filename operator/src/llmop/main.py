@@ -159,7 +159,6 @@ def _standby_health(config: OperatorConfig) -> Iterator[None]:
     if not config.liveness_port:
         yield
         return
-    ThreadingHTTPServer.allow_reuse_address = True
     server = ThreadingHTTPServer((config.bind_address, config.liveness_port), _StandbyHealth)
     thread = threading.Thread(target=server.serve_forever, name="standby-health", daemon=True)
     thread.start()

@@ -71,13 +71,19 @@ def _summary(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def generation_of(body: Mapping[str, Any]) -> tuple[str, int | None]:
+    """(uid, generation) of a parent: what each per-generation memory of this process (parsed
+    spec, model gate, found problem) is kept for."""
+    metadata = body["metadata"]
+    return str(metadata.get("uid") or ""), metadata.get("generation")
+
+
 def parse(ctx: Context, body: Mapping[str, Any]) -> Parsed:
     """The parent's desired state, computed once per generation."""
     key = key_of(body)
-    metadata = body["metadata"]
-    uid, generation = metadata.get("uid", ""), metadata.get("generation")
+    uid, generation = generation_of(body)
     cached = ctx._parsed.get(key)
-    if cached is not None and cached.uid == uid and cached.generation == generation:
+    if cached is not None and (cached.uid, cached.generation) == (uid, generation):
         return cached
     try:
         desired: DesiredState | None = desired_state(
@@ -104,10 +110,6 @@ def waiting_for_model(ctx: Context, body: Mapping[str, Any]) -> str | None:
     """Ready's and Reconciling's message while this generation's engine children wait for the
     model cache to fill (None when they do not)."""
     gate = ctx._gates.get(key_of(body))
-    metadata = body["metadata"]
-    if gate is None or (gate.uid, gate.generation) != (
-        metadata.get("uid"),
-        metadata.get("generation"),
-    ):
+    if gate is None or (gate.uid, gate.generation) != generation_of(body):
         return None
     return waiting_message(gate.status.download)

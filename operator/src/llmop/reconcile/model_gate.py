@@ -15,7 +15,7 @@ from llmop.desired import DesiredState, desired_state
 from llmop.kube import KubeError
 from llmop.metrics import RESULT_OK
 from llmop.quantity import quantity_value
-from llmop.reconcile.caches import key_of
+from llmop.reconcile.caches import generation_of, key_of
 from llmop.reconcile.context import Context, ModelGate, Parsed
 from llmop.reconcile.writes import run_plan, write_derived_status, write_stalled
 from llmop.render import model_cache
@@ -67,7 +67,6 @@ def _cache_bytes(ctx: Context, namespace: str, llmd: LLMDeployment) -> float | P
 
 def _preflight(ctx: Context, body: Mapping[str, Any], llmd: LLMDeployment) -> ModelGate:
     namespace, _ = key_of(body)
-    metadata = body["metadata"]
     model = llmd.spec.model
     ref = model.token_secret_ref
     token = _token(ctx, namespace, llmd)
@@ -97,7 +96,7 @@ def _preflight(ctx: Context, body: Mapping[str, Any], llmd: LLMDeployment) -> Mo
         size_bytes=verdict.total_bytes,
         cache_claim=model_cache.cache_claim(llmd),
     )
-    gate = ModelGate(metadata.get("uid", ""), metadata.get("generation"), model, verdict, status)
+    gate = ModelGate(*generation_of(body), model, verdict, status)
     if verdict.ok and verdict.floating:
         spec = events.EventSpec("Warning", preflight.REASON_FLOATING_REVISION, verdict.message)
         try:

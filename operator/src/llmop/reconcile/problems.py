@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmop.plan import ChildPlan, Delete
-from llmop.reconcile.caches import key_of
+from llmop.reconcile.caches import generation_of, key_of
 from llmop.reconcile.context import Context, Found
 from llmop.status import Problem
 
@@ -18,20 +18,13 @@ from llmop.status import Problem
 def remember(
     ctx: Context, body: Mapping[str, Any], problem: Problem, *, child: str | None = None
 ) -> None:
-    metadata = body["metadata"]
-    ctx._problems[key_of(body)] = Found(
-        str(metadata.get("uid") or ""), metadata.get("generation"), problem, child
-    )
+    ctx._problems[key_of(body)] = Found(*generation_of(body), problem, child)
 
 
 def problem_of(ctx: Context, body: Mapping[str, Any]) -> Problem | None:
     """The problem this process found for the parent's current generation, if any."""
     found = ctx._problems.get(key_of(body))
-    metadata = body["metadata"]
-    if found is None or (found.uid, found.generation) != (
-        metadata.get("uid"),
-        metadata.get("generation"),
-    ):
+    if found is None or (found.uid, found.generation) != generation_of(body):
         return None
     return found.problem
 
