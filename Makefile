@@ -47,7 +47,7 @@ generate: install ## Regenerate the CRD, the chart's CRD template and the API re
 
 .PHONY: verify
 verify: generate ## Fail when generated files differ from what is committed.
-	@git diff --exit-code -- crds helm/llmop/templates/crds docs/api-reference.md || \
+	@git diff --exit-code -- crds helm/llmop/templates/crds docs/api-reference.md docs/engine-contract.md || \
 	  (echo "generated files are stale: run 'make generate' and commit" >&2; exit 1)
 
 .PHONY: unit

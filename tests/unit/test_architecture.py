@@ -116,4 +116,4 @@ def test_operator_meets_the_engine_only_through_the_contract() -> None:
                 if target.split(".")[0] == "llmop_engine":
                     assert target == "llmop_engine.contract", f"{relative(path)} imports {target}"
     contract = PACKAGE.parents[2] / "engine-image" / "src" / "llmop_engine" / "contract.py"
-    assert imported_roots(contract) <= {"__future__", "collections", "typing"}
+    assert imported_roots(contract) <= {"__future__", "collections", "dataclasses", "typing"}

@@ -54,6 +54,13 @@ def test_generated_file_is_up_to_date(relative: Path, render: Any) -> None:
     assert committed == render(), f"{relative} is stale: run `make generate`"
 
 
+def test_engine_contract_settings_table_is_up_to_date() -> None:
+    committed = (REPO / crdgen.ENGINE_CONTRACT_PATH).read_text(encoding="utf-8")
+    assert committed == crdgen.render_engine_contract(committed), (
+        f"{crdgen.ENGINE_CONTRACT_PATH} is stale: run `make generate`"
+    )
+
+
 def test_schema_is_structural() -> None:
     for path, node in walk(ROOT_SCHEMA):
         assert not FORBIDDEN_KEYS & node.keys(), f"{path} has {FORBIDDEN_KEYS & node.keys()}"

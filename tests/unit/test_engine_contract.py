@@ -13,6 +13,7 @@ import pytest
 from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
 from llmop.render import RenderSettings, render_children
+from llmop.render.engine_args import spec_value
 from llmop_engine import contract, health
 from llmop_engine.settings import AgentSettings, parse_run_args
 from llmop_engine.supervisor import engine_command, engine_port
@@ -124,6 +125,7 @@ def test_probes_and_prestop_point_at_what_the_agent_serves() -> None:
 def test_every_rendered_variable_is_one_the_agent_reads() -> None:
     _, container = _render(SPECS["everything-set"])
     known = {value for key, value in vars(contract.Env).items() if not key.startswith("_")}
+    known |= {row.env for row in contract.SETTINGS if row.env is not None}
     rendered = {var["name"] for var in container["env"]}
     assert rendered <= known, rendered - known
 
@@ -150,3 +152,53 @@ def test_one_set_of_engine_defaults() -> None:
     # An agent started with no flags and no variables: the same defaults again.
     bare = parse_run_args([], {})
     assert dataclasses.replace(bare, engine_args=()) == agent
+
+
+def _other_value(row: contract.Setting) -> tuple[object, str]:
+    """A value unlike the row's default, and how a flag or a variable spells it."""
+    if row.choices is not None:
+        other = next(choice for choice in row.choices if choice != row.default)
+        return other, other
+    if row.kind is bool:
+        return (not row.default), contract.encode_bool(not row.default)
+    if row.kind is str:
+        return "other-value", "other-value"
+    number = row.kind(str(row.default or 0)) + 3
+    return number, str(number)
+
+
+@pytest.mark.parametrize("row", contract.SETTINGS, ids=lambda row: row.name)
+def test_every_setting_is_read_from_its_flag_and_its_variable(row: contract.Setting) -> None:
+    """The agent's parser and environment reader are made from the table: each row's flag and
+    variable set its field, and the flag wins over the variable."""
+    value, spelled = _other_value(row)
+    if row.env is not None:
+        assert getattr(parse_run_args([], {row.env: spelled}), row.name) == value
+    if row.flag is None:
+        return
+    if row.kind is bool:
+        argv = [row.flag if value else "--no-" + row.flag.removeprefix("--")]
+    else:
+        argv = [row.flag, spelled]
+    env = {row.env: str(row.default)} if row.env is not None else {}
+    assert getattr(parse_run_args(argv, env), row.name) == value
+
+
+@pytest.mark.parametrize(
+    "row", [row for row in contract.SETTINGS if row.spec], ids=lambda row: row.name
+)
+def test_every_cr_field_of_the_table_reaches_the_agent(row: contract.Setting) -> None:
+    """A row's CR field is rendered into its variable: set it to a value unlike the default and
+    the agent in the rendered container has it; unset, the CRD's default is the table's."""
+    assert row.spec is not None
+    default_spec = LLMDeploymentSpec.model_validate({"model": {"name": "m"}})
+    assert spec_value(default_spec, row.spec) in (row.default, None)
+    value, _ = _other_value(row)
+    nested: dict[str, Any] = {}
+    *parents, leaf = row.spec.split(".")
+    cursor = nested
+    for key in parents:
+        cursor = cursor.setdefault(key, {})
+    cursor[leaf] = value
+    _, container = _render({"model": {"name": "m"}, **nested})
+    assert getattr(_agent(container), row.name) == value

@@ -54,13 +54,7 @@ def directory_bytes(path: str) -> int:
 class Agent:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
-        self.policy = Policy(
-            stall_seconds=settings.stall_seconds,
-            load_timeout_seconds=settings.load_timeout_seconds,
-            deep_probe_enabled=settings.deep_probe_enabled,
-            deep_probe_interval_seconds=settings.deep_probe_interval_seconds,
-            deep_probe_timeout_seconds=settings.deep_probe_timeout_seconds,
-        )
+        self.policy: Policy = settings
         self.metrics = AgentMetrics()
         self.supervisor = Supervisor(engine_command(settings), engine_env(settings, os.environ))
         self.drain_flag = drain_flag_path(settings.agent_socket)

@@ -16,7 +16,8 @@ Deployment and feeds its args and env through the agent's own parser.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final, Literal
+from dataclasses import dataclass, field, fields
+from typing import Final, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 # --- Command line -------------------------------------------------------------------------------
 
@@ -34,26 +35,6 @@ DOWNLOAD: Final = "download"
 Backend = Literal["vllm", "simulator"]
 BACKENDS: Final[tuple[Backend, ...]] = ("vllm", "simulator")
 """Engines the agent can launch (`--backend`, `LLMOP_BACKEND`)."""
-
-
-class Flag:
-    """Flags of `llmop-engine run` (each overrides its environment variable)."""
-
-    BACKEND: Final = "--backend"
-    PORT: Final = "--port"
-    PROBE_PORT: Final = "--probe-port"
-    PROBE_HOST: Final = "--probe-host"
-    STALL_SECONDS: Final = "--stall-seconds"
-    LOAD_TIMEOUT_SECONDS: Final = "--load-timeout-seconds"
-    DEEP_PROBE: Final = "--deep-probe"
-    DEEP_PROBE_INTERVAL_SECONDS: Final = "--deep-probe-interval-seconds"
-    DEEP_PROBE_TIMEOUT_SECONDS: Final = "--deep-probe-timeout-seconds"
-    DEEP_PROBE_PROMPT: Final = "--deep-probe-prompt"
-    ENDPOINT_PROPAGATION_SECONDS: Final = "--endpoint-propagation-seconds"
-    DRAIN_SECONDS: Final = "--drain-seconds"
-    MODEL_CACHE_DIR: Final = "--model-cache-dir"
-    SOCKET: Final = "--socket"
-    POLL_INTERVAL_SECONDS: Final = "--poll-interval-seconds"
 
 
 class EngineFlag:
@@ -114,21 +95,8 @@ PROGRESS_RETRYING: Final = "retrying"
 
 
 class Env:
-    """Environment variables the renderer sets and the agent reads (all optional)."""
+    """Variables outside the settings table: vLLM's and the Hub's own, and the drain mark."""
 
-    BACKEND: Final = "LLMOP_BACKEND"
-    SERVED_MODEL_NAME: Final = "LLMOP_SERVED_MODEL_NAME"
-    STALL_SECONDS: Final = "LLMOP_STALL_SECONDS"
-    LOAD_TIMEOUT_SECONDS: Final = "LLMOP_LOAD_TIMEOUT_SECONDS"
-    DEEP_PROBE_ENABLED: Final = "LLMOP_DEEP_PROBE_ENABLED"
-    DEEP_PROBE_INTERVAL_SECONDS: Final = "LLMOP_DEEP_PROBE_INTERVAL_SECONDS"
-    DEEP_PROBE_TIMEOUT_SECONDS: Final = "LLMOP_DEEP_PROBE_TIMEOUT_SECONDS"
-    DEEP_PROBE_PROMPT: Final = "LLMOP_DEEP_PROBE_PROMPT"
-    ENDPOINT_PROPAGATION_SECONDS: Final = "LLMOP_ENDPOINT_PROPAGATION_SECONDS"
-    DRAIN_SECONDS: Final = "LLMOP_DRAIN_SECONDS"
-    MODEL_CACHE_DIR: Final = "LLMOP_MODEL_CACHE_DIR"
-    AGENT_SOCKET: Final = "LLMOP_AGENT_SOCKET"
-    POLL_INTERVAL_SECONDS: Final = "LLMOP_POLL_INTERVAL_SECONDS"
     API_KEY: Final = "VLLM_API_KEY"
     """vLLM's own variable; the agent reads it for its deep probes."""
     DRAIN_FLAG: Final = "LLMOP_DRAIN_FLAG"
@@ -177,17 +145,8 @@ PROGRESS_PATH: Final = "/progress"
 AGENT_SOCKET: Final = "/tmp/llmop-agent.sock"
 """Default drain socket; the renderer points `LLMOP_AGENT_SOCKET` into a memory volume."""
 
-# --- Defaults (the CRD's defaults are these same values) ------------------------------------------
+# --- Timings that are not settings ---------------------------------------------------------------
 
-STALL_SECONDS: Final = 60
-LOAD_TIMEOUT_SECONDS: Final = 1800
-"""Load budget when nothing better is known (the operator derives one from the model size)."""
-DEEP_PROBE_ENABLED: Final = True
-DEEP_PROBE_INTERVAL_SECONDS: Final = 10
-DEEP_PROBE_TIMEOUT_SECONDS: Final = 5
-DEEP_PROBE_PROMPT: Final = "ping"
-ENDPOINT_PROPAGATION_SECONDS: Final = 5
-DRAIN_SECONDS: Final = 30
 ENGINE_EXIT_GRACE_SECONDS: Final = 10
 """After the drain's final SIGTERM, how long the engine gets to exit before the agent SIGKILLs its
 process tree. vLLM aborting what is left and exiting: 0.6 s idle, 4.3 s with 8 streams aborted on
@@ -196,27 +155,216 @@ HTTP_KEEP_ALIVE_SECONDS: Final = 5
 """vLLM's default for `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` (0.32); the simulator uses the same."""
 CLOSE_ON_DRAIN_MIDDLEWARE: Final = "llmop_engine.connection_close.CloseOnDrain"
 """The ASGI middleware the agent passes to `vllm serve --middleware` (see `Env.DRAIN_FLAG`)."""
-POLL_INTERVAL_SECONDS: Final = 1.0
-"""How often the agent reads the engine's /health and /metrics (agent-only; not rendered)."""
 DOWNLOAD_DEADLINE_SECONDS: Final = 6 * 3600
 """The downloader's own deadline: 6 h moves 1 TiB at 50 MB/s; a stuck download fails visibly."""
+
+
+# --- The agent's settings: one table ------------------------------------------------------------
+
+T = TypeVar("T")
+
+_SETTING = "llmop.setting"
+"""Metadata key of a table row on its `AgentSettings` field."""
+
+
+@dataclass(frozen=True)
+class _Row:
+    flag: str | None
+    env: str | None
+    spec: str | None
+    help: str
+
+
+def setting(
+    default: T,
+    *,
+    help: str,
+    flag: str | None = None,
+    env: str | None = None,
+    spec: str | None = None,
+) -> T:
+    """A field of the settings table: its default, the `run` flag and the variable that set it
+    (flag wins), and `spec`, the CR field (camelCase path under `spec`) the operator renders
+    into the variable."""
+    return field(default=default, metadata={_SETTING: _Row(flag, env, spec, help)})
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Everything the agent needs to supervise, probe and drain one engine: the one table of its
+    settings. Each row is typed, has its default, and names its flag, its variable and the CR
+    field it comes from; the agent's parser and environment reader, the health policy's defaults,
+    the CRD's defaults, the operator's rendering and the table in docs/engine-contract.md are all
+    made from it. A new setting is a row here (plus its API field when users set it)."""
+
+    backend: Backend = setting(
+        "vllm",
+        flag="--backend",
+        env="LLMOP_BACKEND",
+        help="engine to launch (the simulator image sets `simulator`)",
+    )
+    api_port: int = setting(API_PORT, flag="--port", help="engine API port (`service.port`)")
+    probe_port: int = setting(PROBE_PORT, flag="--probe-port", help="agent probe port")
+    probe_host: str = setting(PROBE_HOST, flag="--probe-host", help="probe bind address")
+    served_model_name: str | None = setting(
+        None,
+        env="LLMOP_SERVED_MODEL_NAME",
+        help="model name of the deep probe (unset: `--served-model-name` of the engine flags, "
+        "else the first id from `/v1/models`)",
+    )
+    stall_seconds: float = setting(
+        60,
+        flag="--stall-seconds",
+        env="LLMOP_STALL_SECONDS",
+        spec="health.stallSeconds",
+        help="pending work with no generated-token progress for this long → `/livez` fails",
+    )
+    load_timeout_seconds: float = setting(
+        1800,
+        flag="--load-timeout-seconds",
+        env="LLMOP_LOAD_TIMEOUT_SECONDS",
+        spec="health.loadTimeoutSeconds",
+        help="budget for the engine to start listening once the process runs (the operator "
+        "derives one from the model size when the field is unset)",
+    )
+    deep_probe_enabled: bool = setting(
+        True,
+        flag="--deep-probe",
+        env="LLMOP_DEEP_PROBE_ENABLED",
+        spec="health.deepProbe.enabled",
+        help="send idle one-token probes (`true`/`false`; `--no-deep-probe`)",
+    )
+    deep_probe_interval_seconds: float = setting(
+        10,
+        flag="--deep-probe-interval-seconds",
+        env="LLMOP_DEEP_PROBE_INTERVAL_SECONDS",
+        spec="health.deepProbe.intervalSeconds",
+        help="idle one-token probe interval",
+    )
+    deep_probe_timeout_seconds: float = setting(
+        5,
+        flag="--deep-probe-timeout-seconds",
+        env="LLMOP_DEEP_PROBE_TIMEOUT_SECONDS",
+        spec="health.deepProbe.timeoutSeconds",
+        help="deadline of one deep probe",
+    )
+    deep_probe_prompt: str = setting(
+        "ping",
+        flag="--deep-probe-prompt",
+        env="LLMOP_DEEP_PROBE_PROMPT",
+        spec="health.deepProbe.prompt",
+        help="prompt of the deep probe",
+    )
+    endpoint_propagation_seconds: float = setting(
+        5,
+        flag="--endpoint-propagation-seconds",
+        env="LLMOP_ENDPOINT_PROPAGATION_SECONDS",
+        spec="rollout.endpointPropagationSeconds",
+        help="wait after readiness flips off before the drain goes on",
+    )
+    drain_seconds: float = setting(
+        30,
+        flag="--drain-seconds",
+        env="LLMOP_DRAIN_SECONDS",
+        spec="rollout.drainSeconds",
+        help="upper bound for in-flight work to finish",
+    )
+    model_cache_dir: str | None = setting(
+        None,
+        flag="--model-cache-dir",
+        env="LLMOP_MODEL_CACHE_DIR",
+        help="directory whose growth counts as download progress",
+    )
+    agent_socket: str = setting(
+        AGENT_SOCKET,
+        flag="--socket",
+        env="LLMOP_AGENT_SOCKET",
+        help=f"unix socket of `{ENTRYPOINT} {DRAIN}`",
+    )
+    poll_interval_seconds: float = setting(
+        1.0,
+        flag="--poll-interval-seconds",
+        env="LLMOP_POLL_INTERVAL_SECONDS",
+        help="how often the agent reads the engine's `/health` and `/metrics`",
+    )
+    engine_keep_alive_seconds: float = setting(
+        HTTP_KEEP_ALIVE_SECONDS,
+        env=Env.HTTP_KEEP_ALIVE_SECONDS,
+        help="vLLM's idle keep-alive timeout (its own variable): the drain's quiet period, so "
+        "that idle pooled connections are closed before the engine exits",
+    )
+    # Not rows: the engine's command line, and the API key the deep probe sends (the engine
+    # flag `--api-key`, else vLLM's own `VLLM_API_KEY`, a Secret the operator references).
+    engine_args: tuple[str, ...] = ()
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the settings table, as its readers and writers use it."""
+
+    name: str
+    """The `AgentSettings` field."""
+    kind: type[float] | type[int] | type[bool] | type[str]
+    optional: bool
+    choices: tuple[str, ...] | None
+    default: object
+    flag: str | None
+    env: str | None
+    spec: str | None
+    help: str
+
+
+def _rows() -> tuple[Setting, ...]:
+    hints = get_type_hints(AgentSettings)
+    rows = []
+    for f in fields(AgentSettings):
+        row = f.metadata.get(_SETTING)
+        if not isinstance(row, _Row):
+            continue
+        hint = hints[f.name]
+        args = [a for a in get_args(hint) if a is not type(None)]
+        optional = len(args) < len(get_args(hint))
+        if get_origin(hint) is Literal:
+            kind, choices = str, tuple(str(a) for a in get_args(hint))
+        else:
+            kind, choices = (args[0] if optional else hint), None
+        rows.append(
+            Setting(
+                f.name, kind, optional, choices, f.default, row.flag, row.env, row.spec, row.help
+            )
+        )
+    return tuple(rows)
+
+
+SETTINGS: Final = _rows()
+"""The table's rows in declaration order (the order the renderer writes the variables in)."""
+DEFAULTS: Final = AgentSettings()
+"""The table's defaults, typed: what an absent flag and an absent variable leave."""
+
+
+def row(name: str) -> Setting:
+    """The row of one setting (`row("agent_socket").env`)."""
+    for s in SETTINGS:
+        if s.name == name:
+            return s
+    raise KeyError(f"no agent setting {name!r}")
 
 
 def run_args(
     *, backend: str, api_port: int, probe_port: int, engine_args: Sequence[str]
 ) -> list[str]:
     """Container args of the engine: `run`, the agent's flags, `--`, the engine's flags."""
-    return [
-        RUN,
-        Flag.BACKEND,
-        backend,
-        Flag.PORT,
-        str(api_port),
-        Flag.PROBE_PORT,
-        str(probe_port),
-        ENGINE_ARGS_SEPARATOR,
-        *engine_args,
-    ]
+    own = {"backend": backend, "api_port": str(api_port), "probe_port": str(probe_port)}
+    flags = [part for name, value in own.items() for part in (_flag(name), value)]
+    return [RUN, *flags, ENGINE_ARGS_SEPARATOR, *engine_args]
+
+
+def _flag(name: str) -> str:
+    flag = row(name).flag
+    if flag is None:
+        raise KeyError(f"agent setting {name!r} has no flag")
+    return flag
 
 
 def split_engine_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -57,18 +57,14 @@ class Reach(enum.StrEnum):
     ERROR = "error"  # timeout or any other failure
 
 
-@dataclass(frozen=True)
-class Policy:
-    stall_seconds: float = contract.STALL_SECONDS
-    load_timeout_seconds: float = contract.LOAD_TIMEOUT_SECONDS
-    deep_probe_enabled: bool = contract.DEEP_PROBE_ENABLED
-    deep_probe_interval_seconds: float = contract.DEEP_PROBE_INTERVAL_SECONDS
-    deep_probe_timeout_seconds: float = contract.DEEP_PROBE_TIMEOUT_SECONDS
+Policy = contract.AgentSettings
+"""The rules' thresholds are the agent's settings (stall, load budget, deep probe): one table,
+so the policy's defaults are the agent's and the CRD's."""
 
-    @property
-    def ready_stall_seconds(self) -> float:
-        """Busy without progress for this long → stop routing new work here (before liveness)."""
-        return min(self.stall_seconds, self.deep_probe_interval_seconds)
+
+def ready_stall_seconds(policy: Policy) -> float:
+    """Busy without progress for this long → stop routing new work here (before liveness)."""
+    return min(policy.stall_seconds, policy.deep_probe_interval_seconds)
 
 
 @dataclass(frozen=True)
@@ -391,7 +387,7 @@ def _busy_verdict(state: HealthState, policy: Policy, now: float) -> Verdict:
             ready=False,
             reason=f"hung: {pending} pending requests and no generated tokens for {stalled:.0f}s",
         )
-    if seen_stalled > policy.ready_stall_seconds:
+    if seen_stalled > ready_stall_seconds(policy):
         return Verdict(
             phase=Phase.READY,
             live=True,

@@ -35,7 +35,7 @@ BASE_LOAD_SECONDS = 600
 """Engine start, CUDA graph capture and torch.compile take minutes even for small models."""
 LOAD_SECONDS_PER_GIB = 20
 """~50 MiB/s effective read and shard speed: slow network volumes, not local NVMe."""
-UNKNOWN_SIZE_LOAD_SECONDS = contract.LOAD_TIMEOUT_SECONDS
+UNKNOWN_SIZE_LOAD_SECONDS = int(contract.DEFAULTS.load_timeout_seconds)
 """The agent's own default budget when the model's size is unknown."""
 
 

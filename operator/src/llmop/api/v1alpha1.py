@@ -484,13 +484,17 @@ class DeepProbeSpec(ApiModel):
         }
     )
 
-    enabled: bool = contract.DEEP_PROBE_ENABLED
+    enabled: bool = contract.DEFAULTS.deep_probe_enabled
     """Send deep probes. When false, readiness relies on the engine's /health alone."""
-    interval_seconds: int = Field(default=contract.DEEP_PROBE_INTERVAL_SECONDS, ge=2, le=3600)
+    interval_seconds: int = Field(
+        default=int(contract.DEFAULTS.deep_probe_interval_seconds), ge=2, le=3600
+    )
     """Seconds between deep probes on an idle engine."""
-    timeout_seconds: int = Field(default=contract.DEEP_PROBE_TIMEOUT_SECONDS, ge=1, le=600)
+    timeout_seconds: int = Field(
+        default=int(contract.DEFAULTS.deep_probe_timeout_seconds), ge=1, le=600
+    )
     """Deadline of one deep probe."""
-    prompt: str = Field(default=contract.DEEP_PROBE_PROMPT, min_length=1, max_length=1024)
+    prompt: str = Field(default=contract.DEFAULTS.deep_probe_prompt, min_length=1, max_length=1024)
     """Prompt of the probe request (one output token is generated)."""
 
 
@@ -499,7 +503,7 @@ class HealthSpec(ApiModel):
 
     deep_probe: DeepProbeSpec = Field(default_factory=DeepProbeSpec)
     """Idle deep probe."""
-    stall_seconds: int = Field(default=contract.STALL_SECONDS, ge=5, le=3600)
+    stall_seconds: int = Field(default=int(contract.DEFAULTS.stall_seconds), ge=5, le=3600)
     """An engine with pending work and no generated-token progress for this long is hung and
     restarted."""
     load_timeout_seconds: int | None = Field(default=None, ge=30, le=86400)
@@ -527,10 +531,10 @@ class RolloutSpec(ApiModel):
     """Extra pods during a rollout (each needs its own GPUs)."""
     max_unavailable: int = Field(default=0, ge=0, le=100)
     """Pods that may be unavailable during a rollout."""
-    drain_seconds: int = Field(default=contract.DRAIN_SECONDS, ge=1, le=3600)
+    drain_seconds: int = Field(default=int(contract.DEFAULTS.drain_seconds), ge=1, le=3600)
     """Upper bound for in-flight requests to finish on shutdown (vLLM `--shutdown-timeout`)."""
     endpoint_propagation_seconds: int = Field(
-        default=contract.ENDPOINT_PROPAGATION_SECONDS, ge=0, le=120
+        default=int(contract.DEFAULTS.endpoint_propagation_seconds), ge=0, le=120
     )
     """Wait after readiness turns off before the engine stops accepting work, so Service
     endpoints and load balancers stop sending requests first."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import BaseModel
+
 from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment, ModelSpec, SpeculativeSpec
 from llmop.cpu import cpu_kv_cache_gib
@@ -88,21 +90,21 @@ def agent_args(llmd: LLMDeployment) -> list[str]:
 def agent_env(llmd: LLMDeployment, *, load_timeout_seconds: int) -> list[dict[str, Any]]:
     """Environment of the engine container: the agent's settings, secrets, then the user's env."""
     spec = llmd.spec
-    probe = spec.health.deep_probe
-    plain = {
-        Env.SERVED_MODEL_NAME: served_model_name(llmd),
-        Env.STALL_SECONDS: str(spec.health.stall_seconds),
-        Env.LOAD_TIMEOUT_SECONDS: str(spec.health.load_timeout_seconds or load_timeout_seconds),
-        Env.DEEP_PROBE_ENABLED: contract.encode_bool(probe.enabled),
-        Env.DEEP_PROBE_INTERVAL_SECONDS: str(probe.interval_seconds),
-        Env.DEEP_PROBE_TIMEOUT_SECONDS: str(probe.timeout_seconds),
-        Env.DEEP_PROBE_PROMPT: probe.prompt,
-        Env.ENDPOINT_PROPAGATION_SECONDS: str(spec.rollout.endpoint_propagation_seconds),
-        Env.DRAIN_SECONDS: str(spec.rollout.drain_seconds),
-        Env.MODEL_CACHE_DIR: names.MODEL_CACHE_PATH,
-        Env.AGENT_SOCKET: f"{names.AGENT_SOCKET_DIR}/agent.sock",
-        Env.HF_HOME: names.MODEL_CACHE_PATH,
+    # The rows the CR has no field for, and the fallback of a field left unset.
+    derived: dict[str, object] = {
+        "served_model_name": served_model_name(llmd),
+        "load_timeout_seconds": load_timeout_seconds,
+        "model_cache_dir": names.MODEL_CACHE_PATH,
+        "agent_socket": f"{names.AGENT_SOCKET_DIR}/agent.sock",
     }
+    plain: dict[str, str] = {}
+    for setting in contract.SETTINGS:
+        value = spec_value(spec, setting.spec) if setting.spec is not None else None
+        if value is None:
+            value = derived.get(setting.name)
+        if setting.env is not None and value is not None:
+            plain[setting.env] = _encode(value)
+    plain[Env.HF_HOME] = names.MODEL_CACHE_PATH
     user_vars = {var.name for var in spec.engine.env}
     kv_gib = cpu_kv_cache_gib(spec)
     if kv_gib is not None and Env.VLLM_CPU_KVCACHE_SPACE not in user_vars:
@@ -120,6 +122,27 @@ def agent_env(llmd: LLMDeployment, *, load_timeout_seconds: int) -> list[dict[st
         env.append(_secret_env(Env.API_KEY, ref.name, ref.key))
     env += [var.model_dump(by_alias=True, exclude_none=True) for var in spec.engine.env]
     return env
+
+
+def spec_value(spec: BaseModel, path: str) -> object:
+    """The value at a CR field path (`health.deepProbe.intervalSeconds`, as in the CRD)."""
+    value: object = spec
+    for key in path.split("."):
+        if not isinstance(value, BaseModel):
+            raise KeyError(f"spec.{path}: {key!r} is under a value, not an object")
+        value = getattr(value, _attribute(type(value), key))
+    return value
+
+
+def _attribute(model: type[BaseModel], alias: str) -> str:
+    for name, info in model.model_fields.items():
+        if (info.alias or name) == alias:
+            return name
+    raise KeyError(f"{model.__name__} has no field {alias!r}")
+
+
+def _encode(value: object) -> str:
+    return contract.encode_bool(value) if isinstance(value, bool) else str(value)
 
 
 def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
