@@ -43,6 +43,11 @@ class Apply:
         """The manifest's kind."""
         return str(self.manifest["kind"])
 
+    @property
+    def kind_name(self) -> str:
+        """The child's kind, as `Delete.kind_name` spells it (one spelling for every step)."""
+        return self.kind
+
 
 @dataclass(frozen=True)
 class Delete:
@@ -52,6 +57,11 @@ class Delete:
     namespace: str
     name: str
     reason: str
+
+    @property
+    def kind_name(self) -> str:
+        """The child's kind, as `Apply.kind_name` spells it."""
+        return self.kind.kind
 
 
 Step = Apply | Delete

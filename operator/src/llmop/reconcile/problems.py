@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from llmop.plan import ChildPlan, Delete
+from llmop.plan import ChildPlan
 from llmop.reconcile.caches import generation_of, key_of
 from llmop.reconcile.context import Context, Found
 from llmop.status import Problem
@@ -36,6 +36,6 @@ def clear_problem(ctx: Context, body: Mapping[str, Any], plan: ChildPlan, *, rep
     found = ctx._problems.get(key_of(body))
     if found is None:
         return
-    kinds_done = {s.kind.kind if isinstance(s, Delete) else s.kind for s in plan.steps()}
+    kinds_done = {s.kind_name for s in plan.steps()}
     if not repair or found.child is None or found.child in kinds_done:
         del ctx._problems[key_of(body)]

@@ -34,7 +34,7 @@ def execute(ctx: Context, plan: ChildPlan) -> None:
     """Carry out a child plan, step by step, deciding nothing. Raises `StepRejectedError` when
     the API server refuses an object, `KubeError` for transient failures."""
     for step in plan.steps():
-        kind = step.kind.kind if isinstance(step, Delete) else step.kind
+        kind = step.kind_name
         try:
             if isinstance(step, Delete):
                 if ctx.kube.delete(step.kind.api_version, kind, step.namespace, step.name):
