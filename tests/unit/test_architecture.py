@@ -117,3 +117,29 @@ def test_operator_meets_the_engine_only_through_the_contract() -> None:
                     assert target == "llmop_engine.contract", f"{relative(path)} imports {target}"
     contract = PACKAGE.parents[2] / "engine-image" / "src" / "llmop_engine" / "contract.py"
     assert imported_roots(contract) <= {"__future__", "collections", "dataclasses", "typing"}
+
+
+ROUTER = PACKAGE.parents[2] / "router" / "src" / "llmop_router"
+ROUTER_PURE = {"prefix.py", "ring.py", "routes.py"}
+ROUTER_OWNERS = {
+    "aiohttp": {"server.py", "cli.py"},
+    "multidict": {"server.py"},
+    "prometheus_client": {"metrics.py"},
+    "uvloop": {"cli.py"},
+}
+
+
+def test_router_is_its_own_package_with_a_pure_core() -> None:
+    """The router imports no operator or engine code (its image ships only `llmop_router`);
+    its routing core is pure; each I/O library has its one module."""
+    stdlib_ok = {"__future__", "bisect", "collections", "dataclasses", "hashlib", "json", "typing"}
+    for path in sorted(ROUTER.rglob("*.py")):
+        roots = imported_roots(path)
+        assert not roots & {"llmop", "llmop_engine", "kopf", "kubernetes"}, (
+            f"router/{path.name} imports {roots & {'llmop', 'llmop_engine', 'kopf', 'kubernetes'}}"
+        )
+        for library, owners in ROUTER_OWNERS.items():
+            if library in roots:
+                assert path.name in owners, f"{library} imported by router/{path.name}"
+        if path.name in ROUTER_PURE:
+            assert roots <= stdlib_ok | {"llmop_router"}, f"router/{path.name}: {roots}"
