@@ -19,3 +19,9 @@ sim: install ## Run agent + simulator locally (API :8000, probes :8081).
 	LLMOP_AGENT_SOCKET=/tmp/llmop-agent-dev.sock $(BIN)/llmop-engine run --backend simulator
 
 bench: bench-engine bench-download
+
+.PHONY: bench-router
+bench-router: install ## What the router adds to TTFT: direct vs bare passthrough vs llmop-router (table).
+	$(PY) bench/router_bench.py
+
+bench: bench-router
