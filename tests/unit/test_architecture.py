@@ -120,9 +120,10 @@ def test_operator_meets_the_engine_only_through_the_contract() -> None:
 
 
 ROUTER = PACKAGE.parents[2] / "router" / "src" / "llmop_router"
-ROUTER_PURE = {"prefix.py", "ring.py", "routes.py"}
+ROUTER_PURE = {"prefix.py", "ring.py", "routes.py", "discovery.py"}
 ROUTER_OWNERS = {
-    "aiohttp": {"server.py", "cli.py"},
+    "aiohttp": {"server.py", "cli.py", "kube.py"},
+    "yaml": {"kube.py"},
     "multidict": {"server.py"},
     "prometheus_client": {"metrics.py"},
     "uvloop": {"cli.py"},

@@ -1,14 +1,20 @@
-"""`llmop-router`: serve the router (`serve --static FILE` takes its table from a file)."""
+"""`llmop-router serve`: the router. Its table comes from watching LLMDeployments and their
+EndpointSlices (in a pod with its ServiceAccount, else with `--kubeconfig`), or from a static
+JSON file (`--static`, development and benchmarks)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
+import aiohttp
 from aiohttp import web
 
+from llmop_router.discovery import Catalog
+from llmop_router.kube import ENDPOINT_SLICES, LLMDEPLOYMENTS, ApiServer, list_and_watch
+from llmop_router.routes import RouteTable
 from llmop_router.server import Router, static_table
 
 DEFAULT_PORT = 8080
@@ -30,12 +36,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     serve = sub.add_parser("serve", help="serve the OpenAI endpoint")
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
-    serve.add_argument("--static", required=True, help="routing table (JSON)")
+    source = serve.add_mutually_exclusive_group()
+    source.add_argument("--static", help="routing table from this JSON file (no watch)")
+    source.add_argument("--kubeconfig", help="watch with this kubeconfig (default: in-cluster)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     _event_loop_policy()
-    router = Router(static_table(args.static))
-    router.ready = True
+    if args.static:
+        router = Router(static_table(args.static))
+        router.ready = True
+    else:
+        api = ApiServer.from_kubeconfig(args.kubeconfig) if args.kubeconfig else None
+        router = Router(RouteTable())
+        router.app_hooks.append(lambda app: watching(app, router, api or ApiServer.in_cluster()))
     # Handler cancellation on: a client that goes away cancels its upstream request at once.
     web.run_app(
         router.app(),
@@ -45,6 +58,35 @@ def main(argv: Sequence[str] | None = None) -> None:
         access_log=None,
         print=None,
     )
+
+
+def watching(app: web.Application, router: Router, api: ApiServer) -> None:
+    """Fill the router's table from the watches for as long as the app runs; ready once both
+    lists arrived."""
+    catalog = Catalog(router.table)
+
+    def on_llmdeployment(kind: str, obj: dict[str, object]) -> None:
+        catalog.on_llmdeployment(kind, obj)
+        router.ready = catalog.ready
+
+    def on_endpoint_slice(kind: str, obj: dict[str, object]) -> None:
+        catalog.on_endpoint_slice(kind, obj)
+        router.ready = catalog.ready
+
+    async def run(_app: web.Application) -> AsyncIterator[None]:
+        async with aiohttp.ClientSession() as session:
+            tasks = [
+                asyncio.create_task(list_and_watch(session, api, LLMDEPLOYMENTS, on_llmdeployment)),
+                asyncio.create_task(
+                    list_and_watch(session, api, ENDPOINT_SLICES, on_endpoint_slice)
+                ),
+            ]
+            yield
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    app.cleanup_ctx.append(run)
 
 
 if __name__ == "__main__":

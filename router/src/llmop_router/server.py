@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -35,6 +35,8 @@ INFERENCE_ROUTES = (
 )
 """What passes to the engines; every other `/v1/…` route (e.g. `/v1/load_lora_adapter`) is 403."""
 MODELS_ROUTE = "/v1/models"
+ROUTES_ROUTE = "/routes"
+"""The table as the router sees it (model → CR, endpoints, in-flight): for debugging routing."""
 ATTEMPTS = 2
 """The first pick and one retry on a different pod."""
 HOP_BY_HOP = frozenset(
@@ -82,6 +84,8 @@ class Router:
         self.metrics = metrics or RouterMetrics()
         self.connect_timeout = connect_timeout
         self.ready = False
+        self.app_hooks: list[Callable[[web.Application], None]] = []
+        """Called with the app before it runs (the watch attaches itself here)."""
         self._session: aiohttp.ClientSession | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -109,6 +113,9 @@ class Router:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_page)
+        app.router.add_get(ROUTES_ROUTE, self.list_routes)
+        for hook in self.app_hooks:
+            hook(app)
         return app
 
     # -- small routes ---------------------------------------------------------------------
@@ -132,6 +139,17 @@ class Router:
             for model, backend in sorted(self.table.backends.items())
         ]
         return web.json_response({"object": "list", "data": data})
+
+    async def list_routes(self, _request: web.Request) -> web.Response:
+        routes = {
+            model: {
+                "namespace": backend.namespace,
+                "name": backend.name,
+                "endpoints": {e: self.table.in_flight.get(e, 0) for e in backend.ring.endpoints},
+            }
+            for model, backend in sorted(self.table.backends.items())
+        }
+        return web.json_response({"ready": self.ready, "models": routes})
 
     async def refuse(self, request: web.Request) -> web.Response:
         return error(

@@ -553,6 +553,15 @@ class ServiceSpec(ApiModel):
     """Secret holding the API key clients must send (vLLM `--api-key`)."""
 
 
+class RouterSpec(ApiModel):
+    """How llmop-router serves this model (docs/router.md)."""
+
+    enabled: bool = True
+    """Serve this model through llmop-router, where one runs: its OpenAI endpoint routes
+    requests whose `model` is the served name to this CR's ready engine pods. The CR's own
+    Service serves it either way."""
+
+
 # --------------------------------------------------------------------------------------------
 # The resource
 
@@ -615,6 +624,8 @@ class LLMDeploymentSpec(ApiModel):
     """Rollout and drain behaviour."""
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     """The API Service."""
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    """Routing through llmop-router."""
 
     @property
     def desired_fixed_replicas(self) -> int:

@@ -1,0 +1,165 @@
+"""Pure: from LLMDeployments and their Services' EndpointSlices to the routing table's entries.
+
+A CR is routed unless `spec.router.enabled` is false; its model name is `spec.model.servedName`,
+else its own name. Its endpoints are the ready, non-terminating addresses of the EndpointSlices
+of its Service (named like the CR) on the port named `http`: a pod that started terminating
+leaves at once even while its readiness still passes (production-stack#601). When two CRs claim
+one model name, the oldest keeps it (then namespace/name order), the same on every replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmop_router.routes import RouteTable
+
+API_PORT_NAME = "http"
+"""The engine Service's API port name (the operator's renderer names it so)."""
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+Key = tuple[str, str]
+"""(namespace, name)"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A routed CR and the model name it serves."""
+
+    namespace: str
+    name: str
+    model: str
+    created: str
+
+
+def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
+    """The model a CR asks the router to serve, or None (routing off, or no name yet)."""
+    meta = llmd.get("metadata") or {}
+    spec = llmd.get("spec") or {}
+    router = spec.get("router") or {}
+    if router.get("enabled") is False:
+        return None
+    namespace, name = meta.get("namespace"), meta.get("name")
+    if not namespace or not name:
+        return None
+    model = (spec.get("model") or {}).get("servedName") or name
+    return Claim(namespace, name, model, meta.get("creationTimestamp") or "")
+
+
+def owners(claims: Iterable[Claim]) -> dict[str, Claim]:
+    """Model name → the one CR that serves it (oldest first, then namespace/name)."""
+    chosen: dict[str, Claim] = {}
+    for claim in sorted(claims, key=lambda c: (c.created, c.namespace, c.name)):
+        chosen.setdefault(claim.model, claim)
+    return chosen
+
+
+def service_of(endpoint_slice: Mapping[str, Any]) -> Key | None:
+    """The Service (namespace, name) an EndpointSlice belongs to."""
+    meta = endpoint_slice.get("metadata") or {}
+    service = (meta.get("labels") or {}).get(SERVICE_NAME_LABEL)
+    namespace = meta.get("namespace")
+    return (namespace, service) if namespace and service else None
+
+
+def ready_endpoints(slices: Iterable[Mapping[str, Any]]) -> list[str]:
+    """`ip:port` of every ready, non-terminating endpoint on the `http` port, sorted."""
+    found: set[str] = set()
+    for endpoint_slice in slices:
+        if endpoint_slice.get("addressType", "IPv4") not in ("IPv4", "IPv6"):
+            continue
+        ports = [p for p in endpoint_slice.get("ports") or [] if p.get("name") == API_PORT_NAME]
+        if not ports or ports[0].get("port") is None:
+            continue
+        port = ports[0]["port"]
+        for endpoint in endpoint_slice.get("endpoints") or []:
+            conditions = endpoint.get("conditions") or {}
+            # `ready` unset means ready (EndpointSlice API); terminating pods are never picked.
+            if conditions.get("ready") is False or conditions.get("terminating") is True:
+                continue
+            for address in (endpoint.get("addresses") or [])[:1]:
+                host = f"[{address}]" if ":" in address else address
+                found.add(f"{host}:{port}")
+    return sorted(found)
+
+
+@dataclass
+class Catalog:
+    """What the watches have seen, kept just large enough to fill a `RouteTable`: the claims
+    of the CRs and the endpoint lists of their Services. Fed one event at a time."""
+
+    table: RouteTable
+    claims: dict[Key, Claim] = field(default_factory=dict)
+    slices: dict[Key, dict[str, list[str]]] = field(default_factory=dict)
+    """Service → EndpointSlice name → its ready endpoints."""
+    synced: set[str] = field(default_factory=set)
+    _served: dict[Key, str] = field(default_factory=dict)
+    """CR → the model it owns in the table now."""
+
+    def on_llmdeployment(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind == "SYNC":
+            self.claims = {}
+            for item in obj.get("items") or []:
+                self._store_claim(item)
+            self.synced.add("llmdeployments")
+        elif kind == "DELETED":
+            self.claims.pop(_key(obj), None)
+        else:
+            self.claims.pop(_key(obj), None)
+            self._store_claim(obj)
+        self._assign_models()
+
+    def on_endpoint_slice(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind == "SYNC":
+            self.slices = {}
+            for item in obj.get("items") or []:
+                self._store_slice(item)
+            self.synced.add("endpointslices")
+            self._assign_models()
+            return
+        service = service_of(obj)
+        if service is None:
+            return
+        name = (obj.get("metadata") or {}).get("name", "")
+        if kind == "DELETED":
+            self.slices.get(service, {}).pop(name, None)
+        else:
+            self._store_slice(obj)
+        model = self._served.get(service)
+        if model is not None:
+            self.table.set(model, service[0], service[1], self.endpoints(service))
+
+    @property
+    def ready(self) -> bool:
+        """Both lists arrived: the table is complete."""
+        return self.synced >= {"llmdeployments", "endpointslices"}
+
+    def endpoints(self, service: Key) -> list[str]:
+        return sorted({e for found in self.slices.get(service, {}).values() for e in found})
+
+    def _store_claim(self, obj: Mapping[str, Any]) -> None:
+        claim = claim_of(obj)
+        if claim is not None:
+            self.claims[(claim.namespace, claim.name)] = claim
+
+    def _store_slice(self, obj: Mapping[str, Any]) -> None:
+        service = service_of(obj)
+        if service is not None:
+            name = (obj.get("metadata") or {}).get("name", "")
+            self.slices.setdefault(service, {})[name] = ready_endpoints([obj])
+
+    def _assign_models(self) -> None:
+        chosen = owners(self.claims.values())
+        served = {(c.namespace, c.name): model for model, c in chosen.items()}
+        for model in set(self.table.backends) - set(chosen):
+            self.table.remove(model)
+        for model, claim in chosen.items():
+            key = (claim.namespace, claim.name)
+            self.table.set(model, claim.namespace, claim.name, self.endpoints(key))
+        self._served = served
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))

@@ -1,0 +1,178 @@
+"""The router's Kubernetes I/O: list and watch LLMDeployments and EndpointSlices over HTTP.
+
+A plain list-then-watch loop on aiohttp (the proxy's own event loop: no threads), resuming from
+the last resourceVersion, relisting on 410 Gone or a broken stream, with bookmarks so an idle
+watch costs one open connection. Credentials: in a pod, the ServiceAccount's token and CA; else
+a kubeconfig (token or client certificate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import ssl
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+log = logging.getLogger("llmop_router.kube")
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+LLMDEPLOYMENTS = "/apis/serving.llmop.dev/v1alpha1/llmdeployments"
+ENDPOINT_SLICES = "/apis/discovery.k8s.io/v1/endpointslices"
+WATCH_TIMEOUT_SECONDS = 300
+RETRY_SECONDS = (0.5, 1, 2, 5, 10)
+
+Handler = Callable[[str, dict[str, Any]], Awaitable[None] | None]
+"""Called with ("SYNC", {"items": [...]}) after each list, then ("ADDED" | "MODIFIED" |
+"DELETED", object) for each watch event."""
+
+
+@dataclass
+class ApiServer:
+    """Where the API server is and how to authenticate to it."""
+
+    host: str
+    ssl_context: ssl.SSLContext | bool
+    headers: dict[str, str] = field(default_factory=dict)
+    token_file: Path | None = None
+    """In a pod: the projected token, re-read per request (it rotates)."""
+
+    @classmethod
+    def in_cluster(cls) -> ApiServer:
+        host = os.environ["KUBERNETES_SERVICE_HOST"]
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
+        return cls(
+            f"https://{_bracket(host)}:{port}", context, token_file=SERVICE_ACCOUNT / "token"
+        )
+
+    @classmethod
+    def from_kubeconfig(cls, path: str) -> ApiServer:
+        config: Any = yaml.safe_load(Path(path).read_text())
+        context_name = config.get("current-context")
+        contexts = {c["name"]: c["context"] for c in config.get("contexts", [])}
+        context = contexts.get(context_name) or next(iter(contexts.values()))
+        cluster = {c["name"]: c["cluster"] for c in config["clusters"]}[context["cluster"]]
+        user = {u["name"]: u["user"] for u in config.get("users", [])}.get(context.get("user"), {})
+        ssl_context: ssl.SSLContext | bool = True
+        if cluster["server"].startswith("https"):
+            ssl_context = ssl.create_default_context()
+            ca = _material(cluster, "certificate-authority")
+            if ca is not None:
+                ssl_context.load_verify_locations(cafile=ca)
+            if cluster.get("insecure-skip-tls-verify"):
+                ssl_context.check_hostname = False
+                ssl_context.verify_mode = ssl.CERT_NONE
+            cert, key = _material(user, "client-certificate"), _material(user, "client-key")
+            if cert is not None and key is not None:
+                ssl_context.load_cert_chain(cert, key)
+        headers = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
+        return cls(cluster["server"].rstrip("/"), ssl_context, headers)
+
+    def auth_headers(self) -> dict[str, str]:
+        if self.token_file is not None:
+            return {"Authorization": f"Bearer {self.token_file.read_text().strip()}"}
+        return self.headers
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _material(section: dict[str, Any], name: str) -> str | None:
+    """A file path for `name` or `name-data` (inline base64, written to a private temp file)."""
+    if section.get(name):
+        return str(section[name])
+    data = section.get(f"{name}-data")
+    if not data:
+        return None
+    handle = tempfile.NamedTemporaryFile(prefix="llmop-router-", delete=False)  # noqa: SIM115
+    with handle:
+        handle.write(base64.b64decode(data))
+    return handle.name
+
+
+async def list_and_watch(
+    session: aiohttp.ClientSession, api: ApiServer, path: str, handler: Handler
+) -> None:
+    """Forever: list `path`, hand the items over, watch from there; relist when the watch
+    breaks. Returns only when cancelled."""
+    failures = 0
+    while True:
+        try:
+            version = await _list(session, api, path, handler)
+            failures = 0
+            await _watch(session, api, path, version, handler)
+        except asyncio.CancelledError:
+            raise
+        except _GoneError:
+            log.info("watch of %s expired; listing again", path)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
+            failures += 1
+            log.warning("list/watch of %s failed (%s); again in %s s", path, exc, delay)
+            await asyncio.sleep(delay)
+
+
+class _GoneError(Exception):
+    """The resourceVersion is too old (410): list again."""
+
+
+async def _list(session: aiohttp.ClientSession, api: ApiServer, path: str, handler: Handler) -> str:
+    async with session.get(
+        api.host + path, headers=api.auth_headers(), ssl=api.ssl_context
+    ) as answer:
+        answer.raise_for_status()
+        body: dict[str, Any] = await answer.json()
+    await _call(handler, "SYNC", body)
+    return str(body.get("metadata", {}).get("resourceVersion", ""))
+
+
+async def _watch(
+    session: aiohttp.ClientSession, api: ApiServer, path: str, version: str, handler: Handler
+) -> None:
+    while True:
+        params = {
+            "watch": "1",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_TIMEOUT_SECONDS),
+        }
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=WATCH_TIMEOUT_SECONDS + 30)
+        async with session.get(
+            api.host + path,
+            params=params,
+            headers=api.auth_headers(),
+            ssl=api.ssl_context,
+            timeout=timeout,
+        ) as answer:
+            if answer.status == 410:
+                raise _GoneError
+            answer.raise_for_status()
+            async for line in answer.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _GoneError
+                    raise ValueError(f"watch error: {obj.get('message')}")
+                version = str(obj.get("metadata", {}).get("resourceVersion", version))
+                if kind != "BOOKMARK":
+                    await _call(handler, str(kind), obj)
+
+
+async def _call(handler: Handler, kind: str, obj: dict[str, Any]) -> None:
+    result = handler(kind, obj)
+    if result is not None:
+        await result

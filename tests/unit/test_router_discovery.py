@@ -1,0 +1,158 @@
+"""The router's discovery: LLMDeployments and EndpointSlices (as the watches deliver them) to the
+routing table, one event at a time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmop_router.discovery import Catalog, claim_of, owners, ready_endpoints
+from llmop_router.routes import RouteTable
+
+
+def llmd(
+    name: str, namespace: str = "team", created: str = "2026-11-26T10:00:00Z", **spec: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
+        "spec": {"model": {"name": "org/model"}, **spec},
+    }
+
+
+def endpoint_slice(
+    service: str,
+    *addresses: tuple[str, dict[str, bool]],
+    namespace: str = "team",
+    name: str | None = None,
+    port: int = 8000,
+    address_type: str = "IPv4",
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name or f"{service}-abcde",
+            "namespace": namespace,
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": address_type,
+        "ports": [{"name": "http", "port": port}, {"name": "probe", "port": 8081}],
+        "endpoints": [{"addresses": [a], "conditions": c} for a, c in addresses],
+    }
+
+
+READY = {"ready": True, "serving": True, "terminating": False}
+
+
+def test_claims() -> None:
+    assert claim_of(llmd("llama")).model == "llama"  # type: ignore[union-attr]
+    served = llmd("llama", model={"name": "org/m", "servedName": "llama-8b"})
+    assert claim_of(served).model == "llama-8b"  # type: ignore[union-attr]
+    assert claim_of(llmd("llama", router={"enabled": False})) is None
+    assert claim_of({"metadata": {}}) is None
+
+
+def test_the_oldest_claim_keeps_a_model_name() -> None:
+    a = claim_of(
+        llmd(
+            "a",
+            namespace="x",
+            created="2026-11-26T10:00:05Z",
+            model={"name": "m", "servedName": "shared"},
+        )
+    )
+    b = claim_of(
+        llmd(
+            "b",
+            namespace="y",
+            created="2026-11-26T10:00:01Z",
+            model={"name": "m", "servedName": "shared"},
+        )
+    )
+    assert a is not None
+    assert b is not None
+    assert owners([a, b])["shared"] == b
+    assert owners([b, a])["shared"] == b
+
+
+def test_only_ready_non_terminating_endpoints_on_the_api_port() -> None:
+    found = ready_endpoints(
+        [
+            endpoint_slice(
+                "llama",
+                ("10.244.7.2", READY),
+                ("10.244.7.3", {"ready": False}),
+                # Terminating but still passing readiness: leaves at once (production-stack#601).
+                ("10.244.7.4", {"ready": True, "terminating": True}),
+                ("10.244.7.5", {}),  # ready unset means ready
+            ),
+            endpoint_slice("llama", ("fd00::7", READY), address_type="IPv6", name="v6"),
+            endpoint_slice("llama", ("engine.example", READY), address_type="FQDN", name="fqdn"),
+        ]
+    )
+    assert found == ["10.244.7.2:8000", "10.244.7.5:8000", "[fd00::7]:8000"]
+
+
+def test_catalog_follows_the_events() -> None:
+    table = RouteTable()
+    catalog = Catalog(table)
+    catalog.on_llmdeployment(
+        "SYNC", {"items": [llmd("llama"), llmd("off", router={"enabled": False})]}
+    )
+    assert not catalog.ready
+    catalog.on_endpoint_slice("SYNC", {"items": [endpoint_slice("llama", ("10.244.7.2", READY))]})
+    assert catalog.ready
+    assert table.models() == ["llama"]
+    assert table.backends["llama"].ring.endpoints == ("10.244.7.2:8000",)
+
+    # A second slice of the same Service adds its endpoints; a pod going unready leaves.
+    catalog.on_endpoint_slice(
+        "ADDED", endpoint_slice("llama", ("10.244.7.3", READY), name="llama-2")
+    )
+    assert table.backends["llama"].ring.endpoints == ("10.244.7.2:8000", "10.244.7.3:8000")
+    catalog.on_endpoint_slice("MODIFIED", endpoint_slice("llama", ("10.244.7.2", {"ready": False})))
+    assert table.backends["llama"].ring.endpoints == ("10.244.7.3:8000",)
+
+    # Renaming the served model moves the route; turning routing off removes it.
+    catalog.on_llmdeployment(
+        "MODIFIED", llmd("llama", model={"name": "org/m", "servedName": "llama-8b"})
+    )
+    assert table.models() == ["llama-8b"]
+    assert table.backends["llama-8b"].ring.endpoints == ("10.244.7.3:8000",)
+    catalog.on_llmdeployment("MODIFIED", llmd("llama", router={"enabled": False}))
+    assert table.models() == []
+
+    # A CR created later gets its endpoints from slices seen before it.
+    catalog.on_endpoint_slice("ADDED", endpoint_slice("late", ("10.244.7.9", READY)))
+    catalog.on_llmdeployment("ADDED", llmd("late"))
+    assert table.backends["late"].ring.endpoints == ("10.244.7.9:8000",)
+    catalog.on_llmdeployment("DELETED", llmd("late"))
+    assert table.models() == []
+
+
+def test_when_the_owner_of_a_shared_name_goes_the_other_claim_takes_it() -> None:
+    table = RouteTable()
+    catalog = Catalog(table)
+    older = llmd(
+        "a",
+        namespace="x",
+        created="2026-11-26T10:00:01Z",
+        model={"name": "m", "servedName": "shared"},
+    )
+    newer = llmd(
+        "b",
+        namespace="y",
+        created="2026-11-26T10:00:09Z",
+        model={"name": "m", "servedName": "shared"},
+    )
+    catalog.on_llmdeployment("SYNC", {"items": [newer, older]})
+    catalog.on_endpoint_slice(
+        "SYNC",
+        {
+            "items": [
+                endpoint_slice("a", ("10.244.7.2", READY), namespace="x"),
+                endpoint_slice("b", ("10.244.7.3", READY), namespace="y"),
+            ]
+        },
+    )
+    assert (table.backends["shared"].namespace, table.backends["shared"].name) == ("x", "a")
+    catalog.on_llmdeployment("DELETED", older)
+    assert (table.backends["shared"].namespace, table.backends["shared"].name) == ("y", "b")
+    assert table.backends["shared"].ring.endpoints == ("10.244.7.3:8000",)
