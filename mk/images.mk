@@ -7,12 +7,13 @@
 # engine-image/README.md). With a Docker daemon answering, or CONTAINER_TOOL=docker|podman, the
 # tool builds them instead, as it always did.
 # Tags default to the version in pyproject.toml, the same tags the chart and the operator use by
-# default (ghcr.io/llmop/{operator,engine,engine-sim,engine-cpu}:<version>).
+# default (ghcr.io/llmop/{operator,router,engine,engine-sim,engine-cpu}:<version>).
 
 CONTAINER_TOOL ?=
 IMAGE_REGISTRY ?= ghcr.io/llmop
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 OPERATOR_IMG ?= $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG)
+ROUTER_IMG ?= $(IMAGE_REGISTRY)/router:$(IMAGE_TAG)
 ENGINE_IMG ?= $(IMAGE_REGISTRY)/engine:$(IMAGE_TAG)
 ENGINE_CPU_IMG ?= $(IMAGE_REGISTRY)/engine-cpu:$(IMAGE_TAG)
 SIMULATOR_IMG ?= $(IMAGE_REGISTRY)/engine-sim:$(IMAGE_TAG)
@@ -20,7 +21,7 @@ SIMULATOR_IMG ?= $(IMAGE_REGISTRY)/engine-sim:$(IMAGE_TAG)
 CONTAINERD_ADDRESS ?= /run/llmop-node/containerd/containerd.sock
 IMPORT_IMAGES ?= engine-sim pause
 
-IMAGES_PY = CONTAINER_TOOL=$(CONTAINER_TOOL) LLMOP_IMG_OPERATOR=$(OPERATOR_IMG) \
+IMAGES_PY = CONTAINER_TOOL=$(CONTAINER_TOOL) LLMOP_IMG_OPERATOR=$(OPERATOR_IMG) LLMOP_IMG_ROUTER=$(ROUTER_IMG) \
 	LLMOP_IMG_ENGINE=$(ENGINE_IMG) LLMOP_IMG_ENGINE_CPU=$(ENGINE_CPU_IMG) \
 	LLMOP_IMG_ENGINE_SIM=$(SIMULATOR_IMG) $(PYTHON) e2e/images/images.py
 
@@ -33,6 +34,10 @@ images: ## Build every image this machine can build (skips the GPU engine when i
 .PHONY: image-operator
 image-operator: ## Build the operator image (operator/Dockerfile); tag: ghcr.io/llmop/operator:<version>.
 	@$(IMAGES_PY) build operator
+
+.PHONY: image-router
+image-router: ## Build the router image (router/Dockerfile); tag: ghcr.io/llmop/router:<version>.
+	@$(IMAGES_PY) build router
 
 .PHONY: image-engine
 image-engine: ## Build the vLLM GPU engine image (engine-image/Dockerfile); needs vllm/vllm-openai locally.

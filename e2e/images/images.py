@@ -17,7 +17,7 @@ With a Docker daemon answering (or CONTAINER_TOOL=docker|podman), `build` runs `
 instead, the way users with Docker build: no OCI export, no input-key cache (the tool has its own).
 
 Usage (thin wrappers: mk/images.mk, e2e/images/import.sh):
-  images.py build [--json] NAME...        build or reuse; NAME: operator engine-sim engine
+  images.py build [--json] NAME...        build or reuse; NAME: operator router engine-sim engine
                                           engine-cpu pause (and `all`: what can be built here)
   images.py import --address SOCK NAME... build or reuse, then import into that containerd
   images.py archive --out F.tar NAME     build or reuse, then write an OCI archive of it
@@ -153,6 +153,7 @@ def specs() -> dict[str, ImageSpec]:
     reg = os.environ.get("LLMOP_IMAGE_REGISTRY") or "ghcr.io/llmop"
     out = {
         "operator": ImageSpec("operator", REPO / "operator/Dockerfile", f"{reg}/operator", tag),
+        "router": ImageSpec("router", REPO / "router/Dockerfile", f"{reg}/router", tag),
         "engine-sim": ImageSpec(
             "engine-sim", REPO / "engine-image/Dockerfile.sim", f"{reg}/engine-sim", tag
         ),
