@@ -132,9 +132,22 @@ def kinds(docs: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return sorted((d["kind"], d["metadata"]["name"]) for d in docs)
 
 
+def operator_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's Deployment (the chart also renders the router's)."""
+    hits = [d for d in docs if d["kind"] == "Deployment" and _component(d) == "operator"]
+    assert len(hits) == 1, f"expected one operator Deployment, got {kinds(docs)}"
+    return hits[0]
+
+
+def _component(deployment: Mapping[str, Any]) -> str | None:
+    labels = deployment["spec"]["selector"]["matchLabels"]
+    component: str | None = labels.get("app.kubernetes.io/component")
+    return component
+
+
 def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """The operator container of the rendered Deployment."""
-    deployment = find(docs, "Deployment")
+    deployment = operator_deployment(docs)
     container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
     return container
 

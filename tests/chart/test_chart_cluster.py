@@ -23,7 +23,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 import yaml
-from chart_helpers import CHART_DIR, MATRIX, REPO_ROOT, render, render_yaml
+from chart_helpers import CHART_DIR, MATRIX, REPO_ROOT, operator_deployment, render, render_yaml
 
 from gitops.argocd_lua import FIXTURES, health
 from llmop.kube import Kube
@@ -122,7 +122,7 @@ def test_rendered_case_is_accepted_by_the_api_server(
 def test_dry_run_does_reject_a_broken_object(kube_cluster: Cluster, namespace: str) -> None:
     """Guard for the dry-run test itself: a broken object really is refused."""
     docs = render(release="dry-broken-llmop", namespace=namespace)
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    deployment = operator_deployment(docs)
     deployment["spec"]["replicas"] = "one"
     result = kube_cluster.kubectl(
         "apply",
@@ -220,8 +220,15 @@ def test_install_yields_the_operator_deployment_rbac_and_crd(release: Release) -
         ("role", f"{release.name}-leader-election"),
         ("rolebinding", f"{release.name}-leader-election"),
         ("poddisruptionbudget", release.name),
+        # The router, beside the operator: its own account, read-only role, Service and PDB.
+        ("deployment", f"{release.name}-router"),
+        ("service", f"{release.name}-router"),
+        ("serviceaccount", f"{release.name}-router"),
+        ("clusterrole", f"{release.name}-router"),
+        ("clusterrolebinding", f"{release.name}-router"),
+        ("poddisruptionbudget", f"{release.name}-router"),
     ):
-        namespaced = kind.startswith(("serv", "role", "pod"))
+        namespaced = kind.startswith(("serv", "role", "pod", "deploy"))
         args = ["get", kind, name] + (["-n", release.namespace] if namespaced else [])
         assert cluster.kubectl(*args, check=False).returncode == 0, (kind, name)
 

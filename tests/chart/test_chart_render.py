@@ -21,6 +21,7 @@ from chart_helpers import (
     kinds,
     load_chart,
     operator_container,
+    operator_deployment,
     render,
     render_files,
 )
@@ -54,7 +55,7 @@ def test_every_case_passes_the_schema_and_renders(case: str) -> None:
     with load_chart() as chart:
         chart.validate_schema(CASES[case])
     docs = render(CASES[case])
-    assert find(docs, "Deployment")["kind"] == "Deployment"
+    assert operator_deployment(docs)["kind"] == "Deployment"
 
 
 @pytest.mark.parametrize(
@@ -144,21 +145,27 @@ def test_default_objects() -> None:
     assert kinds(render()) == [
         ("ClusterRole", "llmop"),
         ("ClusterRole", "llmop-framework"),
+        ("ClusterRole", "llmop-router"),
         ("ClusterRoleBinding", "llmop"),
         ("ClusterRoleBinding", "llmop-framework"),
+        ("ClusterRoleBinding", "llmop-router"),
         ("CustomResourceDefinition", "llmdeployments.serving.llmop.dev"),
         ("Deployment", "llmop"),
+        ("Deployment", "llmop-router"),
         ("PodDisruptionBudget", "llmop"),
+        ("PodDisruptionBudget", "llmop-router"),
         ("Role", "llmop-leader-election"),
         ("RoleBinding", "llmop-leader-election"),
         ("Service", "llmop-metrics"),
+        ("Service", "llmop-router"),
         ("ServiceAccount", "llmop"),
+        ("ServiceAccount", "llmop-router"),
     ]
 
 
 def test_operator_deployment_is_two_elected_replicas_and_restricted() -> None:
     docs = render()
-    deployment = find(docs, "Deployment")
+    deployment = operator_deployment(docs)
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"] == {
         "type": "RollingUpdate",
@@ -257,7 +264,7 @@ def test_custom_image_service_account_and_scheduling() -> None:
     container = operator_container(docs)
     assert container["image"] == "registry.example.com/llmop/operator@sha256:" + "a" * 64
     assert env_of(container)["LLMOP_PRIORITY"] == "5"
-    for binding in (d for d in docs if d["kind"].endswith("Binding")):
+    for binding in (d for d in docs if d["kind"].endswith("Binding") and not _router(d)):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "preexisting", "namespace": NAMESPACE}
         ]
@@ -266,6 +273,58 @@ def test_custom_image_service_account_and_scheduling() -> None:
 def test_service_account_name_is_required_when_not_created() -> None:
     with pytest.raises(helm.HelmError, match=r"serviceAccount\.name is required"):
         render_files({"serviceAccount": {"create": False}})
+
+
+def _router(doc: dict[str, Any]) -> bool:
+    return doc["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "router"
+
+
+# --- the router --------------------------------------------------------------------------------
+
+
+def test_router_is_two_restricted_replicas_behind_its_service_reading_only() -> None:
+    docs = render(MATRIX["monitoring-all"])
+    deployment = find(docs, "Deployment", "llmop-router")
+    pod = deployment["spec"]["template"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert deployment["spec"]["replicas"] == 2
+    # Its own name, never the engine Services' selector.
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "llmop-router"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] != "llmop-engine"
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == "ghcr.io/llmop/router:0.1.0"
+    assert container["args"] == ["serve", "--port", "8080"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["serviceAccountName"] == "llmop-router"
+    (term,) = pod["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == selector
+    service = find(docs, "Service", "llmop-router")
+    assert service["spec"]["selector"] == selector
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+    pdb = find(docs, "PodDisruptionBudget", "llmop-router")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    role = find(docs, "ClusterRole", "llmop-router")
+    assert _grants(role) == {
+        ("serving.llmop.dev", "llmdeployments"): {"get", "list", "watch"},
+        ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
+    }
+    binding = find(docs, "ClusterRoleBinding", "llmop-router")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "llmop-router", "namespace": NAMESPACE}
+    ]
+    monitor = find(docs, "PodMonitor", "llmop-router")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+
+
+def test_router_can_be_left_out() -> None:
+    assert not [d for d in render({"router": {"enabled": False}}) if _router(d)]
 
 
 # --- CRD ---------------------------------------------------------------------------------------
@@ -363,19 +422,29 @@ def test_every_rbac_rule_is_commented_at_the_source() -> None:
 def test_namespaced_install_binds_the_application_role_per_namespace() -> None:
     docs = render(MATRIX["namespaced"])
     bindings = [
-        d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"
+        d
+        for d in docs
+        if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole" and not _router(d)
     ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert all(b["roleRef"]["name"] == "llmop" for b in bindings)
     cluster_bindings = [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"]
     assert cluster_bindings == ["llmop-framework"]
+    # The router watches the same namespaces, bound per namespace too.
+    router_bindings = [d for d in docs if d["kind"] == "RoleBinding" and _router(d)]
+    assert sorted(b["metadata"]["namespace"] for b in router_bindings) == ["team-a", "team-b"]
+    router = find(docs, "Deployment", "llmop-router")["spec"]["template"]["spec"]["containers"][0]
+    assert router["args"] == ["serve", "--port", "8080", "--namespaces", "team-a,team-b"]
     assert env_of(operator_container(docs))["LLMOP_NAMESPACES"] == "team-a,team-b"
 
 
 def test_chart_grants_the_same_rules_as_deploy_rbac() -> None:
     """The chart and the plain-kubectl install (deploy/rbac.yaml) grant identical permissions."""
     chart: dict[tuple[str, str], set[str]] = {}
-    for role in (d for d in render(MATRIX["monitoring-all"]) if d["kind"] == "ClusterRole"):
+    operator_roles = (
+        d for d in render(MATRIX["monitoring-all"]) if d["kind"] == "ClusterRole" and not _router(d)
+    )
+    for role in operator_roles:
         for key, verbs in _grants(role).items():
             chart.setdefault(key, set()).update(verbs)
     plain: dict[tuple[str, str], set[str]] = {}
@@ -465,7 +534,7 @@ def test_deployment_label_follows_the_values() -> None:
 
 def test_pod_monitor_scrapes_the_ports_the_renderer_exposes() -> None:
     docs = render(MATRIX["monitoring-all"])
-    monitor = find(docs, "PodMonitor")
+    monitor = find(docs, "PodMonitor", "llmop-engines")
     children = render_children(
         example("simulator-small.yaml"), RenderSettings(), load_timeout_seconds=600
     )

@@ -156,3 +156,18 @@ def test_when_the_owner_of_a_shared_name_goes_the_other_claim_takes_it() -> None
     catalog.on_llmdeployment("DELETED", older)
     assert (table.backends["shared"].namespace, table.backends["shared"].name) == ("y", "b")
     assert table.backends["shared"].ring.endpoints == ("10.244.7.3:8000",)
+
+
+def test_a_namespaced_list_replaces_only_its_own_namespace() -> None:
+    table = RouteTable()
+    catalog = Catalog(table, namespaces=("a", "b"))
+    catalog.on_llmdeployment("SYNC", {"items": [llmd("one", namespace="a")], "namespace": "a"})
+    catalog.on_llmdeployment("SYNC", {"items": [llmd("two", namespace="b")], "namespace": "b"})
+    catalog.on_endpoint_slice("SYNC", {"items": [], "namespace": "a"})
+    assert not catalog.ready  # b's EndpointSlices not listed yet
+    catalog.on_endpoint_slice("SYNC", {"items": [], "namespace": "b"})
+    assert catalog.ready
+    assert table.models() == ["one", "two"]
+    # A relist of a (after its watch expired) keeps b's models.
+    catalog.on_llmdeployment("SYNC", {"items": [], "namespace": "a"})
+    assert table.models() == ["two"]

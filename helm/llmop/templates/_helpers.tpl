@@ -85,3 +85,36 @@ Grouping of engine metrics per LLMDeployment in PromQL: "namespace, <deploymentL
 {{- define "llmop.byDeployment" -}}
 {{- printf "namespace, %s" .Values.monitoring.deploymentLabel }}
 {{- end }}
+
+{{/*
+Selector labels of the router pods: their own name, never the engines' (the engine Services
+select `app.kubernetes.io/name: llmop-engine`).
+*/}}
+{{- define "llmop.routerSelectorLabels" -}}
+app.kubernetes.io/name: llmop-router
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: router
+{{- end }}
+
+{{/*
+Labels on the router's objects.
+*/}}
+{{- define "llmop.routerLabels" -}}
+helm.sh/chart: {{ include "llmop.chart" . }}
+{{ include "llmop.routerSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: llmop
+{{- end }}
+
+{{/*
+Router image reference: repository:tag, or repository@digest when a digest is pinned.
+*/}}
+{{- define "llmop.routerImage" -}}
+{{- $image := .Values.router.image }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}

@@ -39,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     source = serve.add_mutually_exclusive_group()
     source.add_argument("--static", help="routing table from this JSON file (no watch)")
     source.add_argument("--kubeconfig", help="watch with this kubeconfig (default: in-cluster)")
+    serve.add_argument(
+        "--namespaces",
+        default="",
+        help="comma-separated namespaces to watch (default: every namespace)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     _event_loop_policy()
@@ -48,7 +53,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         api = ApiServer.from_kubeconfig(args.kubeconfig) if args.kubeconfig else None
         router = Router(RouteTable())
-        router.app_hooks.append(lambda app: watching(app, router, api or ApiServer.in_cluster()))
+        namespaces = tuple(ns for ns in args.namespaces.split(",") if ns)
+        router.app_hooks.append(
+            lambda app: watching(app, router, api or ApiServer.in_cluster(), namespaces)
+        )
     # Handler cancellation on: a client that goes away cancels its upstream request at once.
     web.run_app(
         router.app(),
@@ -60,10 +68,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
 
 
-def watching(app: web.Application, router: Router, api: ApiServer) -> None:
-    """Fill the router's table from the watches for as long as the app runs; ready once both
-    lists arrived."""
-    catalog = Catalog(router.table)
+def watching(
+    app: web.Application, router: Router, api: ApiServer, namespaces: tuple[str, ...]
+) -> None:
+    """Fill the router's table from the watches for as long as the app runs; ready once every
+    list arrived."""
+    catalog = Catalog(router.table, namespaces)
 
     def on_llmdeployment(kind: str, obj: dict[str, object]) -> None:
         catalog.on_llmdeployment(kind, obj)
@@ -75,11 +85,12 @@ def watching(app: web.Application, router: Router, api: ApiServer) -> None:
 
     async def run(_app: web.Application) -> AsyncIterator[None]:
         async with aiohttp.ClientSession() as session:
+            scopes: tuple[str | None, ...] = namespaces or (None,)
+            watches = ((LLMDEPLOYMENTS, on_llmdeployment), (ENDPOINT_SLICES, on_endpoint_slice))
             tasks = [
-                asyncio.create_task(list_and_watch(session, api, LLMDEPLOYMENTS, on_llmdeployment)),
-                asyncio.create_task(
-                    list_and_watch(session, api, ENDPOINT_SLICES, on_endpoint_slice)
-                ),
+                asyncio.create_task(list_and_watch(session, api, resource, namespace, handler))
+                for namespace in scopes
+                for resource, handler in watches
             ]
             yield
             for task in tasks:

@@ -90,6 +90,8 @@ class Catalog:
     of the CRs and the endpoint lists of their Services. Fed one event at a time."""
 
     table: RouteTable
+    namespaces: tuple[str, ...] = ()
+    """The namespaces watched; empty: all."""
     claims: dict[Key, Claim] = field(default_factory=dict)
     slices: dict[Key, dict[str, list[str]]] = field(default_factory=dict)
     """Service → EndpointSlice name → its ready endpoints."""
@@ -99,10 +101,11 @@ class Catalog:
 
     def on_llmdeployment(self, kind: str, obj: Mapping[str, Any]) -> None:
         if kind == "SYNC":
-            self.claims = {}
+            scope = obj.get("namespace")
+            self.claims = {k: c for k, c in self.claims.items() if not _in(k, scope)}
             for item in obj.get("items") or []:
                 self._store_claim(item)
-            self.synced.add("llmdeployments")
+            self.synced.add(f"llmdeployments/{scope or ''}")
         elif kind == "DELETED":
             self.claims.pop(_key(obj), None)
         else:
@@ -112,10 +115,11 @@ class Catalog:
 
     def on_endpoint_slice(self, kind: str, obj: Mapping[str, Any]) -> None:
         if kind == "SYNC":
-            self.slices = {}
+            scope = obj.get("namespace")
+            self.slices = {k: v for k, v in self.slices.items() if not _in(k, scope)}
             for item in obj.get("items") or []:
                 self._store_slice(item)
-            self.synced.add("endpointslices")
+            self.synced.add(f"endpointslices/{scope or ''}")
             self._assign_models()
             return
         service = service_of(obj)
@@ -132,8 +136,10 @@ class Catalog:
 
     @property
     def ready(self) -> bool:
-        """Both lists arrived: the table is complete."""
-        return self.synced >= {"llmdeployments", "endpointslices"}
+        """Every list arrived (both resources, each watched namespace): the table is complete."""
+        scopes = self.namespaces or ("",)
+        wanted = {f"{r}/{ns}" for r in ("llmdeployments", "endpointslices") for ns in scopes}
+        return self.synced >= wanted
 
     def endpoints(self, service: Key) -> list[str]:
         return sorted({e for found in self.slices.get(service, {}).values() for e in found})
@@ -158,6 +164,11 @@ class Catalog:
             key = (claim.namespace, claim.name)
             self.table.set(model, claim.namespace, claim.name, self.endpoints(key))
         self._served = served
+
+
+def _in(key: Key, namespace: str | None) -> bool:
+    """Whether a (namespace, name) falls in a list's scope (None: every namespace)."""
+    return namespace is None or key[0] == namespace
 
 
 def _key(obj: Mapping[str, Any]) -> Key:

@@ -26,14 +26,22 @@ import yaml
 log = logging.getLogger("llmop_router.kube")
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-LLMDEPLOYMENTS = "/apis/serving.llmop.dev/v1alpha1/llmdeployments"
-ENDPOINT_SLICES = "/apis/discovery.k8s.io/v1/endpointslices"
+LLMDEPLOYMENTS = ("/apis/serving.llmop.dev/v1alpha1", "llmdeployments")
+ENDPOINT_SLICES = ("/apis/discovery.k8s.io/v1", "endpointslices")
 WATCH_TIMEOUT_SECONDS = 300
 RETRY_SECONDS = (0.5, 1, 2, 5, 10)
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[None] | None]
-"""Called with ("SYNC", {"items": [...]}) after each list, then ("ADDED" | "MODIFIED" |
-"DELETED", object) for each watch event."""
+"""Called with ("SYNC", {"items": [...], "namespace": the listed namespace or None for all})
+after each list, then ("ADDED" | "MODIFIED" | "DELETED", object) for each watch event."""
+
+
+def resource_path(resource: tuple[str, str], namespace: str | None) -> str:
+    """The list/watch path of a resource, cluster-wide or in one namespace."""
+    group_version, plural = resource
+    if namespace is None:
+        return f"{group_version}/{plural}"
+    return f"{group_version}/namespaces/{namespace}/{plural}"
 
 
 @dataclass
@@ -102,14 +110,19 @@ def _material(section: dict[str, Any], name: str) -> str | None:
 
 
 async def list_and_watch(
-    session: aiohttp.ClientSession, api: ApiServer, path: str, handler: Handler
+    session: aiohttp.ClientSession,
+    api: ApiServer,
+    resource: tuple[str, str],
+    namespace: str | None,
+    handler: Handler,
 ) -> None:
-    """Forever: list `path`, hand the items over, watch from there; relist when the watch
-    breaks. Returns only when cancelled."""
+    """Forever: list the resource (in `namespace`, or everywhere), hand the items over, watch
+    from there; relist when the watch breaks. Returns only when cancelled."""
+    path = resource_path(resource, namespace)
     failures = 0
     while True:
         try:
-            version = await _list(session, api, path, handler)
+            version = await _list(session, api, path, namespace, handler)
             failures = 0
             await _watch(session, api, path, version, handler)
         except asyncio.CancelledError:
@@ -127,13 +140,19 @@ class _GoneError(Exception):
     """The resourceVersion is too old (410): list again."""
 
 
-async def _list(session: aiohttp.ClientSession, api: ApiServer, path: str, handler: Handler) -> str:
+async def _list(
+    session: aiohttp.ClientSession,
+    api: ApiServer,
+    path: str,
+    namespace: str | None,
+    handler: Handler,
+) -> str:
     async with session.get(
         api.host + path, headers=api.auth_headers(), ssl=api.ssl_context
     ) as answer:
         answer.raise_for_status()
         body: dict[str, Any] = await answer.json()
-    await _call(handler, "SYNC", body)
+    await _call(handler, "SYNC", {"items": body.get("items") or [], "namespace": namespace})
     return str(body.get("metadata", {}).get("resourceVersion", ""))
 
 
