@@ -198,3 +198,84 @@ def test_simulator_flags_accept_and_ignore_vllm_flags() -> None:
     assert cfg.max_num_seqs == 8
     assert cfg.shutdown_timeout == 30
     assert cfg.fault == "slow"
+
+
+# --- prefix caching ---------------------------------------------------------------------------
+
+
+def _blocks(text: str) -> tuple[int, ...]:
+    from llmop_engine.simulator.prefix_cache import prompt_blocks
+
+    return prompt_blocks(text, FAST.block_size)
+
+
+SYSTEM = "s" * 64 * 8  # 8 full blocks of 16 tokens (4 characters a token)
+
+
+def test_a_repeated_prefix_is_prefilled_once() -> None:
+    async def scenario() -> None:
+        cfg = dataclasses.replace(FAST, max_num_seqs=4, num_gpu_blocks=256)
+        e = engine(cfg)
+        task = asyncio.create_task(e.run())
+        first = e.submit(160, 2, prefix=_blocks(SYSTEM + "first question, long enough" * 3))
+        await finished([first])
+        second = e.submit(160, 2, prefix=_blocks(SYSTEM + "other question, long enough" * 3))
+        await finished([second])
+        assert first.cached_tokens == 0
+        # The 8 shared blocks hit; the blocks after them differ.
+        assert second.cached_tokens == 8 * 16
+        text = e.metrics.render(0, 0, 0.0).decode()
+        assert "vllm:prefix_cache_queries_total" in text
+        assert 'vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 128.0' in text
+        e.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_cached_tokens_shorten_the_prefill_step() -> None:
+    async def scenario() -> None:
+        cfg = dataclasses.replace(FAST, num_gpu_blocks=256, prefill_tokens_per_s=1000.0)
+        e = engine(cfg)
+        task = asyncio.create_task(e.run())
+        cold = e.submit(128, 1, prefix=_blocks(SYSTEM))
+        await finished([cold])
+        warm = e.submit(128, 1, prefix=_blocks(SYSTEM))
+        await finished([warm])
+        assert cold.first_token_at is not None
+        assert warm.first_token_at is not None
+        # 128 tokens at 1000/s is 128 ms cold; warm recomputes only the last token.
+        assert warm.cached_tokens == 127
+        assert (warm.first_token_at - warm.arrival) < (cold.first_token_at - cold.arrival) / 4
+        e.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_a_working_set_larger_than_the_kv_cache_evicts_the_oldest_prefix() -> None:
+    async def scenario() -> None:
+        # 16 blocks of cache; each prompt has 8 distinct blocks: the third evicts the first.
+        cfg = dataclasses.replace(FAST, num_gpu_blocks=16, max_model_len=256)
+        e = engine(cfg)
+        task = asyncio.create_task(e.run())
+        prompts = [c * 64 * 8 for c in "abc"]
+        for prompt in prompts:
+            await finished([e.submit(128, 1, prefix=_blocks(prompt))])
+        again_first = e.submit(128, 1, prefix=_blocks(prompts[0]))
+        await finished([again_first])
+        again_third = e.submit(128, 1, prefix=_blocks(prompts[2]))
+        await finished([again_third])
+        assert again_first.cached_tokens == 0
+        assert again_third.cached_tokens == 127
+        e.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_prefix_caching_can_be_turned_off() -> None:
+    cfg = parse(["m", "--no-enable-prefix-caching"])
+    assert cfg.enable_prefix_caching is False
+    assert parse(["m"]).enable_prefix_caching is True
+    assert engine(cfg).prefix_cache is None

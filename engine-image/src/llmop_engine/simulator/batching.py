@@ -10,7 +10,8 @@ token, which keeps three simulators with dozens of streams cheap on a small CPU.
 KV blocks for prompt + max_tokens are reserved at admission, so the model never preempts (vLLM
 allocates lazily and preempts under pressure; reserving is the conservative simplification).
 Aborts (client disconnects) take effect at the next step boundary, so a hung engine keeps them, as a
-wedged vLLM engine core does.
+wedged vLLM engine core does. Prefix caching (on by default, as in vLLM) is `prefix_cache`'s model:
+a request prefills only the tokens after its longest cached prefix.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from llmop_engine.simulator.config import SimConfig
 from llmop_engine.simulator.faults import FaultState
 from llmop_engine.simulator.metrics import SimMetrics
+from llmop_engine.simulator.prefix_cache import PrefixCache
 
 
 class RequestTooLongError(ValueError):
@@ -41,6 +43,9 @@ class SimRequest:
     arrival: float
     blocks: int
     is_probe: bool = False
+    prefix: tuple[int, ...] = ()
+    """Chained hashes of the prompt's full blocks (prefix caching)."""
+    cached_tokens: int = 0
     generated: int = 0
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -74,6 +79,7 @@ class BatchEngine:
         self.steps = 0
         self.generation_tokens_total = 0
         self._ids = itertools.count(1)
+        self.prefix_cache = PrefixCache(cfg.num_gpu_blocks) if cfg.enable_prefix_caching else None
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -84,7 +90,13 @@ class BatchEngine:
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.cfg.block_size)
 
-    def submit(self, prompt_tokens: int, max_tokens: int, is_probe: bool = False) -> SimRequest:
+    def submit(
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        is_probe: bool = False,
+        prefix: tuple[int, ...] = (),
+    ) -> SimRequest:
         total = prompt_tokens + max_tokens
         if total > self.cfg.max_model_len:
             raise RequestTooLongError(
@@ -102,6 +114,7 @@ class BatchEngine:
             arrival=self.clock(),
             blocks=blocks,
             is_probe=is_probe,
+            prefix=prefix,
         )
         if self.shutting_down or self.dead:
             # vLLM drain mode: new ADD requests are rejected with an immediate abort.
@@ -184,21 +197,41 @@ class BatchEngine:
         self.waiting = kept
 
     def _admit(self, now: float) -> int:
+        """Admit what fits; returns the tokens this step must prefill (cached ones excluded)."""
         budget = self.cfg.max_num_batched_tokens
         prefill = 0
         while self.waiting and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
             if self.used_blocks + req.blocks > self.cfg.num_gpu_blocks:
                 break  # KV cache full: wait for running requests to free blocks
-            if prefill and prefill + req.prompt_tokens > budget:
+            uncached = req.prompt_tokens - self._cached_tokens(req)
+            if prefill and prefill + uncached > budget:
                 break  # this step's prefill budget is spent
             self.waiting.popleft()
             self.used_blocks += req.blocks
             req.admitted_at = now
             self.metrics.queue_time.observe(now - req.arrival)
-            prefill += req.prompt_tokens
+            self._cache_prompt(req)
+            prefill += req.prompt_tokens - req.cached_tokens
+            self.metrics.prompt_tokens.inc(req.prompt_tokens)
             self.running.append(req)
         return prefill
+
+    def _cached_tokens(self, req: SimRequest) -> int:
+        if self.prefix_cache is None or not req.prefix:
+            return 0
+        # vLLM recomputes at least the last prompt token (its logits start the output).
+        hits = self.prefix_cache.match(req.prefix)
+        return min(hits * self.cfg.block_size, req.prompt_tokens - 1)
+
+    def _cache_prompt(self, req: SimRequest) -> None:
+        """Count the request's prefix-cache lookup and keep its blocks cached."""
+        if self.prefix_cache is None:
+            return
+        req.cached_tokens = self._cached_tokens(req)
+        self.metrics.prefix_cache_queries.inc(req.prompt_tokens)
+        self.metrics.prefix_cache_hits.inc(req.cached_tokens)
+        self.prefix_cache.add(req.prefix)
 
     def step_seconds(self, batch: int, prefill_tokens: int) -> float:
         decode = (self.cfg.decode_ms + self.cfg.decode_ms_per_seq * batch) / 1000.0
@@ -230,8 +263,6 @@ class BatchEngine:
 
     def _deliver(self, now: float, prefill: int) -> None:  # noqa: C901
         self.steps += 1
-        if prefill:
-            self.metrics.prompt_tokens.inc(prefill)
         if self.faults.mode == "error":
             # A per-request engine failure: the step ends every running request, no token.
             for req in self.running:

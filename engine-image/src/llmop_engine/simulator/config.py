@@ -31,6 +31,7 @@ class SimConfig:
     block_size: int = 16
     num_gpu_blocks: int = 16384
     gpu_memory_utilization: float = 0.92
+    enable_prefix_caching: bool = True
     shutdown_timeout: float = 0.0
     api_key: str | None = None
     disable_log_stats: bool = False
@@ -67,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-gpu-blocks-override", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    # vLLM's V1 engine caches prefixes unless told not to; the renderer may pass either form.
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--shutdown-timeout", type=float, default=0.0)
     p.add_argument("--api-key", default=None)
     p.add_argument("--disable-log-stats", action="store_true")
@@ -132,6 +135,7 @@ def parse(argv: Sequence[str]) -> SimConfig:
         block_size=max(1, ns.block_size),
         num_gpu_blocks=max(1, blocks),
         gpu_memory_utilization=ns.gpu_memory_utilization,
+        enable_prefix_caching=ns.enable_prefix_caching,
         shutdown_timeout=max(0.0, ns.shutdown_timeout),
         api_key=ns.api_key,
         disable_log_stats=ns.disable_log_stats,

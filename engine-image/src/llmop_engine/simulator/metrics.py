@@ -121,7 +121,7 @@ class SimMetrics:
             num_gpu_blocks=str(cfg.num_gpu_blocks),
             gpu_memory_utilization=str(cfg.gpu_memory_utilization),
             cache_dtype="auto",
-            enable_prefix_caching="True",
+            enable_prefix_caching=str(cfg.enable_prefix_caching),
             kv_cache_size_tokens=str(cfg.num_gpu_blocks * cfg.block_size),
             engine="0",
         ).set(1)
@@ -130,6 +130,19 @@ class SimMetrics:
         ).labels(**labels)
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS, registry=reg
+        ).labels(**labels)
+        # vLLM's prefix-cache counters, in tokens (`_total` on the wire).
+        self.prefix_cache_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            LABELS,
+            registry=reg,
+        ).labels(**labels)
+        self.prefix_cache_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            LABELS,
+            registry=reg,
         ).labels(**labels)
         self.preemptions = Counter(
             "vllm:num_preemptions",

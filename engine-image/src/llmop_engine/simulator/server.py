@@ -42,6 +42,7 @@ from llmop_engine.simulator.batching import BatchEngine, RequestTooLongError, Si
 from llmop_engine.simulator.config import SimConfig
 from llmop_engine.simulator.faults import FaultError, FaultState
 from llmop_engine.simulator.metrics import SimMetrics
+from llmop_engine.simulator.prefix_cache import chat_text, prompt_blocks
 
 log = logging.getLogger("llmop_engine.simulator")
 
@@ -70,6 +71,16 @@ _WORDS = (
 def estimate_tokens(text: str) -> int:
     """Roughly four characters per token, as for English with a BPE tokenizer."""
     return max(1, (len(text) + 3) // 4)
+
+
+def _prompt_text(body: dict[str, Any], chat: bool) -> str:
+    """What the engine's prefix cache sees: the templated messages, or the prompt."""
+    if chat:
+        return chat_text(body.get("messages") or [])
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        return " ".join(str(p) for p in prompt)
+    return str(prompt or "")
 
 
 def token_text(index: int) -> str:
@@ -269,7 +280,8 @@ class SimServer:
             max_tokens = int(raw_max) if raw_max is not None else default
             if max_tokens < 1:
                 raise ValueError("max_tokens must be at least 1")
-            req = self.engine.submit(prompt_tokens, max_tokens, is_probe=is_probe)
+            prefix = prompt_blocks(_prompt_text(body, chat), self.cfg.block_size)
+            req = self.engine.submit(prompt_tokens, max_tokens, is_probe=is_probe, prefix=prefix)
         except RequestTooLongError as exc:
             return _error(400, str(exc))
         except (ValueError, TypeError, json.JSONDecodeError) as exc:
