@@ -78,30 +78,22 @@ LABELS = ("model_name", "engine")
 
 
 class SimMetrics:
-    """Counters are bumped by the batching model; gauges are set when `/metrics` is scraped."""
+    """Counters are bumped by the batching model; gauges are set when `/metrics` is scraped.
+    Names, help texts and labels are vLLM's (0.32), so everything that reads vLLM reads this."""
 
     def __init__(self, cfg: SimConfig) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         labels = {"model_name": cfg.served_model_name, "engine": "0"}
-        reg = self.registry
-        self._running = Gauge(
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            LABELS,
-            registry=reg,
-        ).labels(**labels)
-        self._waiting = Gauge(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            LABELS,
-            registry=reg,
-        ).labels(**labels)
-        self._kv = Gauge(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            LABELS,
-            registry=reg,
-        ).labels(**labels)
+        self._labels = labels
+        self._running = self._gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
+        self._waiting = self._gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        )
+        self._kv = self._gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
         info = Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -114,7 +106,7 @@ class SimMetrics:
                 "kv_cache_size_tokens",
                 "engine",
             ),
-            registry=reg,
+            registry=self.registry,
         )
         info.labels(
             block_size=str(cfg.block_size),
@@ -125,66 +117,59 @@ class SimMetrics:
             kv_cache_size_tokens=str(cfg.num_gpu_blocks * cfg.block_size),
             engine="0",
         ).set(1)
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=reg
-        ).labels(**labels)
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS, registry=reg
-        ).labels(**labels)
-        # vLLM's prefix-cache counters, in tokens (`_total` on the wire).
-        self.prefix_cache_queries = Counter(
+        self.generation_tokens = self._counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+        self.prompt_tokens = self._counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed."
+        )
+        # Prefix-cache lookups and hits, in tokens (`_total` on the wire).
+        self.prefix_cache_queries = self._counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",
-            LABELS,
-            registry=reg,
-        ).labels(**labels)
-        self.prefix_cache_hits = Counter(
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            LABELS,
-            registry=reg,
-        ).labels(**labels)
-        self.preemptions = Counter(
-            "vllm:num_preemptions",
-            "Cumulative number of preemption from the engine.",
-            LABELS,
-            registry=reg,
-        ).labels(**labels)
+        )
+        self.prefix_cache_hits = self._counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        self.preemptions = self._counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+        )
         self._success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
             (*LABELS, "finished_reason"),
-            registry=reg,
+            registry=self.registry,
         )
-        self._labels = labels
-        self.ttft = Histogram(
+        self.ttft = self._histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
-            LABELS,
-            buckets=TTFT_BUCKETS,
-            registry=reg,
-        ).labels(**labels)
-        self.itl = Histogram(
+            TTFT_BUCKETS,
+        )
+        self.itl = self._histogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
-            LABELS,
-            buckets=ITL_BUCKETS,
-            registry=reg,
-        ).labels(**labels)
-        self.e2e = Histogram(
+            ITL_BUCKETS,
+        )
+        self.e2e = self._histogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
-            LABELS,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=reg,
-        ).labels(**labels)
-        self.queue_time = Histogram(
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.queue_time = self._histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
-            LABELS,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=reg,
-        ).labels(**labels)
+            REQUEST_LATENCY_BUCKETS,
+        )
+
+    def _gauge(self, name: str, documentation: str) -> Gauge:
+        return Gauge(name, documentation, LABELS, registry=self.registry).labels(**self._labels)
+
+    def _counter(self, name: str, documentation: str) -> Counter:
+        return Counter(name, documentation, LABELS, registry=self.registry).labels(**self._labels)
+
+    def _histogram(self, name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+        metric = Histogram(name, documentation, LABELS, buckets=buckets, registry=self.registry)
+        return metric.labels(**self._labels)
 
     def finished(self, reason: str) -> None:
         self._success.labels(**self._labels, finished_reason=reason).inc()
