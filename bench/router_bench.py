@@ -6,10 +6,18 @@ no parsing, no routing) and `router` (client → `llmop-router`: reads the body,
 the conversation head, picks a pod). The engine is a fixed-pace SSE server (16 chunks 20 ms
 apart), so the only thing that differs between rows is the hop. Each path runs C concurrent
 streaming clients for D seconds, each request a 2 KiB system prompt plus its own question.
-Goals (issue 25): router p50 ≤ direct p50 + 2 ms, router p99 ≤ 1.25 times passthrough p99. Prints a
-Markdown table; not a timed test.
+Goals (issue 25): router p50 ≤ direct p50 + 2 ms, router p99 ≤ 1.25 times passthrough p99.
 
-    python bench/router_bench.py [--streams 50,200] [--seconds 15]
+Routing quality (`--only workloads`): three simulator replicas (vLLM's prefix cache modelled, each
+with a KV cache that holds about half of the workload's distinct prefixes, the fleet all of them),
+driven once through `service` (a random replica per request, as kube-proxy spreads new
+connections) and once through `router`, on two workloads: `multi-turn` (conversations sharing one
+system prompt, each turn resending the history) and `system-prompts` (many one-turn users over a
+few long system prompts). Reported: prefix-cache hit rate (the engines' own counters), TTFT, and
+the time-averaged max/mean of in-flight requests per replica. Prints Markdown tables; not a
+timed test.
+
+    python bench/router_bench.py [--only overhead|workloads] [--streams 50,200] [--seconds 15]
 """
 
 from __future__ import annotations
@@ -18,13 +26,15 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import re
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,6 +148,269 @@ async def load(address: str, path: str, streams: int, seconds: float) -> Result:
     return result
 
 
+# --- routing quality ----------------------------------------------------------------------------
+
+REPLICAS = 3
+KV_BLOCKS = 2000
+"""Per replica, 16-token blocks: under half of each workload's distinct prefixes (about 4,500
+blocks of conversations; 12 system prompts of 125 blocks), so the fleet holds them all and one
+replica does not."""
+PREFILL_TOKENS_PER_S = 5000
+MAX_TOKENS = 24
+USER_CHARS = 1600
+"""Characters of each user message (about 400 tokens)."""
+WORDS = (
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+)
+
+
+def text(rng: random.Random, characters: int) -> str:
+    out: list[str] = []
+    size = 0
+    while size < characters:
+        word = rng.choice(WORDS)
+        out.append(word)
+        size += len(word) + 1
+    return " ".join(out)
+
+
+@dataclass
+class Workload:
+    name: str
+    users: int
+    system_prompts: list[str]
+    turns: int
+    """Turns per conversation (1: every request is a new conversation)."""
+
+
+def workloads() -> list[Workload]:
+    rng = random.Random(42)
+    return [
+        Workload("multi-turn", users=24, system_prompts=[text(rng, 6000)], turns=6),
+        Workload(
+            "system-prompts", users=32, system_prompts=[text(rng, 8000) for _ in range(6)], turns=1
+        ),
+    ]
+
+
+@dataclass
+class Served:
+    ttfts: list[float]
+    failed: int = 0
+
+
+async def drive(workload: Workload, pick: Callable[[], str], seconds: float) -> Served:
+    """Each user runs conversations back to back until the deadline; `pick` names where a
+    request goes (`host:port`)."""
+    served = Served([])
+    deadline = time.monotonic() + seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as client:
+
+        async def user(n: int) -> None:
+            rng = random.Random(n)
+            while time.monotonic() < deadline:
+                system = rng.choice(workload.system_prompts)
+                messages = [{"role": "system", "content": system}]
+                for turn in range(workload.turns):
+                    if time.monotonic() >= deadline:
+                        return
+                    messages.append(
+                        {"role": "user", "content": f"user {n} turn {turn}: " + text(rng, 400)}
+                    )
+                    reply = await one(client, pick(), messages, served)
+                    messages.append({"role": "assistant", "content": reply})
+
+        await asyncio.gather(*(user(n) for n in range(workload.users)))
+    return served
+
+
+async def one(
+    client: aiohttp.ClientSession, address: str, messages: list[dict[str, str]], served: Served
+) -> str:
+    payload = {"model": "bench", "stream": True, "max_tokens": MAX_TOKENS, "messages": messages}
+    started = time.perf_counter()
+    parts: list[str] = []
+    try:
+        async with client.post(f"http://{address}/v1/chat/completions", json=payload) as answer:
+            if answer.status != 200:
+                served.failed += 1
+                return ""
+            first = True
+            async for line in answer.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                if first:
+                    served.ttfts.append(time.perf_counter() - started)
+                    first = False
+                delta = json.loads(line[6:])["choices"][0].get("delta", {})
+                parts.append(delta.get("content") or "")
+    except aiohttp.ClientError:
+        served.failed += 1
+    return "".join(parts)
+
+
+METRIC = re.compile(rb"^(vllm:[a-z_]+)\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
+
+
+async def engine_metrics(client: aiohttp.ClientSession, address: str) -> dict[str, float]:
+    async with client.get(f"http://{address}/metrics") as answer:
+        body = await answer.read()
+    return {m.group(1).decode(): float(m.group(2)) for m in METRIC.finditer(body)}
+
+
+async def sample_balance(addresses: list[str], stop: asyncio.Event, ratios: list[float]) -> None:
+    """Every 0.5 s: max over replicas of (running + waiting) divided by the mean."""
+    async with aiohttp.ClientSession() as client:
+        while not stop.is_set():
+            loads = []
+            for address in addresses:
+                m = await engine_metrics(client, address)
+                loads.append(
+                    m.get("vllm:num_requests_running", 0) + m.get("vllm:num_requests_waiting", 0)
+                )
+            mean = sum(loads) / len(loads)
+            if mean > 0:
+                ratios.append(max(loads) / mean)
+            await asyncio.sleep(0.5)
+
+
+@dataclass
+class QualityRow:
+    workload: str
+    path: str
+    requests: int
+    failed: int
+    hit_rate: float
+    mean_ttft: float
+    p99_ttft: float
+    balance: float
+
+
+async def measure(
+    workload: Workload, path: str, engines: list[str], router: str, seconds: float
+) -> QualityRow:
+    async with aiohttp.ClientSession() as client:
+        before = [await engine_metrics(client, e) for e in engines]
+    rng = random.Random(7)
+    pick = (lambda: router) if path == "router" else (lambda: rng.choice(engines))
+    stop = asyncio.Event()
+    ratios: list[float] = []
+    sampler = asyncio.create_task(sample_balance(engines, stop, ratios))
+    served = await drive(workload, pick, seconds)
+    stop.set()
+    await sampler
+    async with aiohttp.ClientSession() as client:
+        after = [await engine_metrics(client, e) for e in engines]
+
+    def delta(name: str) -> float:
+        return sum(a.get(name, 0) - b.get(name, 0) for a, b in zip(after, before, strict=True))
+
+    queries = delta("vllm:prefix_cache_queries_total")
+    ttfts = sorted(served.ttfts)
+    return QualityRow(
+        workload.name,
+        path,
+        len(ttfts) + served.failed,
+        served.failed,
+        delta("vllm:prefix_cache_hits_total") / queries if queries else 0.0,
+        statistics.fmean(ttfts) if ttfts else float("nan"),
+        ttfts[int(0.99 * (len(ttfts) - 1))] if ttfts else float("nan"),
+        statistics.fmean(ratios) if ratios else float("nan"),
+    )
+
+
+def run_workloads(seconds: float) -> list[QualityRow]:
+    rows: list[QualityRow] = []
+    for workload in workloads():
+        for path in ("service", "router"):
+            # Fresh engines per row: no row starts with another row's cache.
+            ports = [free_port() for _ in range(REPLICAS)]
+            router_port = free_port()
+            engines = [f"127.0.0.1:{port}" for port in ports]
+            table = {
+                "models": {"bench": {"namespace": "bench", "name": "bench", "endpoints": engines}}
+            }
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+                json.dump(table, handle)
+            processes = [
+                start(
+                    [
+                        "-m",
+                        "llmop_engine",
+                        "simulate",
+                        "bench",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--sim-load-seconds",
+                        "0",
+                        "--sim-kv-blocks",
+                        str(KV_BLOCKS),
+                        "--sim-prefill-tokens-per-s",
+                        str(PREFILL_TOKENS_PER_S),
+                        "--max-model-len",
+                        "32768",
+                    ]
+                )
+                for port in ports
+            ]
+            processes.append(
+                start(
+                    [
+                        "-m",
+                        "llmop_router",
+                        "serve",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(router_port),
+                        "--static",
+                        handle.name,
+                    ]
+                )
+            )
+            try:
+                for port in (*ports, router_port):
+                    wait_listening(port)
+                rows.append(
+                    asyncio.run(
+                        measure(workload, path, engines, f"127.0.0.1:{router_port}", seconds)
+                    )
+                )
+            finally:
+                stop_all(processes)
+                os.unlink(handle.name)
+    return rows
+
+
+def report_quality(rows: list[QualityRow], seconds: float) -> None:
+    print(
+        f"\nrouting quality: {REPLICAS} simulator replicas, {KV_BLOCKS} KV blocks each, prefill "
+        f"{PREFILL_TOKENS_PER_S} tokens/s, {MAX_TOKENS} output tokens, {seconds:.0f} s per row\n"
+    )
+    header = (
+        "workload | path | requests | failed | prefix hit % | mean TTFT ms | p99 TTFT ms | "
+        "max/mean in-flight"
+    )
+    print(f"| {header} |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r.workload} | {r.path} | {r.requests} | {r.failed} | {r.hit_rate * 100:.1f} | "
+            f"{r.mean_ttft * 1000:.0f} | {r.p99_ttft * 1000:.0f} | {r.balance:.2f} |"
+        )
+
+
 # --- orchestration ----------------------------------------------------------------------------
 
 
@@ -158,13 +431,23 @@ def wait_listening(port: int, timeout: float = 20) -> None:
 
 
 def start(argv: Sequence[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, *argv], stdout=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.wait(timeout=15)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--streams", default="50,200")
     parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--only", choices=("overhead", "workloads"), default=None)
     sub = parser.add_subparsers(dest="role")
     engine = sub.add_parser("engine")
     engine.add_argument("--port", type=int, required=True)
@@ -179,6 +462,11 @@ def main() -> None:
         serve_passthrough(args.port, args.upstream)
         return
 
+    if args.only != "overhead":
+        quality = run_workloads(args.seconds * 2)
+        report_quality(quality, args.seconds * 2)
+        if args.only == "workloads":
+            return
     this = str(Path(__file__).resolve())
     engine_port, pass_port, router_port = free_port(), free_port(), free_port()
     table = {"models": {"bench": {"namespace": "bench", "name": "bench", "endpoints": []}}}
@@ -225,10 +513,7 @@ def main() -> None:
             for path, address in paths.items():
                 results.append(asyncio.run(load(address, path, streams, args.seconds)))
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=10)
+        stop_all(processes)
         os.unlink(handle.name)
     report(results, args.seconds)
 
