@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from llmop_router.prefix import BLOCK_CHARS, MAX_BLOCKS, block_hashes, routing_info
+from llmop_router.prefix import MAX_HEAD_CHARS, head_key, routing_info
 from llmop_router.ring import LOAD_FACTOR, Ring, pick, within_bound
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}
@@ -61,7 +61,6 @@ def test_completion_prompts_are_keyed_by_their_first_kibibyte() -> None:
     a = routing_info(json.dumps({"model": "m", "prompt": head + "question A"}).encode())
     b = routing_info(json.dumps({"model": "m", "prompt": [head + "question B"]}).encode())
     assert a.key == b.key
-    assert len(a.blocks) == 16
 
 
 @pytest.mark.parametrize(
@@ -74,13 +73,12 @@ def test_bodies_without_a_model_route_by_load_alone(body: bytes) -> None:
     assert routing_info(body).model is None
 
 
-def test_block_chain_is_capped_and_chained() -> None:
-    long = "z" * (BLOCK_CHARS * (MAX_BLOCKS + 10))
-    hashes = block_hashes(long, "m")
-    assert len(hashes) == MAX_BLOCKS
-    # Chained: equal blocks at different depths hash differently.
-    assert len(set(hashes)) == len(hashes)
-    assert block_hashes("z" * BLOCK_CHARS * 3, "m") == hashes[:3]
+def test_the_hashed_head_is_capped() -> None:
+    head = "z" * MAX_HEAD_CHARS
+    assert head_key(head + "one tail", "m") == head_key(head + "another", "m")
+    assert head_key(head[:-1] + "y", "m") != head_key(head, "m")
+    # The model is part of the key, and cannot be confused with the head's start.
+    assert head_key("bc", "a") != head_key("c", "ab")
 
 
 PODS = [f"10.244.7.{i}:8000" for i in range(2, 6)]
