@@ -104,6 +104,8 @@ class Result:
     streams: int
     ttfts: list[float]
     errors: int
+    hop_cpu: float | None = None
+    """CPU seconds the proxy in between (passthrough or router) spent on this row."""
 
     def quantile(self, q: float) -> float:
         if len(self.ttfts) < 2:
@@ -414,6 +416,12 @@ def report_quality(rows: list[QualityRow], seconds: float) -> None:
 # --- orchestration ----------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -507,11 +515,16 @@ def main() -> None:
             "passthrough": f"127.0.0.1:{pass_port}",
             "router": f"127.0.0.1:{router_port}",
         }
+        hop = {"direct": None, "passthrough": processes[1].pid, "router": processes[2].pid}
         results: list[Result] = []
         uvloop.install()
         for streams in (int(s) for s in args.streams.split(",")):
             for path, address in paths.items():
-                results.append(asyncio.run(load(address, path, streams, args.seconds)))
+                pid = hop[path]
+                cpu_before = cpu_seconds(pid) if pid else 0.0
+                result = asyncio.run(load(address, path, streams, args.seconds))
+                result.hop_cpu = cpu_seconds(pid) - cpu_before if pid else None
+                results.append(result)
     finally:
         stop_all(processes)
         os.unlink(handle.name)
@@ -533,9 +546,10 @@ def report(results: list[Result], seconds: float) -> None:
     for r in results:
         direct = by[("direct", r.streams)]
         added = (r.quantile(0.5) - direct.quantile(0.5)) * 1000
+        cpu = "-" if r.hop_cpu is None else f"{r.hop_cpu * 1000 / max(1, len(r.ttfts)):.2f}"
         print(
             f"| {r.path} | {r.streams} | {len(r.ttfts)} | {r.errors} | "
-            f"{r.quantile(0.5) * 1000:.2f} | {r.quantile(0.99) * 1000:.2f} | {added:+.2f} |"
+            f"{r.quantile(0.5) * 1000:.2f} | {r.quantile(0.99) * 1000:.2f} | {added:+.2f} | {cpu} |"
         )
     print()
     for streams in sorted({r.streams for r in results}):

@@ -41,5 +41,19 @@ class RouterMetrics:
             registry=self.registry,
         )
 
+        # Bound children, so a request costs no label lookup (and no lock around one).
+        self._requests_by: dict[tuple[str, str], Counter] = {}
+        self.routed_by = {
+            reason: self.routed.labels(reason)
+            for reason in ("prefix", "spill", "least-loaded", "retry")
+        }
+
+    def count_request(self, model: str, code: int) -> None:
+        key = (model, str(code))
+        child = self._requests_by.get(key)
+        if child is None:
+            child = self._requests_by[key] = self.requests.labels(*key)
+        child.inc()
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -190,14 +190,14 @@ class Router:
         try:
             for attempt, endpoint in enumerate(attempts):
                 last = attempt == len(attempts) - 1
-                self.metrics.routed.labels(choice.reason if attempt == 0 else "retry").inc()
+                self.metrics.routed_by[choice.reason if attempt == 0 else "retry"].inc()
                 if attempt == 0:
                     self.metrics.routing_seconds.observe(time.perf_counter() - started)
                 answered = await self._attempt(
                     request, endpoint, url_tail, headers, body, last=last
                 )
                 if answered is not None:
-                    self.metrics.requests.labels(info.model, str(answered.status)).inc()
+                    self.metrics.count_request(info.model, answered.status)
                     return answered
         finally:
             self.metrics.in_flight.dec()
@@ -205,7 +205,7 @@ class Router:
         return self._answered(info.model, error(502, message, "BadGatewayError"))
 
     def _answered(self, model: str, response: web.Response) -> web.Response:
-        self.metrics.requests.labels(model, str(response.status)).inc()
+        self.metrics.count_request(model, response.status)
         return response
 
     async def _attempt(
