@@ -171,3 +171,26 @@ def test_a_namespaced_list_replaces_only_its_own_namespace() -> None:
     # A relist of a (after its watch expired) keeps b's models.
     catalog.on_llmdeployment("SYNC", {"items": [], "namespace": "a"})
     assert table.models() == ["two"]
+
+
+def test_watch_lines_of_any_length() -> None:
+    """A watch event is one JSON line; a large fleet's EndpointSlice exceeds aiohttp's 64 KiB
+    line limit, and chunks split lines anywhere."""
+    import asyncio
+    import json
+
+    from llmop_router.kube import lines_of
+
+    big = json.dumps({"type": "MODIFIED", "object": {"pad": "x" * 200_000}}).encode()
+    stream = big + b"\n\n" + b'{"type": "BOOKMARK"}\n' + b'{"type": "DELETED"}'
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        for start in range(0, len(stream), 7_001):
+            yield stream[start : start + 7_001]
+
+    async def collect() -> list[bytes]:
+        return [line async for line in lines_of(chunks())]
+
+    lines = asyncio.run(collect())
+    assert [json.loads(line)["type"] for line in lines] == ["MODIFIED", "BOOKMARK", "DELETED"]
+    assert lines[0] == big

@@ -15,7 +15,7 @@ import logging
 import os
 import ssl
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,9 +177,7 @@ async def _watch(
             if answer.status == 410:
                 raise _GoneError
             answer.raise_for_status()
-            async for line in answer.content:
-                if not line.strip():
-                    continue
+            async for line in lines_of(answer.content.iter_any()):
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
@@ -189,6 +187,20 @@ async def _watch(
                 version = str(obj.get("metadata", {}).get("resourceVersion", version))
                 if kind != "BOOKMARK":
                     await _call(handler, str(kind), obj)
+
+
+async def lines_of(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """The non-empty lines of a watch stream, however long: one event is one line, and an
+    EndpointSlice of a large fleet exceeds aiohttp's 64 KiB line limit."""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
 
 
 async def _call(handler: Handler, kind: str, obj: dict[str, Any]) -> None:
