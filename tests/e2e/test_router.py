@@ -1,0 +1,168 @@
+"""llmop-router in front of real engine pods on the real node: the same code as the router image,
+run here as a host process with the cluster's kubeconfig (pods on this local cluster cannot reach
+the API server yet, so the router pod waits for the `helm install` work). It watches the real
+EndpointSlices the cluster's controllers write, keeps each conversation on one pod (whose
+prefix cache then serves its later turns), and loses nothing while the pods roll."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmop import names
+from support.cluster import wait_until
+from support.realnode import (
+    BackgroundLoad,
+    RealCluster,
+    post_json,
+    real_node_spec,
+    summary,
+    wait_rolled_out,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+
+REPLICAS = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def router(real_cluster: RealCluster, tmp_path: Path) -> Iterator[str]:
+    port = _free_port()
+    log = (tmp_path / "router.log").open("wb")
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "llmop_router", "serve"),
+            *("--host", "127.0.0.1", "--port", str(port)),
+            *("--kubeconfig", str(real_cluster.cluster.kubeconfig)),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+        log.close()
+        print((tmp_path / "router.log").read_text()[-3000:])
+
+
+def _routes(router: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"{router}/routes", timeout=5) as answer:
+            body: dict[str, Any] = json.load(answer)
+    except OSError:
+        return {}
+    return body["models"] if body.get("ready") else {}
+
+
+SAMPLE = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\} ([0-9.e+-]+)$", re.MULTILINE)
+
+
+def _pod_counters(endpoints: list[str]) -> dict[str, dict[str, float]]:
+    """vLLM counters of each engine pod, read from the host through the node's bridge."""
+    out = {}
+    for endpoint in endpoints:
+        with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        out[endpoint] = {m.group(1): float(m.group(2)) for m in SAMPLE.finditer(text)}
+    return out
+
+
+def test_conversations_stay_on_one_pod_and_a_rollout_loses_nothing(
+    real_cluster: RealCluster, e2e_namespace: str, router: str
+) -> None:
+    ns, name = e2e_namespace, "routed"
+    kit = real_cluster.kit
+    kit.apply_llmd(ns, name, real_node_spec(replicas=REPLICAS))
+    kit.wait_condition(ns, name, "Ready", "True", timeout=240)
+    endpoints = wait_until(
+        lambda: sorted(_routes(router).get(name, {}).get("endpoints", {})) or None,
+        timeout=60,
+        what="the router's table lists the pods",
+    )
+    pods = real_cluster.pods(ns, names.selector_string(name))
+    assert sorted(f"{p['status']['podIP']}:8000" for p in pods) == endpoints
+
+    # Six conversations of four turns, one after another: each lands on one pod, which serves
+    # its later turns from its prefix cache.
+    system = "You are the llmop test assistant. Answer briefly and precisely. " * 20
+    homes = []
+    for conversation in range(6):
+        before = _pod_counters(endpoints)
+        messages = [{"role": "system", "content": system}]
+        for turn in range(4):
+            messages.append(
+                {
+                    "role": "user",
+                    "content": f"conversation {conversation}, turn {turn}: " + "why? " * 60,
+                }
+            )
+            code, body = post_json(
+                f"{router}/v1/chat/completions",
+                {"model": name, "messages": messages, "max_tokens": 8},
+            )
+            assert code == 200, body
+            messages.append(
+                {"role": "assistant", "content": body["choices"][0]["message"]["content"]}
+            )
+        after = _pod_counters(endpoints)
+        served = {
+            e: after[e].get("vllm:request_success_total", 0)
+            - before[e].get("vllm:request_success_total", 0)
+            for e in endpoints
+        }
+        # The agents' deep probes also count as requests; they are one-token pings, few and idle.
+        (home,) = [e for e, n in served.items() if n >= 4]
+        hits = (
+            after[home]["vllm:prefix_cache_hits_total"]
+            - before[home]["vllm:prefix_cache_hits_total"]
+        )
+        assert hits > 0, (home, after[home])
+        homes.append(home)
+    print(f"\nconversation homes: {homes}")
+    assert len(set(homes)) > 1, "six conversations all on one pod: the key does not spread"
+
+    # A rolling update under streaming load through the router: nothing lost.
+    load = BackgroundLoad(router, model=name, concurrency=8, duration=600).start()
+    time.sleep(5)
+    kit.apply_llmd(
+        ns, name, real_node_spec(replicas=REPLICAS, engine={"args": ["--sim-decode-ms", "21"]})
+    )
+    kit.wait_condition(ns, name, "Ready", "True", timeout=300)
+    wait_rolled_out(real_cluster.cluster, ns, name, REPLICAS)
+    time.sleep(5)
+    result = load.stop()
+    print(f"router rollout: {summary(result)}")
+    assert result.total >= 50, summary(result)
+    assert result.lost == 0, summary(result)
+    new_pods = real_cluster.pods(ns, names.selector_string(name))
+    wait_until(
+        lambda: (
+            sorted(_routes(router).get(name, {}).get("endpoints", {}))
+            == sorted(
+                f"{p['status']['podIP']}:8000"
+                for p in new_pods
+                if p["metadata"].get("deletionTimestamp") is None
+            )
+            or None
+        ),
+        timeout=60,
+        what="the router's table follows the new pods",
+    )
