@@ -29,6 +29,11 @@ class RouterMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self.client_disconnects = Counter(
+            "llmop_router_client_disconnects",
+            "Answers whose client went away before their end (the upstream request is closed)",
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "llmop_router_in_flight_requests",
             "Requests being proxied now",

@@ -260,9 +260,14 @@ class Router:
         if upstream.content_length is not None:
             response.content_length = upstream.content_length
         await response.prepare(request)
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-        await response.write_eof()
+        try:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client stopped reading (e.g. closed after `data: [DONE]`, before the final
+            # empty chunk): leaving here closes the upstream connection too.
+            self.metrics.client_disconnects.inc()
         return response
 
 
