@@ -153,14 +153,15 @@ async def load(address: str, path: str, streams: int, seconds: float) -> Result:
 # --- routing quality ----------------------------------------------------------------------------
 
 REPLICAS = 3
-KV_BLOCKS = 2000
-"""Per replica, 16-token blocks: under half of each workload's distinct prefixes (about 4,500
-blocks of conversations; 12 system prompts of 125 blocks), so the fleet holds them all and one
-replica does not."""
+KV_BLOCKS = 4000
+"""Per replica, 16-token blocks: under half of each workload's distinct prefixes (24 conversations
+of up to ~6,500 tokens, about 9,000 blocks; 12 system prompts of 125 blocks for the other), so
+the fleet holds them and one replica does not."""
 PREFILL_TOKENS_PER_S = 5000
 MAX_TOKENS = 24
-USER_CHARS = 1600
-"""Characters of each user message (about 400 tokens)."""
+USER_CHARS = 4000
+"""Characters of each user message (about 1,000 tokens): the history, not the shared system
+prompt, is most of a later turn's prompt."""
 WORDS = (
     "alpha",
     "bravo",
@@ -197,7 +198,7 @@ class Workload:
 def workloads() -> list[Workload]:
     rng = random.Random(42)
     return [
-        Workload("multi-turn", users=24, system_prompts=[text(rng, 6000)], turns=6),
+        Workload("multi-turn", users=24, system_prompts=[text(rng, 2000)], turns=6),
         Workload(
             "system-prompts", users=32, system_prompts=[text(rng, 8000) for _ in range(6)], turns=1
         ),
@@ -538,10 +539,11 @@ def report(results: list[Result], seconds: float) -> None:
         "machine\n"
     )
     columns = (
-        "path | streams | requests | errors | TTFT p50 ms | TTFT p99 ms | p50 added vs direct ms"
+        "path | streams | requests | errors | TTFT p50 ms | TTFT p99 ms | p50 added vs direct ms | "
+        "proxy CPU ms per request"
     )
     print(f"| {columns} |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     by = {(r.path, r.streams): r for r in results}
     for r in results:
         direct = by[("direct", r.streams)]
