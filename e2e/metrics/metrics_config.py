@@ -255,7 +255,9 @@ def prometheus_config(docs: list[dict[str, Any]], kubeconfig: str | None) -> dic
     return {
         "global": {"evaluation_interval": "15s"},
         "rule_files": ["rules.yml"],
-        "scrape_configs": podmonitor_scrape_configs(one(docs, "PodMonitor"), kubeconfig),
+        "scrape_configs": podmonitor_scrape_configs(
+            one(docs, "PodMonitor", "-engines"), kubeconfig
+        ),
     }
 
 

@@ -92,7 +92,7 @@ def relabel(target: dict[str, str], rules: list[dict[str, Any]]) -> dict[str, st
 
 def test_one_job_per_podmonitor_endpoint() -> None:
     docs = mc.render()
-    pm = mc.one(docs, "PodMonitor")
+    pm = mc.one(docs, "PodMonitor", "-engines")
     jobs = mc.prometheus_config(docs, "/k")["scrape_configs"]
     endpoints = pm["spec"]["podMetricsEndpoints"]
     assert [ep["port"] for ep in endpoints] == [names.PROBE_PORT_NAME, names.API_PORT_NAME]
@@ -142,7 +142,7 @@ def test_static_targets_are_what_kubernetes_sd_discovers_with_the_same_jobs() ->
     they must carry the labels kubernetes_sd gives the operator's pod, under the very jobs (and
     relabelling) the PodMonitor implies, only the discovery swapped."""
     docs = mc.render()
-    pm = mc.one(docs, "PodMonitor")
+    pm = mc.one(docs, "PodMonitor", "-engines")
     _, labels, containers = engine_pod()
     pod = {
         "metadata": {"namespace": "team-a", "name": "chat-0", "labels": labels},

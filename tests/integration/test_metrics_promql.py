@@ -108,7 +108,7 @@ class Chart:
         mc = load_metrics_config()
         docs = mc.render(VALUES)
         return cls(
-            podmonitor=mc.one(docs, "PodMonitor"),
+            podmonitor=mc.one(docs, "PodMonitor", "-engines"),
             servicemonitor=mc.one(docs, "ServiceMonitor"),
             rules=mc.rule_groups(mc.one(docs, "PrometheusRule")),
             dashboard=json.loads(mc.one(docs, "ConfigMap", "-dashboard")["data"]["llmop.json"]),
