@@ -77,8 +77,10 @@ def observe_rollout(
     if spec.autoscaling is None:
         desired = spec.desired_fixed_replicas
     else:
-        # Deployments default spec.replicas to 1; the HPA then clamps it into [min, max].
-        desired = dep_spec.get("replicas", 1)
+        # Deployments default spec.replicas to 1; the HPA then clamps it into [min, max]. Below
+        # minReplicas is a moment (a new Deployment before its hand-over to minReplicas, or
+        # before the HPA's next sync), never the goal: Ready waits for the floor.
+        desired = max(_int(dep_spec.get("replicas", 1)), spec.autoscaling.min_replicas)
     progressing: Mapping[str, Any] = next(
         (c for c in dep_status.get("conditions") or [] if c.get("type") == "Progressing"), {}
     )
