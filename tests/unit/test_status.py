@@ -396,3 +396,16 @@ def test_an_hpa_that_cannot_scale_degrades_with_its_own_words(
         )
     else:
         assert got["Degraded"].status == "False"
+
+
+def test_autoscaled_replicas_below_min_replicas_are_not_ready() -> None:
+    """A new autoscaled Deployment is created at one replica and handed over to minReplicas in
+    the same pass: seen in between, it is not Ready at 1/1; at the floor it is."""
+    resource = ld(autoscaling={"minReplicas": 2, "maxReplicas": 3})
+    one = {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "availableReplicas": 1}
+    between = derive(resource, deployment(replicas=None, status=one))
+    assert between.replica_summary == "1/2"
+    assert conds(between)["Ready"][0] == "False"
+    at_floor = derive(resource, deployment(replicas=2, status=ROLLED_OUT))
+    assert at_floor.replica_summary == "2/2"
+    assert conds(at_floor)["Ready"][0] == "True"
