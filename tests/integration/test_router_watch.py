@@ -30,7 +30,9 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def router(llmop_crd: Cluster, tmp_path: Path) -> Iterator[str]:
+def router(llmop_crd: Cluster, namespace: str, tmp_path: Path) -> Iterator[str]:
+    """The router watching this test's namespace only (other tests' CRs live in the same
+    cluster), the way the chart runs it with `operator.watchNamespaces`."""
     port = free_port()
     log = (tmp_path / "router.log").open("wb")
     process = subprocess.Popen(
@@ -45,6 +47,8 @@ def router(llmop_crd: Cluster, tmp_path: Path) -> Iterator[str]:
             str(port),
             "--kubeconfig",
             str(llmop_crd.kubeconfig),
+            "--namespaces",
+            namespace,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
