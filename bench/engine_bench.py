@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 import time
@@ -23,15 +22,8 @@ import aiohttp
 # The harness is test code (tests/support), shipped in no image.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.harness.loadgen import Endpoints, run_clients
-from support.harness.replicas import Replica
+from support.harness.replicas import Replica, cpu_seconds
 from support.harness.rollout import RolloutConfig, rolling_replace
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
 def rss_mib(pid: int) -> float:

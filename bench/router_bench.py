@@ -28,7 +28,6 @@ import json
 import os
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,10 @@ from pathlib import Path
 import aiohttp
 import uvloop
 from aiohttp import web
+
+# The harness is test code (tests/support), shipped in no image.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.harness.replicas import cpu_seconds, free_port, port_open
 
 CHUNKS = 16
 CHUNK_GAP = 0.02
@@ -337,51 +340,21 @@ def run_workloads(seconds: float) -> list[QualityRow]:
         for path in ("service", "router"):
             # Fresh engines per row: no row starts with another row's cache.
             ports = [free_port() for _ in range(REPLICAS)]
-            router_port = free_port()
             engines = [f"127.0.0.1:{port}" for port in ports]
-            table = {
-                "models": {"bench": {"namespace": "bench", "name": "bench", "endpoints": engines}}
-            }
-            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-                json.dump(table, handle)
             processes = [
                 start(
                     [
-                        "-m",
-                        "llmop_engine",
-                        "simulate",
-                        "bench",
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--sim-load-seconds",
-                        "0",
-                        "--sim-kv-blocks",
-                        str(KV_BLOCKS),
-                        "--sim-prefill-tokens-per-s",
-                        str(PREFILL_TOKENS_PER_S),
-                        "--max-model-len",
-                        "32768",
+                        *("-m", "llmop_engine", "simulate", "bench"),
+                        *("--host", "127.0.0.1", "--port", str(port)),
+                        *("--sim-load-seconds", "0", "--sim-kv-blocks", str(KV_BLOCKS)),
+                        *("--sim-prefill-tokens-per-s", str(PREFILL_TOKENS_PER_S)),
+                        *("--max-model-len", "32768"),
                     ]
                 )
                 for port in ports
             ]
-            processes.append(
-                start(
-                    [
-                        "-m",
-                        "llmop_router",
-                        "serve",
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(router_port),
-                        "--static",
-                        handle.name,
-                    ]
-                )
-            )
+            router, router_port, table_file = start_router(engines)
+            processes.append(router)
             try:
                 for port in (*ports, router_port):
                     wait_listening(port)
@@ -392,7 +365,7 @@ def run_workloads(seconds: float) -> list[QualityRow]:
                 )
             finally:
                 stop_all(processes)
-                os.unlink(handle.name)
+                os.unlink(table_file)
     return rows
 
 
@@ -417,26 +390,23 @@ def report_quality(rows: list[QualityRow], seconds: float) -> None:
 # --- orchestration ----------------------------------------------------------------------------
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_listening(port: int, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+    while not port_open(port):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing listens on :{port}")
         time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on :{port}")
+
+
+def start_router(endpoints: Sequence[str]) -> tuple[subprocess.Popen[bytes], int, str]:
+    """`llmop-router serve` over a static table routing model `bench` to `endpoints`:
+    (process, port, the table file to delete afterwards)."""
+    port = free_port()
+    table = {"models": {"bench": {"namespace": "bench", "name": "bench", "endpoints": endpoints}}}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(table, handle)
+    argv = ["-m", "llmop_router", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    return start([*argv, "--static", handle.name]), port, handle.name
 
 
 def start(argv: Sequence[str]) -> subprocess.Popen[bytes]:
@@ -477,11 +447,9 @@ def main() -> None:
         if args.only == "workloads":
             return
     this = str(Path(__file__).resolve())
-    engine_port, pass_port, router_port = free_port(), free_port(), free_port()
-    table = {"models": {"bench": {"namespace": "bench", "name": "bench", "endpoints": []}}}
-    table["models"]["bench"]["endpoints"] = [f"127.0.0.1:{engine_port}"]
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump(table, handle)
+    engine_port, pass_port = free_port(), free_port()
+    engine = f"127.0.0.1:{engine_port}"
+    router, router_port, table_file = start_router([engine])
     processes = [
         start([this, "engine", "--port", str(engine_port)]),
         start(
@@ -494,19 +462,7 @@ def main() -> None:
                 f"127.0.0.1:{engine_port}",
             ]
         ),
-        start(
-            [
-                "-m",
-                "llmop_router",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(router_port),
-                "--static",
-                handle.name,
-            ]
-        ),
+        router,
     ]
     try:
         for port in (engine_port, pass_port, router_port):
@@ -528,7 +484,7 @@ def main() -> None:
                 results.append(result)
     finally:
         stop_all(processes)
-        os.unlink(handle.name)
+        os.unlink(table_file)
     report(results, args.seconds)
 
 
