@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,38 +26,21 @@ from support.realnode import (
     summary,
     wait_rolled_out,
 )
+from support.router import router_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 REPLICAS = 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def router(real_cluster: RealCluster, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
-    log = (tmp_path / "router.log").open("wb")
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "llmop_router", "serve"),
-            *("--host", "127.0.0.1", "--port", str(port)),
-            *("--kubeconfig", str(real_cluster.cluster.kubeconfig)),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    log = tmp_path / "router.log"
     try:
-        yield f"http://127.0.0.1:{port}"
+        with router_process(real_cluster.cluster.kubeconfig, log) as url:
+            yield url
     finally:
-        process.terminate()
-        process.wait(timeout=15)
-        log.close()
-        print((tmp_path / "router.log").read_text()[-3000:])
+        print(log.read_text()[-3000:])
 
 
 def _routes(router: str) -> dict[str, Any]:

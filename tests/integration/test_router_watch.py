@@ -7,9 +7,6 @@ itself is tested on real sockets in tests/router/; traffic through real pods is 
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,46 +16,19 @@ from typing import Any
 import pytest
 
 from support.cluster import Cluster, wait_until
+from support.router import router_process
 
 pytestmark = pytest.mark.cluster
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
 def router(llmop_crd: Cluster, namespace: str, tmp_path: Path) -> Iterator[str]:
     """The router watching this test's namespace only (other tests' CRs live in the same
     cluster), the way the chart runs it with `operator.watchNamespaces`."""
-    port = free_port()
-    log = (tmp_path / "router.log").open("wb")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "llmop_router",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--kubeconfig",
-            str(llmop_crd.kubeconfig),
-            "--namespaces",
-            namespace,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        log.close()
+    with router_process(
+        llmop_crd.kubeconfig, tmp_path / "router.log", ("--namespaces", namespace)
+    ) as url:
+        yield url
 
 
 def get(url: str) -> tuple[int, Any]:
