@@ -159,10 +159,13 @@ wait_ready() {
 # kwokctl's config: the static options plus per-cluster component flags (paths into this
 # cluster's pki). Flags go here, not in repeated --extra-args: kwokctl 0.8.0 indexes its patch
 # list by flag position and panics when a component's flags follow another component's.
-write_kwokctl_config() {
+kwokctl_config() { # kwokctl_config <pki dir>: print it
   local pki="$1"
-  cat "$HERE/kwokctl.yaml" >"$WORK/kwokctl.yaml"
-  cat >>"$WORK/kwokctl.yaml" <<EOF
+  cat "$HERE/kwokctl.yaml"
+  cat <<EOF
+  # In-cluster clients verify the API server as the kubernetes Service's ClusterIP or as its
+  # endpoint (the advertise-address below); kwokctl adds these to the host's own addresses.
+  kubeApiserverCertSANs: ["$KUBERNETES_SERVICE_IP", "$REAL_NODE_IP"]
 componentsPatches:
 - name: etcd
   extraArgs:
@@ -171,6 +174,9 @@ componentsPatches:
   extraArgs:
   # Pinned (the API server's default), so ranges.sh names it; kept local by egress-guard.sh.
   - {key: service-cluster-ip-range, value: "$SERVICE_CIDR"}
+  # The kubernetes Service's endpoint: the real node's address, which its pods can route to
+  # (node.sh forwards it, from the pods' bridge only, to this loopback-bound API server).
+  - {key: advertise-address, value: "$REAL_NODE_IP"}
   # The real node (node.sh) registers with an IP only, and verifies the API server's client cert.
   - {key: kubelet-preferred-address-types, value: InternalIP}
   - {key: kubelet-client-certificate, value: "$pki/admin.crt"}
@@ -270,8 +276,14 @@ cmd_up() {
   reap_orphans
   local bin
   bin="$("$HERE/build.sh" | tail -n 1)"
+  # kwokctl writes the cluster CA and its admin cert here before it starts the API server, which
+  # presents that cert to kubelets (the real node trusts the CA); kwok manages only the fake nodes.
+  local pki="$KWOK_WORKDIR/clusters/$NAME/pki" config
+  config="$(kwokctl_config "$pki")"
   if [[ -d "$WORK" ]]; then
-    if [[ "$(cat "$WORK/bin-dir" 2>/dev/null)" == "$bin" ]] && healthy; then
+    # A cluster made from other binaries or another config (say, before a flag was added) is
+    # recreated, not reused.
+    if [[ "$(cat "$WORK/bin-dir" 2>/dev/null)" == "$bin" && "$(cat "$WORK/kwokctl.yaml" 2>/dev/null)" == "$config" ]] && healthy; then
       log "already running"
       "$GUARD_SH" up "$NAME" "$WORK"
       apply_nodes
@@ -292,10 +304,7 @@ cmd_up() {
     start_watchdog "$LLMOP_CLUSTER_OWNER_PID"
   fi
   local k8s_version start=$SECONDS
-  # kwokctl writes the cluster CA and its admin cert here before it starts the API server, which
-  # presents that cert to kubelets (the real node trusts the CA); kwok manages only the fake nodes.
-  local pki="$KWOK_WORKDIR/clusters/$NAME/pki"
-  write_kwokctl_config "$pki"
+  printf '%s\n' "$config" >"$WORK/kwokctl.yaml"
   k8s_version="$("$bin/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p')"
   log "creating (kubernetes $k8s_version, binaries from $bin)"
   # Every component comes from $bin: kwokctl must never download anything.

@@ -20,7 +20,7 @@
 #   egress-guard.sh down <holder>            unregister; the last one out removes everything
 #   egress-guard.sh counts                   "range <cidr> <packets>" and "dest <ip> <hits>" lines
 #                                            (nothing when the guard is not installed)
-#   egress-guard.sh ranges                   "<what> <cidr>" lines: service, kwok-pods, real-node-pods
+#   egress-guard.sh ranges                   "<what> <cidr>" lines: service, kwok-pods, real-node-pods, real-node-ip
 #   egress-guard.sh status                   holders, routes and counters
 #
 # Needs root and iptables (installed from Debian's packages when missing). Without them it says
@@ -217,6 +217,7 @@ ranges)
   printf 'service %s\n' "$SERVICE_CIDR" "${EXTRA_SERVICE_CIDRS[@]}"
   echo "kwok-pods $KWOK_POD_CIDR"
   echo "real-node-pods $REAL_NODE_POD_CIDR"
+  echo "real-node-ip $REAL_NODE_IP/32"
   ;;
 status) cmd_status ;;
 *)

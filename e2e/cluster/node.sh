@@ -410,6 +410,7 @@ cmd_up() {
   if [[ "$current" == "$cluster" ]] && alive containerd && alive kubelet && alive kube-proxy; then
     log "already running for $cluster"
     label_and_advertise kctl
+    route_pods_to_apiserver "$(kctl config view --minify -o jsonpath='{.clusters[0].cluster.server}')" kctl
     return 0
   fi
   [[ -z "$current" || "$current" == "$cluster" ]] && { alive kubelet || alive containerd; } && cmd_down_locked
@@ -447,6 +448,7 @@ cmd_up() {
   wait_for 60 "node registration" kctl get node "$NODE_NAME" ||
     die "the kubelet did not register (log: $LOG_DIR/kubelet.log)"
   label_and_advertise kctl
+  route_pods_to_apiserver "$server" kctl
   wait_for 60 "node Ready" kctl wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s ||
     die "node $NODE_NAME not Ready (log: $LOG_DIR/kubelet.log)"
   # Put back the kernel settings the kubelet changes at start (protectKernelDefaults=false): it
@@ -467,6 +469,39 @@ route_services_to_bridge() {
   for cidr in "$SERVICE_CIDR" "${EXTRA_SERVICE_CIDRS[@]}"; do
     ip route replace "$cidr" dev "$BRIDGE" metric 100
   done
+}
+
+# Pods reach the API server as in any cluster: in-cluster config dials the `kubernetes` Service
+# (ClusterIP:443), whose endpoint the API server advertises as this node's address (cluster.sh,
+# with both addresses in its certificate). The API server itself stays bound to 127.0.0.1, so
+# nothing off this machine can reach it; here, packets from the pods' bridge (and the host's own,
+# for hostNetwork pods) to either address are DNATed to that loopback listener. Loopback
+# destinations need route_localnet, set on the pods' bridge only (never `all`), and packets that
+# name 127/8 themselves are dropped unless DNATed: kube-proxy's own guard for the same setting
+# (CVE-2020-8558). `down` removes the chain, the rules and the bridge with its sysctl.
+APISERVER_CHAIN=LLMOP-APISERVER
+route_pods_to_apiserver() { # route_pods_to_apiserver <api server url> <kctl>
+  local server="$1" kctl="$2" port service
+  port="${server##*:}"
+  port="${port%%/*}"
+  service="$("$kctl" get service kubernetes -n default -o jsonpath='{.spec.clusterIP}:{.spec.ports[0].port}')"
+  sysctl -q -w "net.ipv4.conf.$BRIDGE.route_localnet=1"
+  iptables -w -t nat -N "$APISERVER_CHAIN" 2>/dev/null || iptables -w -t nat -F "$APISERVER_CHAIN"
+  iptables -w -t nat -A "$APISERVER_CHAIN" -d "${service%:*}/32" -p tcp --dport "${service##*:}" \
+    -j DNAT --to-destination "127.0.0.1:$port"
+  iptables -w -t nat -A "$APISERVER_CHAIN" -d "$NODE_IP/32" -p tcp --dport "$port" \
+    -j DNAT --to-destination "127.0.0.1:$port"
+  # Ahead of kube-proxy's jump, which would send the ClusterIP to the endpoint first (one DNAT per
+  # connection): kube-proxy only checks that its jump exists, so it keeps the second place.
+  wait_for 60 "kube-proxy's service rules" iptables -w -t nat -C PREROUTING \
+    -m comment --comment "kubernetes service portals" -j KUBE-SERVICES ||
+    die "kube-proxy did not install its rules (log: $LOG_DIR/kube-proxy.log)"
+  iptables -w -t nat -C PREROUTING -i "$BRIDGE" -j "$APISERVER_CHAIN" 2>/dev/null ||
+    iptables -w -t nat -I PREROUTING 1 -i "$BRIDGE" -j "$APISERVER_CHAIN"
+  iptables -w -t nat -C OUTPUT -j "$APISERVER_CHAIN" 2>/dev/null ||
+    iptables -w -t nat -I OUTPUT 1 -j "$APISERVER_CHAIN"
+  iptables -w -C INPUT -i "$BRIDGE" -d 127.0.0.0/8 -m conntrack ! --ctstate DNAT -j DROP 2>/dev/null ||
+    iptables -w -I INPUT 1 -i "$BRIDGE" -d 127.0.0.0/8 -m conntrack ! --ctstate DNAT -j DROP
 }
 
 # GPU capacity through the status subresource (the documented way to advertise an extended

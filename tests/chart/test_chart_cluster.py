@@ -28,13 +28,13 @@ from chart_helpers import CHART_DIR, MATRIX, REPO_ROOT, operator_deployment, ren
 from gitops.argocd_lua import FIXTURES, health
 from llmop.kube import Kube
 from support.cluster import Cluster, wait_until
+from support.helm_release import CRD_NAME, adopt_crd
 from support.manifests import llmd_manifest
 from support.operator import OperatorProcess
 
 pytestmark = pytest.mark.cluster
 
 CASES = {"default": {}, **MATRIX}
-CRD_NAME = "llmdeployments.serving.llmop.dev"
 API_VERSION = "serving.llmop.dev/v1alpha1"
 MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 CAPTURE = os.environ.get("LLMOP_CAPTURE_FIXTURES", "") == "1"
@@ -150,28 +150,12 @@ class Release:
         self.info = info
 
 
-def _adopt_crd(cluster: Cluster, release: str, namespace: str) -> None:
-    """Let this release take over a CRD created earlier by `kubectl apply -f crds/` (other tests
-    share the cluster), with the ownership metadata Helm checks before it adopts an object."""
-    if cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0:
-        return
-    cluster.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")
-    cluster.kubectl(
-        "annotate",
-        "--overwrite",
-        "crd",
-        CRD_NAME,
-        f"meta.helm.sh/release-name={release}",
-        f"meta.helm.sh/release-namespace={namespace}",
-    )
-
-
 @pytest.fixture(scope="module")
 def release(kube_cluster: Cluster) -> Iterator[Release]:
     name = f"llmop-{secrets.token_hex(3)}"
     namespace = f"chart-{secrets.token_hex(3)}"
     kube_cluster.kubectl("create", "namespace", namespace)
-    _adopt_crd(kube_cluster, name, namespace)
+    adopt_crd(kube_cluster, name, namespace)
     with helm.Config(kubeconfig_path=kube_cluster.kubeconfig, namespace=namespace) as config:
         try:
             info = config.install(

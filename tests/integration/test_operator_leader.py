@@ -143,3 +143,43 @@ def test_standby_takes_over_a_killed_leader_under_load(
 
 
 LLMD = ("serving.llmop.dev/v1alpha1", "LLMDeployment")
+
+HANDOVER_BOUND_S = 15.0
+"""A stopped leader releases the Lease on its way out: well inside one lease duration."""
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_leader_exits_and_hands_over_at_once(
+    pair: list[OperatorProcess], kit: Kit, stop_signal: signal.Signals
+) -> None:
+    """What a pod deletion, a drain or `helm upgrade` does to the leader (SIGTERM), and Ctrl-C:
+    it stops reconciling, releases the Lease and exits 0, and the standby leads well before the
+    Lease would expire (a leader that kept renewing until the kubelet's SIGKILL held it 30 s +
+    15 s)."""
+    first, second = pair
+    first.start()
+    wait_until(lambda: first.metric("llmop_leader") == 1, timeout=60, what="a leads")
+    second.start()
+    assert first.process is not None
+    process = first.process
+    process.send_signal(stop_signal)
+    stopped = time.monotonic()
+    wait_until(
+        lambda: second.metric("llmop_leader") == 1,
+        timeout=HANDOVER_BOUND_S,
+        interval=0.2,
+        what="the standby leads",
+    )
+    handover = time.monotonic() - stopped
+    assert process.wait(timeout=HANDOVER_BOUND_S) == 0
+    exited = time.monotonic() - stopped
+    assert lease(kit)["spec"]["holderIdentity"].startswith("llmop-b_")
+    print(
+        json.dumps(
+            {
+                "signal": stop_signal.name,
+                "handover_s": round(handover, 1),
+                "exit_s": round(exited, 1),
+            }
+        )
+    )

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -288,9 +288,12 @@ def run(argv: Sequence[str]) -> int:
     )
     # The count handler forgets a deleted object's diff base (kopf never does).
     memo.diffbase = settings.persistence.diffbase_storage
-    try:
-        asyncio.run(
-            kopf.operator(
+    lost = False
+
+    async def operate() -> None:
+        nonlocal lost
+        try:
+            await kopf.operator(
                 settings=settings,
                 clusterwide=config.clusterwide,
                 namespaces=config.namespaces,
@@ -300,8 +303,19 @@ def run(argv: Sequence[str]) -> int:
                 liveness_endpoint=liveness,
                 memo=memo,
                 stop_flag=leadership.kopf_stop,
+                # kopf would name itself after the OS user, which a pod run as a bare UID (the
+                # image's 65532, or OpenShift's random one) has none of: getpwuid() raises.
+                identity=cast("Any", memo.context.instance),
             )
-        )
+        finally:
+            lost = leadership.kopf_stop.is_set()
+            # kopf waits for its stop flag in a thread of the loop's default executor, which
+            # asyncio.run() joins: after a stop by SIGTERM/SIGINT that thread would wait until
+            # the pod is killed, renewing the Lease all along, instead of handing it over.
+            leadership.kopf_stop.set()
+
+    try:
+        asyncio.run(operate())
     finally:
         metrics.leader.set(0)
         leadership.end()
@@ -311,4 +325,4 @@ def run(argv: Sequence[str]) -> int:
         memo.context.kube.close()
         if server is not None:
             server.shutdown()
-    return LOST_EXIT_CODE if leadership.kopf_stop.is_set() else 0
+    return LOST_EXIT_CODE if lost else 0

@@ -1,0 +1,321 @@
+"""`helm install` for real: the operator image runs as pods on the real node.
+
+The operator image (built from operator/Dockerfile and imported into the node's containerd) is
+installed with the chart's default values except the images' pull policy (nothing can be pulled
+here), into a namespace that enforces Pod Security `restricted`. Its pods find their in-cluster
+config and reach the API server through the `kubernetes` Service, elect a leader, and reconcile
+the simulator sample into pods that answer through their Service and through the chart's router.
+Then the leader pod is deleted while the sample changes, the release is upgraded (the operator
+rolls, the engines do not) and uninstalled (the CRD, the CR and its serving pods stay).
+
+While this module runs, the session's host operator is stopped: two operators would both
+reconcile every namespace (their Leases live in different namespaces)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from support.cluster import create_namespace, wait_until
+from support.helm_release import CRD_NAME, adopt_crd
+from support.operator import REPO_ROOT
+from support.realnode import RealCluster, import_into_node, pod_ready, post_json, service_url
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+
+CHART_DIR = REPO_ROOT / "helm" / "llmop"
+SAMPLE = REPO_ROOT / "examples" / "simulator-small.yaml"
+OPERATOR_PODS = "app.kubernetes.io/component=operator"
+LEASE = "llmop-operator"
+NODE = "llmop-real-node"
+# Default values except the images: they were imported into the node, never pulled.
+IMAGE_VALUES: dict[str, Any] = {
+    "image": {"pullPolicy": "Never"},
+    "router": {"image": {"pullPolicy": "Never"}},
+}
+FAILOVER_BOUND_S = 45
+
+
+@dataclass
+class Install:
+    """The release, the sample it serves and what the module measured on the way."""
+
+    rc: RealCluster
+    config: helm.Config
+    release: str
+    namespace: str
+    apps: str
+    sample: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def kubectl(self, *args: str, check: bool = True) -> Any:
+        return self.rc.kubectl(*args, check=check)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def operator_pods(self) -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = self.get("pods", "-n", self.namespace, "-l", OPERATOR_PODS)[
+            "items"
+        ]
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    def leader(self) -> str:
+        """The pod named by the Lease holder ("<pod>_<random>"), or "" when none holds it."""
+        lease = self.get("lease", LEASE, "-n", self.namespace)
+        holder: str = lease["spec"].get("holderIdentity") or ""
+        return holder.rpartition("_")[0]
+
+    def engine_pods(self) -> list[dict[str, Any]]:
+        selector = f"app.kubernetes.io/instance={self.sample}"
+        pods: list[dict[str, Any]] = self.get("pods", "-n", self.apps, "-l", selector)["items"]
+        # Not one still draining after the scale-down.
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def _restricted_namespace(rc: RealCluster) -> str:
+    name = create_namespace(rc.cluster, "llmop-system")
+    rc.kubectl(
+        "label",
+        "namespace",
+        name,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )
+    return name
+
+
+@pytest.fixture(scope="module")
+def install(real_cluster: RealCluster) -> Iterator[Install]:
+    rc = real_cluster
+    timings = {"image build + import": import_into_node("operator", "router")}
+    namespace = _restricted_namespace(rc)
+    apps = create_namespace(rc.cluster, "helm-apps")
+    release = f"llmop-{secrets.token_hex(2)}"
+    rc.operator.stop()
+    try:
+        with helm.Config(kubeconfig_path=rc.cluster.kubeconfig, namespace=namespace) as config:
+            adopt_crd(rc.cluster, release, namespace)
+            started = time.monotonic()
+            try:
+                config.install(
+                    CHART_DIR,
+                    release,
+                    IMAGE_VALUES,
+                    namespace=namespace,
+                    wait="watcher",
+                    timeout=240,
+                )
+                timings["helm install --wait"] = time.monotonic() - started
+                yield Install(rc, config, release, namespace, apps, "qwen-small", timings=timings)
+            finally:
+                try:
+                    config.uninstall(release, ignore_not_found=True, wait="watcher", timeout=120)
+                except helm.HelmError as error:
+                    print(f"helm uninstall {release}: {error}")
+    finally:
+        rc.operator.start()
+        rc.kubectl("delete", "namespace", apps, namespace, "--timeout=180s", check=False)
+        print("helm install e2e timings:", {k: round(v, 1) for k, v in timings.items()})
+
+
+def _completion(url: str, model: str) -> dict[str, Any]:
+    status, body = post_json(
+        f"{url}/v1/chat/completions",
+        {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4},
+    )
+    assert status == 200, body
+    assert body["choices"][0]["message"]["content"], body
+    result: dict[str, Any] = body
+    return result
+
+
+def _scrape(ip: str, port: int) -> str:
+    with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=5) as answer:
+        text: str = answer.read().decode()
+    return text
+
+
+def _gauge(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(f"{name} ") or line.startswith(f"{name}{{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exposed")
+
+
+def _metrics_port(pod: dict[str, Any]) -> int:
+    ports = pod["spec"]["containers"][0]["ports"]
+    port: int = next(p["containerPort"] for p in ports if p["name"] == "metrics")
+    return port
+
+
+def _ready_operators(install: Install) -> list[dict[str, Any]] | None:
+    pods = install.operator_pods()
+    return pods if len(pods) == 2 and all(map(pod_ready, pods)) else None
+
+
+def test_operator_pods_run_ready_on_the_real_node_under_restricted(install: Install) -> None:
+    pods = wait_until(lambda: _ready_operators(install), timeout=60, what="2 Ready operator pods")
+    assert {p["spec"]["nodeName"] for p in pods} == {NODE}
+    for pod in pods:
+        security = pod["spec"]["containers"][0]["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"]["drop"] == ["ALL"]
+    namespace = install.get("namespace", install.namespace)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    names = {p["metadata"]["name"] for p in pods}
+    leader = wait_until(install.leader, timeout=30, what="a Lease holder")
+    assert leader in names
+    # /metrics of each pod, from the host through the node's bridge: one leader, one standby.
+    leaders = {
+        p["metadata"]["name"]: _gauge(
+            _scrape(p["status"]["podIP"], _metrics_port(p)), "llmop_leader"
+        )
+        for p in pods
+    }
+    assert leaders == {n: (1.0 if n == leader else 0.0) for n in names}, leaders
+    # And through the chart's metrics Service (kube-proxy picks either pod).
+    service = install.get("service", f"{install.release}-metrics", "-n", install.namespace)
+    port = service["spec"]["ports"][0]["port"]
+    assert "llmop_leader" in _scrape(service["spec"]["clusterIP"], port)
+
+
+def _sample_ready(install: Install) -> dict[str, Any] | None:
+    obj = install.get("llmdeployment", install.sample, "-n", install.apps)
+    status = obj.get("status") or {}
+    if status.get("observedGeneration") != obj["metadata"]["generation"]:
+        return None
+    ready = {c["type"]: c["status"] for c in status.get("conditions") or []}.get("Ready")
+    return obj if ready == "True" else None
+
+
+def test_sample_applied_by_kubectl_answers_through_its_service_and_the_router(
+    install: Install,
+) -> None:
+    sample = yaml.safe_load(SAMPLE.read_text())
+    sample["metadata"]["namespace"] = install.apps
+    started = time.monotonic()
+    install.rc.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample))
+    wait_until(lambda: _sample_ready(install), timeout=120, what="the sample Ready")
+    install.timings["sample applied → Ready"] = time.monotonic() - started
+    pods = install.engine_pods()
+    assert len(pods) == sample["spec"]["replicas"]
+    assert {p["spec"]["nodeName"] for p in pods} == {NODE}
+    _completion(service_url(install.rc.cluster, install.apps, install.sample), install.sample)
+    router = service_url(install.rc.cluster, install.namespace, f"{install.release}-router")
+    # The router pods watch through the `kubernetes` Service too; they list the sample once
+    # its endpoints are ready.
+    wait_until(
+        lambda: install.sample in _models(router), timeout=60, what="the router lists the sample"
+    )
+    _completion(router, install.sample)
+
+
+def _models(router: str) -> list[str]:
+    try:
+        with urllib.request.urlopen(f"{router}/v1/models", timeout=5) as answer:
+            return [m["id"] for m in json.load(answer)["data"]]
+    except OSError:
+        return []
+
+
+def test_deleting_the_leader_pod_hands_over_and_a_change_meanwhile_converges(
+    install: Install,
+) -> None:
+    wait_until(lambda: _sample_ready(install), timeout=120, what="the sample Ready")
+    leader = wait_until(install.leader, timeout=30, what="a Lease holder")
+    started = time.monotonic()
+    install.kubectl("delete", "pod", leader, "-n", install.namespace, "--wait=false")
+    install.kubectl(
+        "patch",
+        "llmdeployment",
+        install.sample,
+        "-n",
+        install.apps,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"replicas": 1}}),
+    )
+
+    def successor() -> str | None:
+        held = install.leader()
+        return held if held and held != leader else None
+
+    wait_until(
+        successor,
+        timeout=FAILOVER_BOUND_S,
+        interval=0.2,
+        what="another operator pod holding the Lease",
+    )
+    install.timings["leader pod deleted → successor holds the Lease"] = time.monotonic() - started
+
+    def converged() -> bool:
+        obj = _sample_ready(install)
+        deployment = install.get("deployment", install.sample, "-n", install.apps)
+        return bool(
+            obj is not None
+            and obj["status"].get("readyReplicas") == 1
+            and deployment["spec"]["replicas"] == 1
+        )
+
+    wait_until(converged, timeout=120, what="the sample at 1 replica, Ready")
+    install.timings["change during the handover → converged"] = time.monotonic() - started
+    wait_until(lambda: _ready_operators(install), timeout=90, what="2 Ready operator pods again")
+
+
+def test_helm_upgrade_rolls_the_operator_and_leaves_the_engines(install: Install) -> None:
+    wait_until(lambda: _sample_ready(install), timeout=120, what="the sample Ready")
+    engines = {p["metadata"]["uid"] for p in install.engine_pods()}
+    operators = {p["metadata"]["name"] for p in install.operator_pods()}
+    deployment = install.get("deployment", install.sample, "-n", install.apps)
+    install.config.upgrade(
+        CHART_DIR,
+        install.release,
+        {**IMAGE_VALUES, "operator": {"logFormat": "text"}},
+        namespace=install.namespace,
+        wait="watcher",
+        timeout=240,
+    )
+
+    def rolled() -> list[dict[str, Any]] | None:
+        pods = _ready_operators(install)
+        fresh = pods and not operators & {p["metadata"]["name"] for p in pods}
+        return pods if fresh else None
+
+    pods = wait_until(rolled, timeout=120, what="2 new Ready operator pods")
+    env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
+    assert env["LLMOP_LOG_FORMAT"] == "text"
+    wait_until(install.leader, timeout=30, what="a Lease holder after the upgrade")
+    # The new leader re-reconciles the sample and finds nothing to change.
+    time.sleep(5)
+    assert {p["metadata"]["uid"] for p in install.engine_pods()} == engines
+    after = install.get("deployment", install.sample, "-n", install.apps)
+    assert after["metadata"]["generation"] == deployment["metadata"]["generation"]
+    _completion(service_url(install.rc.cluster, install.apps, install.sample), install.sample)
+
+
+def test_helm_uninstall_keeps_the_crd_the_cr_and_its_serving_pods(install: Install) -> None:
+    engines = {p["metadata"]["uid"] for p in install.engine_pods()}
+    install.config.uninstall(install.release, wait="watcher", timeout=120)
+    gone = install.kubectl(
+        "get", "deployment", install.release, "-n", install.namespace, check=False
+    )
+    assert gone.returncode != 0
+    assert install.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+    assert (
+        install.kubectl(
+            "get", "llmdeployment", install.sample, "-n", install.apps, check=False
+        ).returncode
+        == 0
+    )
+    assert {p["metadata"]["uid"] for p in install.engine_pods()} == engines
+    _completion(service_url(install.rc.cluster, install.apps, install.sample), install.sample)
