@@ -6,14 +6,21 @@
 #         cluster's admin kubeconfig, with the settings the Helm chart gives it by default), apply
 #         the simulator-backend samples from examples/, wait until they are Ready, show them,
 #         and send one completion through the sample's Service (its ClusterIP, via kube-proxy).
-#   down  stop the operator and delete the local cluster.
+#   down  stop the operator (or uninstall the release) and delete the local cluster.
+#
+# LLMOP_OPERATOR=pod: instead of a local process, the operator is what users install: the chart
+# (helm/llmop, release `llmop` in namespace llmop-system, Pod Security `restricted`) with the
+# operator and router images built from this checkout and imported into the real node, so the
+# operator runs as two pods that reach the API server in-cluster, and the router pods answer
+# for every sample. The chart owns the CRD in that mode.
 #
 # Idempotent: `up` twice reuses the running cluster and restarts the operator on the current
 # code. Nothing is written into the clone: the operator's pid file and log live in the
 # cluster's state directory (~/.cache/llmop/clusters/<name>/), which `down` removes.
 #
-# Environment: VENV (default .venv), LLMOP_DEV_TIMEOUT (seconds to wait for Ready, default 180),
-# and the cluster's own LLMOP_CLUSTER_* variables (e2e/cluster/cluster.sh).
+# Environment: VENV (default .venv), LLMOP_OPERATOR (process | pod, default process),
+# LLMOP_DEV_TIMEOUT (seconds to wait for Ready, default 180), and the cluster's own
+# LLMOP_CLUSTER_* variables (e2e/cluster/cluster.sh).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +29,10 @@ VENV="${VENV:-$ROOT/.venv}"
 [[ "$VENV" = /* ]] || VENV="$ROOT/$VENV"
 PY="$VENV/bin/python"
 TIMEOUT="${LLMOP_DEV_TIMEOUT:-180}"
+MODE="${LLMOP_OPERATOR:-process}"
+RELEASE=llmop
+RELEASE_NAMESPACE=llmop-system
+NODE_CONTAINERD=/run/llmop-node/containerd/containerd.sock
 
 log() { echo "dev: $*" >&2; }
 
@@ -68,6 +79,33 @@ for path, text in out.items():
 EOF
 }
 
+# `release install|uninstall|status <kubeconfig>`: install or upgrade the chart as release llmop
+# (default values except the images' pull policy: they are imported, never pulled); remove it
+# when present; print "installed" when it is.
+release() {
+  "$PY" - "$1" "$2" "$ROOT/helm/llmop" "$RELEASE" "$RELEASE_NAMESPACE" <<'EOF'
+import sys
+import helm_python as helm
+action, kubeconfig, chart, name, namespace = sys.argv[1:]
+values = {"image": {"pullPolicy": "Never"}, "router": {"image": {"pullPolicy": "Never"}}}
+with helm.Config(kubeconfig_path=kubeconfig, namespace=namespace) as config:
+    try:
+        config.status(name)
+        installed = True
+    except helm.HelmNotFoundError:
+        installed = False
+    if action == "status":
+        print("installed" if installed else "")
+    elif action == "uninstall":
+        if installed:
+            config.uninstall(name, wait="watcher", timeout=120)
+    elif installed:
+        config.upgrade(chart, name, values, namespace=namespace, wait="watcher", timeout=300)
+    else:
+        config.install(chart, name, values, namespace=namespace, wait="watcher", timeout=300)
+EOF
+}
+
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # Simulator-backend samples only (the others need real GPUs and model credentials), one
@@ -94,6 +132,49 @@ cmd_up() {
   bin="$(cat "$work/bin-dir")"
   kctl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
+  local operator_info
+  case "$MODE" in
+  process) start_operator ;;
+  pod) install_release ;;
+  *)
+    log "LLMOP_OPERATOR must be process or pod (got '$MODE')"
+    exit 2
+    ;;
+  esac
+  samples_up
+}
+
+# The chart's release instead of a local process (LLMOP_OPERATOR=pod).
+install_release() {
+  stop_operator
+  [[ "$(cat /run/llmop-node/owner 2>/dev/null || true)" == "$(basename "$work")" ]] ||
+    { log "LLMOP_OPERATOR=pod needs the real node, which did not join (see the cluster log above)"; exit 1; }
+  log "building (or reusing) the operator and router images; importing them into the node"
+  "$PY" "$ROOT/e2e/images/images.py" import --address "$NODE_CONTAINERD" operator router >/dev/null
+  kctl create namespace "$RELEASE_NAMESPACE" --dry-run=client -o yaml | kctl apply -f - >/dev/null
+  kctl label --overwrite namespace "$RELEASE_NAMESPACE" \
+    pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/enforce-version=latest >/dev/null
+  local crd=llmdeployments.serving.llmop.dev
+  if kctl get crd "$crd" >/dev/null 2>&1; then
+    # Applied by a process-mode run: Helm adopts it only with the release's ownership metadata.
+    kctl label --overwrite crd "$crd" app.kubernetes.io/managed-by=Helm >/dev/null
+    kctl annotate --overwrite crd "$crd" "meta.helm.sh/release-name=$RELEASE" \
+      "meta.helm.sh/release-namespace=$RELEASE_NAMESPACE" >/dev/null
+  fi
+  log "helm install (or upgrade) of helm/llmop as $RELEASE_NAMESPACE/$RELEASE; waiting for its pods"
+  release install "$kubeconfig"
+  kctl wait --for=condition=Established "crd/$crd" --timeout=60s >/dev/null
+  kctl get pods -n "$RELEASE_NAMESPACE" -o wide >&2
+  operator_info="Operator: release $RELEASE_NAMESPACE/$RELEASE (kubectl logs -n $RELEASE_NAMESPACE deploy/$RELEASE;
+  kubectl get lease -n $RELEASE_NAMESPACE llmop-operator names the leader)"
+}
+
+# `llmop run` as a local process with the cluster's admin kubeconfig.
+start_operator() {
+  if [[ -n "$(release status "$kubeconfig")" ]]; then
+    log "uninstalling the chart's release (from LLMOP_OPERATOR=pod): a local process replaces it"
+    release uninstall "$kubeconfig"
+  fi
   log "installing the LLMDeployment CRD (crds/)"
   kctl apply --server-side --force-conflicts --field-manager=llmop-dev -f "$ROOT/crds/" >&2
   kctl wait --for=condition=Established crd/llmdeployments.serving.llmop.dev --timeout=60s >/dev/null
@@ -125,7 +206,10 @@ cmd_up() {
     fi
     sleep 0.5
   done
+  operator_info="Operator: log $work/operator.log, metrics http://127.0.0.1:$metrics/metrics"
+}
 
+samples_up() {
   local samples line file ns name
   mapfile -t samples < <(simulator_examples)
   ((${#samples[@]})) || { log "no simulator-backend samples in examples/"; exit 1; }
@@ -146,7 +230,7 @@ cmd_up() {
   done
   echo
   kctl get llmd -A
-  local real_node=0 first_ns first_name svc_ip url
+  local real_node=0 first_ns first_name svc_ip url router_url
   [[ "$(cat /run/llmop-node/owner 2>/dev/null || true)" == "$(basename "$work")" ]] && real_node=1
   read -r _ first_ns first_name <<<"${samples[0]}"
   svc_ip="$(kctl get service -n "$first_ns" "$first_name" -o jsonpath='{.spec.clusterIP}')"
@@ -160,6 +244,19 @@ cmd_up() {
     echo "\$ curl -sS $url -H 'Content-Type: application/json' -d '$body'"
     curl -sS "$url" -H 'Content-Type: application/json' -d "$body" || { log "the completion failed"; exit 1; }
     echo
+    if [[ "$MODE" == pod ]]; then
+      router_url="http://$(kctl get service -n "$RELEASE_NAMESPACE" "$RELEASE-router" -o jsonpath='{.spec.clusterIP}'):8080/v1/completions"
+      echo
+      echo "And through the router (one OpenAI endpoint for every LLMDeployment):"
+      echo "\$ curl -sS $router_url -H 'Content-Type: application/json' -d '$body'"
+      local tries=0
+      until curl -sSf "$router_url" -H 'Content-Type: application/json' -d "$body"; do
+        # The router lists a model once its endpoints are ready in the router's own watch.
+        ((++tries < 20)) || { log "the completion through the router failed"; exit 1; }
+        sleep 1
+      done
+      echo
+    fi
   else
     log "WARNING: no real node joined (see the cluster log above): the pods run on kwok's fake"
     log "nodes, which start no containers, so nothing answers requests"
@@ -173,13 +270,19 @@ llmop dev environment is up ($((SECONDS - start))s). To use it from this shell:
   kubectl describe llmd qwen-small         # conditions, capacity plan, events
   curl -sS $url -H 'Content-Type: application/json' \\
     -d '{"model": "$first_name", "prompt": "Hello", "max_tokens": 12}'
-Operator: log $work/operator.log, metrics http://127.0.0.1:$metrics/metrics
+$operator_info
 Stop everything: make dev-down
 EOF
 }
 
 cmd_down() {
   stop_operator
+  local kubeconfig
+  kubeconfig="$("$CLUSTER_SH" kubeconfig)"
+  if [[ -f "$kubeconfig" ]] && "$CLUSTER_SH" status >/dev/null 2>&1 && [[ -n "$(release status "$kubeconfig")" ]]; then
+    log "helm uninstall $RELEASE_NAMESPACE/$RELEASE"
+    release uninstall "$kubeconfig"
+  fi
   "$CLUSTER_SH" down
 }
 
