@@ -319,3 +319,37 @@ def test_helm_uninstall_keeps_the_crd_the_cr_and_its_serving_pods(install: Insta
     )
     assert {p["metadata"]["uid"] for p in install.engine_pods()} == engines
     _completion(service_url(install.rc.cluster, install.apps, install.sample), install.sample)
+
+
+UNPULLABLE = "127.0.0.1:1/llmop/operator"
+"""A registry on this machine that refuses connections: the pull fails at once, and nothing
+leaves the machine (a name on a real registry would be fetched from the internet)."""
+
+
+def test_an_image_that_cannot_be_pulled_fails_helm_install_wait(install: Install) -> None:
+    namespace = _restricted_namespace(install.rc)
+    release = f"broken-{secrets.token_hex(2)}"
+    values = {
+        **IMAGE_VALUES,
+        "image": {"repository": UNPULLABLE, "pullPolicy": "IfNotPresent"},
+        "crds": {"enabled": False},
+        "router": {"enabled": False},
+    }
+    started = time.monotonic()
+    try:
+        with helm.Config(
+            kubeconfig_path=install.rc.cluster.kubeconfig, namespace=namespace
+        ) as config:
+            with pytest.raises(helm.HelmError):
+                config.install(
+                    CHART_DIR, release, values, namespace=namespace, wait="watcher", timeout=40
+                )
+            assert time.monotonic() - started < 90, "helm install --wait fails within its timeout"
+            described = install.kubectl(
+                "describe", "pods", "-n", namespace, "-l", OPERATOR_PODS
+            ).stdout
+            assert "ErrImagePull" in described or "ImagePullBackOff" in described, described
+            assert UNPULLABLE in described
+            config.uninstall(release, ignore_not_found=True, wait="watcher", timeout=60)
+    finally:
+        install.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

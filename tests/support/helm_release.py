@@ -8,8 +8,9 @@ The chart keeps the CRD on uninstall (`crds.keep`), so every other test's CRs su
 from __future__ import annotations
 
 from support.cluster import Cluster
+from support.operator import CRD_NAME
 
-CRD_NAME = "llmdeployments.serving.llmop.dev"
+__all__ = ["CRD_NAME", "adopt_crd"]
 
 
 def adopt_crd(cluster: Cluster, release: str, namespace: str) -> None:

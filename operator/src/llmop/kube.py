@@ -160,6 +160,17 @@ class Kube:
         result: dict[str, Any] = data
         return result
 
+    def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the API server serves `plural` in `api_version` (a group's discovery document,
+        which every authenticated client may read: no RBAC on CRDs needed)."""
+        path = f"/apis/{api_version}"
+        status, data = self._request("GET", path)
+        if status == 404:
+            return False
+        if status >= 300:
+            self._raise("GET", path, status, data)
+        return any(r.get("name") == plural for r in (data or {}).get("resources") or [])
+
     def list(
         self,
         api_version: str,

@@ -24,10 +24,10 @@ from typing import Any, cast
 
 import kopf
 
-from llmop import handlers, kinds, names
+from llmop import events, handlers, kinds, names
 from llmop.config import ConfigError, OperatorConfig, load
 from llmop.kube import Kube, KubeError
-from llmop.leader import LeaderElector, Timing
+from llmop.leader import LEASE_NAME, LeaderElector, Timing
 from llmop.metrics import Metrics
 from llmop.persistence import ProcessDiffBase, QuietProgressStorage
 from llmop.reconcile import Context, poll_downloads
@@ -124,6 +124,57 @@ def _poll_downloads_until(stop: threading.Event, context: Context) -> None:
             poll_downloads(context)
         except Exception:  # a poller that dies would freeze every progress bar
             log.exception("download progress poll failed")
+
+
+CRD_POLL_SECONDS = 5.0
+"""How often a leader started without the CRD looks for it (kopf serves it by itself once it
+exists; this only says so)."""
+CRD_NAME = f"{kinds.LLMDEPLOYMENT.plural}.{kinds.LLMDEPLOYMENT.group}"
+MISSING_CRD = (
+    f"the CustomResourceDefinition {CRD_NAME} is not installed, so no LLMDeployment can be "
+    "served: install it with the chart (helm upgrade <release> helm/llmop --set crds.enabled=true) "
+    "or `kubectl apply --server-side -f crds/` from the llmop release; reconciling starts as "
+    "soon as it exists"
+)
+
+
+def _operator_object(kube: Kube, config: OperatorConfig) -> dict[str, Any] | None:
+    """What an operator-level Event is about: this process's pod, else its leader Lease."""
+    namespace = lease_namespace(config, dict(os.environ))
+    pod = os.environ.get("POD_NAME")
+    found = kube.read("v1", "Pod", namespace, pod) if pod else None
+    if found is None and config.leader_elect:
+        found = kube.read(kinds.LEASE.api_version, kinds.LEASE.kind, namespace, LEASE_NAME)
+    return found
+
+
+def _watch_for_crd(context: Context, config: OperatorConfig, stop: threading.Event) -> None:
+    """Say which CRD is missing and how to install it (log and a Warning Event), then say when
+    it appears. A thread, so a missing CRD never keeps the process from running (or Ready)."""
+    kube = context.kube
+    try:
+        if kube.serves(kinds.LLMDEPLOYMENT.api_version, kinds.LLMDEPLOYMENT.plural):
+            return
+    except KubeError as error:
+        log.warning("could not check for the CRD %s: %s", CRD_NAME, error)
+        return
+    log.error(MISSING_CRD)
+    try:
+        involved = _operator_object(kube, config)
+        if involved is not None:
+            spec = events.EventSpec("Warning", "CRDMissing", MISSING_CRD)
+            kube.create_event(
+                events.render_event(involved, spec, now=context.clock(), instance=context.instance)
+            )
+    except KubeError as error:  # with watchNamespaces, its own namespace may not be granted
+        log.warning("could not post the CRDMissing Event: %s", error)
+    while not stop.wait(CRD_POLL_SECONDS):
+        try:
+            if kube.serves(kinds.LLMDEPLOYMENT.api_version, kinds.LLMDEPLOYMENT.plural):
+                log.info("the CustomResourceDefinition %s is installed: reconciling", CRD_NAME)
+                return
+        except KubeError as error:
+            log.warning("could not check for the CRD %s: %s", CRD_NAME, error)
 
 
 LEADER_REQUEST_TIMEOUT_SECONDS = 5.0
@@ -279,6 +330,9 @@ def run(argv: Sequence[str]) -> int:
         target=_poll_downloads_until, args=(stop, memo.context), name="download-poller", daemon=True
     )
     poller.start()
+    threading.Thread(
+        target=_watch_for_crd, args=(memo.context, config, stop), name="crd-check", daemon=True
+    ).start()
     settings = build_settings(config)
     # kopf's pool runs the reconciles; the event handlers' writes take a pool of their own
     # (`handlers._in_worker`), kopf's only as a fallback.

@@ -1,0 +1,84 @@
+"""The operator started before its CRD (the chart with `crds.enabled=false`, or a CRD deleted):
+it keeps running, its log and a Warning Event name the missing CRD and how to install it, and it
+reconciles as soon as the CRD appears. On a cluster of its own (the session's has the CRD)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from support.cluster import Cluster, start_cluster, stop_cluster, wait_until
+from support.manifests import llmd_manifest
+from support.manifests import simulator_spec as spec
+from support.operator import CRD_NAME, OPERATOR_NAMESPACE, OperatorProcess, install_crd
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def bare_cluster() -> Iterator[Cluster]:
+    name = f"llmop-test-{os.getpid()}-nocrd{secrets.token_hex(2)}"
+    try:
+        cluster = start_cluster(name, owner_pid=os.getpid())
+        cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE)
+        yield cluster
+    finally:
+        stop_cluster(name)
+
+
+def test_missing_crd_is_reported_then_served_once_installed(
+    bare_cluster: Cluster, tmp_path: Path
+) -> None:
+    assert bare_cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0
+    operator = OperatorProcess(bare_cluster.kubeconfig, tmp_path / "operator.log")
+    operator.start()
+    try:
+        wait_until(
+            lambda: f"{CRD_NAME} is not installed" in operator.log_path.read_text(),
+            timeout=30,
+            what="the log naming the missing CRD",
+        )
+        assert "crds.enabled=true" in operator.log_path.read_text()
+
+        def warning() -> dict[str, object] | None:
+            out = bare_cluster.kubectl("get", "events", "-n", OPERATOR_NAMESPACE, "-o", "json")
+            found = [e for e in json.loads(out.stdout)["items"] if e["reason"] == "CRDMissing"]
+            return found[0] if found else None
+
+        event = wait_until(warning, timeout=30, what="a CRDMissing Event")
+        assert event["type"] == "Warning"
+        assert CRD_NAME in str(event["message"])
+        assert operator.process is not None
+        assert operator.process.poll() is None, "the operator keeps running"
+
+        install_crd(bare_cluster)
+        namespace = "apps"
+        bare_cluster.kubectl("create", "namespace", namespace)
+        bare_cluster.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps(llmd_manifest(namespace, "late", spec(replicas=1))),
+        )
+        wait_until(
+            lambda: (
+                bare_cluster.kubectl(
+                    "get", "deployment", "late", "-n", namespace, check=False
+                ).returncode
+                == 0
+            ),
+            timeout=60,
+            what="the CR reconciled once the CRD exists",
+        )
+        wait_until(
+            lambda: f"{CRD_NAME} is installed: reconciling" in operator.log_path.read_text(),
+            timeout=30,
+            what="the log saying the CRD appeared",
+        )
+    finally:
+        operator.stop()
