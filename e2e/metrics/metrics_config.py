@@ -10,7 +10,9 @@ SDK, as tests/chart does) and writes what the operator and the adapter chart wou
   prometheus.yml    one kubernetes_sd (role: pod) scrape job per podMetricsEndpoint, with the
                     relabelings prometheus-operator generates for a PodMonitor (selector keep,
                     port keep, namespace/container/pod/job/endpoint target labels) followed by the
-                    PodMonitor's own relabelings; rule_files points at rules.yml
+                    PodMonitor's own relabelings; one kubernetes_sd (role: endpointslice) job per
+                    endpoint of the operator's ServiceMonitor (what prometheus-operator generates
+                    for it); rule_files points at rules.yml
   rules.yml         the PrometheusRule's spec (its `groups`): what Prometheus and promtool load
   adapter.yaml      the adapter ConfigMap's `config.yaml`, verbatim
 
@@ -51,7 +53,10 @@ MONITORING_VALUES: dict[str, Any] = {
         "podMonitor": {"enabled": True},
         "prometheusRule": {"enabled": True},
         "prometheusAdapter": {"enabled": True},
-    }
+    },
+    # The operator's own metrics: scraped where it runs as the chart's pods (release `llmop` in
+    # `llmop-system`, what `LLMOP_OPERATOR=pod make dev` installs).
+    "metrics": {"serviceMonitor": {"enabled": True}},
 }
 
 
@@ -157,6 +162,76 @@ def podmonitor_scrape_configs(
     return jobs
 
 
+def servicemonitor_scrape_configs(
+    servicemonitor: dict[str, Any], kubeconfig: str | None = None
+) -> list[dict[str, Any]]:
+    """The scrape jobs prometheus-operator generates for this ServiceMonitor, on EndpointSlices
+    (its `serviceDiscoveryRole: EndpointSlice`; the Endpoints API is deprecated): keep the
+    Services the selector matches and the endpoint port it names, then label each target with
+    namespace, service, pod, container, job = the Service's name and endpoint = the port name."""
+    meta, spec = servicemonitor["metadata"], servicemonitor["spec"]
+    ns, name = meta["namespace"], meta["name"]
+    selector = spec.get("selector", {})
+    if selector.get("matchExpressions"):
+        raise ValueError("matchExpressions in the ServiceMonitor selector are not translated")
+    sd: dict[str, Any] = {"role": "endpointslice"}
+    if kubeconfig:
+        sd["kubeconfig_file"] = kubeconfig
+    ns_sel = spec.get("namespaceSelector", {})
+    if not ns_sel.get("any"):
+        sd["namespaces"] = {"names": ns_sel.get("matchNames") or [ns]}
+    jobs = []
+    for i, ep in enumerate(spec["endpoints"]):
+        relabel: list[dict[str, Any]] = [
+            {"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"},
+        ]
+        for key, value in sorted(selector.get("matchLabels", {}).items()):
+            relabel.append(
+                {
+                    "action": "keep",
+                    "source_labels": [
+                        f"__meta_kubernetes_service_label_{_sanitize(key)}",
+                        f"__meta_kubernetes_service_labelpresent_{_sanitize(key)}",
+                    ],
+                    "regex": f"({re.escape(value)});true",
+                }
+            )
+        relabel += [
+            {
+                "action": "keep",
+                "source_labels": ["__meta_kubernetes_endpointslice_port_name"],
+                "regex": ep["port"],
+            },
+            {
+                "action": "drop",
+                "source_labels": ["__meta_kubernetes_pod_phase"],
+                "regex": "(Failed|Succeeded)",
+            },
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            {
+                "source_labels": ["__meta_kubernetes_pod_container_name"],
+                "target_label": "container",
+            },
+            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"},
+            {"target_label": "endpoint", "replacement": ep["port"]},
+        ]
+        job: dict[str, Any] = {
+            "job_name": f"serviceMonitor/{ns}/{name}/{i}",
+            "honor_labels": False,
+            "kubernetes_sd_configs": [dict(sd)],
+            "metrics_path": ep.get("path", "/metrics"),
+            "relabel_configs": relabel,
+        }
+        if "interval" in ep:
+            job["scrape_interval"] = ep["interval"]
+        if "scrapeTimeout" in ep:
+            job["scrape_timeout"] = ep["scrapeTimeout"]
+        jobs.append(job)
+    return jobs
+
+
 def kubernetes_sd_pod_targets(
     pod: dict[str, Any], addresses: dict[str, str], phase: str = "Running"
 ) -> list[dict[str, Any]]:
@@ -251,13 +326,18 @@ def adapter_config(docs: list[dict[str, Any]]) -> str:
 
 
 def prometheus_config(docs: list[dict[str, Any]], kubeconfig: str | None) -> dict[str, Any]:
-    """prometheus.yml: the PodMonitor's jobs and the chart's rules."""
+    """prometheus.yml: the engines' PodMonitor's jobs, the operator's ServiceMonitor's, and the
+    chart's rules."""
     return {
         "global": {"evaluation_interval": "15s"},
         "rule_files": ["rules.yml"],
-        "scrape_configs": podmonitor_scrape_configs(
-            one(docs, "PodMonitor", "-engines"), kubeconfig
-        ),
+        "scrape_configs": podmonitor_scrape_configs(one(docs, "PodMonitor", "-engines"), kubeconfig)
+        + [
+            job
+            for sm in docs
+            if sm.get("kind") == "ServiceMonitor"
+            for job in servicemonitor_scrape_configs(sm, kubeconfig)
+        ],
     }
 
 

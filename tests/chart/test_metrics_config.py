@@ -93,7 +93,7 @@ def relabel(target: dict[str, str], rules: list[dict[str, Any]]) -> dict[str, st
 def test_one_job_per_podmonitor_endpoint() -> None:
     docs = mc.render()
     pm = mc.one(docs, "PodMonitor", "-engines")
-    jobs = mc.prometheus_config(docs, "/k")["scrape_configs"]
+    jobs = pod_jobs(mc.prometheus_config(docs, "/k"))
     endpoints = pm["spec"]["podMetricsEndpoints"]
     assert [ep["port"] for ep in endpoints] == [names.PROBE_PORT_NAME, names.API_PORT_NAME]
     assert len(jobs) == len(endpoints)
@@ -211,5 +211,53 @@ def test_written_prometheus_config_passes_promtool(tmp_path: pathlib.Path) -> No
 @pytest.mark.parametrize("label", ["service", "llmdeployment"])
 def test_deployment_label_follows_the_chart_value(label: str) -> None:
     values = {"monitoring": {**mc.MONITORING_VALUES["monitoring"], "deploymentLabel": label}}
-    jobs = mc.prometheus_config(mc.render(values), None)["scrape_configs"]
+    jobs = pod_jobs(mc.prometheus_config(mc.render(values), None))
     assert all(j["relabel_configs"][-1]["target_label"] == label for j in jobs)
+
+
+def pod_jobs(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The engines' PodMonitor jobs of a prometheus.yml."""
+    return [j for j in config["scrape_configs"] if j["job_name"].startswith("podMonitor/")]
+
+
+def test_operator_servicemonitor_scrapes_the_operator_pods_behind_its_metrics_service() -> None:
+    docs = mc.render()
+    sm = mc.one(docs, "ServiceMonitor")
+    service = mc.one(docs, "Service", "-metrics")
+    jobs = [
+        j
+        for j in mc.prometheus_config(docs, "/k")["scrape_configs"]
+        if j["job_name"].startswith("serviceMonitor/")
+    ]
+    assert [j["job_name"] for j in jobs] == [f"serviceMonitor/{mc.NAMESPACE}/{mc.RELEASE}/0"]
+    job = jobs[0]
+    assert job["kubernetes_sd_configs"] == [
+        {"role": "endpointslice", "kubeconfig_file": "/k", "namespaces": {"names": [mc.NAMESPACE]}}
+    ]
+    assert job["metrics_path"] == sm["spec"]["endpoints"][0]["path"]
+
+    def target(labels: dict[str, str], port: str) -> dict[str, str]:
+        t = {
+            "__meta_kubernetes_namespace": mc.NAMESPACE,
+            "__meta_kubernetes_service_name": service["metadata"]["name"],
+            "__meta_kubernetes_pod_name": "llmop-abc",
+            "__meta_kubernetes_pod_container_name": "operator",
+            "__meta_kubernetes_pod_phase": "Running",
+            "__meta_kubernetes_endpointslice_port_name": port,
+        }
+        for key, value in labels.items():
+            t[f"__meta_kubernetes_service_label_{mc._sanitize(key)}"] = value
+            t[f"__meta_kubernetes_service_labelpresent_{mc._sanitize(key)}"] = "true"
+        return t
+
+    kept = relabel(target(service["metadata"]["labels"], "metrics"), job["relabel_configs"])
+    assert kept is not None
+    assert kept["job"] == service["metadata"]["name"]
+    assert (kept["namespace"], kept["pod"], kept["endpoint"]) == (
+        mc.NAMESPACE,
+        "llmop-abc",
+        "metrics",
+    )
+    # Another port of the Service, or another Service (the router's, an engine's), is not.
+    assert relabel(target(service["metadata"]["labels"], "http"), job["relabel_configs"]) is None
+    assert relabel(target({"app": "web"}, "metrics"), job["relabel_configs"]) is None
