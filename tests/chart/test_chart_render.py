@@ -233,6 +233,19 @@ def test_operator_understands_the_chart_env(case: str) -> None:
     assert cfg.service_monitor is engine.get("serviceMonitor", False)
     assert cfg.gpu_resource_name == engine.get("gpuResourceName", "nvidia.com/gpu")
     assert cfg.hub_endpoint == (engine.get("hubEndpoint") or None)
+    # The router the chart installs beside it: its Service and Deployment, as rendered.
+    router = values.get("router", {})
+    if router.get("enabled", True):
+        docs = render(values)
+        service = next(
+            d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-router")
+        )
+        assert cfg.router is not None
+        assert (cfg.router.namespace, cfg.router.name) == (NAMESPACE, service["metadata"]["name"])
+        assert cfg.router.port == service["spec"]["ports"][0]["port"]
+        assert find(docs, "Deployment", service["metadata"]["name"])
+    else:
+        assert cfg.router is None
 
 
 def test_chart_engine_image_defaults_match_the_operator_defaults() -> None:

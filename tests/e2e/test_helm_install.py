@@ -205,13 +205,18 @@ def test_sample_applied_by_kubectl_answers_through_its_service_and_the_router(
     sample["metadata"]["namespace"] = install.apps
     started = time.monotonic()
     install.rc.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample))
-    wait_until(lambda: _sample_ready(install), timeout=120, what="the sample Ready")
+    ready = wait_until(lambda: _sample_ready(install), timeout=120, what="the sample Ready")
     install.timings["sample applied → Ready"] = time.monotonic() - started
+    # Routed by default: its endpoint is the chart's router, which has ready pods.
+    router_name = f"{install.release}-router"
+    assert ready["status"]["endpoint"] == f"http://{router_name}.{install.namespace}.svc:8080/v1"
+    degraded = {c["type"]: c for c in ready["status"]["conditions"]}["Degraded"]
+    assert degraded["status"] == "False", degraded
     pods = install.engine_pods()
     assert len(pods) == sample["spec"]["replicas"]
     assert {p["spec"]["nodeName"] for p in pods} == {NODE}
     _completion(service_url(install.rc.cluster, install.apps, install.sample), install.sample)
-    router = service_url(install.rc.cluster, install.namespace, f"{install.release}-router")
+    router = service_url(install.rc.cluster, install.namespace, router_name)
     # The router pods watch through the `kubernetes` Service too; they list the sample once
     # its endpoints are ready.
     wait_until(

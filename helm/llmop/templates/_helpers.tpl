@@ -87,6 +87,13 @@ Grouping of engine metrics per LLMDeployment in PromQL: "namespace, <deploymentL
 {{- end }}
 
 {{/*
+The router's name: its Deployment, Service, ServiceAccount and PDB.
+*/}}
+{{- define "llmop.routerName" -}}
+{{- printf "%s-router" (include "llmop.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
 Selector labels of the router pods: their own name, never the engines' (the engine Services
 select `app.kubernetes.io/name: llmop-engine`).
 */}}

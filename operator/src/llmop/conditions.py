@@ -47,6 +47,8 @@ REASON_DEEP_PROBE_FAILING = "DeepProbeFailing"
 """Degraded=True: a pod is Ready but its agent's deep probe (a real completion) fails."""
 REASON_AUTOSCALER_INACTIVE = "AutoscalerInactive"
 """Degraded=True: the HPA cannot compute or apply a replica count (e.g. no custom metrics API)."""
+REASON_ROUTER_UNAVAILABLE = "RouterUnavailable"
+"""Degraded=True: the model is routed, and the llmop router has no ready pod."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from llmop.router_view import RouterRef
 from llmop.settings import (
     DEFAULT_GPU_RESOURCE_NAME,
     DEFAULT_SIMULATOR_IMAGE,
@@ -58,6 +59,8 @@ class OperatorConfig:
     """GPU extended resource requested for LLMDeployments that name none."""
     hub_endpoint: str | None = None
     """Model hub base URL for the model pre-flight and download Jobs (None: huggingface.co)."""
+    router: RouterRef | None = None
+    """The installed llmop router (`llmop.router_view`); None: none is installed."""
     max_workers: int = 16
     """Threads running the synchronous handlers."""
     retry_delay_seconds: float = 10.0
@@ -187,6 +190,13 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "[default: the public Hugging Face Hub]",
     )
     parser.add_argument(
+        "--router",
+        default=default("ROUTER", "") or None,
+        help="the installed llmop router as <namespace>/<name>:<port> (its Service and "
+        "Deployment): routed LLMDeployments report its URL as their endpoint "
+        "[default: no router]",
+    )
+    parser.add_argument(
         "--max-workers", type=int, default=int(default("MAX_WORKERS", str(defaults.max_workers)))
     )
     parser.add_argument(
@@ -252,6 +262,10 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
         raise ConfigError("--agent-read-concurrency must be at least 1")
     if args.log_format not in LOG_FORMATS:
         raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
+    try:
+        router = RouterRef.parse(args.router) if args.router else None
+    except ValueError as error:
+        raise ConfigError(f"--router (LLMOP_ROUTER): {error}") from error
     return OperatorConfig(
         namespaces=namespaces,
         standalone=peering_name is None,
@@ -267,6 +281,7 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
         image_pull_policy=args.image_pull_policy,
         gpu_resource_name=args.gpu_resource_name,
         hub_endpoint=args.hub_endpoint,
+        router=router,
         max_workers=args.max_workers,
         retry_delay_seconds=args.retry_delay_seconds,
         request_timeout_seconds=args.request_timeout_seconds,

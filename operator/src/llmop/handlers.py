@@ -39,7 +39,7 @@ from typing import Any
 
 import kopf
 
-from llmop import fleet, kinds, names
+from llmop import fleet, kinds, names, router_check
 from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
 from llmop.engine_client import AgentClient
 from llmop.hub import HubUnavailableError
@@ -290,6 +290,24 @@ async def start_fleet_reader(memo: Any, **_: Any) -> None:
     memo.fleet_task = asyncio.create_task(
         fleet.run(context, client, interval=interval), name="llmop-fleet-reader"
     )
+
+
+@kopf.on.startup(id="router-check")
+async def start_router_check(memo: Any, **_: Any) -> None:
+    """Start checking the installed router (when the chart names one)."""
+    context: Context = memo.context
+    if context.router is not None:
+        memo.router_task = asyncio.create_task(router_check.run(context), name="llmop-router")
+
+
+@kopf.on.cleanup(id="router-check-stop")
+async def stop_router_check(memo: Any, **_: Any) -> None:
+    """Stop checking the router."""
+    task = getattr(memo, "router_task", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 @kopf.on.cleanup(id="fleet-reader-stop")

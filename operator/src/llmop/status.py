@@ -32,6 +32,7 @@ from llmop.api.v1alpha1 import (
 )
 from llmop.conditions import Observation
 from llmop.pods import PodIssue, degraded_issue, worst_issue
+from llmop.router_view import RouterView, endpoint, router_issue
 from llmop.sizing import SizingResult
 
 
@@ -266,14 +267,18 @@ def derive_status(
     fleet: Sequence[AgentReading] | None = None,
     hpa: Mapping[str, Any] | None = None,
     waiting: str | None = None,
+    router: RouterView | None = None,
 ) -> LLMDeploymentStatus:
     """The whole status of a parsed LLMDeployment. `problem` is the caller's own stall reason
     (a child the API server rejected); planner and rollout problems are found here. `fleet` is
     the agents' latest readings, None when this process has not read them yet; `hpa` the live
     HorizontalPodAutoscaler, whose conditions say when it cannot scale; `waiting` what the engine
     Deployment waits for before it is created (the model download), said by Ready and
-    Reconciling instead of "Creating"."""
+    Reconciling instead of "Creating"; `router` the installed router (None: none), whose URL is
+    a routed CR's endpoint and whose lack of a ready pod makes it Degraded."""
     pods = list(pods)
+    own_endpoint = names.service_endpoint(name, namespace, spec.service.port)
+    routed = spec.router.enabled
     rollout = observe_rollout(deployment, spec, template_hash=template_hash)
     problem = problem or find_problem(sizing, rollout)
     plan = None if sizing is None else sizing.plan_status()
@@ -291,7 +296,9 @@ def derive_status(
         sizing,
         worst_issue(pods),
         degraded=degraded_observation(
-            _degraded_issue(previous, pods, fleet, now) or autoscaler_issue(hpa, rollout.ready)
+            _degraded_issue(previous, pods, fleet, now)
+            or autoscaler_issue(hpa, rollout.ready)
+            or router_issue(router, routed, own_endpoint)
         ),
         shortfall=shortfall,
         waiting=waiting,
@@ -303,7 +310,7 @@ def derive_status(
         updated_replicas=rollout.updated,
         selector=names.selector_string(name),
         replica_summary=f"{rollout.ready}/{rollout.desired}",
-        endpoint=names.service_endpoint(name, namespace, spec.service.port),
+        endpoint=endpoint(router, routed, own_endpoint),
         conditions=conditions.merge(
             previous.conditions, observations, generation=generation, now=now
         ),

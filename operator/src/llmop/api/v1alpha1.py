@@ -775,7 +775,8 @@ class LLMDeploymentStatus(ApiModel):
     replica_summary: str | None = None
     """Ready and desired replicas as `ready/desired` (printed by `kubectl get`)."""
     endpoint: str | None = None
-    """In-cluster base URL of the OpenAI-compatible API."""
+    """In-cluster base URL of the OpenAI-compatible API: the llmop router's when the model is
+    routed and a router is installed, else the LLMDeployment's own Service's."""
     conditions: list[Condition] = Field(
         default_factory=list,
         json_schema_extra={

@@ -19,6 +19,7 @@ from llmop.desired import DesiredState
 from llmop.kinds import ChildKind
 from llmop.kube import Kube
 from llmop.metrics import Metrics
+from llmop.router_view import RouterView
 from llmop.settings import RenderSettings
 from llmop.status import Problem
 
@@ -142,8 +143,12 @@ class Context:
     """The last problem found per parent: every status path carries it until a new generation
     or a parent pass that applied every child (`remember`, `problem_of`, `clear_problem`)."""
 
+    router: RouterView | None = field(init=False)
+    """The installed router and whether it had a ready pod at the last check (`check_router`)."""
+
     def __post_init__(self) -> None:
         self.render_settings = self.config.render_settings()
+        self.router = None if self.config.router is None else RouterView(self.config.router)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what this process remembers of a deleted parent."""

@@ -144,6 +144,7 @@ def _derived_status(
         fleet=ctx.fleet.get((namespace, name)),
         hpa=live.get(kinds.HPA) if spec.autoscaling is not None else None,
         waiting=waiting_for_model(ctx, body),
+        router=ctx.router,
     )
 
 

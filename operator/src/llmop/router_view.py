@@ -1,0 +1,82 @@
+"""The llmop router as the operator sees it (pure): where a routed LLMDeployment is reached, and
+whether the router can serve it.
+
+The chart tells the operator where its router runs (`LLMOP_ROUTER=<namespace>/<name>:<port>`: a
+Service and a Deployment of that name); without it no router is installed and every CR is
+reached through its own Service. A routed CR's `status.endpoint` is the router's URL; while the
+router Deployment has no ready pod, the CR is `Degraded` with reason `RouterUnavailable` (its own
+Service still serves it). The router's readiness is read from its Deployment, which the
+operator may read already: no permission beyond what it has for its engines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmop import conditions
+from llmop.pods import PodIssue
+
+_REF = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)/([a-z0-9]([-a-z0-9]*[a-z0-9])?):([0-9]{1,5})$")
+
+
+@dataclass(frozen=True)
+class RouterRef:
+    """The router's Service (and Deployment) and its port."""
+
+    namespace: str
+    name: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> RouterRef:
+        """`<namespace>/<name>:<port>`; a ValueError that says the expected form otherwise."""
+        match = _REF.match(text.strip())
+        if match is None or not 0 < int(match.group(5)) < 65536:
+            raise ValueError(
+                f"router {text!r} is not <namespace>/<name>:<port> "
+                "(e.g. llmop-system/llmop-router:8080)"
+            )
+        return cls(match.group(1), match.group(3), int(match.group(5)))
+
+    @property
+    def endpoint(self) -> str:
+        """In-cluster base URL of the router's OpenAI API."""
+        return f"http://{self.name}.{self.namespace}.svc:{self.port}/v1"
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class RouterView:
+    """The router and whether it can serve now (None: not read yet, or not readable)."""
+
+    ref: RouterRef
+    ready: bool | None = None
+
+
+def deployment_ready(deployment: Mapping[str, Any] | None) -> bool:
+    """The router Deployment has at least one ready pod."""
+    return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0) > 0
+
+
+def endpoint(router: RouterView | None, routed: bool, own: str) -> str:
+    """Where clients reach a CR: the router's URL when it is routed and a router is installed,
+    else `own` (its Service's)."""
+    return router.ref.endpoint if router is not None and routed else own
+
+
+def router_issue(router: RouterView | None, routed: bool, own: str) -> PodIssue | None:
+    """RouterUnavailable while a routed CR's router has no ready pod."""
+    if router is None or not routed or router.ready is not False:
+        return None
+    return PodIssue(
+        conditions.REASON_ROUTER_UNAVAILABLE,
+        f"The router {router.ref} has no ready pod: requests to {router.ref.endpoint} fail. "
+        f"Check `kubectl get pods -n {router.ref.namespace} -l "
+        f"app.kubernetes.io/name=llmop-router`; the model's own Service {own} still serves it.",
+        "",
+    )
