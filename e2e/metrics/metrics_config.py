@@ -28,7 +28,7 @@ tests/e2e/test_metrics_pipeline.py, and tests/integration/test_metrics_promql.py
 agent + simulator processes through static targets carrying the labels kubernetes_sd would give
 the operator's real pod, so the PodMonitor's relabelling runs unchanged).
 
-Usage: metrics_config.py write --out DIR --kubeconfig FILE
+Usage: metrics_config.py write --out DIR --kubeconfig FILE [--release NAME --namespace NS]
 """
 
 from __future__ import annotations
@@ -60,11 +60,14 @@ MONITORING_VALUES: dict[str, Any] = {
 }
 
 
-def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every object the chart renders for `values` (MONITORING_VALUES when None)."""
+def render(
+    values: dict[str, Any] | None = None, *, release: str = RELEASE, namespace: str = NAMESPACE
+) -> list[dict[str, Any]]:
+    """Every object the chart renders for `values` (MONITORING_VALUES when None), as release
+    `release` in `namespace`."""
     chart = helm.Chart.load(str(CHART_DIR))
     out = chart.render(
-        MONITORING_VALUES if values is None else values, name=RELEASE, namespace=NAMESPACE
+        MONITORING_VALUES if values is None else values, name=release, namespace=namespace
     )
     docs: list[dict[str, Any]] = []
     for name, text in sorted(out.items()):
@@ -341,9 +344,16 @@ def prometheus_config(docs: list[dict[str, Any]], kubeconfig: str | None) -> dic
     }
 
 
-def write(out: pathlib.Path, kubeconfig: str | None) -> None:
-    """Write prometheus.yml, rules.yml and adapter.yaml into `out`."""
-    docs = render()
+def write(
+    out: pathlib.Path,
+    kubeconfig: str | None,
+    *,
+    release: str = RELEASE,
+    namespace: str = NAMESPACE,
+) -> None:
+    """Write prometheus.yml, rules.yml and adapter.yaml into `out`, for the chart installed as
+    `release` in `namespace` (its ServiceMonitor selects that release's operator pods)."""
+    docs = render(release=release, namespace=namespace)
     out.mkdir(parents=True, exist_ok=True)
     dump = {"sort_keys": False, "default_flow_style": False}
     (out / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(docs, kubeconfig), **dump))
@@ -357,8 +367,10 @@ def main() -> None:
     w = sub.add_parser("write", help="write prometheus.yml, rules.yml, adapter.yaml")
     w.add_argument("--out", type=pathlib.Path, required=True)
     w.add_argument("--kubeconfig", help="kubeconfig for Prometheus's Kubernetes SD")
+    w.add_argument("--release", default=RELEASE, help=f"the chart's release [{RELEASE}]")
+    w.add_argument("--namespace", default=NAMESPACE, help=f"the release's namespace [{NAMESPACE}]")
     args = parser.parse_args()
-    write(args.out, args.kubeconfig)
+    write(args.out, args.kubeconfig, release=args.release, namespace=args.namespace)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
+import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import helm_python as helm
@@ -43,6 +47,7 @@ IMAGE_VALUES: dict[str, Any] = {
     "router": {"image": {"pullPolicy": "Never"}},
 }
 FAILOVER_BOUND_S = 45
+METRICS_CONFIG = REPO_ROOT / "e2e" / "metrics" / "metrics_config.py"
 
 
 @dataclass
@@ -231,6 +236,63 @@ def _models(router: str) -> list[str]:
             return [m["id"] for m in json.load(answer)["data"]]
     except OSError:
         return []
+
+
+def _prometheus(rc: RealCluster) -> tuple[str, Path]:
+    """The cluster's Prometheus (e2e/metrics/pipeline.sh): its URL and its config directory."""
+    metrics = Path(rc.cluster.kubeconfig).parent / "metrics"
+    addr = metrics / "prometheus.addr"
+    if not addr.exists():
+        pytest.fail(f"the metrics pipeline is not running ({addr} missing)")
+    return "http://" + addr.read_text().strip(), metrics / "config"
+
+
+def _monitor_release(rc: RealCluster, release: str | None, namespace: str | None) -> None:
+    """Rewrite Prometheus's config for the chart installed as `release` in `namespace` (what
+    prometheus-operator would generate from that release's monitors; None: the pipeline's
+    default release) and reload it."""
+    url, config = _prometheus(rc)
+    target = ["--release", release, "--namespace", namespace] if release and namespace else []
+    command = [sys.executable, str(METRICS_CONFIG), "write", "--out", str(config)]
+    subprocess.run(
+        [*command, "--kubeconfig", str(rc.cluster.kubeconfig), *target],
+        check=True,
+        timeout=120,
+    )
+    request = urllib.request.Request(f"{url}/-/reload", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 200
+
+
+def _query(url: str, promql: str) -> list[dict[str, Any]]:
+    query = urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=10) as answer:
+        result: list[dict[str, Any]] = json.load(answer)["data"]["result"]
+    return result
+
+
+def test_prometheus_scrapes_the_operator_pods_through_the_chart_servicemonitor(
+    install: Install,
+) -> None:
+    url, _ = _prometheus(install.rc)
+    _monitor_release(install.rc, install.release, install.namespace)
+    try:
+        job = f'job="{install.release}-metrics",namespace="{install.namespace}"'
+
+        def scraped() -> list[dict[str, Any]] | None:
+            series = _query(url, f"up{{{job}}}")
+            return (
+                series if len(series) == 2 and all(s["value"][1] == "1" for s in series) else None
+            )
+
+        series = wait_until(scraped, timeout=120, interval=2, what="both operator pods scraped")
+        pods = {p["metadata"]["name"] for p in install.operator_pods()}
+        assert {s["metric"]["pod"] for s in series} == pods
+        leaders = _query(url, f"sum(llmop_leader{{{job}}})")
+        assert leaders, "llmop_leader is scraped"
+        assert leaders[0]["value"][1] == "1", "one leader among the scraped pods"
+    finally:
+        _monitor_release(install.rc, None, None)
 
 
 def test_deleting_the_leader_pod_hands_over_and_a_change_meanwhile_converges(
