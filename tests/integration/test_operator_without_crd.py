@@ -9,6 +9,7 @@ import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,22 @@ def test_missing_crd_is_reported_then_served_once_installed(
     bare_cluster: Cluster, tmp_path: Path
 ) -> None:
     assert bare_cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0
-    operator = OperatorProcess(bare_cluster.kubeconfig, tmp_path / "operator.log")
+    # The operator's "pod", named as the chart's downward API names it: the Event is about it.
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "llmop-0", "namespace": OPERATOR_NAMESPACE},
+        "spec": {"containers": [{"name": "operator", "image": "localhost/pause:3.10"}]},
+    }
+    bare_cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    uid = bare_cluster.kubectl(
+        "get", "pod", "llmop-0", "-n", OPERATOR_NAMESPACE, "-o", "jsonpath={.metadata.uid}"
+    ).stdout.strip()
+    operator = OperatorProcess(
+        bare_cluster.kubeconfig,
+        tmp_path / "operator.log",
+        extra_env={"POD_NAME": "llmop-0", "POD_UID": uid},
+    )
     operator.start()
     try:
         wait_until(
@@ -45,13 +61,15 @@ def test_missing_crd_is_reported_then_served_once_installed(
         )
         assert "crds.enabled=true" in operator.log_path.read_text()
 
-        def warning() -> dict[str, object] | None:
+        def warning() -> dict[str, Any] | None:
             out = bare_cluster.kubectl("get", "events", "-n", OPERATOR_NAMESPACE, "-o", "json")
             found = [e for e in json.loads(out.stdout)["items"] if e["reason"] == "CRDMissing"]
             return found[0] if found else None
 
         event = wait_until(warning, timeout=30, what="a CRDMissing Event")
         assert event["type"] == "Warning"
+        involved = event["involvedObject"]
+        assert (involved["kind"], involved["name"], involved["uid"]) == ("Pod", "llmop-0", uid)
         assert CRD_NAME in str(event["message"])
         assert operator.process is not None
         assert operator.process.poll() is None, "the operator keeps running"

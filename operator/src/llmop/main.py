@@ -139,13 +139,16 @@ MISSING_CRD = (
 
 
 def _operator_object(kube: Kube, config: OperatorConfig) -> dict[str, Any] | None:
-    """What an operator-level Event is about: this process's pod, else its leader Lease."""
+    """What an operator-level Event is about: this process's pod, as the downward API names it
+    (POD_NAME, POD_UID: the operator may not read pods by name), else its leader Lease."""
     namespace = lease_namespace(config, dict(os.environ))
-    pod = os.environ.get("POD_NAME")
-    found = kube.read("v1", "Pod", namespace, pod) if pod else None
-    if found is None and config.leader_elect:
-        found = kube.read(kinds.LEASE.api_version, kinds.LEASE.kind, namespace, LEASE_NAME)
-    return found
+    pod, uid = os.environ.get("POD_NAME"), os.environ.get("POD_UID")
+    if pod and uid:
+        metadata = {"name": pod, "namespace": namespace, "uid": uid}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata}
+    if config.leader_elect:
+        return kube.read(kinds.LEASE.api_version, kinds.LEASE.kind, namespace, LEASE_NAME)
+    return None
 
 
 def _watch_for_crd(context: Context, config: OperatorConfig, stop: threading.Event) -> None:
