@@ -419,8 +419,11 @@ class TestServing:
         assert not_ready is not None
         assert dead is not None
         assert back is not None
-        # Two /health polls in a row must go unanswered (one can be late from a busy server).
-        assert not_ready <= 2 * PROBE_TIMEOUT + 3
+        # Two /health polls in a row must go unanswered (one can be late from a busy server),
+        # and readiness goes off well before liveness would (STALL). The slack is 4 s: 9.18 s
+        # was measured once against a 9 s bound with the whole suite on 2 cores.
+        assert not_ready <= 2 * PROBE_TIMEOUT + 4
+        assert not_ready < STALL - 1
         assert STALL - 1 <= dead <= STALL + 6  # a /health call may be in flight for 3 s
         assert before == (0, "published")
         # Unknown while unreachable: no queue depth in /status, no series for the HPA.
