@@ -94,21 +94,44 @@ def _sanitize(label: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", label)
 
 
+def _kubernetes_sd(role: str, monitor: dict[str, Any], kubeconfig: str | None) -> dict[str, Any]:
+    """The kubernetes_sd_config of a PodMonitor/ServiceMonitor: `role`, the kubeconfig, and the
+    monitor's namespaceSelector (its own namespace unless it says otherwise)."""
+    sd: dict[str, Any] = {"role": role}
+    if kubeconfig:
+        sd["kubeconfig_file"] = kubeconfig
+    ns_sel = monitor["spec"].get("namespaceSelector", {})
+    if not ns_sel.get("any"):
+        sd["namespaces"] = {"names": ns_sel.get("matchNames") or [monitor["metadata"]["namespace"]]}
+    return sd
+
+
+def _selector_keeps(monitor: dict[str, Any], meta: str) -> list[dict[str, Any]]:
+    """prometheus-operator's keep rules for the monitor's matchLabels, on the `meta` object's
+    labels (`pod` for a PodMonitor, `service` for a ServiceMonitor)."""
+    selector = monitor["spec"].get("selector", {})
+    if selector.get("matchExpressions"):
+        raise ValueError(f"matchExpressions in the {monitor['kind']} selector are not translated")
+    return [
+        {
+            "action": "keep",
+            "source_labels": [
+                f"__meta_kubernetes_{meta}_label_{_sanitize(key)}",
+                f"__meta_kubernetes_{meta}_labelpresent_{_sanitize(key)}",
+            ],
+            "regex": f"({re.escape(value)});true",
+        }
+        for key, value in sorted(selector.get("matchLabels", {}).items())
+    ]
+
+
 def podmonitor_scrape_configs(
     podmonitor: dict[str, Any], kubeconfig: str | None = None
 ) -> list[dict[str, Any]]:
     """The scrape jobs prometheus-operator generates for this PodMonitor."""
     meta, spec = podmonitor["metadata"], podmonitor["spec"]
     ns, name = meta["namespace"], meta["name"]
-    selector = spec.get("selector", {})
-    if selector.get("matchExpressions"):
-        raise ValueError("matchExpressions in the PodMonitor selector are not translated")
-    sd: dict[str, Any] = {"role": "pod"}
-    if kubeconfig:
-        sd["kubeconfig_file"] = kubeconfig
-    ns_sel = spec.get("namespaceSelector", {})
-    if not ns_sel.get("any"):
-        sd["namespaces"] = {"names": ns_sel.get("matchNames") or [ns]}
+    sd = _kubernetes_sd("pod", podmonitor, kubeconfig)
     jobs = []
     for i, ep in enumerate(spec["podMetricsEndpoints"]):
         relabel: list[dict[str, Any]] = [
@@ -119,17 +142,7 @@ def podmonitor_scrape_configs(
                 "regex": "(Failed|Succeeded)",
             },
         ]
-        for key, value in sorted(selector.get("matchLabels", {}).items()):
-            relabel.append(
-                {
-                    "action": "keep",
-                    "source_labels": [
-                        f"__meta_kubernetes_pod_label_{_sanitize(key)}",
-                        f"__meta_kubernetes_pod_labelpresent_{_sanitize(key)}",
-                    ],
-                    "regex": f"({re.escape(value)});true",
-                }
-            )
+        relabel += _selector_keeps(podmonitor, "pod")
         relabel += [
             {
                 "action": "keep",
@@ -174,31 +187,13 @@ def servicemonitor_scrape_configs(
     namespace, service, pod, container, job = the Service's name and endpoint = the port name."""
     meta, spec = servicemonitor["metadata"], servicemonitor["spec"]
     ns, name = meta["namespace"], meta["name"]
-    selector = spec.get("selector", {})
-    if selector.get("matchExpressions"):
-        raise ValueError("matchExpressions in the ServiceMonitor selector are not translated")
-    sd: dict[str, Any] = {"role": "endpointslice"}
-    if kubeconfig:
-        sd["kubeconfig_file"] = kubeconfig
-    ns_sel = spec.get("namespaceSelector", {})
-    if not ns_sel.get("any"):
-        sd["namespaces"] = {"names": ns_sel.get("matchNames") or [ns]}
+    sd = _kubernetes_sd("endpointslice", servicemonitor, kubeconfig)
     jobs = []
     for i, ep in enumerate(spec["endpoints"]):
         relabel: list[dict[str, Any]] = [
             {"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"},
         ]
-        for key, value in sorted(selector.get("matchLabels", {}).items()):
-            relabel.append(
-                {
-                    "action": "keep",
-                    "source_labels": [
-                        f"__meta_kubernetes_service_label_{_sanitize(key)}",
-                        f"__meta_kubernetes_service_labelpresent_{_sanitize(key)}",
-                    ],
-                    "regex": f"({re.escape(value)});true",
-                }
-            )
+        relabel += _selector_keeps(servicemonitor, "service")
         relabel += [
             {
                 "action": "keep",

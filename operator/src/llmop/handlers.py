@@ -300,24 +300,24 @@ async def start_router_check(memo: Any, **_: Any) -> None:
         memo.router_task = asyncio.create_task(router_check.run(context), name="llmop-router")
 
 
-@kopf.on.cleanup(id="router-check-stop")
-async def stop_router_check(memo: Any, **_: Any) -> None:
-    """Stop checking the router."""
-    task = getattr(memo, "router_task", None)
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    """Cancel a startup activity's task and wait for it to end."""
     if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@kopf.on.cleanup(id="router-check-stop")
+async def stop_router_check(memo: Any, **_: Any) -> None:
+    """Stop checking the router."""
+    await _cancel(getattr(memo, "router_task", None))
 
 
 @kopf.on.cleanup(id="fleet-reader-stop")
 async def stop_fleet_reader(memo: Any, **_: Any) -> None:
     """Stop the agent reader and close its connections."""
-    task = getattr(memo, "fleet_task", None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await _cancel(getattr(memo, "fleet_task", None))
     client = getattr(memo, "fleet_client", None)
     if client is not None:
         await client.close()
