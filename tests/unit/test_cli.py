@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,25 @@ def test_plan_accepts_70b_on_two_h100s() -> None:
     result = llmop("plan", "-f", "-", "-o", "json", stdin=manifest("big", spec))
     assert result.returncode == 0, result.stdout
     assert json.loads(result.stdout)[0]["fits"] is True
+
+
+def test_plan_of_a_model_bigger_than_a_node_prints_no_negative_size_nor_an_impossible_pod() -> None:
+    spec = {
+        "model": {"name": "meta-llama/Llama-3.1-405B-Instruct"},
+        "resources": {"gpus": 8, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+    }
+    table = llmop("plan", "-f", "-", stdin=manifest("huge", spec))
+    assert table.returncode == 1
+    assert re.search(r"(?<![\w.-])-\d", table.stdout) is None, (
+        table.stdout
+    )  # a minus sign, not a name
+    assert "short by" in table.stdout
+    assert "tensorParallelSize: 16" not in table.stdout
+    as_json = llmop("plan", "-f", "-", "-o", "json", stdin=manifest("huge", spec))
+    (plan,) = json.loads(as_json.stdout)
+    assert plan["kvCacheGiBPerGPU"] == 0
+    assert plan["shortfallGiBPerGPU"] > 0
+    assert all(value >= 0 for value in plan.values() if isinstance(value, int | float))
 
 
 def test_bad_input_is_a_clear_error() -> None:

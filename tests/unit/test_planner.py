@@ -291,3 +291,50 @@ def test_weights_exceed_message_and_field_names() -> None:
     assert "NVIDIA-L4" in plan.message
     assert plan.kv_cache_tokens == 0
     assert plan.max_concurrency == 0
+
+
+LLAMA_405B = _arch("meta-llama/Llama-3.1-405B-Instruct")
+
+
+def test_a_model_bigger_than_one_node_gets_no_impossible_gpu_count_and_no_negative_size() -> None:
+    # 405B in BF16 is 756 GiB: 8 H100s (one node) do not hold it. The planner once suggested 16
+    # GPUs per pod, which no node has, and reported a negative KV cache.
+    plan = plan_capacity(_h100(LLAMA_405B, tensor_parallel_size=8))
+    assert plan.reason == REASON_WEIGHTS
+    assert plan.kv_cache_gib_per_gpu == 0
+    # Short by what is missing for the weights, the overhead and one sequence of maxModelLen.
+    assert plan.shortfall_gib_per_gpu == pytest.approx(
+        plan.weights_gib_per_gpu
+        + plan.overhead_gib_per_gpu
+        - H100.memory_gib * 0.9
+        + -(-plan.max_model_len // 16) * 16 * plan.kv_bytes_per_token / 2**30,
+        abs=0.01,
+    )
+    assert f"short by {plan.shortfall_gib_per_gpu:.2f} GiB" in plan.message
+    assert "one node (8 GPUs)" in plan.message
+    assert not any("tensorParallelSize: 16" in s for s in plan.suggestions), plan.suggestions
+    assert plan.suggestions[0].startswith("engine.quantization: fp8")
+
+
+@pytest.mark.parametrize(("node_gpus", "suggested"), [(4, None), (8, 8), (16, 8)])
+def test_tensor_parallel_suggestions_stop_at_the_gpus_of_one_node(
+    node_gpus: int, suggested: int | None
+) -> None:
+    # FP8 405B needs 8 H100s: a node of 4 gets no TP suggestion, and one of 16 gets the smallest.
+    request = _h100(LLAMA_405B, quantization="fp8", max_model_len=8192, gpus_per_node=node_gpus)
+    plan = plan_capacity(request)
+    sizes = [
+        int(s.split(":")[1].split()[0])
+        for s in plan.suggestions
+        if s.startswith("engine.tensorParallelSize")
+    ]
+    assert sizes == ([] if suggested is None else [suggested]), plan.suggestions
+    assert (f"one node ({node_gpus} GPUs)" in plan.message) == (suggested is None)
+
+
+def test_kv_too_small_says_by_how_much() -> None:
+    plan = plan_capacity(PlanRequest(LLAMA_8B, L4.memory_gib, gpu_product=L4.product))
+    assert plan.reason == REASON_KV
+    needed = 131_072 * plan.kv_bytes_per_token / 2**30
+    assert plan.shortfall_gib_per_gpu == pytest.approx(needed - plan.kv_cache_gib_per_gpu, abs=0.01)
+    assert f"({plan.shortfall_gib_per_gpu:.2f} GiB/GPU more)" in plan.message

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from llmop import crdgen, sizing
 from llmop.api.v1alpha1 import API_VERSION, KIND, LLMDeployment
 from llmop.desired import desired_state
+from llmop.planner.capacity import CapacityPlan
 from llmop.settings import DEFAULT_SIMULATOR_IMAGE, DEFAULT_VLLM_IMAGE, RenderSettings
 
 EXIT_OK = 0
@@ -136,6 +137,7 @@ def _plan_json(llmd: LLMDeployment, result: sizing.SizingResult) -> dict[str, An
             "weightsGiBPerGPU": round(plan.weights_gib_per_gpu, 2),
             "overheadGiBPerGPU": round(plan.overhead_gib_per_gpu, 2),
             "kvCacheGiBPerGPU": round(plan.kv_cache_gib_per_gpu, 2),
+            "shortfallGiBPerGPU": round(plan.shortfall_gib_per_gpu, 2),
             "kvBytesPerToken": plan.kv_bytes_per_token,
             "kvCacheTokens": plan.kv_cache_tokens,
             "maxModelLen": plan.max_model_len,
@@ -143,6 +145,13 @@ def _plan_json(llmd: LLMDeployment, result: sizing.SizingResult) -> dict[str, An
             "suggestions": list(plan.suggestions),
         }
     return body
+
+
+def _kv_cache_cell(plan: CapacityPlan) -> str:
+    cell = f"{plan.kv_cache_gib_per_gpu:.2f} GiB per GPU"
+    if plan.shortfall_gib_per_gpu > 0:
+        cell += f" (short by {plan.shortfall_gib_per_gpu:.2f} GiB per GPU)"
+    return cell
 
 
 def _plan_table(llmd: LLMDeployment, result: sizing.SizingResult) -> str:
@@ -156,7 +165,7 @@ def _plan_table(llmd: LLMDeployment, result: sizing.SizingResult) -> str:
         ("GPU memory", f"{result.gpu_memory_gib:.2f} GiB x {tp} (tensor parallel)"),
         ("weights", f"{plan.weights_gib_total:.2f} GiB ({plan.weights_gib_per_gpu:.2f} per GPU)"),
         ("runtime overhead", f"{plan.overhead_gib_per_gpu:.2f} GiB per GPU"),
-        ("KV cache", f"{plan.kv_cache_gib_per_gpu:.2f} GiB per GPU"),
+        ("KV cache", _kv_cache_cell(plan)),
         ("KV bytes/token", f"{plan.kv_bytes_per_token:,} per GPU"),
         ("KV tokens/replica", f"{plan.kv_cache_tokens:,}"),
         ("max model len", f"{plan.max_model_len:,}"),

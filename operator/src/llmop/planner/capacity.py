@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from llmop.planner.dtypes import kv_cache_bytes_per_element, weight_bytes_per_param
-from llmop.planner.gpus import lookup_gpu
+from llmop.planner.gpus import gpus_per_node, lookup_gpu
 from llmop.planner.models import ModelArchitecture
 
 GIB = 1024**3
@@ -105,6 +105,8 @@ class PlanRequest:
     """None → vLLM's hardware default (16384 on ≥160 GiB, 8192 on ≥70 GiB non-A100, else 2048)."""
     gpu_product: str | None = None
     """GFD product label, for messages and the A100 batch-default rule."""
+    gpus_per_node: int | None = None
+    """The most GPUs one pod can have (one node's); None → the product's in the catalog (8)."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class CapacityPlan:
     """KV-cache bytes one token takes on each GPU."""
     overhead_gib_per_gpu: float
     kv_cache_gib_per_gpu: float
-    """Memory left for the KV cache on each GPU (negative when nothing is left)."""
+    """Memory left for the KV cache on each GPU (0 when nothing is left)."""
     kv_cache_tokens: int
     """Tokens the replica's KV cache holds (each TP rank holds its slice of every token)."""
     max_concurrency: float
@@ -127,6 +129,9 @@ class CapacityPlan:
     reason: str
     message: str
     suggestions: tuple[str, ...] = ()
+    shortfall_gib_per_gpu: float = 0.0
+    """When it does not fit for memory: what each GPU lacks for the weights, overhead and one
+    sequence of max_model_len (0 when it fits)."""
 
 
 def _batch_defaults(request: PlanRequest) -> tuple[int, int]:
@@ -203,6 +208,9 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: PLR0915
     blocks = int(kv_gib * GIB // page_bytes) if kv_gib > 0 else 0
     kv_tokens = blocks * BLOCK_SIZE
     concurrency = kv_tokens / max_model_len
+    # What one full-length sequence needs on each GPU beyond what is left (rounded up to blocks).
+    needed_kv_gib = -(-max_model_len // BLOCK_SIZE) * page_bytes / GIB
+    shortfall = max(0.0, needed_kv_gib - kv_gib)
 
     where = f"{tp}x {request.gpu_product or 'GPU'} ({request.gpu_memory_gib:.2f} GiB each)"
     model = arch.name or "the model"
@@ -222,14 +230,19 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: PLR0915
     elif weights_per_gpu + overhead >= requested:
         reason = REASON_WEIGHTS
         fits = False
-        message = f"{model} does not fit on {where}: {numbers} — nothing is left for the KV cache."
+        message = (
+            f"{model} does not fit on {where}: {numbers} — nothing is left for the KV cache; "
+            f"each GPU is short by {_fmt_gib(shortfall)} for one sequence of maxModelLen "
+            f"{max_model_len:,}."
+        )
     elif kv_tokens < max_model_len:
         reason = REASON_KV
         fits = False
         message = (
             f"{model} on {where}: the KV cache holds {kv_tokens:,} tokens "
             f"({_fmt_gib(kv_gib)}/GPU) but one sequence of maxModelLen {max_model_len:,} needs "
-            f"{max_model_len:,}; vLLM refuses to start ({numbers})."
+            f"{max_model_len:,} ({_fmt_gib(shortfall)}/GPU more); vLLM refuses to start "
+            f"({numbers})."
         )
     else:
         reason = REASON_FITS
@@ -244,13 +257,14 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: PLR0915
         weights_gib_total=weights_total,
         kv_bytes_per_token=kv_per_token,
         overhead_gib_per_gpu=overhead,
-        kv_cache_gib_per_gpu=kv_gib,
+        kv_cache_gib_per_gpu=max(kv_gib, 0.0),
         kv_cache_tokens=kv_tokens,
         max_concurrency=concurrency,
         max_model_len=max_model_len,
         fits=fits,
         reason=reason,
         message=message,
+        shortfall_gib_per_gpu=0.0 if reason in (REASON_FITS, REASON_INVALID_TP) else shortfall,
     )
 
 
@@ -290,6 +304,21 @@ def _with_context_fix(request: PlanRequest, text: str) -> str | None:
     return f"{text} and engine.maxModelLen: {length}"
 
 
+def _node_gpus(request: PlanRequest) -> int:
+    return request.gpus_per_node or gpus_per_node(request.gpu_product)
+
+
+def _tensor_parallel_sizes(request: PlanRequest) -> list[int]:
+    """Tensor-parallel sizes vLLM accepts for the model that one pod can have: a pod's GPUs are
+    on one node, so never more than a node has."""
+    heads = request.architecture.attention_heads
+    return [
+        size
+        for size in (1, 2, 4, 8, 16, 32, 64)
+        if size <= _node_gpus(request) and (heads is None or heads % size == 0)
+    ]
+
+
 def suggest_fixes(request: PlanRequest, limit: int = 5) -> tuple[str, ...]:  # noqa: C901, PLR0912
     """The smallest changes that make ``request`` fit, cheapest first (pure: re-plans only).
 
@@ -320,15 +349,14 @@ def suggest_fixes(request: PlanRequest, limit: int = 5) -> tuple[str, ...]:  # n
             add(f"engine.maxModelLen: {length}")
 
     tp = request.tensor_parallel_size
+    sizes = _tensor_parallel_sizes(request)
     if plan.reason == REASON_INVALID_TP:
         # Any valid size is a fix; the nearest ones (smaller first) are the cheapest.
-        candidates = sorted((1, 2, 4, 8, 16), key=lambda size: (abs(size - tp), size))
+        candidates = sorted(sizes, key=lambda size: (abs(size - tp), size))
     else:
-        candidates = [size for size in (2, 4, 8, 16) if size > tp]
+        candidates = [size for size in sizes if size > tp]
     for candidate_tp in candidates:
         if candidate_tp == tp:
-            continue
-        if arch.attention_heads is not None and arch.attention_heads % candidate_tp != 0:
             continue
         text = (
             f"engine.tensorParallelSize: {candidate_tp} with resources.gpus: {candidate_tp} "
@@ -361,4 +389,16 @@ def plan_capacity(request: PlanRequest) -> CapacityPlan:
     plan = _plan_core(request)
     if plan.fits:
         return plan
-    return replace(plan, suggestions=suggest_fixes(request))
+    message = plan.message
+    sizes = _tensor_parallel_sizes(request)
+    largest = max(sizes, default=1)
+    if (
+        plan.reason in (REASON_WEIGHTS, REASON_KV)
+        and not _plan_core(replace(request, tensor_parallel_size=largest)).fits
+    ):
+        node_gpus = _node_gpus(request)
+        message += (
+            f" A pod's GPUs are on one node ({node_gpus} GPUs), and tensor parallelism up to "
+            f"{largest} does not hold it at this precision and context either."
+        )
+    return replace(plan, message=message, suggestions=suggest_fixes(request))

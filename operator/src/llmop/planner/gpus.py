@@ -41,6 +41,10 @@ class GPUProduct:
     """False where ``memory_gib`` is estimated rather than seen in a real log."""
     vllm_a100: bool = False
     """vLLM gives A100s the small batch defaults even at 80 GB (arg_utils.get_batch_defaults)."""
+    gpus_per_node: int = 8
+    """The most GPUs of this product one node usually has (8 on the usual datacenter and cloud
+    servers: HGX/DGX boards, p5/a3/g5/g2 instances): a pod's GPUs cannot be spread over nodes,
+    so the planner never suggests more GPUs per pod than this."""
 
 
 GPU_CATALOG: tuple[GPUProduct, ...] = (
@@ -100,6 +104,16 @@ def _build_index() -> dict[str, GPUProduct]:
 _INDEX = _build_index()
 
 
+DEFAULT_GPUS_PER_NODE = 8
+"""GPUs per node assumed for a product the catalog does not know."""
+
+
 def lookup_gpu(name: str) -> GPUProduct | None:
     """Find a GPU by GFD product label or short name; None when unknown."""
     return _INDEX.get(_key(name))
+
+
+def gpus_per_node(name: str | None) -> int:
+    """The most GPUs per pod the planner may suggest for a product (the catalog's, else 8)."""
+    gpu = lookup_gpu(name) if name else None
+    return gpu.gpus_per_node if gpu is not None else DEFAULT_GPUS_PER_NODE
