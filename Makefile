@@ -57,7 +57,7 @@ unit: install ## Unit tests only (pure core, fast).
 .PHONY: test
 test: install lint typecheck ## Full suite from a fresh clone: lint, types, unit, engine and integration tests.
 	@$(MAKE) --no-print-directory -j4 test-prereqs
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=40
 
 # Every slow thing the suite needs, built (or reused from ~/.cache/llmop) in the open before pytest
 # starts, and in parallel: the Go builds queue on one lock (on 2 cores they would only slow each
