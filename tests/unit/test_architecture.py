@@ -38,6 +38,7 @@ PURE = (
     "pods.py",
     "agents.py",
     "coldstart.py",
+    "pool_view.py",
 )
 IMPURE_STDLIB = {"os", "time", "socket", "subprocess", "threading", "asyncio", "random"}
 

@@ -293,6 +293,16 @@ CEL_CASES = [
         spec(model={"name": "pvc://w/m", "cache": {"size": "1Gi"}}),
         "a pvc:// model is already on a volume",
     ),
+    (
+        "inference-pool",
+        spec(router={"inferencePool": {"endpointPickerRef": {"name": "vllm-epp", "port": 9002}}}),
+        None,
+    ),
+    (
+        "inference-pool-bad-service-name",
+        spec(router={"inferencePool": {"endpointPickerRef": {"name": "EPP.svc", "port": 9002}}}),
+        "endpointPickerRef.name must be the name of the endpoint picker's Service",
+    ),
 ]
 
 

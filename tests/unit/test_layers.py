@@ -7,7 +7,7 @@ independent may not import each other even within a layer. Imports inside functi
 
 Operator: api < planner < foundation < sizing | render < desired < status | plan | events
           | preflight < cache_gate < config | kube | metrics | hub | engine_client | persistence
-          < reconcile < fleet | leader | router_check < handlers | main < cli
+          < reconcile < fleet | leader | router_check | pool_check < handlers | main < cli
 Engine:   contract < vllm_metrics | simulator < health | settings | download_progress
           < supervisor | engine_client | agent_metrics | probe_server | drain | download < agent
           < cli
@@ -39,6 +39,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.agents",
         "llmop.coldstart",
         "llmop.router_view",
+        "llmop.pool_view",
     ),
     ("llmop.sizing", "llmop.render"),
     ("llmop.desired",),
@@ -53,7 +54,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.persistence",
     ),
     ("llmop.reconcile",),
-    ("llmop.fleet", "llmop.leader", "llmop.router_check"),
+    ("llmop.fleet", "llmop.leader", "llmop.router_check", "llmop.pool_check"),
     ("llmop.handlers", "llmop.main"),
     ("llmop.cli",),
 )

@@ -49,6 +49,9 @@ REASON_AUTOSCALER_INACTIVE = "AutoscalerInactive"
 """Degraded=True: the HPA cannot compute or apply a replica count (e.g. no custom metrics API)."""
 REASON_ROUTER_UNAVAILABLE = "RouterUnavailable"
 """Degraded=True: the model is routed, and the llmop router has no ready pod."""
+REASON_INFERENCE_POOL_UNAVAILABLE = "InferencePoolUnavailable"
+"""Degraded=True: spec.router.inferencePool is set, and the cluster does not serve the
+InferencePool API (the Gateway API Inference Extension CRDs are not installed)."""
 
 
 @dataclass(frozen=True)

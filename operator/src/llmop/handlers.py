@@ -22,6 +22,8 @@
 
 - kopf's memory of the last handled spec is kept in this process (`llmop.persistence`), not on
   the object; the count handler drops a deleted object's entry.
+- Startup activities also run `llmop.router_check` and `llmop.pool_check` (the InferencePools
+  that wait for their CRDs); cleanup stops them.
 - One startup activity starts `llmop.fleet`'s agent reader as a task of kopf's event loop (no
   daemon per LLMDeployment: that would add a finalizer); the cleanup activity stops it.
 
@@ -39,7 +41,7 @@ from typing import Any
 
 import kopf
 
-from llmop import fleet, kinds, names, router_check
+from llmop import fleet, kinds, names, pool_check, router_check
 from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
 from llmop.engine_client import AgentClient
 from llmop.hub import HubUnavailableError
@@ -300,6 +302,12 @@ async def start_router_check(memo: Any, **_: Any) -> None:
         memo.router_task = asyncio.create_task(router_check.run(context), name="llmop-router")
 
 
+@kopf.on.startup(id="pool-check")
+async def start_pool_check(memo: Any, **_: Any) -> None:
+    """Start watching for the InferencePool API while pools wait for it (`llmop.pool_check`)."""
+    memo.pool_task = asyncio.create_task(pool_check.run(memo.context), name="llmop-pools")
+
+
 async def _cancel(task: asyncio.Task[None] | None) -> None:
     """Cancel a startup activity's task and wait for it to end."""
     if task is not None:
@@ -312,6 +320,12 @@ async def _cancel(task: asyncio.Task[None] | None) -> None:
 async def stop_router_check(memo: Any, **_: Any) -> None:
     """Stop checking the router."""
     await _cancel(getattr(memo, "router_task", None))
+
+
+@kopf.on.cleanup(id="pool-check-stop")
+async def stop_pool_check(memo: Any, **_: Any) -> None:
+    """Stop watching for the InferencePool API."""
+    await _cancel(getattr(memo, "pool_task", None))
 
 
 @kopf.on.cleanup(id="fleet-reader-stop")

@@ -32,8 +32,9 @@ class ChildKind(Kind):
     """A kind the operator renders for each LLMDeployment (named like its parent)."""
 
     watched: bool = True
-    """Watched (label-filtered) for status and drift; optional children that are not watched
-    (ServiceMonitor: its CRD may be absent) are only ever applied."""
+    """Watched (label-filtered) for status and drift. Kinds whose CRD may be absent are not
+    (ServiceMonitor, InferencePool): they are applied, and an InferencePool is deleted where
+    status.inferencePool says the operator made one."""
     optional: bool = False
     """Deleted when the spec stops wanting it (an HPA when autoscaling turns off)."""
     read: bool = False
@@ -60,6 +61,16 @@ HPA = ChildKind(
 SERVICE_MONITOR = ChildKind(
     "monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors", watched=False
 )
+INFERENCE_POOL = ChildKind(
+    "inference.networking.k8s.io/v1",
+    "InferencePool",
+    "inferencepools",
+    watched=False,
+    optional=True,
+)
+"""spec.router.inferencePool: never watched (the Gateway API Inference Extension CRD may be
+absent, and kopf warns forever about a watched kind nobody serves); the parent path knows it
+exists from status.inferencePool, which is what makes removing the field delete it."""
 
 PVC = ChildKind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", watched=False, read=True)
 """The model cache claim (spec.model.cache): applied when the operator creates it, read for the
@@ -67,7 +78,7 @@ capacity of an existing one."""
 JOB = ChildKind("batch/v1", "Job", "jobs", read=True)
 """The model download Job: watched, so its completion starts the engine pods at once."""
 
-CHILDREN: tuple[ChildKind, ...] = (SERVICE, DEPLOYMENT, PDB, HPA, SERVICE_MONITOR)
+CHILDREN: tuple[ChildKind, ...] = (SERVICE, DEPLOYMENT, PDB, HPA, SERVICE_MONITOR, INFERENCE_POOL)
 """Every child kind, in apply order (an HPA after its target Deployment)."""
 WATCHED: tuple[ChildKind, ...] = tuple(kind for kind in CHILDREN if kind.watched)
 """Child kinds the operator watches."""

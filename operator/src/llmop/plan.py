@@ -15,7 +15,7 @@ autoscaled Deployment would start at 1; the handover manager starts it at `minRe
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,6 +178,7 @@ def plan_children(
     parent: Mapping[str, Any],
     only: ChildKind | None = None,
     repair: bool = False,
+    unserved: Collection[ChildKind] = (),
 ) -> ChildPlan:
     """Plan one parent's children.
 
@@ -186,13 +187,14 @@ def plan_children(
     unwanted optional child that exists is deleted. With `repair` (a generation this process
     already applied), and always with `only` (a watch event of one child, and then just that
     kind), a wanted child is applied only when missing or drifted from its intent. A plan that
-    does not fit (`desired.children is None`) does nothing.
+    does not fit (`desired.children is None`) does nothing. Kinds in `unserved` (their API is
+    not served: an optional CRD not installed) are neither applied nor deleted.
     """
     children = desired.children
     if children is None:
         return ChildPlan()
     reference = owner_reference(parent)
-    considered = kinds.CHILDREN if only is None else (only,)
+    considered = [k for k in (kinds.CHILDREN if only is None else (only,)) if k not in unserved]
     metadata = children.deployment["metadata"]
     unwanted = set(children.unwanted())
     deletes = tuple(

@@ -268,6 +268,8 @@ def derive_status(
     hpa: Mapping[str, Any] | None = None,
     waiting: str | None = None,
     router: RouterView | None = None,
+    inference_pool: str | None = None,
+    pool_issue: PodIssue | None = None,
 ) -> LLMDeploymentStatus:
     """The whole status of a parsed LLMDeployment. `problem` is the caller's own stall reason
     (a child the API server rejected); planner and rollout problems are found here. `fleet` is
@@ -275,7 +277,9 @@ def derive_status(
     HorizontalPodAutoscaler, whose conditions say when it cannot scale; `waiting` what the engine
     Deployment waits for before it is created (the model download), said by Ready and
     Reconciling instead of "Creating"; `router` the installed router (None: none), whose URL is
-    a routed CR's endpoint and whose lack of a ready pod makes it Degraded."""
+    a routed CR's endpoint and whose lack of a ready pod makes it Degraded; `inference_pool` the
+    InferencePool the operator made and `pool_issue` why it cannot make a wanted one
+    (`llmop.pool_view`)."""
     pods = list(pods)
     own_endpoint = names.service_endpoint(name, namespace, spec.service.port)
     routed = spec.router.enabled
@@ -299,6 +303,7 @@ def derive_status(
             _degraded_issue(previous, pods, fleet, now)
             or autoscaler_issue(hpa, rollout.ready)
             or router_issue(router, routed, own_endpoint)
+            or pool_issue
         ),
         shortfall=shortfall,
         waiting=waiting,
@@ -316,6 +321,7 @@ def derive_status(
         ),
         plan=plan,
         startup=_startup(previous, pods, fleet),
+        inference_pool=inference_pool,
     )
 
 
@@ -422,6 +428,7 @@ def derive_invalid_status(
         updated_replicas=previous.updated_replicas,
         selector=names.selector_string(name),
         replica_summary=previous.replica_summary,
+        inference_pool=previous.inference_pool,  # still there: the parent path deletes it
         conditions=conditions.merge(
             previous.conditions, observations, generation=generation, now=now
         ),

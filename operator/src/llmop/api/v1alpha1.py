@@ -553,6 +553,45 @@ class ServiceSpec(ApiModel):
     """Secret holding the API key clients must send (vLLM `--api-key`)."""
 
 
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""An RFC 1123 label: what a Service name must be."""
+
+
+class EndpointPickerRef(ApiModel):
+    """The endpoint picker (EPP) Service a Gateway API Inference Extension gateway asks which
+    engine pod serves each request."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self.name.matches('{DNS_LABEL}')",
+                    "spec.router.inferencePool.endpointPickerRef.name must be the name of the "
+                    "endpoint picker's Service in this namespace: lowercase letters, digits and "
+                    "'-', starting and ending with a letter or digit",
+                    ".name",
+                )
+            ]
+        }
+    )
+
+    name: str = Field(min_length=1, max_length=63)
+    """Name of the endpoint picker's Service, in the LLMDeployment's namespace."""
+    port: int = Field(ge=1, le=65535)
+    """Port of that Service (the service port, e.g. 9002 for the upstream EPP's gRPC port)."""
+    failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
+    """What the gateway does while the endpoint picker does not answer: `FailClose` rejects
+    requests, `FailOpen` sends them to an engine pod of its own choosing."""
+
+
+class InferencePoolSpec(ApiModel):
+    """An `inference.networking.k8s.io/v1` InferencePool of this model's engine pods, for a
+    gateway that implements the Gateway API Inference Extension (docs/router.md)."""
+
+    endpoint_picker_ref: EndpointPickerRef
+    """The endpoint picker the gateway consults for this pool (you run it: docs/router.md)."""
+
+
 class RouterSpec(ApiModel):
     """How llmop-router serves this model (docs/router.md)."""
 
@@ -560,6 +599,11 @@ class RouterSpec(ApiModel):
     """Serve this model through llmop-router, where one runs: its OpenAI endpoint routes
     requests whose `model` is the served name to this CR's ready engine pods. The CR's own
     Service serves it either way."""
+    inference_pool: InferencePoolSpec | None = None
+    """Render an InferencePool named like this LLMDeployment selecting its engine pods, for a
+    Gateway API Inference Extension gateway (needs the extension's CRDs v1.x in the cluster;
+    without them the CR is Degraded with reason InferencePoolUnavailable and serves through its
+    Service as before). Removing this field deletes the pool."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -791,6 +835,9 @@ class LLMDeploymentStatus(ApiModel):
     """Resolved model revision and cache download progress (with spec.model.cache)."""
     startup: StartupStatus | None = None
     """Cold-start breakdown of the engine pods."""
+    inference_pool: str | None = None
+    """Name of the InferencePool the operator applied for spec.router.inferencePool (kept so
+    that removing the field deletes the pool without a request for every LLMDeployment)."""
 
 
 class ObjectMeta(ApiModel):
@@ -805,7 +852,8 @@ class ObjectMeta(ApiModel):
 
 
 class LLMDeployment(ApiModel):
-    """An LLM served on GPUs: engine pods, a Service, and optionally an HPA and a PDB."""
+    """An LLM served on GPUs: engine pods, a Service, and optionally an HPA, a PDB and an
+    InferencePool."""
 
     api_version: str = API_VERSION
     kind: str = KIND

@@ -7,6 +7,7 @@ The package, by responsibility (each module's docstring says its job):
 - `problems` — the memory of found problems that every status path carries;
 - `writes` — the executor, status derivation and writing, the error policy;
 - `model_gate` — the model cache's pre-flight, claim and download Job;
+- `pools` — the InferencePool's API check, its deletion once unwanted, and its verdict;
 - `entry` — the entry points below; `quiet` — the event-loop checks.
 
 Called by the kopf handlers (a few lines each) but free of kopf itself: it talks to the API
@@ -49,6 +50,7 @@ from llmop.reconcile.entry import (
     refresh_status,
 )
 from llmop.reconcile.model_gate import TRIGGER_DOWNLOAD
+from llmop.reconcile.pools import recheck as recheck_pools
 from llmop.reconcile.quiet import quiet_child_event, quiet_pod_event
 from llmop.reconcile.writes import StepRejectedError, execute
 
@@ -69,6 +71,7 @@ __all__ = [
     "poll_downloads",
     "quiet_child_event",
     "quiet_pod_event",
+    "recheck_pools",
     "reconcile_parent",
     "refresh_from_child",
     "refresh_from_job",

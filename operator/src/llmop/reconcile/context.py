@@ -19,6 +19,7 @@ from llmop.desired import DesiredState
 from llmop.kinds import ChildKind
 from llmop.kube import Kube
 from llmop.metrics import Metrics
+from llmop.pool_view import PoolVerdict
 from llmop.router_view import RouterView
 from llmop.settings import RenderSettings
 from llmop.status import Problem
@@ -143,6 +144,13 @@ class Context:
     """The last problem found per parent: every status path carries it until a new generation
     or a parent pass that applied every child (`remember`, `problem_of`, `clear_problem`)."""
 
+    _pools: dict[tuple[str, str], PoolVerdict] = field(default_factory=dict)
+    """The InferencePool verdict of each parent's last parent pass (`reconcile.pools`); only
+    for parents that want a pool or had one."""
+    served: dict[ChildKind, bool] = field(default_factory=dict)
+    """Whether the cluster serves an optional child kind's API (the InferencePool CRD), as
+    discovery last said; absent: ask before the next apply."""
+
     router: RouterView | None = field(init=False)
     """The installed router and whether it had a ready pod at the last check (`check_router`)."""
 
@@ -159,3 +167,4 @@ class Context:
         self.downloading.discard((namespace, name))
         self.fleet.pop((namespace, name), None)
         self._problems.pop((namespace, name), None)
+        self._pools.pop((namespace, name), None)

@@ -15,6 +15,7 @@ from llmop.kinds import ChildKind
 from llmop.kube import KubeError, TerminatingError
 from llmop.metrics import RESULT_SKIPPED
 from llmop.plan import ChildPlan, plan_children
+from llmop.reconcile import pools
 from llmop.reconcile.caches import (
     Owner,
     cached_parent,
@@ -61,11 +62,18 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
     # kopf may run the create handler of one generation twice (under load its own annotation
     # patch can arrive after the next event): what this process already applied is only repaired.
     done = ctx._applied.get((namespace, name)) == (uid, parsed.generation)
-    plan = plan_children(desired, live, parent=body, repair=done)
-    problem = run_plan(ctx, body, plan)
+    unserved = pools.prepare(ctx, body, desired, live)
+    plan = plan_children(desired, live, parent=body, repair=done, unserved=unserved)
+    try:
+        problem = run_plan(ctx, body, plan)
+    except KubeError as error:
+        if error.status == 404:  # an optional API may have gone: ask discovery next time
+            pools.forget_served(ctx)
+        raise
     if problem is None:
         ctx._applied[namespace, name] = (uid, parsed.generation)
         clear_problem(ctx, body, plan, repair=done)
+        pools.settle(ctx, body, desired, unserved=bool(unserved))
     applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
     return write_derived_status(ctx, body, desired, problem, applied=applied)
 

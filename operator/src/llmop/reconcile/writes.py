@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llmop import conditions, events, kinds
+from llmop import conditions, events, kinds, pool_view
 from llmop.api.v1alpha1 import LLMDeploymentStatus, ModelStatus
 from llmop.desired import DesiredState
 from llmop.hub import HubUnavailableError
@@ -129,11 +129,20 @@ def _derived_status(
     if deployment is None and applied:
         deployment = JUST_APPLIED
     spec = desired.llmd.spec
+    previous = parse_previous(previous_status(ctx, body))
+    inference_pool, pool_issue = pool_view.pool_state(
+        name=name,
+        namespace=namespace,
+        uid=str(body["metadata"].get("uid") or ""),
+        spec=spec,
+        previous=previous,
+        verdict=ctx._pools.get((namespace, name)),
+    )
     return derive_status(
         name=name,
         namespace=namespace,
         generation=desired.llmd.metadata.generation,
-        previous=parse_previous(previous_status(ctx, body)),
+        previous=previous,
         spec=spec,
         sizing=desired.sizing,
         deployment=deployment,
@@ -145,6 +154,8 @@ def _derived_status(
         hpa=live.get(kinds.HPA) if spec.autoscaling is not None else None,
         waiting=waiting_for_model(ctx, body),
         router=ctx.router,
+        inference_pool=inference_pool,
+        pool_issue=pool_issue,
     )
 
 

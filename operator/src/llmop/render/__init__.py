@@ -15,6 +15,7 @@ from llmop.kinds import ChildKind
 from llmop.render.autoscaling import render_hpa
 from llmop.render.deployment import render_deployment
 from llmop.render.disruption import render_pdb
+from llmop.render.inference_pool import render_inference_pool
 from llmop.render.monitoring import render_service_monitor
 from llmop.render.service import render_service
 from llmop.settings import RenderSettings
@@ -29,6 +30,7 @@ class Children:
     hpa: dict[str, Any] | None
     pdb: dict[str, Any] | None
     service_monitor: dict[str, Any] | None
+    inference_pool: dict[str, Any] | None
 
     def by_kind(self) -> dict[ChildKind, dict[str, Any] | None]:
         """Every child kind of the registry → its manifest (None: must not exist)."""
@@ -38,6 +40,7 @@ class Children:
             kinds.PDB: self.pdb,
             kinds.HPA: self.hpa,
             kinds.SERVICE_MONITOR: self.service_monitor,
+            kinds.INFERENCE_POOL: self.inference_pool,
         }
 
     def get(self, kind: ChildKind) -> dict[str, Any] | None:
@@ -53,7 +56,8 @@ class Children:
         """Optional kinds that must not exist (named like the parent).
 
         ServiceMonitors are never listed: monitoring is an operator-wide setting, and clusters
-        without the prometheus-operator CRD must never see a request for one.
+        without the prometheus-operator CRD must never see a request for one. An unwanted
+        InferencePool is listed, but deleted only where status.inferencePool says one was made.
         """
         by_kind = self.by_kind()
         return [kind for kind in kinds.CHILDREN if kind.optional and by_kind[kind] is None]
@@ -69,6 +73,7 @@ def render_children(
         hpa=render_hpa(llmd),
         pdb=render_pdb(llmd),
         service_monitor=render_service_monitor(llmd) if settings.service_monitor else None,
+        inference_pool=render_inference_pool(llmd),
     )
 
 

@@ -1,0 +1,51 @@
+"""Orchestration: once the Gateway API Inference Extension CRDs arrive, create the
+InferencePools that waited for them.
+
+A parent pass that wants a pool on a cluster without the InferencePool API leaves the CR
+`Degraded` (reason `InferencePoolUnavailable`) and nothing else happens to it until its spec
+changes. So while such parents exist, one asyncio task (started by the handlers) asks discovery
+every `CHECK_SECONDS` whether the API is served now, and reconciles those parents once it is.
+With no parent waiting it sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from llmop.hub import HubUnavailableError
+from llmop.kube import KubeError
+from llmop.reconcile import Context, recheck_pools, reconcile_parent
+from llmop.reconcile.caches import cached_parent
+
+log = logging.getLogger("llmop.pool_check")
+
+CHECK_SECONDS = 5.0
+"""Between two discovery reads while a parent waits for the InferencePool API."""
+
+
+def check(ctx: Context) -> int:
+    """Reconcile the parents whose pool waited, if the API is served now; how many ran."""
+    ran = 0
+    for namespace, name in recheck_pools(ctx):
+        body = cached_parent(ctx, namespace, name)
+        if body is None:
+            continue
+        try:
+            reconcile_parent(ctx, body)
+            ran += 1
+        except (KubeError, HubUnavailableError) as error:
+            log.warning("could not create the InferencePool of %s/%s: %s", namespace, name, error)
+    return ran
+
+
+async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:
+    """Check every `interval` seconds until cancelled."""
+    while True:
+        try:
+            await asyncio.to_thread(check, ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("checking for the InferencePool API failed")
+        await asyncio.sleep(interval)
