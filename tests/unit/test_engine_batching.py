@@ -244,8 +244,9 @@ def test_cached_tokens_shorten_the_prefill_step() -> None:
         await finished([warm])
         assert cold.first_token_at is not None
         assert warm.first_token_at is not None
-        # 128 tokens at 1000/s is 128 ms cold; warm recomputes only the last token.
-        assert warm.cached_tokens == 127
+        # 128 tokens at 1000/s is 128 ms cold; warm recomputes the block of the last token (vLLM
+        # hits whole blocks before the last prompt token only).
+        assert warm.cached_tokens == 7 * 16
         assert (warm.first_token_at - warm.arrival) < (cold.first_token_at - cold.arrival) / 4
         e.stop()
         await task
@@ -255,7 +256,9 @@ def test_cached_tokens_shorten_the_prefill_step() -> None:
 
 def test_a_working_set_larger_than_the_kv_cache_evicts_the_oldest_prefix() -> None:
     async def scenario() -> None:
-        # 16 blocks of cache; each prompt has 8 distinct blocks: the third evicts the first.
+        # 16 blocks (15 cache, as vLLM keeps a null block); each prompt has 8 distinct blocks: the
+        # third evicts the first and the last block of the second; the first, back, evicts the
+        # rest of the second and the last block of the third.
         cfg = dataclasses.replace(FAST, num_gpu_blocks=16, max_model_len=256)
         e = engine(cfg)
         task = asyncio.create_task(e.run())
@@ -267,7 +270,60 @@ def test_a_working_set_larger_than_the_kv_cache_evicts_the_oldest_prefix() -> No
         again_third = e.submit(128, 1, prefix=_blocks(prompts[2]))
         await finished([again_third])
         assert again_first.cached_tokens == 0
-        assert again_third.cached_tokens == 127
+        assert again_third.cached_tokens == 7 * 16
+        e.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("hit_blocks", "prompt_tokens", "cached"),
+    [
+        (0, 100, 0),
+        (3, 100, 3 * 16),  # whole blocks only
+        (8, 129, 8 * 16),
+        (8, 128, 7 * 16),  # a prompt of whole blocks recomputes its last block
+        (1, 1, 0),
+    ],
+)
+def test_hits_are_whole_blocks_before_the_last_prompt_token(
+    hit_blocks: int, prompt_tokens: int, cached: int
+) -> None:
+    from llmop_engine.simulator.prefix_cache import cached_tokens
+
+    assert cached_tokens(hit_blocks, prompt_tokens, 16) == cached
+
+
+def test_eviction_takes_a_prefix_from_its_tail_and_anonymous_blocks_first() -> None:
+    from llmop_engine.simulator.prefix_cache import PrefixCache
+
+    cache = PrefixCache(capacity=10)
+    first, second = (1, 2, 3, 4, 5, 6), (11, 12, 13, 14)
+    cache.add(first, anonymous=2)  # e.g. two full blocks of generated tokens
+    cache.add(second)
+    # 12 blocks cached, 10 kept: the two anonymous ones go, the whole first prompt stays.
+    assert (len(cache), cache.match(first), cache.match(second)) == (10, 6, 4)
+    cache.add((21, 22, 23))
+    # vLLM frees a request's blocks last first: the first prompt loses its tail, keeps its head.
+    assert (cache.match(first), cache.match(second)) == (3, 4)
+    # A request's partial last block needs a slot while it runs too: one block in, two out.
+    cache.add((31,), partial=1)
+    assert (len(cache), cache.match(first), cache.match((31,))) == (9, 1, 1)
+
+
+def test_generated_tokens_and_recomputed_blocks_take_cache_slots() -> None:
+    async def scenario() -> None:
+        e = engine(dataclasses.replace(FAST, num_gpu_blocks=64))
+        task = asyncio.create_task(e.run())
+        assert e.prefix_cache is not None
+        # 8 prompt blocks + 33 tokens out: the KV of 160 tokens, 10 full blocks, all cached.
+        await finished([e.submit(128, 33, prefix=_blocks(SYSTEM))])
+        assert len(e.prefix_cache) == 10
+        # Again with one token out: 7 blocks hit, the 8th is recomputed into a second copy.
+        again = e.submit(128, 1, prefix=_blocks(SYSTEM))
+        await finished([again])
+        assert (again.cached_tokens, len(e.prefix_cache)) == (7 * 16, 11)
         e.stop()
         await task
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from llmop_engine.simulator.config import SimConfig
 from llmop_engine.simulator.faults import FaultState
 from llmop_engine.simulator.metrics import SimMetrics
-from llmop_engine.simulator.prefix_cache import PrefixCache
+from llmop_engine.simulator.prefix_cache import PrefixCache, cached_tokens
 
 
 class RequestTooLongError(ValueError):
@@ -79,7 +79,10 @@ class BatchEngine:
         self.steps = 0
         self.generation_tokens_total = 0
         self._ids = itertools.count(1)
-        self.prefix_cache = PrefixCache(cfg.num_gpu_blocks) if cfg.enable_prefix_caching else None
+        # vLLM keeps one block aside (its null block); the rest can hold cached content.
+        self.prefix_cache = (
+            PrefixCache(max(1, cfg.num_gpu_blocks - 1)) if cfg.enable_prefix_caching else None
+        )
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -220,18 +223,27 @@ class BatchEngine:
     def _cached_tokens(self, req: SimRequest) -> int:
         if self.prefix_cache is None or not req.prefix:
             return 0
-        # vLLM recomputes at least the last prompt token (its logits start the output).
         hits = self.prefix_cache.match(req.prefix)
-        return min(hits * self.cfg.block_size, req.prompt_tokens - 1)
+        return cached_tokens(hits, req.prompt_tokens, self.cfg.block_size)
 
     def _cache_prompt(self, req: SimRequest) -> None:
         """Count the request's prefix-cache lookup and keep its blocks cached."""
         if self.prefix_cache is None:
             return
-        req.cached_tokens = self._cached_tokens(req)
+        matched = self.prefix_cache.match(req.prefix)
+        req.cached_tokens = cached_tokens(matched, req.prompt_tokens, self.cfg.block_size)
         self.metrics.prefix_cache_queries.inc(req.prompt_tokens)
         self.metrics.prefix_cache_hits.inc(req.cached_tokens)
-        self.prefix_cache.add(req.prefix)
+        # Cached blocks recomputed all the same (the last prompt token's) get a second copy; the
+        # KV of every token but the last generated one fills blocks, cached as they fill, and
+        # the last block it only partly fills is held uncached. The simulator generates
+        # max_tokens unless aborted, so it counts them now.
+        size = self.cfg.block_size
+        recomputed = matched - req.cached_tokens // size
+        computed = req.prompt_tokens + req.max_tokens - 1
+        generated = max(0, computed // size - req.prompt_tokens // size)
+        partial = 1 if computed % size else 0
+        self.prefix_cache.add(req.prefix, anonymous=recomputed + generated, partial=partial)
 
     def step_seconds(self, batch: int, prefill_tokens: int) -> float:
         decode = (self.cfg.decode_ms + self.cfg.decode_ms_per_seq * batch) / 1000.0
