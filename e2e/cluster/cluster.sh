@@ -26,6 +26,11 @@
 #                            once the real node has joined (the kwok nodes' pods export nothing).
 #                            auto starts it when the real node joined and says why not otherwise;
 #                            on fails instead; off never starts it.
+#   LLMOP_LWS_TIMEOUT        seconds to wait for the LeaderWorkerSet controller (default 90)
+#
+# Every cluster also runs the LeaderWorkerSet controller (sigs.k8s.io/lws, built by build-lws.sh)
+# as a host process with its webhooks on 127.0.0.1 (e2e/lws/lws.sh): multi-node (PP > 1) serving
+# needs it. It starts once the control plane is up; if it cannot, `up` fails.
 #
 # Every address range the cluster hands out (ranges.sh: Service CIDRs, kwok's pod CIDR, the real
 # node's pods) is kept on this machine while the cluster is up: `up` registers the cluster with
@@ -45,6 +50,7 @@ REAL_NODE="${LLMOP_REAL_NODE:-auto}"
 NODE_SH="$HERE/node.sh"
 METRICS="${LLMOP_METRICS:-auto}"
 PIPELINE_SH="$HERE/../metrics/pipeline.sh"
+LWS_SH="$HERE/../lws/lws.sh"
 GUARD_SH="$HERE/egress-guard.sh"
 # shellcheck source=ranges.sh
 source "$HERE/ranges.sh"
@@ -77,6 +83,8 @@ pid_files() { compgen -G "$KWOK_WORKDIR/clusters/$NAME/pids/*.pid" || true; }
 # the pid files, and we fall back to those same pid files if it fails.
 teardown() {
   local bin
+  # The LeaderWorkerSet controller's host process (it talks to the API server).
+  "$LWS_SH" down "$WORK" || log "LeaderWorkerSet controller teardown failed"
   # The metrics pipeline's host processes (they scrape the node's pods).
   "$PIPELINE_SH" down "$WORK" || log "metrics pipeline teardown failed"
   # The real node first: it needs the cluster's state (and stops its pods' containers).
@@ -271,11 +279,20 @@ start_metrics() {
   }
 }
 
+start_lws() {
+  "$LWS_SH" up "$WORK" "$KUBECONFIG_FILE" || {
+    log "LeaderWorkerSet controller: FAILED to start (see the lines above)"
+    return 1
+  }
+}
+
 cmd_up() {
   mkdir -p "$STATE"
   reap_orphans
   local bin
   bin="$("$HERE/build.sh" | tail -n 1)"
+  # Built (or reused) before the control plane starts, so a cold build never runs beside it.
+  "$HERE/build-lws.sh" >/dev/null
   # kwokctl writes the cluster CA and its admin cert here before it starts the API server, which
   # presents that cert to kubelets (the real node trusts the CA); kwok manages only the fake nodes.
   local pki="$KWOK_WORKDIR/clusters/$NAME/pki" config
@@ -288,6 +305,7 @@ cmd_up() {
       "$GUARD_SH" up "$NAME" "$WORK"
       apply_nodes
       wait_ready
+      start_lws
       join_real_node
       start_metrics
       echo "$KUBECONFIG_FILE"
@@ -336,6 +354,7 @@ cmd_up() {
   kctl config use-context "kwok-$NAME" >/dev/null
   apply_nodes
   wait_ready
+  start_lws
   join_real_node
   start_metrics
   log "ready in $((SECONDS - start))s; kubeconfig: $KUBECONFIG_FILE"
@@ -368,13 +387,15 @@ cmd_status() {
   "$NODE_SH" status 2>/dev/null || true
   echo
   "$PIPELINE_SH" status "$WORK" || true
+  "$LWS_SH" status "$WORK" || true
   echo
   kctl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count \
     -o custom-columns='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GPU:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'
   echo
   local f pid total=0 rss
   printf '%-28s %8s %10s\n' PROCESS PID RSS_MIB
-  for f in $(pid_files); do
+  # The LeaderWorkerSet controller is one of the cluster's processes too.
+  for f in $(pid_files) $(compgen -G "$WORK/lws/lws-manager.pid" || true); do
     pid="$(cat "$f")"
     rss="$(awk '/^VmRSS:/ { print int($2 / 1024) }' "/proc/$pid/status" 2>/dev/null || echo 0)"
     total=$((total + rss))

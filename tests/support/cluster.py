@@ -36,6 +36,8 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO_ROOT / "e2e" / "cluster" / "cluster.sh"
 BUILD_SH = REPO_ROOT / "e2e" / "cluster" / "build.sh"
+# The LeaderWorkerSet controller every cluster runs (e2e/lws/lws.sh), built like the rest.
+BUILD_LWS_SH = REPO_ROOT / "e2e" / "cluster" / "build-lws.sh"
 
 # Generous: a cold start includes building the binaries (tens of minutes on 2 cores).
 _UP_TIMEOUT_S = 90 * 60
@@ -274,9 +276,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     capture = session.config.pluginmanager.getplugin("capturemanager")
     uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
     with uncaptured:
-        result = subprocess.run([str(BUILD_SH)], stdout=subprocess.DEVNULL, check=False)
-    if result.returncode != 0:
-        raise pytest.UsageError(f"{BUILD_SH} failed (exit {result.returncode})")
+        for script in (BUILD_SH, BUILD_LWS_SH):
+            result = subprocess.run([str(script)], stdout=subprocess.DEVNULL, check=False)
+            if result.returncode != 0:
+                raise pytest.UsageError(f"{script} failed (exit {result.returncode})")
 
 
 @pytest.fixture(scope="session")
