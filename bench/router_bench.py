@@ -406,7 +406,9 @@ def start_router(endpoints: Sequence[str]) -> tuple[subprocess.Popen[bytes], int
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(table, handle)
     argv = ["-m", "llmop_router", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    return start([*argv, "--static", handle.name]), port, handle.name
+    # No Service in front: stop at once on SIGTERM.
+    argv += ["--static", handle.name, "--shutdown-delay", "0"]
+    return start(argv), port, handle.name
 
 
 def start(argv: Sequence[str]) -> subprocess.Popen[bytes]:

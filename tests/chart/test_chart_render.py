@@ -306,7 +306,12 @@ def test_router_is_two_restricted_replicas_behind_its_service_reading_only() -> 
     assert pod["metadata"]["labels"]["app.kubernetes.io/name"] != "llmop-engine"
     (container,) = pod["spec"]["containers"]
     assert container["image"] == "ghcr.io/llmop/router:0.1.0"
-    assert container["args"] == ["serve", "--port", "8080"]
+    assert container["args"] == [
+        *("serve", "--port", "8080"),
+        *("--shutdown-delay", "5", "--drain", "60"),
+    ]
+    # The kubelet waits out the delay, the drain and the exit before it kills.
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 70
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -334,6 +339,15 @@ def test_router_is_two_restricted_replicas_behind_its_service_reading_only() -> 
     ]
     monitor = find(docs, "PodMonitor", "llmop-router")
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+
+
+def test_router_shutdown_timings_set_its_args_and_the_grace_period() -> None:
+    values = {"router": {"shutdownDelaySeconds": 10, "drainSeconds": 600}}
+    pod = find(render(values), "Deployment", "llmop-router")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--shutdown-delay") + 1] == "10"
+    assert args[args.index("--drain") + 1] == "600"
+    assert pod["terminationGracePeriodSeconds"] == 615
 
 
 def test_router_can_be_left_out() -> None:
@@ -447,7 +461,7 @@ def test_namespaced_install_binds_the_application_role_per_namespace() -> None:
     router_bindings = [d for d in docs if d["kind"] == "RoleBinding" and _router(d)]
     assert sorted(b["metadata"]["namespace"] for b in router_bindings) == ["team-a", "team-b"]
     router = find(docs, "Deployment", "llmop-router")["spec"]["template"]["spec"]["containers"][0]
-    assert router["args"] == ["serve", "--port", "8080", "--namespaces", "team-a,team-b"]
+    assert router["args"][-2:] == ["--namespaces", "team-a,team-b"]
     assert env_of(operator_container(docs))["LLMOP_NAMESPACES"] == "team-a,team-b"
 
 

@@ -5,8 +5,10 @@ installed with the chart's default values except the images' pull policy (nothin
 here), into a namespace that enforces Pod Security `restricted`. Its pods find their in-cluster
 config and reach the API server through the `kubernetes` Service, elect a leader, and reconcile
 the simulator sample into pods that answer through their Service and through the chart's router.
-Then the leader pod is deleted while the sample changes, the release is upgraded (the operator
-rolls, the engines do not) and uninstalled (the CRD, the CR and its serving pods stay).
+Under streaming load through the router's Service, one router pod is deleted (nothing lost) and
+one is killed (its streams in flight lost, new requests served by the other pod). Then the leader
+pod is deleted while the sample changes, the release is upgraded (the operator rolls, the engines
+do not) and uninstalled (the CRD, the CR and its serving pods stay).
 
 While this module runs, the session's host operator is stopped: two operators would both
 reconcile every namespace (their Leases live in different namespaces)."""
@@ -32,7 +34,16 @@ import yaml
 from support.cluster import create_namespace, wait_until
 from support.helm_release import CRD_NAME, adopt_crd
 from support.operator import REPO_ROOT
-from support.realnode import RealCluster, import_into_node, pod_ready, post_json, service_url
+from support.realnode import (
+    NODE_CONTAINERD,
+    BackgroundLoad,
+    RealCluster,
+    import_into_node,
+    pod_ready,
+    post_json,
+    service_url,
+    summary,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -47,6 +58,9 @@ IMAGE_VALUES: dict[str, Any] = {
     "router": {"image": {"pullPolicy": "Never"}},
 }
 FAILOVER_BOUND_S = 45
+ROUTER_PODS = "app.kubernetes.io/component=router"
+KILLED_ROUTER_BOUND_S = 10
+"""Requests sent this long after a router pod's process is killed all succeed (the other pod)."""
 METRICS_CONFIG = REPO_ROOT / "e2e" / "metrics" / "metrics_config.py"
 
 
@@ -79,6 +93,12 @@ class Install:
         lease = self.get("lease", LEASE, "-n", self.namespace)
         holder: str = lease["spec"].get("holderIdentity") or ""
         return holder.rpartition("_")[0]
+
+    def router_pods(self) -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = self.get("pods", "-n", self.namespace, "-l", ROUTER_PODS)[
+            "items"
+        ]
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
     def engine_pods(self) -> list[dict[str, Any]]:
         selector = f"app.kubernetes.io/instance={self.sample}"
@@ -228,6 +248,78 @@ def test_sample_applied_by_kubectl_answers_through_its_service_and_the_router(
         lambda: install.sample in _models(router), timeout=60, what="the router lists the sample"
     )
     _completion(router, install.sample)
+
+
+def _ready_routers(install: Install) -> list[dict[str, Any]] | None:
+    pods = install.router_pods()
+    return pods if len(pods) == 2 and all(map(pod_ready, pods)) else None
+
+
+def _router_load(router: str, model: str) -> BackgroundLoad:
+    # Short answers (16 tokens, ~0.3 s): many new connections a second, so a moment in which
+    # the Service still sends them to a router pod that stopped listening shows.
+    return BackgroundLoad(router, model=model, concurrency=8, duration=600, max_tokens=16).start()
+
+
+def test_a_router_pod_deleted_or_killed_under_load(install: Install) -> None:
+    """Streaming load through the router's Service while one router pod goes: deleted (SIGTERM)
+    it loses nothing; killed (SIGKILL) it loses what it had in flight, and new requests succeed
+    through the other pod once kube-proxy dropped the dead one."""
+    wait_until(lambda: _sample_ready(install), timeout=120, what="the sample Ready")
+    router = service_url(install.rc.cluster, install.namespace, f"{install.release}-router")
+    pods = wait_until(lambda: _ready_routers(install), timeout=60, what="2 Ready router pods")
+    wait_until(lambda: install.sample in _models(router), timeout=60, what="routed sample")
+
+    # Deleted the normal way: unready but answering for router.shutdownDelaySeconds while
+    # kube-proxy drops it, then its streams in flight finish.
+    load = _router_load(router, install.sample)
+    time.sleep(3)
+    victim = pods[0]["metadata"]["name"]
+    started = time.monotonic()
+    install.kubectl("delete", "pod", victim, "-n", install.namespace, "--wait=false")
+    wait_until(
+        lambda: (
+            install.kubectl("get", "pod", victim, "-n", install.namespace, check=False).returncode
+            != 0
+        ),
+        timeout=120,
+        what=f"router pod {victim} gone",
+    )
+    install.timings["router pod deleted → gone"] = time.monotonic() - started
+    pods = wait_until(lambda: _ready_routers(install), timeout=60, what="2 Ready router pods")
+    time.sleep(2)
+    result = load.stop()
+    print(f"router pod deleted under load: {summary(result)}")
+    assert result.total >= 20, summary(result)
+    assert result.lost == 0, summary(result)
+
+    # Killed: the streams it relayed break; new connections meet its closed port until the
+    # kubelet reports the container dead and kube-proxy drops the endpoint.
+    load = _router_load(router, install.sample)
+    time.sleep(3)
+    container = pods[0]["status"]["containerStatuses"][0]["containerID"].partition("://")[2]
+    killed = time.monotonic()
+    ctr = ("ctr", "--address", NODE_CONTAINERD, "-n", "k8s.io")
+    subprocess.run(
+        [*ctr, "tasks", "kill", "--signal", "SIGKILL", container], check=True, timeout=30
+    )
+    time.sleep(KILLED_ROUTER_BOUND_S + 5)
+    result = load.stop()
+    timeline = result.timeline
+    lost_in_flight = sum(1 for sent, _, outcome in timeline if sent < killed and outcome != "ok")
+    failed_after = [sent - killed for sent, _, ok in timeline if sent >= killed and ok != "ok"]
+    settled = [o for sent, _, o in timeline if sent >= killed + KILLED_ROUTER_BOUND_S]
+    last_failed = max(failed_after, default=0.0)
+    print(
+        f"router pod killed under load: {lost_in_flight} lost in flight, {len(failed_after)} "
+        f"requests sent after the kill failed, the last {last_failed:.2f} s after it; "
+        f"{summary(result)}"
+    )
+    install.timings["router pod killed → new requests all succeed"] = last_failed
+    assert len(settled) >= 10, summary(result)
+    assert settled == ["ok"] * len(settled), summary(result)
+    # The kubelet restarts the killed container; it is Ready once its watches listed again.
+    wait_until(lambda: _ready_routers(install), timeout=90, what="2 Ready router pods again")
 
 
 def _models(router: str) -> list[str]:

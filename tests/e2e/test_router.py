@@ -1,8 +1,9 @@
 """llmop-router in front of real engine pods on the real node: the same code as the router image,
-run here as a host process with the cluster's kubeconfig (pods on this local cluster cannot reach
-the API server yet, so the router pod waits for the `helm install` work). It watches the real
-EndpointSlices the cluster's controllers write, keeps each conversation on one pod (whose
-prefix cache then serves its later turns), and loses nothing while the pods roll."""
+run here as a host process with the cluster's kubeconfig. Pods on this cluster reach the API
+server too (tests/e2e/test_helm_install.py runs the chart's router pods and kills them under load);
+a host process is simply quicker to start and to read the log of. It watches the real
+EndpointSlices the cluster's controllers write, keeps each conversation on one pod (whose prefix
+cache then serves its later turns), and loses nothing while the pods roll or scale down."""
 
 from __future__ import annotations
 
@@ -65,7 +66,17 @@ def _pod_counters(endpoints: list[str]) -> dict[str, dict[str, float]]:
     return out
 
 
-def test_conversations_stay_on_one_pod_and_a_rollout_loses_nothing(
+def _table_lists_only(router: str, name: str, pods: list[dict[str, Any]]) -> bool | None:
+    """True once the router's endpoints of `name` are exactly the non-terminating `pods`."""
+    live = sorted(
+        f"{p['status']['podIP']}:8000"
+        for p in pods
+        if p["metadata"].get("deletionTimestamp") is None
+    )
+    return sorted(_routes(router).get(name, {}).get("endpoints", {})) == live or None
+
+
+def test_conversations_stay_on_one_pod_and_a_rollout_and_a_scale_down_lose_nothing(
     real_cluster: RealCluster, e2e_namespace: str, router: str
 ) -> None:
     ns, name = e2e_namespace, "routed"
@@ -134,15 +145,35 @@ def test_conversations_stay_on_one_pod_and_a_rollout_loses_nothing(
     assert result.lost == 0, summary(result)
     new_pods = real_cluster.pods(ns, names.selector_string(name))
     wait_until(
-        lambda: (
-            sorted(_routes(router).get(name, {}).get("endpoints", {}))
-            == sorted(
-                f"{p['status']['podIP']}:8000"
-                for p in new_pods
-                if p["metadata"].get("deletionTimestamp") is None
-            )
-            or None
-        ),
+        lambda: _table_lists_only(router, name, new_pods),
         timeout=60,
         what="the router's table follows the new pods",
+    )
+
+    # A scale-down under streaming load through the router: the leaving pods drop out of the
+    # table as they start terminating and finish what they serve; nothing lost.
+    load = BackgroundLoad(router, model=name, concurrency=8, duration=600).start()
+    time.sleep(3)
+    started = time.monotonic()
+    kit.apply_llmd(ns, name, real_node_spec(replicas=1, engine={"args": ["--sim-decode-ms", "21"]}))
+
+    def one_left() -> list[dict[str, Any]] | None:
+        pods = real_cluster.pods(ns, names.selector_string(name))
+        return pods if len(pods) == 1 else None
+
+    remaining = wait_until(
+        one_left,
+        timeout=120,
+        what="one engine pod left",
+    )
+    scaled = time.monotonic() - started
+    time.sleep(2)
+    result = load.stop()
+    print(f"router scale-down 3 → 1 (pods gone in {scaled:.1f}s): {summary(result)}")
+    assert result.total >= 20, summary(result)
+    assert result.lost == 0, summary(result)
+    wait_until(
+        lambda: _table_lists_only(router, name, remaining),
+        timeout=30,
+        what="the router's table lists only the remaining pod",
     )

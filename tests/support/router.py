@@ -23,6 +23,8 @@ def router_process(
                 *(sys.executable, "-m", "llmop_router", "serve"),
                 *("--host", "127.0.0.1", "--port", str(port)),
                 *("--kubeconfig", str(kubeconfig), *extra_args),
+                # Nothing routes by a Service to a test's router: it may stop at once.
+                *("--shutdown-delay", "0"),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -15,7 +15,13 @@ from aiohttp import web
 from llmop_router.discovery import Catalog
 from llmop_router.kube import ENDPOINT_SLICES, LLMDEPLOYMENTS, ApiServer, list_and_watch
 from llmop_router.routes import RouteTable
-from llmop_router.server import Router, static_table
+from llmop_router.server import (
+    DRAIN_SECONDS,
+    SHUTDOWN_DELAY_SECONDS,
+    Router,
+    serve,
+    static_table,
+)
 
 DEFAULT_PORT = 8080
 
@@ -34,13 +40,25 @@ def _event_loop_policy() -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="llmop-router", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve the OpenAI endpoint")
-    serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT)
-    source = serve.add_mutually_exclusive_group()
+    serving = sub.add_parser("serve", help="serve the OpenAI endpoint")
+    serving.add_argument("--host", default="0.0.0.0")
+    serving.add_argument("--port", type=int, default=DEFAULT_PORT)
+    serving.add_argument(
+        "--shutdown-delay",
+        type=float,
+        default=SHUTDOWN_DELAY_SECONDS,
+        help="seconds to keep serving, unready, after SIGTERM (until the Service drops the pod)",
+    )
+    serving.add_argument(
+        "--drain",
+        type=float,
+        default=DRAIN_SECONDS,
+        help="then, seconds the answers in flight get to finish before they are cut",
+    )
+    source = serving.add_mutually_exclusive_group()
     source.add_argument("--static", help="routing table from this JSON file (no watch)")
     source.add_argument("--kubeconfig", help="watch with this kubeconfig (default: in-cluster)")
-    serve.add_argument(
+    serving.add_argument(
         "--namespaces",
         default="",
         help="comma-separated namespaces to watch (default: every namespace)",
@@ -58,14 +76,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         router.app_hooks.append(
             lambda app: watching(app, router, api or ApiServer.in_cluster(), namespaces)
         )
-    # Handler cancellation on: a client that goes away cancels its upstream request at once.
-    web.run_app(
-        router.app(),
-        host=args.host,
-        port=args.port,
-        handler_cancellation=True,
-        access_log=None,
-        print=None,
+    asyncio.run(
+        serve(router, args.host, args.port, shutdown_delay=args.shutdown_delay, drain=args.drain)
     )
 
 

@@ -7,14 +7,20 @@ fails before the engine's first response byte (connection refused or reset, or 5
 engine) is retried once on a different pod; after the first byte nothing is retried (the client
 has part of an answer). A client that disconnects cancels the handler, which closes the upstream
 connection, which makes vLLM abort the request. Engine admin routes never pass (403).
+
+`serve` runs it until SIGTERM, then stops without refusing anyone: unready and still serving for
+a delay (the Service's proxies drop the terminating pod meanwhile), then no new connections while
+the answers in flight finish.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -55,6 +61,12 @@ HOP_BY_HOP = frozenset(
     }
 )
 RETRY_AFTER_SECONDS = "5"
+SHUTDOWN_DELAY_SECONDS = 5.0
+"""How long the router keeps serving, unready, after SIGTERM: kube-proxy (and any load balancer)
+drops a terminating endpoint only after the EndpointSlice update reaches it, and until then new
+connections still arrive (docs/router.md, "Router pods")."""
+DRAIN_SECONDS = 60.0
+"""After the delay, how long answers in flight may take to finish before they are cut."""
 
 
 def error(
@@ -84,6 +96,8 @@ class Router:
         self.metrics = metrics or RouterMetrics()
         self.connect_timeout = connect_timeout
         self.ready = False
+        self.draining = False
+        """Set on SIGTERM: unready, and every answer closes its connection."""
         self.app_hooks: list[Callable[[web.Application], None]] = []
         """Called with the app before it runs (the watch attaches itself here)."""
         self._session: aiohttp.ClientSession | None = None
@@ -103,7 +117,9 @@ class Router:
             await self._session.close()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(
+            client_max_size=64 * 1024 * 1024, middlewares=[self._close_when_draining]
+        )
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         app.router.add_get(MODELS_ROUTE, self.list_models)
@@ -118,13 +134,25 @@ class Router:
             hook(app)
         return app
 
+    @web.middleware
+    async def _close_when_draining(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        response = await handler(request)
+        if self.draining and not response.prepared:
+            response.force_close()
+        return response
+
     # -- small routes ---------------------------------------------------------------------
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
     async def readyz(self, _request: web.Request) -> web.Response:
-        return web.json_response({"ok": self.ready}, status=200 if self.ready else 503)
+        ready = self.ready and not self.draining
+        return web.json_response({"ok": ready}, status=200 if ready else 503)
 
     async def metrics_page(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain")
@@ -257,6 +285,10 @@ class Router:
             headers=forwarded_headers(upstream.headers),
         )
         response.headers["X-Accel-Buffering"] = "no"
+        if self.draining:
+            # `Connection: close`: the client's next request opens a new connection, which the
+            # Service sends to another router pod; a kept-alive one would stay on this one.
+            response.force_close()
         if upstream.content_length is not None:
             response.content_length = upstream.content_length
         await response.prepare(request)
@@ -269,6 +301,44 @@ class Router:
             # empty chunk): leaving here closes the upstream connection too.
             self.metrics.client_disconnects.inc()
         return response
+
+
+async def serve(
+    router: Router,
+    host: str,
+    port: int,
+    *,
+    shutdown_delay: float = SHUTDOWN_DELAY_SECONDS,
+    drain: float = DRAIN_SECONDS,
+    stop: asyncio.Event | None = None,
+    listening: Callable[[int], None] = lambda _port: None,
+) -> None:
+    """Serve until SIGTERM or SIGINT (or `stop` is set), then drain: unready and still serving
+    for `shutdown_delay` seconds, then the listener closes and answers in flight get up to
+    `drain` seconds to finish. `listening` is told the bound port (`port` 0: any free one)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    # Handler cancellation on: a client that goes away cancels its upstream request at once.
+    runner = web.AppRunner(
+        router.app(), handler_cancellation=True, access_log=None, shutdown_timeout=drain
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        listening(runner.addresses[0][1])
+        await stop.wait()
+        router.draining = True
+        log.info("stopping: unready, serving %.1f s more, then draining", shutdown_delay)
+        await asyncio.sleep(shutdown_delay)
+        in_flight = sum(router.table.in_flight.values())
+        log.info("no new connections; %d answers in flight get %.0f s to finish", in_flight, drain)
+    finally:
+        await runner.cleanup()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
 
 
 def static_table(path: str) -> RouteTable:

@@ -99,6 +99,8 @@ class LoadResult:
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
     """Seconds from sending a request to its first streamed token (requests that got one)."""
+    timeline: list[tuple[float, float, str]] = field(default_factory=list)
+    """(sent, ended, outcome) of every request, in `time.monotonic()` seconds: what failed when."""
 
     @property
     def total(self) -> int:
@@ -217,6 +219,7 @@ async def run_clients(
             outcome, reason = await stream_completion(
                 http, backend.api_url, model, max_tokens, result.ttfts
             )
+            result.timeline.append((started, time.monotonic(), outcome))
             if outcome == "ok":
                 result.ok += 1
                 result.latencies.append(time.monotonic() - started)
