@@ -230,7 +230,10 @@ async def drive(workload: Workload, pick: Callable[[], str], seconds: float) -> 
                     if time.monotonic() >= deadline:
                         return
                     messages.append(
-                        {"role": "user", "content": f"user {n} turn {turn}: " + text(rng, 400)}
+                        {
+                            "role": "user",
+                            "content": f"user {n} turn {turn}: " + text(rng, USER_CHARS),
+                        }
                     )
                     reply = await one(client, pick(), messages, served)
                     messages.append({"role": "assistant", "content": reply})
