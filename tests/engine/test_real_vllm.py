@@ -542,16 +542,28 @@ class TestNoMetricsApiKey:
                     lives.append((round(time.monotonic() - started, 1), code, body))
                     probes.append(str((await status(http, engine))["lastDeepProbe"]))
                     await asyncio.sleep(0.5)
+                # How the streams ended before the window did (a deep probe can only queue
+                # behind streams that still run): status, events and error of each.
+                ended = sorted(
+                    f"{r.status}/{r.events}/{r.error[:60]}"
+                    for t in streams
+                    if t.done() and not t.cancelled() and (r := t.result()) is not None
+                )
                 for t in streams:
                     t.cancel()
                 await asyncio.gather(*streams, return_exceptions=True)
-            return lives, probes, engine.log_tail(10**9)[log_from:].splitlines()
+            return (
+                lives,
+                [*probes, f"streams ended early: {ended}"],
+                engine.log_tail(10**9)[log_from:].splitlines(),
+            )
 
         lives, probes, log_lines = asyncio.run(scenario())
         timeouts = [line for line in log_lines if PROBE_TIMED_OUT in line]
         print(
             f"\nno metrics, saturated {window:.0f}s: {len(lives)} liveness checks; "
-            f"{len(timeouts)} deep probes timed out (agent's log); last status {probes[-1]}"
+            f"{len(timeouts)} deep probes timed out (agent's log); last status {probes[-2]}; "
+            f"{probes[-1]}"
         )
         assert timeouts, probes  # the probe did queue behind real work
         # Printed, not asserted: vLLM's API server under these 24 streams left /health
