@@ -122,6 +122,22 @@ CASES: list[tuple[str, Mutation, str, str]] = [
         "spec.engine.tensorParallelSize",
     ),
     (
+        "pp-needs-tp-equal-gpus",
+        _all(
+            _set("spec.resources.gpus", 8),
+            _set("spec.engine.tensorParallelSize", 4),
+            _set("spec.engine.pipelineParallelSize", 2),
+        ),
+        "pipelineParallelSize above 1 needs spec.engine.tensorParallelSize",
+        "spec.engine.pipelineParallelSize",
+    ),
+    (
+        "pp-bounds",
+        _set("spec.engine.pipelineParallelSize", 65),
+        "spec.engine.pipelineParallelSize",
+        "spec.engine.pipelineParallelSize",
+    ),
+    (
         "cpu-engine-needs-memory",
         _all(_set("spec.engine.backend", "vllm"), _set("spec.resources.gpus", 0)),
         "is required for a CPU engine",
@@ -162,6 +178,12 @@ CASES: list[tuple[str, Mutation, str, str]] = [
     ),
     ("name-length", _set("metadata.name", "a" * 51), "at most 50 characters", "metadata.name"),
     ("name-dns-label", _set("metadata.name", "x.y"), "must start with a letter", "metadata.name"),
+    (
+        "inference-pool-picker-name",
+        _set("spec.router.inferencePool", {"endpointPickerRef": {"name": "EPP_1", "port": 9002}}),
+        "endpointPickerRef.name must be the name",
+        "spec.router.inferencePool.endpointPickerRef.name",
+    ),
 ]
 
 
@@ -219,6 +241,24 @@ def test_valid_object_is_accepted(llmop_crd: Cluster) -> None:
     # Defaults come from the CRD schema, not from the operator.
     assert created["spec"]["engine"]["gpuMemoryUtilization"] == 0.9
     assert created["spec"]["rollout"]["maxSurge"] == 1
+    assert created["spec"]["engine"]["pipelineParallelSize"] == 1
+
+
+@pytest.mark.parametrize(
+    ("gpus", "tp"), [(8, 8), (8, None), (0, None)], ids=["tp-equals-gpus", "tp-unset", "no-gpus"]
+)
+def test_pipeline_parallel_object_is_accepted(
+    llmop_crd: Cluster, gpus: int, tp: int | None
+) -> None:
+    obj = valid()
+    obj["spec"]["resources"]["gpus"] = gpus
+    obj["spec"]["engine"]["pipelineParallelSize"] = 2
+    if tp is not None:
+        obj["spec"]["engine"]["tensorParallelSize"] = tp
+    result = llmop_crd.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(obj)
+    )
+    assert json.loads(result.stdout)["spec"]["engine"]["pipelineParallelSize"] == 2
 
 
 @pytest.mark.parametrize(

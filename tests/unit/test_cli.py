@@ -95,6 +95,37 @@ def test_plan_of_a_model_bigger_than_a_node_prints_no_negative_size_nor_an_impos
     assert all(value >= 0 for value in plan.values() if isinstance(value, int | float))
 
 
+def test_plan_of_405b_suggests_two_pods_and_shows_pods_per_replica() -> None:
+    spec: dict[str, object] = {
+        "model": {"name": "meta-llama/Llama-3.1-405B-Instruct"},
+        "resources": {"gpus": 8, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+    }
+    table = llmop("plan", "-f", "-", stdin=manifest("huge", spec))
+    assert "try: engine.pipelineParallelSize: 2 with engine.tensorParallelSize: 8" in table.stdout
+    spec["engine"] = {"pipelineParallelSize": 2}
+    table = llmop("plan", "-f", "-", stdin=manifest("huge", spec))
+    assert table.returncode == 0, table.stdout
+    assert "pods per replica   2 (pipeline parallel, 16 GPUs per replica)" in table.stdout
+    as_json = llmop("plan", "-f", "-", "-o", "json", stdin=manifest("huge", spec))
+    (plan,) = json.loads(as_json.stdout)
+    assert plan["podsPerReplica"] == 2
+    assert plan["fits"] is True
+
+
+def test_render_prints_a_leader_worker_set_for_pipeline_parallel() -> None:
+    spec = {
+        "model": {"name": "meta-llama/Llama-3.1-405B-Instruct"},
+        "resources": {"gpus": 8, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+        "engine": {"pipelineParallelSize": 2},
+        "replicas": 2,
+    }
+    result = llmop("render", "-f", "-", stdin=manifest("huge", spec))
+    assert result.returncode == 0, result.stderr
+    docs = list(yaml.safe_load_all(result.stdout))
+    assert [doc["kind"] for doc in docs] == ["Service", "LeaderWorkerSet", "PodDisruptionBudget"]
+    assert docs[1]["spec"]["leaderWorkerTemplate"]["size"] == 2
+
+
 def test_bad_input_is_a_clear_error() -> None:
     missing = llmop("plan", "-f", "does-not-exist.yaml")
     assert missing.returncode == 2

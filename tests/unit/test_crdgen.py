@@ -189,6 +189,22 @@ CEL_CASES = [
         "tensorParallelSize",
     ),
     ("valid-tp", spec(resources={"gpus": 4}, engine={"tensorParallelSize": 2}), None),
+    (
+        "pp-with-tp-below-gpus",
+        spec(resources={"gpus": 8}, engine={"tensorParallelSize": 4, "pipelineParallelSize": 2}),
+        "pipelineParallelSize",
+    ),
+    (
+        "pp-with-tp-equal-gpus",
+        spec(resources={"gpus": 8}, engine={"tensorParallelSize": 8, "pipelineParallelSize": 2}),
+        None,
+    ),
+    ("pp-with-tp-unset", spec(resources={"gpus": 8}, engine={"pipelineParallelSize": 2}), None),
+    (
+        "pp-without-gpus",
+        spec(resources={"gpus": 0}, engine={"backend": "simulator", "pipelineParallelSize": 2}),
+        None,
+    ),
     # vLLM's CPU build: allowed, with the memory that bounds weights + KV cache + runtime.
     ("cpu-vllm-without-memory", spec(resources={"gpus": 0}), "spec.resources.memory"),
     ("cpu-vllm-with-memory", spec(resources={"gpus": 0, "memory": "16Gi"}), None),

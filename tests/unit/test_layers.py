@@ -8,9 +8,9 @@ independent may not import each other even within a layer. Imports inside functi
 Operator: api < planner < foundation < sizing | render < desired < status | plan | events
           | preflight < cache_gate < config | kube | metrics | hub | engine_client | persistence
           < reconcile < fleet | leader | router_check | pool_check < handlers | main < cli
-Engine:   contract < vllm_metrics | simulator < health | settings | download_progress
-          < supervisor | engine_client | agent_metrics | probe_server | drain | download < agent
-          < cli
+Engine:   contract < vllm_metrics | simulator < health | settings | download_progress | worker
+          < supervisor | engine_client | agent_metrics | probe_server | drain | download
+          < agent | worker_agent < cli
 """
 
 from __future__ import annotations
@@ -71,7 +71,12 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("llmop_engine.contract",),
     ("llmop_engine.connection_close",),
     ("llmop_engine.vllm_metrics", "llmop_engine.simulator"),
-    ("llmop_engine.health", "llmop_engine.settings", "llmop_engine.download_progress"),
+    (
+        "llmop_engine.health",
+        "llmop_engine.settings",
+        "llmop_engine.download_progress",
+        "llmop_engine.worker",
+    ),
     (
         "llmop_engine.supervisor",
         "llmop_engine.engine_client",
@@ -80,7 +85,7 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_engine.drain",
         "llmop_engine.download",
     ),
-    ("llmop_engine.agent",),
+    ("llmop_engine.agent", "llmop_engine.worker_agent"),
     ("llmop_engine.cli", "llmop_engine.__main__"),
 )
 ENGINE_INDEPENDENT = (

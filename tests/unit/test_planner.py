@@ -21,7 +21,13 @@ from llmop.planner import (
     round_max_model_len,
     suggest_fixes,
 )
-from llmop.planner.capacity import CUDA_GRAPH_GIB, NCCL_GIB
+from llmop.planner.capacity import (
+    CUDA_GRAPH_GIB,
+    NCCL_GIB,
+    REASON_INVALID_PP,
+    kv_layers_per_stage,
+    stage_parameters,
+)
 
 
 def _gpu(product: str) -> GPUProduct:
@@ -313,7 +319,9 @@ def test_a_model_bigger_than_one_node_gets_no_impossible_gpu_count_and_no_negati
     assert f"short by {plan.shortfall_gib_per_gpu:.2f} GiB" in plan.message
     assert "one node (8 GPUs)" in plan.message
     assert not any("tensorParallelSize: 16" in s for s in plan.suggestions), plan.suggestions
-    assert plan.suggestions[0].startswith("engine.quantization: fp8")
+    # More hardware (two nodes per replica) comes before quantized weights, as TP does.
+    assert plan.suggestions[0].startswith("engine.pipelineParallelSize: 2")
+    assert plan.suggestions[1].startswith("engine.quantization: fp8")
 
 
 @pytest.mark.parametrize(("node_gpus", "suggested"), [(4, None), (8, 8), (16, 8)])
@@ -338,3 +346,69 @@ def test_kv_too_small_says_by_how_much() -> None:
     needed = 131_072 * plan.kv_bytes_per_token / 2**30
     assert plan.shortfall_gib_per_gpu == pytest.approx(needed - plan.kv_cache_gib_per_gpu, abs=0.01)
     assert f"({plan.shortfall_gib_per_gpu:.2f} GiB/GPU more)" in plan.message
+
+
+# --- Pipeline parallelism (pods per replica) -----------------------------------------------
+
+DEEPSEEK_R1 = _arch("deepseek-ai/DeepSeek-R1")
+
+
+@pytest.mark.parametrize(
+    ("arch", "quantization", "pods"),
+    [
+        (LLAMA_405B, None, 2),  # BF16 756 GiB: two nodes of 8 H100s
+        (LLAMA_405B, "fp8", 1),  # FP8 fits one node: no pipeline suggestion
+        (DEEPSEEK_R1, None, 2),  # its FP8 checkpoint, 671B: two nodes
+    ],
+    ids=["405b-bf16", "405b-fp8", "deepseek-r1-fp8"],
+)
+def test_models_bigger_than_one_node_get_the_fewest_pods_at_tp_8(
+    arch: ModelArchitecture, quantization: str | None, pods: int
+) -> None:
+    request = _h100(arch, tensor_parallel_size=8, quantization=quantization)
+    plan = plan_capacity(request)
+    pipeline = [s for s in plan.suggestions if s.startswith("engine.pipelineParallelSize")]
+    if pods == 1:
+        assert plan.fits, plan.message
+        assert pipeline == []
+        return
+    assert not plan.fits
+    assert pipeline == [
+        f"engine.pipelineParallelSize: {pods} with engine.tensorParallelSize: 8 and "
+        f"resources.gpus: 8 ({pods} pods × 8 GPUs per replica)"  # noqa: RUF001
+    ]
+    # And the suggested shape does fit.
+    assert plan_capacity(replace(request, pipeline_parallel_size=pods)).fits
+
+
+def test_pipeline_stages_split_weights_and_kv_layers() -> None:
+    one = plan_capacity(_h100(LLAMA_405B, tensor_parallel_size=8))
+    two = plan_capacity(_h100(LLAMA_405B, tensor_parallel_size=8, pipeline_parallel_size=2))
+    three = plan_capacity(_h100(LLAMA_405B, tensor_parallel_size=8, pipeline_parallel_size=3))
+    # Two stages: each holds half the layers plus the embedding or the LM head, i.e. half.
+    assert two.weights_gib_per_gpu == pytest.approx(one.weights_gib_per_gpu / 2)
+    # Three: the first stage holds a third of the body plus the embedding, more than a third.
+    embedding = 128256 * 128 * 128
+    assert stage_parameters(LLAMA_405B, 3) == pytest.approx(
+        (LLAMA_405B.parameters - 2 * embedding) / 3 + embedding
+    )
+    assert three.weights_gib_per_gpu > one.weights_gib_per_gpu / 3
+    # KV per token: ceil(126 / 2) = 63 and ceil(126 / 3) = 42 layers of 126, per TP rank.
+    assert kv_layers_per_stage(LLAMA_405B, 2) == 63
+    assert kv_layers_per_stage(LLAMA_405B, 4) == 32
+    assert two.kv_bytes_per_token * 2 == one.kv_bytes_per_token
+    assert three.kv_bytes_per_token * 3 == one.kv_bytes_per_token
+    assert two.fits
+    assert "2 pods x 8x" in two.message
+
+
+def test_pipeline_parallel_size_must_not_exceed_the_layers() -> None:
+    arch = ModelArchitecture(
+        parameters=1000, layers=2, kv_heads=2, head_dim=64, max_position_embeddings=4096
+    )
+    plan = plan_capacity(_h100(arch, pipeline_parallel_size=3))
+    assert plan.reason == REASON_INVALID_PP
+    assert "exceeds the 2 layers" in plan.message
+    assert plan_capacity(_h100(arch, pipeline_parallel_size=2)).fits
+    with pytest.raises(ValueError, match="pipeline_parallel_size"):
+        plan_capacity(_h100(arch, pipeline_parallel_size=0))

@@ -34,6 +34,10 @@ def _run(argv: Sequence[str]) -> int:
 
     settings = parse_run_args(argv, os.environ)
     _setup_logging("agent")
+    if settings.role == "worker":
+        from llmop_engine.worker_agent import run as run_worker
+
+        return run_worker(settings)
     return run_agent(settings)
 
 

@@ -36,6 +36,10 @@ Backend = Literal["vllm", "simulator"]
 BACKENDS: Final[tuple[Backend, ...]] = ("vllm", "simulator")
 """Engines the agent can launch (`--backend`, `LLMOP_BACKEND`)."""
 
+Role = Literal["leader", "worker"]
+"""The agent's part in a multi-node group (`--role`, `LLMOP_ROLE`): `leader` serves the API (a
+single-pod engine is a leader), `worker` supervises a headless rank (`vllm serve --headless`)."""
+
 
 class EngineFlag:
     """vLLM flags the renderer writes after `--` and the agent reads back from there."""
@@ -50,6 +54,15 @@ class EngineFlag:
     """Makes vLLM's `GET /load` count in-flight HTTP requests: the agent's drain waits on it."""
     MIDDLEWARE: Final = "--middleware"
     """An extra ASGI middleware by import path: the agent adds `CLOSE_ON_DRAIN_MIDDLEWARE`."""
+    MASTER_ADDR: Final = "--master-addr"
+    """Multi-node (`--nnodes`): the leader's address; a worker agent watches its rendezvous."""
+    MASTER_PORT: Final = "--master-port"
+
+
+MASTER_PORT: Final = 29501
+"""vLLM's default `--master-port` (0.32): the leader's rendezvous (torch TCPStore)."""
+MASTER_ADDR: Final = "127.0.0.1"
+"""vLLM's default `--master-addr`."""
 
 
 class DownloadFlag:
@@ -202,6 +215,13 @@ class AgentSettings:
         flag="--backend",
         env="LLMOP_BACKEND",
         help="engine to launch (the simulator image sets `simulator`)",
+    )
+    role: Role = setting(
+        "leader",
+        flag="--role",
+        env="LLMOP_ROLE",
+        help="part in a multi-node group: `leader` serves the API (single-pod engines too), "
+        "`worker` supervises a headless rank and watches the leader's rendezvous port",
     )
     api_port: int = setting(API_PORT, flag="--port", help="engine API port (`service.port`)")
     probe_port: int = setting(PROBE_PORT, flag="--probe-port", help="agent probe port")

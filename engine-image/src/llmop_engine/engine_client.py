@@ -5,6 +5,7 @@ one-token deep probe. Every call has its own timeout and never raises; results a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import aiohttp
@@ -154,3 +155,16 @@ class EngineClient:
         if finish in ("abort", "error"):
             return ProbeResult(started, time.monotonic(), False, f"finish_reason={finish}")
         return ProbeResult(started, time.monotonic(), True)
+
+
+async def reachable(host: str, port: int, timeout: float) -> bool:
+    """Whether a TCP connection to `host:port` opens within `timeout` (a worker's look at its
+    leader's rendezvous port; nothing is sent)."""
+    try:
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError, TimeoutError):
+        await asyncio.wait_for(writer.wait_closed(), timeout)
+    return True

@@ -133,6 +133,7 @@ def _plan_json(llmd: LLMDeployment, result: sizing.SizingResult) -> dict[str, An
     if plan is not None:
         body |= {
             "tensorParallelSize": llmd.spec.tensor_parallel_size,
+            "podsPerReplica": llmd.spec.pipeline_parallel_size,
             "weightsGiBTotal": round(plan.weights_gib_total, 2),
             "weightsGiBPerGPU": round(plan.weights_gib_per_gpu, 2),
             "overheadGiBPerGPU": round(plan.overhead_gib_per_gpu, 2),
@@ -161,8 +162,10 @@ def _plan_table(llmd: LLMDeployment, result: sizing.SizingResult) -> str:
         lines.append(f"  not planned: {result.message}")
         return "\n".join(lines) + "\n\n"
     tp = llmd.spec.tensor_parallel_size
+    pods = llmd.spec.pipeline_parallel_size
     rows = [
         ("GPU memory", f"{result.gpu_memory_gib:.2f} GiB x {tp} (tensor parallel)"),
+        ("pods per replica", f"{pods} (pipeline parallel, {pods * tp} GPUs per replica)"),
         ("weights", f"{plan.weights_gib_total:.2f} GiB ({plan.weights_gib_per_gpu:.2f} per GPU)"),
         ("runtime overhead", f"{plan.overhead_gib_per_gpu:.2f} GiB per GPU"),
         ("KV cache", _kv_cache_cell(plan)),

@@ -30,7 +30,7 @@ class DesiredState:
         """The rendered pod template's hash (None when nothing is rendered)."""
         if self.children is None:
             return None
-        annotations = self.children.deployment["metadata"].get("annotations") or {}
+        annotations = self.children.workload["metadata"].get("annotations") or {}
         value = annotations.get(names.ANNOTATION_TEMPLATE_HASH)
         return value if isinstance(value, str) else None
 

@@ -72,14 +72,33 @@ INFERENCE_POOL = ChildKind(
 absent, and kopf warns forever about a watched kind nobody serves); the parent path knows it
 exists from status.inferencePool, which is what makes removing the field delete it."""
 
+LEADER_WORKER_SET = ChildKind(
+    "leaderworkerset.x-k8s.io/v1",
+    "LeaderWorkerSet",
+    "leaderworkersets",
+    watched=False,
+)
+"""The workload of a multi-node replica (spec.engine.pipelineParallelSize > 1) instead of the
+Deployment. Not watched (the LWS CRD may be absent, like the InferencePool's). Like the
+Deployment, not deleted by the plan: changing pipelineParallelSize between 1 and more leaves the
+other workload behind (not built yet)."""
+
 PVC = ChildKind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", watched=False, read=True)
 """The model cache claim (spec.model.cache): applied when the operator creates it, read for the
 capacity of an existing one."""
 JOB = ChildKind("batch/v1", "Job", "jobs", read=True)
 """The model download Job: watched, so its completion starts the engine pods at once."""
 
-CHILDREN: tuple[ChildKind, ...] = (SERVICE, DEPLOYMENT, PDB, HPA, SERVICE_MONITOR, INFERENCE_POOL)
-"""Every child kind, in apply order (an HPA after its target Deployment)."""
+CHILDREN: tuple[ChildKind, ...] = (
+    SERVICE,
+    DEPLOYMENT,
+    LEADER_WORKER_SET,
+    PDB,
+    HPA,
+    SERVICE_MONITOR,
+    INFERENCE_POOL,
+)
+"""Every child kind, in apply order (an HPA after its target workload)."""
 WATCHED: tuple[ChildKind, ...] = tuple(kind for kind in CHILDREN if kind.watched)
 """Child kinds the operator watches."""
 

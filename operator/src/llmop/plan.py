@@ -195,7 +195,7 @@ def plan_children(
         return ChildPlan()
     reference = owner_reference(parent)
     considered = [k for k in (kinds.CHILDREN if only is None else (only,)) if k not in unserved]
-    metadata = children.deployment["metadata"]
+    metadata = children.workload["metadata"]
     unwanted = set(children.unwanted())
     deletes = tuple(
         Delete(kind, metadata["namespace"], metadata["name"], f"{kind.kind}: delete (not wanted)")

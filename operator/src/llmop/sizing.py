@@ -148,6 +148,7 @@ def plan_for(spec: LLMDeploymentSpec) -> SizingResult:
             architecture=architecture,
             gpu_memory_gib=gpu_memory,
             tensor_parallel_size=spec.tensor_parallel_size,
+            pipeline_parallel_size=spec.pipeline_parallel_size,
             dtype=engine.dtype,
             quantization=None if engine.quantization == "none" else engine.quantization,
             kv_cache_dtype=engine.kv_cache_dtype,

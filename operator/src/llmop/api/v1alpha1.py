@@ -338,6 +338,11 @@ class EngineSpec(ApiModel):
     tensor_parallel_size: int | None = Field(default=None, ge=1, le=64)
     """GPUs one model replica is split across (`--tensor-parallel-size`); defaults to
     `resources.gpus` and must divide it."""
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
+    """Pods one model replica is split across (`--pipeline-parallel-size`), each with
+    `resources.gpus` GPUs, for models bigger than one node. 1 (the default) is one pod per
+    replica. Above 1 needs `tensorParallelSize` unset or equal to `resources.gpus` (both
+    backends, vllm and simulator, take it; `resources.gpus: 0` is allowed)."""
     speculative: SpeculativeSpec | None = None
     """Speculative decoding (`--speculative-config`)."""
     args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=128)
@@ -631,6 +636,15 @@ class LLMDeploymentSpec(ApiModel):
                     ".engine.tensorParallelSize",
                 ),
                 cel(
+                    "!has(self.engine.pipelineParallelSize) || self.engine.pipelineParallelSize "
+                    "== 1 || !has(self.engine.tensorParallelSize) "
+                    "|| self.engine.tensorParallelSize == self.resources.gpus",
+                    "spec.engine.pipelineParallelSize above 1 needs spec.engine.tensorParallelSize "
+                    "unset or equal to spec.resources.gpus: each pod of a replica holds one "
+                    "pipeline stage on all its GPUs",
+                    ".engine.pipelineParallelSize",
+                ),
+                cel(
                     "self.engine.backend == 'simulator' || self.resources.gpus >= 1 "
                     "|| has(self.resources.memory)",
                     "spec.resources.memory is required for a CPU engine (backend vllm with "
@@ -681,6 +695,11 @@ class LLMDeploymentSpec(ApiModel):
         """TP degree: explicit, else every GPU of the pod (at least 1). Planner and renderer
         both read it here, so planning does not import rendering."""
         return self.engine.tensor_parallel_size or max(1, self.resources.gpus)
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        """PP degree: pods per replica (1 = one pod)."""
+        return self.engine.pipeline_parallel_size
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]

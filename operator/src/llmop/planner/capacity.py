@@ -5,6 +5,7 @@ Pure functions: values in, values out. The model follows how vLLM sizes its KV c
 
     requested   = GPU memory x gpu_memory_utilization          (vLLM request_memory())
     weights     = parameters x bytes/param / TP                 (per GPU)
+                  with PP > 1 stages: (body / PP + one vocab x hidden matrix) / TP
     overhead    = non-torch + activation peak + CUDA graphs     (per GPU)
     KV memory   = requested - weights - overhead
     KV tokens   = ⌊KV memory / (block_size x KV bytes per token per GPU)⌋ x block_size
@@ -81,6 +82,7 @@ REASON_FITS = "Fits"
 REASON_WEIGHTS = "WeightsExceedMemory"
 REASON_KV = "KVCacheTooSmall"
 REASON_INVALID_TP = "InvalidTensorParallelSize"
+REASON_INVALID_PP = "InvalidPipelineParallelSize"
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ class PlanRequest:
     gpu_memory_gib: float
     """Total memory of one GPU as torch reports it (see gpus.py)."""
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    """Pods (pipeline stages) per replica, each with tensor_parallel_size GPUs."""
     dtype: str = "auto"
     quantization: str | None = None
     """None → the checkpoint's own (``architecture.default_quantization``)."""
@@ -164,16 +168,44 @@ def kv_bytes_per_token_per_gpu(
     return int(2 * arch.layers * heads_per_rank * arch.head_dim * kv_element_bytes)
 
 
+def kv_layers_per_stage(arch: ModelArchitecture, pipeline_parallel_size: int) -> int:
+    """Layers the fullest pipeline stage holds: vLLM splits them as evenly as it can."""
+    return -(-arch.layers // pipeline_parallel_size)
+
+
+def _embedding_params(arch: ModelArchitecture) -> int:
+    """Parameters of one vocab x hidden matrix (the embedding, or the untied LM head). hidden is
+    heads x head_dim where the catalog has both (Llama, Qwen); 0 otherwise (MLA models, where
+    it is under 1 % of the weights), which spreads those weights over the stages."""
+    if arch.is_mla or arch.attention_heads is None:
+        return 0
+    return (arch.vocab_size or DEFAULT_VOCAB) * arch.attention_heads * arch.head_dim
+
+
+def stage_parameters(arch: ModelArchitecture, pipeline_parallel_size: int) -> float:
+    """Parameters of the heaviest pipeline stage. The first stage carries the embedding and the
+    last the LM head, each on top of its share of the layers, so it is the body's share plus one
+    vocab x hidden matrix; with one stage it is all of them."""
+    if pipeline_parallel_size == 1:
+        return float(arch.parameters)
+    embedding = min(_embedding_params(arch), arch.parameters // 2)
+    body = arch.parameters - 2 * embedding
+    return body / pipeline_parallel_size + embedding
+
+
 def _fmt_gib(value: float) -> str:
     return f"{value:.2f} GiB"
 
 
-def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: PLR0915
+def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
     """Plan without suggestions (the suggestion search calls this repeatedly)."""
     arch = request.architecture
     tp = request.tensor_parallel_size
+    pp = request.pipeline_parallel_size
     if tp < 1:
         raise ValueError("tensor_parallel_size must be at least 1")
+    if pp < 1:
+        raise ValueError("pipeline_parallel_size must be at least 1")
     if request.gpu_memory_gib <= 0:
         raise ValueError("gpu_memory_gib must be positive")
     if not 0 < request.gpu_memory_utilization <= 1:
@@ -191,14 +223,16 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: PLR0915
 
     bytes_per_param = weight_bytes_per_param(request.dtype, quantization, arch.dtype)
     weights_total = arch.parameters * bytes_per_param / GIB
-    weights_per_gpu = weights_total / tp
+    weights_per_gpu = stage_parameters(arch, pp) * bytes_per_param / GIB / tp
 
     kv_element = kv_cache_bytes_per_element(request.kv_cache_dtype, request.dtype, arch.dtype)
-    kv_per_token = kv_bytes_per_token_per_gpu(arch, tp, kv_element)
+    # Each stage keeps KV only for its own layers.
+    stage_arch = replace(arch, layers=kv_layers_per_stage(arch, min(pp, arch.layers)))
+    kv_per_token = kv_bytes_per_token_per_gpu(stage_arch, tp, kv_element)
 
     vocab = arch.vocab_size or DEFAULT_VOCAB
     activation = ACTIVATION_BASE_GIB + batched_tokens * vocab * LOGITS_BYTES / GIB
-    non_torch = NON_TORCH_GIB + (NCCL_GIB if tp > 1 else 0.0)
+    non_torch = NON_TORCH_GIB + (NCCL_GIB if tp * pp > 1 else 0.0)
     graphs = 0.0 if request.enforce_eager else CUDA_GRAPH_GIB
     overhead = activation + non_torch + graphs
 
@@ -213,6 +247,8 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: PLR0915
     shortfall = max(0.0, needed_kv_gib - kv_gib)
 
     where = f"{tp}x {request.gpu_product or 'GPU'} ({request.gpu_memory_gib:.2f} GiB each)"
+    if pp > 1:
+        where = f"{pp} pods x {where}"
     model = arch.name or "the model"
     numbers = (
         f"weights {_fmt_gib(weights_per_gpu)}/GPU, runtime overhead {_fmt_gib(overhead)}/GPU, "
@@ -220,7 +256,14 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: PLR0915
         f"{request.gpu_memory_utilization:g}"
     )
     heads = arch.attention_heads
-    if heads is not None and heads % tp != 0:
+    if pp > arch.layers:
+        reason = REASON_INVALID_PP
+        fits = False
+        message = (
+            f"pipelineParallelSize {pp} exceeds the {arch.layers} layers of {model}; each "
+            "pipeline stage needs at least one layer."
+        )
+    elif heads is not None and heads % tp != 0:
         reason = REASON_INVALID_TP
         fits = False
         message = (
@@ -264,7 +307,9 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: PLR0915
         fits=fits,
         reason=reason,
         message=message,
-        shortfall_gib_per_gpu=0.0 if reason in (REASON_FITS, REASON_INVALID_TP) else shortfall,
+        shortfall_gib_per_gpu=(
+            0.0 if reason in (REASON_FITS, REASON_INVALID_TP, REASON_INVALID_PP) else shortfall
+        ),
     )
 
 
@@ -319,6 +364,28 @@ def _tensor_parallel_sizes(request: PlanRequest) -> list[int]:
     ]
 
 
+MAX_SUGGESTED_PIPELINE_PARALLEL = 8
+"""Most pods per replica the planner proposes on its own (the CRD allows 64)."""
+
+
+def _pipeline_fix(request: PlanRequest, sizes: list[int]) -> str | None:
+    """When no TP on one node holds the model, the fewest pods (PP) with TP = a whole node."""
+    if request.pipeline_parallel_size > 1 or not sizes:
+        return None
+    node_tp = max(sizes)
+    if _plan_core(replace(request, tensor_parallel_size=node_tp)).fits:
+        return None
+    for pp in range(2, min(MAX_SUGGESTED_PIPELINE_PARALLEL, request.architecture.layers) + 1):
+        text = (
+            f"engine.pipelineParallelSize: {pp} with engine.tensorParallelSize: {node_tp} and "
+            f"resources.gpus: {node_tp} ({pp} pods × {node_tp} GPUs per replica)"  # noqa: RUF001
+        )
+        changed = replace(request, tensor_parallel_size=node_tp, pipeline_parallel_size=pp)
+        if _plan_core(changed).fits:
+            return text
+    return None
+
+
 def suggest_fixes(request: PlanRequest, limit: int = 5) -> tuple[str, ...]:  # noqa: C901, PLR0912
     """The smallest changes that make ``request`` fit, cheapest first (pure: re-plans only).
 
@@ -369,6 +436,8 @@ def suggest_fixes(request: PlanRequest, limit: int = 5) -> tuple[str, ...]:  # n
             # need a shorter context were added before it.
             if result == text:
                 break
+
+    add(_pipeline_fix(request, sizes))
 
     quantization = request.quantization or arch.default_quantization
     current = weight_bytes_per_param(request.dtype, quantization, arch.dtype)

@@ -16,6 +16,7 @@ from llmop.render.autoscaling import render_hpa
 from llmop.render.deployment import render_deployment
 from llmop.render.disruption import render_pdb
 from llmop.render.inference_pool import render_inference_pool
+from llmop.render.leader_worker_set import render_leader_worker_set
 from llmop.render.monitoring import render_service_monitor
 from llmop.render.service import render_service
 from llmop.settings import RenderSettings
@@ -25,7 +26,10 @@ from llmop.settings import RenderSettings
 class Children:
     """Everything one LLMDeployment owns; None for a kind it must not have."""
 
-    deployment: dict[str, Any]
+    deployment: dict[str, Any] | None
+    """The workload of one-pod replicas (pipelineParallelSize 1)."""
+    leader_worker_set: dict[str, Any] | None
+    """The workload of multi-node replicas (pipelineParallelSize > 1)."""
     service: dict[str, Any]
     hpa: dict[str, Any] | None
     pdb: dict[str, Any] | None
@@ -37,11 +41,19 @@ class Children:
         return {
             kinds.SERVICE: self.service,
             kinds.DEPLOYMENT: self.deployment,
+            kinds.LEADER_WORKER_SET: self.leader_worker_set,
             kinds.PDB: self.pdb,
             kinds.HPA: self.hpa,
             kinds.SERVICE_MONITOR: self.service_monitor,
             kinds.INFERENCE_POOL: self.inference_pool,
         }
+
+    @property
+    def workload(self) -> dict[str, Any]:
+        """The Deployment or the LeaderWorkerSet, whichever this spec has."""
+        workload = self.deployment or self.leader_worker_set
+        assert workload is not None, "render_children renders exactly one workload"
+        return workload
 
     def get(self, kind: ChildKind) -> dict[str, Any] | None:
         """The manifest of `kind`, if wanted."""
@@ -67,8 +79,12 @@ def render_children(
     llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
 ) -> Children:
     """All children of `llmd` under the operator's `settings`."""
+    multi_node = llmd.spec.pipeline_parallel_size > 1
+    render_workload = render_leader_worker_set if multi_node else render_deployment
+    workload = render_workload(llmd, settings, load_timeout_seconds=load_timeout_seconds)
     return Children(
-        deployment=render_deployment(llmd, settings, load_timeout_seconds=load_timeout_seconds),
+        deployment=None if multi_node else workload,
+        leader_worker_set=workload if multi_node else None,
         service=render_service(llmd),
         hpa=render_hpa(llmd),
         pdb=render_pdb(llmd),

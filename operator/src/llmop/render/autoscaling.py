@@ -28,14 +28,17 @@ def render_hpa(llmd: LLMDeployment) -> dict[str, Any] | None:
     if autoscaling is None:
         return None
     name = llmd.metadata.name
+    # A multi-node replica is one LWS group: the HPA scales groups through the LWS's scale
+    # subresource, whose selector picks the leaders (which carry the queue metric).
+    target = kinds.LEADER_WORKER_SET if llmd.spec.pipeline_parallel_size > 1 else kinds.DEPLOYMENT
     return {
         "apiVersion": kinds.HPA.api_version,
         "kind": kinds.HPA.kind,
         "metadata": child_metadata(llmd),
         "spec": {
             "scaleTargetRef": {
-                "apiVersion": kinds.DEPLOYMENT.api_version,
-                "kind": kinds.DEPLOYMENT.kind,
+                "apiVersion": target.api_version,
+                "kind": target.kind,
                 "name": name,
             },
             "minReplicas": autoscaling.min_replicas,

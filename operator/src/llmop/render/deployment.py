@@ -1,7 +1,11 @@
-"""Pure: the engine Deployment — pod template, probes, drain arithmetic and scheduling."""
+"""Pure: the engine pod template (probes, drain arithmetic, scheduling) and the Deployment that
+wraps it for one-pod replicas. `render.leader_worker_set` wraps the same template for multi-node
+replicas, so there is one engine container, one set of probes, volumes and drain."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmop import kinds, names
@@ -47,24 +51,49 @@ def progress_deadline_seconds(load_timeout_seconds: int) -> int:
     return load_timeout_seconds + PROGRESS_DEADLINE_MARGIN_SECONDS
 
 
-def render_deployment(
-    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+@dataclass(frozen=True)
+class PodRole:
+    """What differs between the pods of a multi-node replica: engine flags and env added to the
+    one template, and whether the pod serves the API."""
+
+    engine_flags: Sequence[str] = ()
+    env: Sequence[dict[str, Any]] = field(default_factory=tuple)
+    serves_api: bool = True
+
+
+ONE_POD = PodRole()
+"""A one-pod replica (the Deployment): the template exactly as it always was."""
+
+
+def pod_template(
+    llmd: LLMDeployment,
+    settings: RenderSettings,
+    *,
+    load_timeout_seconds: int,
+    role: PodRole = ONE_POD,
 ) -> dict[str, Any]:
-    """The Deployment. Without `spec.replicas` when autoscaling is on: the HPA owns the count."""
-    name = llmd.metadata.name
-    spec = llmd.spec
-    pod_spec = _pod_spec(llmd, settings, load_timeout_seconds=load_timeout_seconds)
+    """The engine pod template (without the template-hash annotation, which its wrapper adds)."""
+    pod_spec = _pod_spec(llmd, settings, load_timeout_seconds=load_timeout_seconds, role=role)
     pod_metadata: dict[str, Any] = {
-        "labels": names.child_labels(name),
+        "labels": names.child_labels(llmd.metadata.name),
         "annotations": {
             "prometheus.io/scrape": "true",
             "prometheus.io/port": str(names.PROBE_PORT),
             "prometheus.io/path": names.METRICS_PATH,
         },
     }
-    template: dict[str, Any] = {"metadata": pod_metadata, "spec": pod_spec}
+    return {"metadata": pod_metadata, "spec": pod_spec}
+
+
+def render_deployment(
+    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+) -> dict[str, Any]:
+    """The Deployment. Without `spec.replicas` when autoscaling is on: the HPA owns the count."""
+    name = llmd.metadata.name
+    spec = llmd.spec
+    template = pod_template(llmd, settings, load_timeout_seconds=load_timeout_seconds)
     digest = template_hash(template)
-    pod_metadata["annotations"][names.ANNOTATION_TEMPLATE_HASH] = digest
+    template["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH] = digest
 
     deployment_spec: dict[str, Any] = {}
     if spec.autoscaling is None:
@@ -94,7 +123,7 @@ def render_deployment(
 
 
 def _pod_spec(
-    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int, role: PodRole
 ) -> dict[str, Any]:
     spec = llmd.spec
     scheduling = spec.scheduling
@@ -109,7 +138,7 @@ def _pod_spec(
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_engine_container(llmd, settings, load_timeout_seconds)],
+        "containers": [_engine_container(llmd, settings, load_timeout_seconds, role)],
         "volumes": _volumes(llmd),
     }
     node_selector = dict(sorted(scheduling.node_selector.items()))
@@ -143,20 +172,22 @@ def _pod_spec(
 
 
 def _engine_container(
-    llmd: LLMDeployment, settings: RenderSettings, load_timeout_seconds: int
+    llmd: LLMDeployment, settings: RenderSettings, load_timeout_seconds: int, role: PodRole
 ) -> dict[str, Any]:
     spec = llmd.spec
     probe_port = {"port": names.PROBE_PORT_NAME}
+    ports = [{"name": names.PROBE_PORT_NAME, "containerPort": names.PROBE_PORT, "protocol": "TCP"}]
+    if role.serves_api:
+        api_port = {"name": names.API_PORT_NAME, "containerPort": spec.service.port}
+        ports.insert(0, {**api_port, "protocol": "TCP"})
+    env = engine_args.agent_env(llmd, load_timeout_seconds=load_timeout_seconds)
     return {
         "name": names.ENGINE_CONTAINER,
         "image": _image(spec, settings),
         "imagePullPolicy": settings.image_pull_policy,
-        "args": engine_args.agent_args(llmd),
-        "env": engine_args.agent_env(llmd, load_timeout_seconds=load_timeout_seconds),
-        "ports": [
-            {"name": names.API_PORT_NAME, "containerPort": spec.service.port, "protocol": "TCP"},
-            {"name": names.PROBE_PORT_NAME, "containerPort": names.PROBE_PORT, "protocol": "TCP"},
-        ],
+        "args": engine_args.agent_args(llmd, role.engine_flags),
+        "env": [*role.env, *env],
+        "ports": ports,
         "resources": _resources(spec, settings),
         # The agent answers /livez from its first second; it alone judges load progress and
         # stalls, so the startup probe only covers the agent's own start.

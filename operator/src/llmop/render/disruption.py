@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmop import kinds, names
+from llmop import kinds
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
+from llmop.render.leader_worker_set import replica_selector
 from llmop.render.metadata import child_metadata
 
 
@@ -24,13 +25,13 @@ def render_pdb(llmd: LLMDeployment) -> dict[str, Any] | None:
     """
     if most_replicas(llmd.spec) <= 1:
         return None
-    name = llmd.metadata.name
     return {
         "apiVersion": kinds.PDB.api_version,
         "kind": kinds.PDB.kind,
         "metadata": child_metadata(llmd),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": names.selector_labels(name)},
+            # Leaders only for multi-node replicas: one replica is one pod either way.
+            "selector": {"matchLabels": replica_selector(llmd)},
         },
     }

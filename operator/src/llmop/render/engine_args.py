@@ -9,6 +9,7 @@ Every name the agent reads back (its flags, its variables, the vLLM flags it ins
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -42,8 +43,9 @@ def served_model_name(llmd: LLMDeployment) -> str:
     return llmd.spec.model.served_name or llmd.metadata.name
 
 
-def engine_flags(llmd: LLMDeployment) -> list[str]:
-    """`vllm serve` arguments: the model, then typed flags, then the user's `engine.args`."""
+def engine_flags(llmd: LLMDeployment, role_flags: Sequence[str] = ()) -> list[str]:
+    """`vllm serve` arguments: the model, then typed flags (`role_flags` last among them: a
+    multi-node pod's pipeline flags), then the user's `engine.args`."""
     spec = llmd.spec
     engine = spec.engine
     flags: list[str] = [model_location(spec.model)]
@@ -73,17 +75,17 @@ def engine_flags(llmd: LLMDeployment) -> list[str]:
         flags += ["--speculative-config", speculative]
     # Drain mode: in-flight requests finish within drainSeconds instead of being aborted.
     flags += [EngineFlag.SHUTDOWN_TIMEOUT, str(spec.rollout.drain_seconds)]
-    return flags + list(engine.args)
+    return flags + list(role_flags) + list(engine.args)
 
 
-def agent_args(llmd: LLMDeployment) -> list[str]:
+def agent_args(llmd: LLMDeployment, role_flags: Sequence[str] = ()) -> list[str]:
     """Container args: the agent's own flags, then `--` and the engine flags."""
     spec = llmd.spec
     return contract.run_args(
         backend=spec.engine.backend,
         api_port=spec.service.port,
         probe_port=names.PROBE_PORT,
-        engine_args=engine_flags(llmd),
+        engine_args=engine_flags(llmd, role_flags),
     )
 
 

@@ -6,12 +6,13 @@ from typing import Any
 
 from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment
+from llmop.render.leader_worker_set import replica_selector
 from llmop.render.metadata import child_metadata
 
 
 def render_service(llmd: LLMDeployment) -> dict[str, Any]:
-    """ClusterIP (or the requested type) selecting this LLMDeployment's engine pods."""
-    name = llmd.metadata.name
+    """ClusterIP (or the requested type) selecting this LLMDeployment's engine pods (the
+    leaders of multi-node replicas: they serve the API)."""
     service = llmd.spec.service
     metadata: dict[str, Any] = child_metadata(llmd)
     if service.annotations:
@@ -22,7 +23,7 @@ def render_service(llmd: LLMDeployment) -> dict[str, Any]:
         "metadata": metadata,
         "spec": {
             "type": service.type,
-            "selector": names.selector_labels(name),
+            "selector": replica_selector(llmd),
             "ports": [
                 {
                     "name": names.API_PORT_NAME,
