@@ -36,7 +36,17 @@ pytestmark = [pytest.mark.vllm, pytest.mark.engine]
 
 START_TIMEOUT = 300.0
 # Default health settings (the measurement is of the defaults), faster polling only.
-AGENT_ENV = {"LLMOP_POLL_INTERVAL_SECONDS": "0.5", "LLMOP_ENDPOINT_PROPAGATION_SECONDS": "1"}
+AGENT_ENV = {
+    "LLMOP_POLL_INTERVAL_SECONDS": "0.5",
+    "LLMOP_ENDPOINT_PROPAGATION_SECONDS": "1",
+    # A bound, not a wait: the drain ends when the streams do. PP=2 over gloo between two
+    # processes makes about 2-3 tokens/s on 2 shared cores; 3 streams of 60 tokens once
+    # outlasted the default 30 s under the full suite's load and were cut.
+    "LLMOP_DRAIN_SECONDS": "90",
+}
+DRAIN_STREAM_TOKENS = 16
+"""Short enough to end well inside the drain bound however loaded the machine, long enough to
+be mid-stream when SIGTERM comes 2 s after they start."""
 READY_OFF_BOUND = 30.0
 """Issue 23's goal: a dead worker takes its group out of service within 30 s."""
 
@@ -152,7 +162,9 @@ class TestServingAndDrain:
 
         async def go() -> tuple[list[real_vllm.StreamResult], float, float]:
             async with aiohttp.ClientSession() as http:
-                streams = [asyncio.create_task(stream(http, leader, 60)) for _ in range(3)]
+                streams = [
+                    asyncio.create_task(stream(http, leader, DRAIN_STREAM_TOKENS)) for _ in range(3)
+                ]
                 await asyncio.sleep(2.0)
                 sent = time.monotonic()
                 # Kubernetes signals every pod of the group at once.
