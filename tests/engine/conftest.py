@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from engine import real_vllm
 from engine.fleet import Fleet
+from support import tiny_model
+
+
+@pytest.fixture(scope="session")
+def vllm_dir() -> Path:
+    """The real vLLM CPU install (built or reused from ~/.cache/llmop); skips where it cannot be."""
+    try:
+        return real_vllm.venv()
+    except real_vllm.UnavailableError as exc:
+        real_vllm.SKIPPED.append(str(exc))
+        pytest.skip(f"REAL vLLM TESTS SKIPPED: {exc}")
+
+
+@pytest.fixture(scope="session")
+def model_dir(vllm_dir: Path) -> Path:
+    """The tiny random-weight model every real-vLLM test serves."""
+    started = time.monotonic()
+    path = tiny_model.ensure(str(vllm_dir / "bin" / "python"))
+    real_vllm.MEASURED["tiny model (make or reuse)"] = f"{time.monotonic() - started:.1f}s"
+    return path
 
 
 @pytest.fixture

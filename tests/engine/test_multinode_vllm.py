@@ -30,7 +30,6 @@ import pytest
 from engine import real_vllm
 from engine.real_vllm import MEASURED, Engine, http_get, metric_values, stream
 from llmop_engine import contract
-from support import tiny_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine]
 
@@ -49,20 +48,6 @@ DRAIN_STREAM_TOKENS = 16
 be mid-stream when SIGTERM comes 2 s after they start."""
 READY_OFF_BOUND = 30.0
 """Issue 23's goal: a dead worker takes its group out of service within 30 s."""
-
-
-@pytest.fixture(scope="module")
-def vllm_dir() -> Path:
-    try:
-        return real_vllm.venv()
-    except real_vllm.UnavailableError as exc:
-        real_vllm.SKIPPED.append(str(exc))
-        pytest.skip(f"REAL vLLM TESTS SKIPPED: {exc}")
-
-
-@pytest.fixture(scope="module")
-def model_dir(vllm_dir: Path) -> Path:
-    return tiny_model.ensure(str(vllm_dir / "bin" / "python"))
 
 
 def secs(value: float | None) -> str:

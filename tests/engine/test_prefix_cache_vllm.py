@@ -28,7 +28,6 @@ import pytest
 
 from engine import real_vllm
 from engine.real_vllm import MEASURED, Engine, metric_values
-from support import tiny_model
 from support.harness.replicas import Replica
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine]
@@ -168,17 +167,10 @@ def table(sequence: list[Step], vllm: list[Delta], sim: list[Delta]) -> str:
 
 
 @pytest.fixture(scope="module")
-def vllm_dir() -> Path:
-    try:
-        return real_vllm.venv()
-    except real_vllm.UnavailableError as exc:
-        real_vllm.SKIPPED.append(str(exc))
-        pytest.skip(f"REAL vLLM TESTS SKIPPED: {exc}")
-
-
-@pytest.fixture(scope="module")
-def engine(vllm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    model = tiny_model.ensure(str(vllm_dir / "bin" / "python"))
+def engine(
+    vllm_dir: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Engine]:
+    model = model_dir
     # No deep probes: their one-token completions would count as prefix-cache queries too.
     e = real_vllm.start(
         vllm_dir,

@@ -51,7 +51,6 @@ from engine.real_vllm import (
 from engine.real_vllm import LIVEZ_TIMEOUT as LIVEZ
 from engine.real_vllm import READYZ_TIMEOUT as READYZ
 from llmop_engine import contract
-from support import tiny_model
 from support.harness.replicas import Replica
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine]
@@ -69,23 +68,6 @@ AGENT_ENV = {
     "LLMOP_DRAIN_SECONDS": "30",
 }
 START_TIMEOUT = 300.0
-
-
-@pytest.fixture(scope="session")
-def vllm_dir() -> Path:
-    try:
-        return real_vllm.venv()
-    except real_vllm.UnavailableError as exc:
-        real_vllm.SKIPPED.append(str(exc))
-        pytest.skip(f"REAL vLLM TESTS SKIPPED: {exc}")
-
-
-@pytest.fixture(scope="session")
-def model_dir(vllm_dir: Path) -> Path:
-    started = time.monotonic()
-    path = tiny_model.ensure(str(vllm_dir / "bin" / "python"))
-    MEASURED["tiny model (make or reuse)"] = f"{time.monotonic() - started:.1f}s"
-    return path
 
 
 def _engine(
