@@ -42,12 +42,13 @@ typecheck: install ## Type-check (mypy strict, pydantic plugin).
 	$(BIN)/mypy
 
 .PHONY: generate
-generate: install ## Regenerate the CRD, the chart's CRD template and the API reference.
+generate: install ## Regenerate the CRD, the chart's CRD template, the API reference and deploy/llmop.yaml.
 	$(PY) -m llmop.crdgen
+	$(PY) deploy/generate.py
 
 .PHONY: verify
 verify: generate ## Fail when generated files differ from what is committed.
-	@git diff --exit-code -- crds helm/llmop/templates/crds docs/api-reference.md docs/engine-contract.md || \
+	@git diff --exit-code -- crds helm/llmop/templates/crds docs/api-reference.md docs/engine-contract.md deploy/llmop.yaml || \
 	  (echo "generated files are stale: run 'make generate' and commit" >&2; exit 1)
 
 .PHONY: unit

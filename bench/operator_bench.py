@@ -13,11 +13,17 @@ count), and per CR the seconds from its pod's Ready to its own (`lag`, median an
 its Deployment's Available to its Ready (`op lag`: the operator's share), from the conditions'
 lastTransitionTime. The operator's CPU time is read from /proc before it stops; `--profile DIR`
 samples it with py-spy (a dev dependency) into DIR.
+
+`--router` (ROUTER=1) also runs `llmop-router` against the cluster from before the first CR:
+seconds until its `/v1/models` lists all N, its CPU until then, and then, with nothing sent and
+nothing changing, the router's and the operator's CPU over an idle minute and the router's RSS
+(what N routed CRs cost while idle).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import secrets
@@ -76,6 +82,22 @@ class Row:
     ready_lag_max: float = float("nan")
     ready_lag_count: int = 0
     operator_lag_max: float = float("nan")
+    router: RouterCost | None = None
+
+
+@dataclass
+class RouterCost:
+    listed_seconds: float
+    """From the first CR's apply until the router's /v1/models lists all of them."""
+    busy_cpu_seconds: float
+    """The router's CPU from its start until then."""
+    idle_cpu_percent: float
+    """The router's CPU over `IDLE_SECONDS` with nothing sent, in % of one core."""
+    operator_idle_cpu_percent: float
+    rss_mib: float
+
+
+IDLE_SECONDS = 60.0
 
 
 def _api_client() -> Any:
@@ -118,6 +140,50 @@ def _metric(port: int, name: str) -> float:
         float(line.rpartition(" ")[2])
         for line in text.splitlines()
         if line.split("{")[0].split(" ")[0] == name
+    )
+
+
+def _start_router(log: Any) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    kubeconfig = os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config"))
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "llmop_router", "serve"),
+            *("--host", "127.0.0.1", "--port", str(port), "--kubeconfig", kubeconfig),
+            *("--shutdown-delay", "0"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return process, f"http://127.0.0.1:{port}"
+
+
+def _models_listed(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as response:
+            return len(json.load(response)["data"])
+    except OSError:
+        return 0
+
+
+def _router_cost(
+    router: subprocess.Popen[bytes], url: str, operator: int, count: int, started: float
+) -> RouterCost:
+    """Wait for the router to list all `count` models, then measure an idle minute."""
+    deadline = time.monotonic() + 300
+    while _models_listed(url) < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+    listed = time.monotonic() - started if _models_listed(url) >= count else float("nan")
+    busy = _cpu_seconds(router.pid)
+    router_cpu, operator_cpu, window = busy, _cpu_seconds(operator), time.monotonic()
+    time.sleep(IDLE_SECONDS)
+    window = time.monotonic() - window
+    return RouterCost(
+        listed_seconds=listed,
+        busy_cpu_seconds=busy,
+        idle_cpu_percent=100 * (_cpu_seconds(router.pid) - router_cpu) / window,
+        operator_idle_cpu_percent=100 * (_cpu_seconds(operator) - operator_cpu) / window,
+        rss_mib=_rss_mib(router.pid),
     )
 
 
@@ -308,7 +374,7 @@ class Progress:
         watch_objects(func, args, self._stop, on_event)
 
 
-def run_one(  # noqa: C901, PLR0915
+def run_one(  # noqa: C901, PLR0912, PLR0915
     kube: Kube,
     count: int,
     timeout: float,
@@ -316,6 +382,7 @@ def run_one(  # noqa: C901, PLR0915
     *,
     replicas: int = 0,
     profile: Path | None = None,
+    with_router: bool = False,
 ) -> Row:
     namespace = f"bench-{count}-{secrets.token_hex(3)}"
     if replicas:
@@ -325,6 +392,8 @@ def run_one(  # noqa: C901, PLR0915
         field_manager="llmop-bench",
     )
     process, metrics_port = _start_operator(log)
+    router = _start_router(log) if with_router else None
+    router_cost = None
     peak = _rss_mib(process.pid)
     cpu_at_start = _cpu_seconds(process.pid)
     watcher = ReadyWatch(namespace, _api_client())
@@ -388,7 +457,12 @@ def run_one(  # noqa: C901, PLR0915
         writes = _metric(metrics_port, "llmop_status_writes_total")
         cpu = _cpu_seconds(process.pid) - cpu_at_start
         lags = ready_lags(kube, namespace) if replicas else Lags([], [])
+        if router is not None:
+            router_cost = _router_cost(*router, process.pid, count, started)
     finally:
+        if router is not None:
+            router[0].terminate()
+            router[0].wait(timeout=30)
         watcher.stop()
         progress.stop()
         if sampler is not None:
@@ -417,7 +491,32 @@ def run_one(  # noqa: C901, PLR0915
         ready_lag_max=lags.pod[-1] if lags.pod else nan,
         ready_lag_count=len(lags.pod),
         operator_lag_max=lags.deployment[-1] if lags.deployment else nan,
+        router=router_cost,
     )
+
+
+def _table_line(row: Row, *, replicas: int) -> str:
+    done = max(row.children_seconds, row.status_seconds)
+    rate = 0.0 if math.isnan(done) else row.count / done
+    line = (
+        f"{row.count:>6} {row.apply_seconds:>8.1f} {row.children_seconds:>11.1f} "
+        f"{row.status_seconds:>9.1f} {rate:>7.1f} {row.rss_mib:>8.0f} "
+        f"{row.peak_rss_mib:>9.0f} {row.status_writes:>14.0f} {row.cpu_seconds:>7.1f}"
+    )
+    if replicas:
+        line += (
+            f" {row.ready_seconds:>8.1f} {row.flaps:>6} {row.ready_dips:>5}"
+            f" {row.ready_lag_median:>10.0f} {row.ready_lag_max:>10.0f}"
+            f" {row.ready_lag_count:>5} {row.operator_lag_max:>13.0f}"
+        )
+    if row.router is not None:
+        cost = row.router
+        line += (
+            f" {cost.listed_seconds:>16.1f} {cost.busy_cpu_seconds:>13.1f}"
+            f" {cost.idle_cpu_percent:>14.2f} {cost.operator_idle_cpu_percent:>10.2f}"
+            f" {cost.rss_mib:>11.0f}"
+        )
+    return line
 
 
 def main() -> int:
@@ -431,6 +530,12 @@ def main() -> int:
         help="pods per CR (0: the operator alone; 1: also time to all Ready and Ready flaps)",
     )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy samples into DIR")
+    parser.add_argument(
+        "--router",
+        action="store_true",
+        default=os.environ.get("ROUTER", "") not in ("", "0"),
+        help="also run llmop-router: time to list every CR, its CPU, idle CPU and RSS",
+    )
     args = parser.parse_args()
     counts = [int(n) for n in str(args.counts).split(",") if n.strip()]
     try:
@@ -453,6 +558,11 @@ def main() -> int:
             f" {'Ready s':>8} {'flaps':>6} {'dips':>5} {'lag p50 s':>10} {'lag max s':>10}"
             f" {'lags':>5} {'op lag max s':>13}"
         )
+    if args.router:
+        header += (
+            f" {'router listed s':>16} {'router CPU s':>13} {'router idle %':>14}"
+            f" {'op idle %':>10} {'router MiB':>11}"
+        )
     with tempfile.NamedTemporaryFile(
         "ab", prefix="llmop-bench-", suffix=".log", delete=False
     ) as log:
@@ -461,22 +571,15 @@ def main() -> int:
         print("-" * len(header), flush=True)
         for count in counts:
             row = run_one(
-                kube, count, args.timeout, log, replicas=args.replicas, profile=args.profile
+                kube,
+                count,
+                args.timeout,
+                log,
+                replicas=args.replicas,
+                profile=args.profile,
+                with_router=args.router,
             )
-            done = max(row.children_seconds, row.status_seconds)
-            rate = 0.0 if math.isnan(done) else row.count / done
-            line = (
-                f"{row.count:>6} {row.apply_seconds:>8.1f} {row.children_seconds:>11.1f} "
-                f"{row.status_seconds:>9.1f} {rate:>7.1f} {row.rss_mib:>8.0f} "
-                f"{row.peak_rss_mib:>9.0f} {row.status_writes:>14.0f} {row.cpu_seconds:>7.1f}"
-            )
-            if args.replicas:
-                line += (
-                    f" {row.ready_seconds:>8.1f} {row.flaps:>6} {row.ready_dips:>5}"
-                    f" {row.ready_lag_median:>10.0f} {row.ready_lag_max:>10.0f}"
-                    f" {row.ready_lag_count:>5} {row.operator_lag_max:>13.0f}"
-                )
-            print(line, flush=True)
+            print(_table_line(row, replicas=args.replicas), flush=True)
             # The next run's operator would otherwise resume (and be timed on) these CRs.
             deadline = time.monotonic() + 600
             while _bench_namespaces(kube) and time.monotonic() < deadline:

@@ -26,6 +26,12 @@ bench-rollout: install cluster-binaries ## Requests lost during a rollout of 3 r
 
 bench: bench-rollout
 
+.PHONY: bench-wake
+bench-wake: install cluster-binaries ## Scale to zero: where a wake's seconds go, request held → first token (real node).
+	$(PY) bench/wake_bench.py
+
+bench: bench-wake
+
 .PHONY: bench-fleet
 bench-fleet: install ## Cost of reading N engine agents' /status (stand-ins): round time, reads/s, CPU, RSS.
 	$(PY) bench/fleet_bench.py --agents $(AGENTS)

@@ -653,7 +653,12 @@ cmd_down_locked() {
   if [[ -f "$CREATED_DIRS" ]]; then
     local d
     while IFS= read -r d; do
-      [[ -n "$d" ]] && rm -rf "$d"
+      [[ -n "$d" ]] || continue
+      # A directory we created may have become a mount point meanwhile (`ip netns add` bind-mounts
+      # /run/netns onto itself and `ip netns del` leaves it): unmount it, or rm fails with EBUSY
+      # and the rest of the host is never restored.
+      unmount_under "$d"
+      rm -rf "$d" 2>/dev/null || log "could not remove $d"
     done <"$CREATED_DIRS"
   fi
   rm -rf "$VAR_DIR"

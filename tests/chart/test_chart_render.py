@@ -295,7 +295,7 @@ def _router(doc: dict[str, Any]) -> bool:
 # --- the router --------------------------------------------------------------------------------
 
 
-def test_router_is_two_restricted_replicas_behind_its_service_reading_only() -> None:
+def test_router_is_two_restricted_replicas_behind_its_service_writing_only_scale() -> None:
     docs = render(MATRIX["monitoring-all"])
     deployment = find(docs, "Deployment", "llmop-router")
     pod = deployment["spec"]["template"]
@@ -332,6 +332,9 @@ def test_router_is_two_restricted_replicas_behind_its_service_reading_only() -> 
     assert _grants(role) == {
         ("serving.llmop.dev", "llmdeployments"): {"get", "list", "watch"},
         ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
+        # Waking a CR at zero: its workload's scale, 0 -> 1, and nothing else of it.
+        ("apps", "deployments/scale"): {"get", "patch"},
+        ("leaderworkerset.x-k8s.io", "leaderworkersets/scale"): {"get", "patch"},
     }
     binding = find(docs, "ClusterRoleBinding", "llmop-router")
     assert binding["subjects"] == [
@@ -412,6 +415,9 @@ def test_rbac_grants_exactly_what_the_operator_uses() -> None:
     for cache_kind in registry.MODEL_CACHE:  # the model cache's claim and download Job
         expected_app[(cache_kind.group, cache_kind.plural)] = set(cache_kind.verbs())
     expected_app[(registry.SECRET.group, registry.SECRET.plural)] = {"get"}  # the Hub token
+    # Scale to zero (llmop.idle_check): an idle workload's scale set to 0, as the HPA writes it.
+    for workload in registry.WORKLOADS:
+        expected_app[(workload.group, f"{workload.plural}/scale")] = {"patch"}
     assert app == expected_app
     assert framework == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
     # Leader election: exactly the Lease verbs, in the release's namespace only.
@@ -513,14 +519,40 @@ def _promql_of_rules(docs: list[dict[str, Any]]) -> list[str]:
     return [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
 
 
-def test_alerts_and_dashboard_only_use_metrics_that_exist() -> None:
+def _dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+
+
+def test_alerts_and_dashboards_only_use_metrics_that_exist() -> None:
+    from llmop_router.metrics import RouterMetrics
+
     exported = _engine_metric_names()
     docs = render(MATRIX["monitoring-all"])
-    dashboard = json.loads(find(docs, "ConfigMap", "llmop-dashboard")["data"]["llmop.json"])
-    exprs = _promql_of_rules(docs) + [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    data = find(docs, "ConfigMap", "llmop-dashboard")["data"]
+    exprs = _promql_of_rules(docs) + _dashboard_exprs(json.loads(data["llmop.json"]))
     used = {SAMPLE_SUFFIX.sub("", m) for e in exprs for m in METRIC_RE.findall(e)}
     assert used, "no metrics found in the rules"
     assert used - exported == set()
+    # The router's dashboard uses the router's series only, each with labels it has.
+    router = {f.name: f for f in RouterMetrics().registry.collect()}
+    collectors = {c._name: c for c in RouterMetrics().__dict__.values() if hasattr(c, "_name")}
+    router_exprs = _dashboard_exprs(json.loads(data["llmop-router.json"]))
+    for expr in router_exprs:
+        series = {SAMPLE_SUFFIX.sub("", m) for m in METRIC_RE.findall(expr)}
+        assert series, expr
+        assert series <= router.keys(), expr
+        # Target labels prometheus-operator adds (pod) and the histogram's `le`, beside the
+        # family's own (prometheus_client keeps them on the collector as `_labelnames`).
+        allowed = {"pod", "le"}.union(*(collectors[n]._labelnames for n in series))
+        grouped = {
+            label.strip()
+            for group in re.findall(r"by \(([^)]*)\)", expr) + re.findall(r"\{([^}]*)\}", expr)
+            for label in re.sub(r'(=~|=|!=)"[^"]*"', "", group).split(",")
+            if label.strip()
+        }
+        assert grouped <= allowed, (expr, grouped - allowed)
+    families = {SAMPLE_SUFFIX.sub("", m) for e in router_exprs for m in METRIC_RE.findall(e)}
+    assert families == router.keys(), "a router metric without a panel"
 
 
 def test_alerts_cover_the_required_conditions_with_value_thresholds() -> None:
@@ -557,6 +589,9 @@ def test_deployment_label_follows_the_values() -> None:
     dashboard = find(docs, "ConfigMap", "llmop-dashboard")["data"]["llmop.json"]
     assert "llmdeployment" not in dashboard
     assert "$service" in dashboard
+    # The router's series carry their own CR labels, whatever the engines' relabeling says.
+    router = find(docs, "ConfigMap", "llmop-dashboard")["data"]["llmop-router.json"]
+    assert "llmdeployment_namespace" in router
 
 
 def test_pod_monitor_scrapes_the_ports_the_renderer_exposes() -> None:
@@ -612,6 +647,16 @@ def test_dashboard_is_valid_grafana_json() -> None:
     configmap = find(docs, "ConfigMap", "llmop-dashboard")
     assert configmap["metadata"]["namespace"] == "grafana"
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    # One key per dashboard for the sidecar; the router's only with the router installed.
+    assert set(configmap["data"]) == {"llmop.json", "llmop-router.json"}
+    router = json.loads(configmap["data"]["llmop-router.json"])
+    assert router["uid"] == "llmop-router"
+    assert all(p["targets"] and p["datasource"]["uid"] == "${datasource}" for p in router["panels"])
+    assert len({p["id"] for p in router["panels"]}) == len(router["panels"])
+    without_router = render(
+        {"monitoring": {"grafanaDashboard": {"enabled": True}}, "router": {"enabled": False}}
+    )
+    assert set(find(without_router, "ConfigMap", "llmop-dashboard")["data"]) == {"llmop.json"}
 
 
 # --- NOTES -------------------------------------------------------------------------------------
@@ -626,3 +671,35 @@ def test_notes_show_how_to_apply_a_sample_and_wait_for_ready() -> None:
     assert f"kubectl wait llmdeployment/{name} --for=condition=Ready" in notes
     assert "kubectl get llmd" in notes
     assert "deployment/llmop" in notes
+
+
+def _kind_and_name(doc: dict[str, Any]) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
+
+
+def test_plain_install_manifests_are_the_charts_defaults_and_up_to_date() -> None:
+    """deploy/llmop.yaml (`make generate`) is what `helm install` with the default values
+    creates, minus the CRD (crds/) and Helm's own labels, plus the namespace."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "deploy_generate", REPO_ROOT / "deploy" / "generate.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    committed = (REPO_ROOT / "deploy" / "llmop.yaml").read_text()
+    assert committed == generate.render(), "deploy/llmop.yaml is stale: run `make generate`"
+    plain = [d for d in yaml.safe_load_all(committed) if d]
+    charted = render(release="llmop", namespace="llmop-system")
+    assert {_kind_and_name(d) for d in plain} == {
+        _kind_and_name(d) for d in charted if d["kind"] != "CustomResourceDefinition"
+    } | {("Namespace", "llmop-system")}
+    assert "helm.sh/chart" not in committed
+    assert "managed-by: Helm" not in committed
+    # ServiceAccounts and RBAC before the Deployments whose pods use them.
+    kinds_in_order = [d["kind"] for d in plain]
+    assert max(
+        i for i, k in enumerate(kinds_in_order) if k in ("ServiceAccount", "ClusterRoleBinding")
+    ) < kinds_in_order.index("Deployment")

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from llmop.kube import KubeError
 from support.cluster import create_namespace
 from support.hub_standin import HubRepo, HubStandin, synthetic_model
 from support.operator import REPO_ROOT
@@ -32,6 +34,8 @@ E2E_IMAGES = ("pause", "engine-sim")
 _skipped_because: list[str] = []
 
 HUB_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+NAMESPACE_PODS_GONE_SECONDS = 180
+"""A test's pods get this long to terminate (drain included) after its namespace is deleted."""
 """The model the e2e specs name; the hub stand-in serves it (spec.model.cache downloads it)."""
 HUB_RATE_BYTES_PER_S = 8 << 20
 """Throttle per file body, so a download lasts long enough to watch its progress."""
@@ -87,12 +91,23 @@ def real_cluster(
 
 @pytest.fixture
 def e2e_namespace(real_cluster: RealCluster) -> Iterator[str]:
-    """A fresh namespace; deleted afterwards and waited for, so its pods free the node's CPU."""
+    """A fresh namespace; deleted afterwards, and its pods waited for so they free the node's
+    CPU before the next test. Not the namespace object itself: the namespace controller
+    finishes it on its own retry schedule, which cost ~34 s per test while the pods were long
+    gone."""
     name = create_namespace(real_cluster.cluster, "e2e")
     try:
         yield name
     finally:
-        real_cluster.kubectl("delete", "namespace", name, "--timeout=180s", check=False)
+        real_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        deadline = time.monotonic() + NAMESPACE_PODS_GONE_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                if not real_cluster.kit.kube.list("v1", "Pod", name):
+                    break
+            except KubeError:
+                pass
+            time.sleep(0.5)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

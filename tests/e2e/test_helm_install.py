@@ -322,6 +322,80 @@ def test_a_router_pod_deleted_or_killed_under_load(install: Install) -> None:
     wait_until(lambda: _ready_routers(install), timeout=90, what="2 Ready router pods again")
 
 
+def _zero_state(install: Install, name: str) -> dict[str, Any] | None:
+    """The CR once the operator took it to zero: Ready/ScaledToZero and no engine pod left."""
+    obj = install.get("llmdeployment", name, "-n", install.apps)
+    ready = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}.get("Ready")
+    if not ready or ready["reason"] != "ScaledToZero":
+        return None
+    selector = f"app.kubernetes.io/instance={name}"
+    pods = install.get("pods", "-n", install.apps, "-l", selector)["items"]
+    return obj if not pods else None
+
+
+def test_an_idle_model_goes_to_zero_and_a_held_request_wakes_it(install: Install) -> None:
+    """Scale to zero with the chart's operator and router pods: after idleSeconds with nothing
+    in flight the operator sets the Deployment to 0; a request through the router is held, the
+    router scales the Deployment to 1, and the request is answered once the replica is Ready."""
+    name = "zero"
+    sample = yaml.safe_load(SAMPLE.read_text())
+    sample["metadata"] |= {"name": name, "namespace": install.apps}
+    del sample["spec"]["replicas"]
+    sample["spec"]["autoscaling"] = {
+        "minReplicas": 0,
+        "maxReplicas": 2,
+        "scaleToZero": {"idleSeconds": 10, "holdTimeoutSeconds": 180},
+    }
+    install.rc.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample))
+    router = service_url(install.rc.cluster, install.namespace, f"{install.release}-router")
+    try:
+
+        def answered() -> bool:
+            try:
+                _completion(router, name)
+            except (OSError, AssertionError):
+                return False  # not listed yet, or no ready replica yet (503)
+            return True
+
+        wait_until(answered, timeout=180, interval=1, what="an answer through the router")
+        last_request = time.monotonic()
+        zero = wait_until(
+            lambda: _zero_state(install, name), timeout=180, interval=1, what="scaled to zero"
+        )
+        install.timings["last request → zero engine pods"] = time.monotonic() - last_request
+        deployment = install.get("deployment", name, "-n", install.apps)
+        assert deployment["spec"]["replicas"] == 0
+        assert zero["status"]["scaleToZero"]["lastScaledToZeroTime"]
+
+        sent = time.monotonic()
+        status, body = post_json(
+            f"{router}/v1/chat/completions",
+            {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            timeout=180,
+        )
+        woke = time.monotonic() - sent
+        install.timings["held request at zero → answered"] = woke
+        print(f"scale to zero: a request at zero was answered after {woke:.1f} s")
+        assert status == 200, body
+        assert body["choices"][0]["message"]["content"], body
+
+        def woken() -> dict[str, Any] | None:
+            obj = install.get("llmdeployment", name, "-n", install.apps)
+            history = (obj.get("status") or {}).get("scaleToZero") or {}
+            return obj if history.get("lastWakeSeconds") is not None else None
+
+        history = wait_until(woken, timeout=60, what="the wake recorded")["status"]["scaleToZero"]
+        assert 0 < history["lastWakeSeconds"] <= woke + 5, history
+        reasons = {
+            e["reason"]
+            for e in install.get("events", "-n", install.apps)["items"]
+            if e["involvedObject"]["name"] == name
+        }
+        assert {"ScaledToZero", "Waking"} <= reasons, reasons
+    finally:
+        install.kubectl("delete", "llmdeployment", name, "-n", install.apps, "--wait=false")
+
+
 def _models(router: str) -> list[str]:
     try:
         with urllib.request.urlopen(f"{router}/v1/models", timeout=5) as answer:

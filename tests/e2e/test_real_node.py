@@ -102,11 +102,28 @@ def fresh_netns() -> Iterator[str]:
     if os.geteuid() != 0 or shutil.which("iptables") is None:
         pytest.skip("needs root and iptables")
     name = f"llmop-fresh-{secrets.token_hex(3)}"
+    existed = NETNS_DIR.exists()
+    mounted = _is_mount_point(NETNS_DIR)
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         yield name
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)
+        # `ip netns add` bind-mounts /run/netns onto itself (and creates it) the first time;
+        # `del` leaves both. Undone here, so the host is as the test found it: a later node
+        # `down` must be able to remove a /run/netns that its `up` created.
+        if not mounted and _is_mount_point(NETNS_DIR):
+            subprocess.run(["umount", str(NETNS_DIR)], check=False)
+        if not existed:
+            shutil.rmtree(NETNS_DIR, ignore_errors=True)
+
+
+NETNS_DIR = Path("/run/netns")
+
+
+def _is_mount_point(path: Path) -> bool:
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    return any(line.split()[4] == str(path) for line in mounts)
 
 
 def test_snapshot_equates_empty_tables_with_absent_ones(fresh_netns: str) -> None:

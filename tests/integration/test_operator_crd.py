@@ -184,6 +184,78 @@ CASES: list[tuple[str, Mutation, str, str]] = [
         "endpointPickerRef.name must be the name",
         "spec.router.inferencePool.endpointPickerRef.name",
     ),
+    (
+        "scale-to-zero-needs-min-0",
+        _set("spec.autoscaling", {"minReplicas": 1, "maxReplicas": 2, "scaleToZero": {}}),
+        "scaleToZero needs spec.autoscaling.minReplicas: 0",
+        "spec.autoscaling.scaleToZero",
+    ),
+    (
+        "min-0-needs-the-router",
+        _all(
+            _set("spec.autoscaling", {"minReplicas": 0, "maxReplicas": 2}),
+            _set("spec.router", {"enabled": False}),
+        ),
+        "spec.autoscaling.minReplicas 0 needs spec.router.enabled",
+        "spec.autoscaling.minReplicas",
+    ),
+    (
+        "adapter-source-malformed",
+        _set("spec.adapters", [{"name": "sql", "source": "s3://bucket/sql"}]),
+        "spec.adapters[].source must be hf://",
+        "spec.adapters[0].source",
+    ),
+    (
+        "adapter-source-dot-dot",
+        _set(
+            "spec.adapters",
+            [{"name": "ok", "source": "hf://a/b"}, {"name": "sql", "source": "pvc://c/x/.."}],
+        ),
+        "must not contain '..'",
+        "spec.adapters[1].source",
+    ),
+    (
+        "adapter-revision-on-pvc",
+        _set("spec.adapters", [{"name": "sql", "source": "pvc://c/sql", "revision": "main"}]),
+        "revision is for hf:// sources",
+        "spec.adapters[0].revision",
+    ),
+    (
+        "adapter-names-repeat",
+        _set(
+            "spec.adapters",
+            [{"name": "sql", "source": "hf://a/b"}, {"name": "sql", "source": "hf://a/c"}],
+        ),
+        "spec.adapters[].name must be unique",
+        "spec.adapters",
+    ),
+    (
+        "adapter-named-like-the-base",
+        _set("spec.adapters", [{"name": "cel-case", "source": "hf://a/b"}]),
+        "must differ from the base model's served name",
+        "spec.adapters",
+    ),
+    (
+        "adapters-with-pipeline-parallel",
+        _all(
+            _set("spec.engine.pipelineParallelSize", 2),
+            _set("spec.adapters", [{"name": "sql", "source": "hf://a/b"}]),
+        ),
+        "vLLM 0.32 with --enable-lora and pipeline parallelism crashes",
+        "spec.engine.pipelineParallelSize",
+    ),
+    (
+        "lora-cpu-slots-below-gpu-slots",
+        _set("spec.engine.lora", {"maxLoras": 8, "maxCpuLoras": 4}),
+        "maxCpuLoras must be at least",
+        "spec.engine.lora.maxCpuLoras",
+    ),
+    (
+        "lora-rank-not-allowed",
+        _set("spec.engine.lora", {"maxLoraRank": 48}),
+        "supported values",
+        "spec.engine.lora.maxLoraRank",
+    ),
 ]
 
 
@@ -242,6 +314,19 @@ def test_valid_object_is_accepted(llmop_crd: Cluster) -> None:
     assert created["spec"]["engine"]["gpuMemoryUtilization"] == 0.9
     assert created["spec"]["rollout"]["maxSurge"] == 1
     assert created["spec"]["engine"]["pipelineParallelSize"] == 1
+
+
+def test_object_with_adapters_is_accepted(llmop_crd: Cluster) -> None:
+    obj = valid()
+    obj["spec"]["adapters"] = [
+        {"name": f"a{i}", "source": f"hf://acme/lora-{i}", "revision": "f" * 40} for i in range(64)
+    ]
+    result = llmop_crd.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(obj)
+    )
+    created = json.loads(result.stdout)
+    assert len(created["spec"]["adapters"]) == 64
+    assert "lora" not in created["spec"]["engine"]  # implied by adapters, never defaulted in
 
 
 @pytest.mark.parametrize(

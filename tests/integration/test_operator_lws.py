@@ -29,6 +29,10 @@ def pods(kit: Kit, namespace: str, selector: dict[str, str]) -> dict[str, dict[s
     return {p["metadata"]["name"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
 
 
+def conditions_of(cr: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in (cr.get("status") or {}).get("conditions") or []}
+
+
 def ready(pod: dict[str, Any]) -> bool:
     found = pod.get("status", {}).get("conditions", [])
     return any(c["type"] == "Ready" and c["status"] == "True" for c in found)
@@ -73,6 +77,29 @@ def test_pipeline_parallel_cr_runs_as_groups_of_pods(
         assert env["LLMOP_ROLE"] == ("leader" if leader else "worker")
         assert ("--headless" in engine["args"]) == (not leader)
 
+    # Ready follows the groups: the status counts groups (not pods), read back from the LWS.
+    status = wait_until(
+        lambda: (
+            (cr := kit.get_llmd(namespace, "multi"))
+            and (cr.get("status") or {}).get("readyReplicas") == 2
+            and cr
+        ),
+        timeout=20,
+        what="status.readyReplicas 2 (groups)",
+    )["status"]
+    assert (status["replicas"], status["updatedReplicas"], status["replicaSummary"]) == (
+        2,
+        2,
+        "2/2",
+    )
+    ready_condition = kit.wait_condition(namespace, "multi", "Ready", "True", timeout=20)
+    assert conditions_of(ready_condition)["Ready"]["reason"] == "AllReplicasReady"
+    # Worker pods are part of their group, not replicas of their own.
+    assert {r["pod"] for r in (status.get("startup") or {}).get("replicas", [])} <= {
+        "multi-0",
+        "multi-1",
+    }
+
     # The Service selects the two leaders only.
     service = kit.get("v1", "Service", namespace, "multi")
     assert service is not None
@@ -90,6 +117,14 @@ def test_pipeline_parallel_cr_runs_as_groups_of_pods(
         timeout=30,
         what="group 1 removed",
     )
+    wait_until(
+        lambda: (
+            ((kit.get_llmd(namespace, "multi") or {}).get("status") or {}).get("replicaSummary")
+            == "1/1"
+        ),
+        timeout=20,
+        what="status 1/1 after the group went",
+    )
 
     # The one-pod CR beside it is a Deployment, as before, and Ready.
     kit.wait_condition(namespace, "single", "Ready", "True")
@@ -98,4 +133,165 @@ def test_pipeline_parallel_cr_runs_as_groups_of_pods(
     assert kit.get(LWS_API, "LeaderWorkerSet", namespace, "single") is None
     assert operator.process is not None
     assert operator.process.poll() is None
+    assert "Traceback" not in operator.log_path.read_text()
+
+
+def test_switching_pipeline_parallel_size_replaces_the_workload_kind(
+    operator: OperatorProcess, kit: Kit, namespace: str
+) -> None:
+    """1 → 2 → 1: the new workload kind is applied, then the old one deleted (none left
+    serving beside it), and Ready follows whichever the spec has."""
+    kit.apply_llmd(namespace, "switch", spec(replicas=1))
+    kit.wait_condition(namespace, "switch", "Ready", "True")
+    assert kit.deployment(namespace, "switch") is not None
+
+    kit.apply_llmd(
+        namespace,
+        "switch",
+        spec(replicas=1, engine={"backend": "simulator", "pipelineParallelSize": 2}),
+    )
+    wait_until(
+        lambda: (
+            kit.get(LWS_API, "LeaderWorkerSet", namespace, "switch") is not None
+            and kit.deployment(namespace, "switch") is None
+        ),
+        timeout=30,
+        what="LeaderWorkerSet in, Deployment out",
+    )
+    cr = kit.wait_condition(namespace, "switch", "Ready", "True", timeout=40)
+    assert cr["status"]["replicaSummary"] == "1/1"
+    # The group is what is ready: its leader and worker pods exist.
+    group = pods(kit, namespace, {f"{LABEL}/name": "switch"})
+    assert group.keys() == {"switch-0", "switch-0-1"}
+
+    # A crash-looping worker is its group's problem, named as such (the kubelet's pods/status
+    # write, as tests/integration/test_operator_fleet.py makes it).
+    (container,) = group["switch-0-1"]["status"]["containerStatuses"]
+    crashing = {
+        **container,
+        "ready": False,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+    }
+    kit.kube.patch_status("v1", "Pod", namespace, "switch-0-1", {"containerStatuses": [crashing]})
+    degraded = wait_until(
+        lambda: (
+            (found := conditions_of(kit.get_llmd(namespace, "switch") or {}).get("Degraded"))
+            and found["status"] == "True"
+            and found
+        ),
+        timeout=20,
+        what="Degraded by the worker",
+    )
+    assert degraded["reason"] == "CrashLoopBackOff"
+    assert degraded["message"].startswith("group 0: worker pod switch-0-1 is crash-looping")
+    # Still one replica, not two: the worker is no replica of its own.
+    assert (kit.get_llmd(namespace, "switch") or {})["status"]["replicas"] == 1
+
+    kit.apply_llmd(namespace, "switch", spec(replicas=1))
+    wait_until(
+        lambda: (
+            kit.deployment(namespace, "switch") is not None
+            and kit.get(LWS_API, "LeaderWorkerSet", namespace, "switch") is None
+        ),
+        timeout=30,
+        what="Deployment in, LeaderWorkerSet out",
+    )
+    kit.wait_condition(namespace, "switch", "Ready", "True", timeout=40)
+    assert "Traceback" not in operator.log_path.read_text()
+
+
+def test_a_group_recreated_again_and_again_is_reported_as_a_restart_loop(
+    operator: OperatorProcess, kit: Kit, namespace: str
+) -> None:
+    """LeaderWorkerSet recreates a whole group whenever one of its pods fails or goes, without
+    backoff: deleting the group's leader three times makes the real controller recreate group 0
+    three times (and more when the controller recreates the group by itself, its RecreateGroup
+    Events). The operator names a recreated group that is not ready again (GroupRestarting) and
+    then the loop (GroupRestartLoop: group 0, every recreate), and `-o wide` shows the groups."""
+    kit.apply_llmd(
+        namespace,
+        "loop",
+        spec(replicas=1, engine={"backend": "simulator", "pipelineParallelSize": 2}),
+    )
+    kit.wait_condition(namespace, "loop", "Ready", "True", timeout=40)
+    leaders = {f"{LABEL}/name": "loop", f"{LABEL}/worker-index": "0"}
+
+    def leader_uid() -> str | None:
+        leader = pods(kit, namespace, leaders).get("loop-0")
+        return None if leader is None else str(leader["metadata"]["uid"])
+
+    def degraded(reason: str) -> dict[str, Any] | None:
+        found = conditions_of(kit.get_llmd(namespace, "loop") or {}).get("Degraded")
+        return found if found and found["reason"] == reason else None
+
+    for attempt in range(1, 4):
+        before = leader_uid()
+        assert before is not None
+        kit.cluster.kubectl("delete", "pod", "-n", namespace, "loop-0", "--wait=false")
+        wait_until(
+            lambda old=before: leader_uid() not in (None, old),
+            timeout=20,
+            what="group 0's new leader",
+        )
+        if attempt == 1:
+            # A kwok group is Ready again within 0.2 s, before the pod events' coalesced status
+            # write (1 s); a real engine loads for minutes. The kubelet's pods/status write
+            # makes the new leader one that is still loading.
+            kit.kube.patch_status(
+                "v1",
+                "Pod",
+                namespace,
+                "loop-0",
+                {"conditions": [{"type": "Ready", "status": "False"}]},
+            )
+            restarting = wait_until(
+                lambda: degraded("GroupRestarting"), timeout=15, what="Degraded GroupRestarting"
+            )
+            assert restarting["status"] == "True"
+            assert restarting["message"].startswith(
+                "group 0 was recreated once within 10 minutes and is not ready yet (1/2 pods "
+                "ready); last exit before the recreate: "
+            )
+
+    def lws_recreates() -> list[str]:
+        # The controller's own group recreates (its RecreateGroup Events): a group it recreated
+        # by itself besides the three deletions here is one more recreate, rightly counted.
+        found = json.loads(
+            kit.cluster.kubectl(
+                "get", "events", "-n", namespace, "--field-selector=reason=RecreateGroup",
+                "-o", "json",
+            ).stdout
+        )["items"]  # fmt: skip
+        return [str(e.get("message")) for e in found for _ in range(e.get("count") or 1)]
+
+    def loop_of_every_recreate() -> dict[str, Any] | None:
+        found = degraded("GroupRestartLoop")
+        expected = f"group 0 was recreated {3 + len(lws_recreates())} times within 10 minutes"
+        return found if found and found["message"].startswith(expected) else None
+
+    try:
+        loop = wait_until(
+            loop_of_every_recreate, timeout=20, what="Degraded GroupRestartLoop, every recreate"
+        )
+    except TimeoutError:
+        seen = [
+            line
+            for line in operator.log_path.read_text().splitlines()
+            if "recreated (leader" in line
+        ]
+        raise AssertionError(
+            f"Degraded: {degraded('GroupRestartLoop')}; LeaderWorkerSet's own recreates: "
+            f"{lws_recreates()}; the operator counted: {seen}"
+        ) from None
+    assert loop["status"] == "True"
+    assert "last exit before the latest recreate: " in loop["message"]
+
+    # -o wide: the Groups column, once the group is back (the loop stays named meanwhile).
+    kit.wait_condition(namespace, "loop", "Ready", "True", timeout=30)
+    wide = kit.cluster.kubectl(
+        "get", "llmdeployments.serving.llmop.dev", "loop", "-n", namespace, "-o", "wide"
+    ).stdout.splitlines()
+    assert "GROUPS" in wide[0].split()
+    assert "1/1 (2 pods each)" in wide[1]
+    assert degraded("GroupRestartLoop") is not None
     assert "Traceback" not in operator.log_path.read_text()

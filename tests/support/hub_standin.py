@@ -20,6 +20,11 @@ download a model, checked against that library's source (`hf_api.py`, `file_down
   (`GatedRepoError`); an unknown token → 401 "Invalid credentials in Authorization header". As on
   the real Hub, a gated repo's metadata (info, tree) is public; only its files are gated.
 
+A LoRA adapter repo is a repo like any other (`synthetic_adapter` makes one's files:
+`adapter_config.json` + `adapter_model.safetensors`), which is what the operator's adapter
+pre-flight (`hub.adapter_probe`: info, then a GET of `adapter_config.json`) and the engine agent's
+adapter fetch read.
+
 Knobs for tests: `rate_bytes_per_s` throttles file bodies (so a test can kill a download midway),
 `cut_after_bytes` drops the connection once per file after that many body bytes (so the client's
 own Range resume is exercised), and `requests` logs every request (method, path, Range).
@@ -447,6 +452,33 @@ def synthetic_model(directory: Path, weights_bytes: int, shards: int = 1, seed: 
                 n = min(left, 1 << 20)
                 out.write(rng.randbytes(n))
                 left -= n
+    return directory
+
+
+def synthetic_adapter(
+    directory: Path, *, r: int = 8, weights_bytes: int = 4096, seed: int = 0, **config: object
+) -> Path:
+    """A LoRA-adapter-shaped directory, as PEFT saves one: `adapter_config.json` (PEFT's keys
+    for a plain LoRA of rank `r` on a llama-style base; `config` overrides or adds keys, e.g.
+    `use_dora=True`) and `adapter_model.safetensors` of `weights_bytes` random bytes. An adapter
+    repo is served like any other (`HubRepo(repo_id, directory)`): gated, missing revisions and
+    missing repos behave as for a model."""
+    directory.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, object] = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": "acme/llama",
+        "r": r,
+        "lora_alpha": 2 * r,
+        "lora_dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"],
+        "bias": "none",
+        "use_dora": False,
+        "modules_to_save": None,
+    }
+    (directory / "adapter_config.json").write_text(json.dumps(doc | config))
+    rng = random.Random(seed)
+    (directory / "adapter_model.safetensors").write_bytes(rng.randbytes(weights_bytes))
     return directory
 
 

@@ -36,9 +36,13 @@ PURE = (
     "crdgen.py",
     "preflight.py",
     "pods.py",
+    "group_restarts.py",
     "agents.py",
     "coldstart.py",
     "pool_view.py",
+    "idle.py",
+    "adapter_status.py",
+    "adapter_preflight.py",
 )
 IMPURE_STDLIB = {"os", "time", "socket", "subprocess", "threading", "asyncio", "random"}
 
@@ -121,7 +125,7 @@ def test_operator_meets_the_engine_only_through_the_contract() -> None:
 
 
 ROUTER = PACKAGE.parents[2] / "router" / "src" / "llmop_router"
-ROUTER_PURE = {"prefix.py", "ring.py", "routes.py", "discovery.py"}
+ROUTER_PURE = {"prefix.py", "ring.py", "routes.py", "discovery.py", "hold.py"}
 ROUTER_OWNERS = {
     "aiohttp": {"server.py", "cli.py", "kube.py"},
     "yaml": {"kube.py"},

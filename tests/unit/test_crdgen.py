@@ -115,12 +115,15 @@ def test_crd_metadata() -> None:
     }
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert list(columns) == [
-        "Model", "Ready", "Replicas", "Endpoint", "Age", "Reason", "Download", "Startup"
+        "Model", "Ready", "Replicas", "Endpoint", "Adapters", "Age", "Reason", "Download",
+        "Startup", "Groups",
     ]  # fmt: skip
     assert columns["Reason"]["priority"] == 1
     assert columns["Download"]["priority"] == 1  # -o wide
     assert columns["Startup"]["priority"] == 1  # -o wide
     assert columns["Startup"]["jsonPath"] == ".status.startup.summary"
+    assert columns["Groups"]["priority"] == 1  # -o wide
+    assert columns["Groups"]["jsonPath"] == ".status.groupSummary"
     conditions = ROOT_SCHEMA["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
@@ -319,6 +322,71 @@ CEL_CASES = [
         spec(router={"inferencePool": {"endpointPickerRef": {"name": "EPP.svc", "port": 9002}}}),
         "endpointPickerRef.name must be the name of the endpoint picker's Service",
     ),
+    (
+        "scale-to-zero",
+        spec(autoscaling={"minReplicas": 0, "maxReplicas": 3, "scaleToZero": {"idleSeconds": 60}}),
+        None,
+    ),
+    (
+        "scale-to-zero-without-min-0",
+        spec(autoscaling={"minReplicas": 1, "maxReplicas": 3, "scaleToZero": {}}),
+        "scaleToZero needs spec.autoscaling.minReplicas: 0",
+    ),
+    (
+        "min-0-without-router",
+        spec(autoscaling={"minReplicas": 0, "maxReplicas": 3}, router={"enabled": False}),
+        "spec.autoscaling.minReplicas 0 needs spec.router.enabled",
+    ),
+    (
+        "adapters",
+        spec(
+            adapters=[
+                {"name": "sql", "source": "hf://acme/sql-lora", "revision": "a" * 40},
+                {"name": "chat", "source": "pvc://adapters/chat/v2"},
+            ],
+            engine={"lora": {"maxLoras": 2, "maxCpuLoras": 8, "maxLoraRank": 16}},
+        ),
+        None,
+    ),
+    (
+        "adapter-source-malformed",
+        spec(adapters=[{"name": "sql", "source": "s3://bucket/sql"}]),
+        "spec.adapters[].source must be hf://",
+    ),
+    (
+        "adapter-source-dot-dot",
+        spec(adapters=[{"name": "sql", "source": "pvc://adapters/x/../../etc"}]),
+        "must not contain '..'",
+    ),
+    (
+        "adapter-revision-on-pvc",
+        spec(adapters=[{"name": "sql", "source": "pvc://adapters/sql", "revision": "main"}]),
+        "revision is for hf:// sources",
+    ),
+    (
+        "adapter-names-repeat",
+        spec(
+            adapters=[
+                {"name": "sql", "source": "hf://acme/a"},
+                {"name": "sql", "source": "hf://acme/b"},
+            ]
+        ),
+        "spec.adapters[].name must be unique",
+    ),
+    (
+        "adapters-with-pp",
+        spec(
+            resources={"gpus": 8},
+            engine={"pipelineParallelSize": 2},
+            adapters=[{"name": "sql", "source": "hf://acme/a"}],
+        ),
+        "vLLM 0.32 with --enable-lora and pipeline parallelism crashes",
+    ),
+    (
+        "lora-cpu-slots-below-gpu-slots",
+        spec(engine={"lora": {"maxLoras": 8, "maxCpuLoras": 4}}),
+        "maxCpuLoras must be at least",
+    ),
 ]
 
 
@@ -359,6 +427,25 @@ def test_root_rules_on_the_name(name: str, ok: bool) -> None:
         )
         == []
     ) is ok
+
+
+@pytest.mark.parametrize(
+    ("served", "adapter", "ok"),
+    [(None, "sql", True), (None, "llama", False), ("base", "llama", True), ("base", "base", False)],
+    ids=["other-name", "equals-metadata-name", "served-name-set", "equals-served-name"],
+)
+def test_root_rule_adapter_names_differ_from_the_base(
+    served: str | None, adapter: str, ok: bool
+) -> None:
+    model: dict[str, Any] = {"name": "acme/m"}
+    if served is not None:
+        model["servedName"] = served
+    body = {
+        "metadata": {"name": "llama"},
+        "spec": {"model": model, "adapters": [{"name": adapter, "source": "hf://acme/a"}]},
+    }
+    found = violations(body, {"x-kubernetes-validations": ROOT_SCHEMA["x-kubernetes-validations"]})
+    assert (found == []) is ok, found
 
 
 def test_committed_crd_parses_as_yaml() -> None:

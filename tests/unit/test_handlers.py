@@ -68,6 +68,7 @@ def test_settings_use_our_prefixes_and_server_side_label_filters() -> None:
         ("apps", "v1", "deployments"): "app.kubernetes.io/managed-by=llmop",
         ("", "v1", "pods"): "app.kubernetes.io/managed-by=llmop",
         ("", "v1", "services"): "app.kubernetes.io/managed-by=llmop",
+        ("", "v1", "configmaps"): "app.kubernetes.io/managed-by=llmop",
         ("autoscaling", "v2", "horizontalpodautoscalers"): "app.kubernetes.io/managed-by=llmop",
         ("policy", "v1", "poddisruptionbudgets"): "app.kubernetes.io/managed-by=llmop",
         ("batch", "v1", "jobs"): "app.kubernetes.io/managed-by=llmop",

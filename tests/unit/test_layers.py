@@ -5,12 +5,15 @@ A module may import from its own layer or a lower one, never a higher one; modul
 independent may not import each other even within a layer. Imports inside functions count too
 (a lazy import is still a dependency). A new violation fails `make test`.
 
-Operator: api < planner < foundation < sizing | render < desired < status | plan | events
-          | preflight < cache_gate < config | kube | metrics | hub | engine_client | persistence
-          < reconcile < fleet | leader | router_check | pool_check < handlers | main < cli
+Operator: api < planner < foundation < sizing | render < desired < status | adapter_status
+          | adapter_preflight | plan | events | preflight < cache_gate < config | kube | metrics
+          | hub | engine_client | persistence
+          < reconcile < fleet | leader | router_check | pool_check | hub_check | group_check
+          | idle_check
+          < handlers | main < cli
 Engine:   contract < vllm_metrics | simulator < health | settings | download_progress | worker
-          < supervisor | engine_client | agent_metrics | probe_server | drain | download
-          < agent | worker_agent < cli
+          | adapters < supervisor | engine_client | agent_metrics | probe_server | drain | download
+          | adapter_loader < agent | worker_agent < cli
 """
 
 from __future__ import annotations
@@ -36,14 +39,23 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.crdgen",
         "llmop.cpu",
         "llmop.pods",
+        "llmop.group_restarts",
         "llmop.agents",
         "llmop.coldstart",
         "llmop.router_view",
         "llmop.pool_view",
+        "llmop.idle",
     ),
     ("llmop.sizing", "llmop.render"),
     ("llmop.desired",),
-    ("llmop.status", "llmop.plan", "llmop.events", "llmop.preflight"),
+    (
+        "llmop.status",
+        "llmop.adapter_status",
+        "llmop.adapter_preflight",
+        "llmop.plan",
+        "llmop.events",
+        "llmop.preflight",
+    ),
     ("llmop.cache_gate",),
     (
         "llmop.config",
@@ -54,7 +66,15 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.persistence",
     ),
     ("llmop.reconcile",),
-    ("llmop.fleet", "llmop.leader", "llmop.router_check", "llmop.pool_check"),
+    (
+        "llmop.fleet",
+        "llmop.leader",
+        "llmop.router_check",
+        "llmop.pool_check",
+        "llmop.hub_check",
+        "llmop.group_check",
+        "llmop.idle_check",
+    ),
     ("llmop.handlers", "llmop.main"),
     ("llmop.cli",),
 )
@@ -76,6 +96,7 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_engine.settings",
         "llmop_engine.download_progress",
         "llmop_engine.worker",
+        "llmop_engine.adapters",
     ),
     (
         "llmop_engine.supervisor",
@@ -84,6 +105,7 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_engine.probe_server",
         "llmop_engine.drain",
         "llmop_engine.download",
+        "llmop_engine.adapter_loader",
     ),
     ("llmop_engine.agent", "llmop_engine.worker_agent"),
     ("llmop_engine.cli", "llmop_engine.__main__"),

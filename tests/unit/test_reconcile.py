@@ -89,6 +89,17 @@ class FakeKube:
     def create_event(self, event: dict[str, Any]) -> None:
         self.calls.append(("event", event["reason"], event["involvedObject"]["name"]))
 
+    def patch_annotations(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        annotations: dict[str, str | None],
+    ) -> bool:
+        self.calls.append(("annotate", kind, name, dict(annotations)))
+        return True
+
 
 def parent(**spec: Any) -> dict[str, Any]:
     return {

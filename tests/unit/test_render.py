@@ -358,11 +358,16 @@ def test_pdb_only_when_more_than_one_replica_can_exist(spec: dict[str, Any], has
 def test_wanted_and_unwanted() -> None:
     fixed = render()
     assert [c["kind"] for c in fixed.wanted()] == ["Service", "Deployment"]
-    assert fixed.unwanted() == [kinds.PDB, kinds.HPA, kinds.INFERENCE_POOL]
+    assert fixed.unwanted() == [kinds.CONFIG_MAP, kinds.PDB, kinds.HPA, kinds.INFERENCE_POOL]
     pool = {"endpointPickerRef": {"name": "epp", "port": 9002}}
-    scaled = render(autoscaling={"maxReplicas": 3}, router={"inferencePool": pool})
+    scaled = render(
+        autoscaling={"maxReplicas": 3},
+        router={"inferencePool": pool},
+        adapters=[{"name": "sql", "source": "hf://acme/sql"}],
+    )
     assert [c["kind"] for c in scaled.wanted()] == [
         "Service",
+        "ConfigMap",
         "Deployment",
         "PodDisruptionBudget",
         "HorizontalPodAutoscaler",

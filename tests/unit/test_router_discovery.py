@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmop_router.discovery import Catalog, claim_of, owners, ready_endpoints
-from llmop_router.routes import RouteTable
+import pytest
+
+from llmop_router.discovery import Catalog, claim_of, owners, ready_endpoints, wake_of
+from llmop_router.hold import ScaleToZero
+from llmop_router.routes import RouteTable, Wake
 
 
 def llmd(
@@ -194,3 +197,85 @@ def test_watch_lines_of_any_length() -> None:
     lines = asyncio.run(collect())
     assert [json.loads(line)["type"] for line in lines] == ["MODIFIED", "BOOKMARK", "DELETED"]
     assert lines[0] == big
+
+
+def at_zero(reason: str = "ScaledToZero", status: str = "True") -> dict[str, Any]:
+    return {"conditions": [{"type": "Ready", "status": status, "reason": reason}]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "status", "expected"),
+    [
+        ({}, {}, Wake()),
+        ({"autoscaling": {"minReplicas": 0}}, at_zero(), Wake(scaled_to_zero=True)),
+        # A fixed `spec.replicas: 0` also reads ScaledToZero: only the autoscaled floor wakes.
+        ({"replicas": 0}, at_zero(), Wake()),
+        ({"autoscaling": {"minReplicas": 1}}, at_zero(), Wake()),
+        # Ready for another reason: no wake.
+        ({"autoscaling": {"minReplicas": 0}}, at_zero("Available"), Wake()),
+        ({"autoscaling": {"minReplicas": 0}}, at_zero(status="False"), Wake()),
+        (
+            {
+                "engine": {"pipelineParallelSize": 2, "maxNumSeqs": 8},
+                "autoscaling": {"minReplicas": 0, "scaleToZero": {"holdTimeoutSeconds": 30}},
+            },
+            at_zero(),
+            Wake(
+                scaled_to_zero=True,
+                settings=ScaleToZero(hold_timeout_seconds=30),
+                workload="leaderworkersets",
+                concurrency=8,
+            ),
+        ),
+        ({"engine": {"pipelineParallelSize": 1}}, {}, Wake(workload="deployments")),
+    ],
+)
+def test_what_the_router_reads_to_hold_and_wake(
+    spec: dict[str, Any], status: dict[str, Any], expected: Wake
+) -> None:
+    obj = {**llmd("llama", **spec), "status": status}
+    assert wake_of(obj) == expected
+    claim = claim_of(obj)
+    assert claim is not None
+    assert claim.wake == expected
+    catalog = Catalog(RouteTable())
+    catalog.on_llmdeployment("ADDED", obj)
+    assert catalog.table.backends["llama"].wake == expected
+    # An EndpointSlice event keeps what the CR said.
+    catalog.on_endpoint_slice("ADDED", endpoint_slice("llama", ("10.0.0.1", {"ready": True})))
+    assert catalog.table.backends["llama"].wake == expected
+
+
+def test_adapter_names_route_like_models_to_the_same_pods() -> None:
+    table = RouteTable()
+    catalog = Catalog(table)
+    adapters = [{"name": "sql", "source": "hf://a/sql"}, {"name": "chat", "source": "hf://a/c"}]
+    catalog.on_llmdeployment("SYNC", {"items": [llmd("llama", adapters=adapters)]})
+    catalog.on_endpoint_slice("SYNC", {"items": [endpoint_slice("llama", ("10.244.7.2", READY))]})
+    assert table.models() == ["chat", "llama", "sql"]
+    for model in ("llama", "sql", "chat"):
+        backend = table.backends[model]
+        assert (backend.namespace, backend.name) == ("team", "llama")
+        assert backend.ring.endpoints == ("10.244.7.2:8000",)
+    # A new pod reaches every name of the CR; removing an adapter removes only its route.
+    catalog.on_endpoint_slice("ADDED", endpoint_slice("llama", ("10.244.7.3", READY), name="b"))
+    assert table.backends["sql"].ring.endpoints == ("10.244.7.2:8000", "10.244.7.3:8000")
+    catalog.on_llmdeployment("MODIFIED", llmd("llama", adapters=adapters[1:]))
+    assert table.models() == ["chat", "llama"]
+
+
+def test_an_adapter_name_another_cr_serves_stays_with_the_oldest() -> None:
+    old = claim_of(
+        llmd("old", created="2026-11-26T10:00:00Z", model={"name": "m", "servedName": "sql"})
+    )
+    new = claim_of(
+        llmd(
+            "new", created="2026-11-26T11:00:00Z", adapters=[{"name": "sql", "source": "hf://a/b"}]
+        )
+    )
+    assert old is not None
+    assert new is not None
+    assert new.models == ("new", "sql")
+    chosen = owners([new, old])
+    assert chosen["sql"] == old
+    assert chosen["new"] == new

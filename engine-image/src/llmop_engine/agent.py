@@ -2,7 +2,8 @@
 
 All judgement lives in `health` (pure); this module only gathers observations on a timer, starts
 one-token probes when `health.deep_probe_due` says so, and turns SIGTERM / preStop into the drain
-sequence.
+sequence. With `adapters_dir` set it also runs the LoRA adapter loader (`adapter_loader`), whose
+gate holds the first readiness back until the desired adapters are loaded (`adapters`).
 
 Exit code: non-zero exactly when the engine failed. vLLM exits 0 after its EngineCore died, so an
 engine that exits without being asked to, or that reported itself dead (/health 503), makes the
@@ -20,11 +21,12 @@ import signal
 import time
 
 from llmop_engine import health
+from llmop_engine.adapter_loader import AdapterLoader
 from llmop_engine.agent_metrics import AgentMetrics
 from llmop_engine.contract import EngineFlag, drain_flag_path
 from llmop_engine.drain import DrainOutcome, Load, drain_sequence, stop_hung
 from llmop_engine.engine_client import EngineClient
-from llmop_engine.health import Observation, Policy, Verdict
+from llmop_engine.health import Observation, Phase, Policy, Reach, Verdict
 from llmop_engine.probe_server import start as start_servers
 from llmop_engine.settings import AgentSettings, flag_value
 from llmop_engine.supervisor import (
@@ -68,11 +70,26 @@ class Agent:
         self._warned_no_metrics = False
         self._probe_task: asyncio.Task[None] | None = None
         self._last: Verdict | None = None
+        self.adapters = (
+            AdapterLoader(settings, self.client) if settings.adapters_dir is not None else None
+        )
+        self._adapter_task: asyncio.Task[None] | None = None
 
     # -- views for the probe server ---------------------------------------------------------
 
     def verdict(self) -> Verdict:
-        return health.verdict(self.state, self.policy, time.monotonic())
+        v = health.verdict(self.state, self.policy, time.monotonic())
+        if v.ready and self.adapters is not None:
+            # Only a pod that was never ready waits for its adapters: once in the Service,
+            # adapter changes never take it out (the base and the other adapters still serve).
+            reason = self.adapters.gate_reason(
+                ever_ready=self.ever_ready, healthy_since=self.state.listening_since
+            )
+            if reason is not None:
+                return Verdict(phase=Phase.LOADING, live=v.live, ready=False, reason=reason)
+        if v.ready:
+            self.ever_ready = True
+        return v
 
     def status(self) -> dict[str, object]:
         v = self.verdict()
@@ -106,10 +123,12 @@ class Agent:
             "engineExitCode": self.supervisor.returncode,
             "drainDurationSeconds": self.drain_duration,
             "drainCutRequests": self.drain_cut,
-        }
+        } | ({} if self.adapters is None else {"adapters": self.adapters.statuses()})
 
     def metrics_text(self) -> bytes:
         self.metrics.update(self.verdict(), self.published_load())
+        if self.adapters is not None:
+            self.metrics.adapters(self.adapters.loaded())
         return self.metrics.render()
 
     def published_load(self) -> EngineMetrics | None:
@@ -257,6 +276,11 @@ class Agent:
         self.state = health.record_probe(self.state, result)
         self._after_change()
 
+    def engine_serving(self) -> bool:
+        """The engine answers `/health` and the pod is not draining: adapters may be loaded."""
+        s = self.state
+        return s.reach is Reach.OK and not s.draining and not s.stopping and s.dead_at is None
+
     async def _monitor(self) -> None:
         while True:
             try:
@@ -285,6 +309,10 @@ class Agent:
         for sig in FORWARDED:
             loop.add_signal_handler(sig, self.supervisor.send, sig)
         monitor = asyncio.create_task(self._monitor(), name="monitor")
+        if self.adapters is not None:
+            self._adapter_task = asyncio.create_task(
+                self.adapters.run(self.engine_serving), name="adapters"
+            )
         try:
             code = await self.supervisor.wait()
             outcome = await self.drain_task if self.drain_task is not None else None
@@ -293,8 +321,15 @@ class Agent:
             monitor.cancel()
             if self._probe_task is not None:
                 self._probe_task.cancel()
+            if self._adapter_task is not None:
+                self._adapter_task.cancel()
+            if self.adapters is not None:
+                self.adapters.close()
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor
+            if self._adapter_task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._adapter_task
             await self.client.close()
             for runner in runners:
                 await runner.cleanup()

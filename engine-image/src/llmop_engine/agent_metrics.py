@@ -3,16 +3,19 @@
 The load series (queue depth, running, KV usage, KV capacity) are exported only while the agent
 has a current reading: when the engine stops answering or exports no metrics they disappear
 instead of repeating the last value (the HPA then holds, rather than scaling on old numbers).
+`llmop_engine_adapter_loaded{adapter}` has one series per desired LoRA adapter (vLLM exports no
+per-adapter series); an adapter removed from the desired set loses its series.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from llmop_engine.contract import ADAPTER_LOADED_METRIC
 from llmop_engine.drain import DrainOutcome
 from llmop_engine.health import Phase, ProbeResult, Verdict
 from llmop_engine.vllm_metrics import EngineMetrics
@@ -54,11 +57,33 @@ class _LoadCollector(Collector):
         return iter(())
 
 
+class _AdapterCollector(Collector):
+    """1 per desired adapter registered in the engine, 0 per one that is not (yet)."""
+
+    def __init__(self) -> None:
+        self.current: Mapping[str, bool] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            ADAPTER_LOADED_METRIC,
+            "1 while the desired LoRA adapter is registered in the engine, else 0.",
+            labels=("adapter",),
+        )
+        for name, loaded in sorted(self.current.items()):
+            family.add_metric([name], 1.0 if loaded else 0.0)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
 class AgentMetrics:
     def __init__(self) -> None:
         reg = self.registry = CollectorRegistry(auto_describe=False)
         self._load = _LoadCollector()
         reg.register(self._load)
+        self._adapters = _AdapterCollector()
+        reg.register(self._adapters)
         self.phase = Gauge(
             "llmop_engine_phase", "1 for the current phase.", ("phase",), registry=reg
         )
@@ -96,6 +121,9 @@ class AgentMetrics:
         self.ready.set(1 if verdict.ready else 0)
         self.live.set(1 if verdict.live else 0)
         self._load.current = metrics
+
+    def adapters(self, loaded: Mapping[str, bool]) -> None:
+        self._adapters.current = dict(loaded)
 
     def cut(self, requests: int | None) -> None:
         self.drain_cut.set(-1 if requests is None else requests)

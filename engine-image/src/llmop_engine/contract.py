@@ -57,6 +57,10 @@ class EngineFlag:
     MASTER_ADDR: Final = "--master-addr"
     """Multi-node (`--nnodes`): the leader's address; a worker agent watches its rendezvous."""
     MASTER_PORT: Final = "--master-port"
+    ENABLE_LORA: Final = "--enable-lora"
+    MAX_LORAS: Final = "--max-loras"
+    MAX_CPU_LORAS: Final = "--max-cpu-loras"
+    MAX_LORA_RANK: Final = "--max-lora-rank"
 
 
 MASTER_PORT: Final = 29501
@@ -157,6 +161,60 @@ PROGRESS_PATH: Final = "/progress"
 """The downloader's progress (JSON, `ProgressKey`), served on the probe port."""
 AGENT_SOCKET: Final = "/tmp/llmop-agent.sock"
 """Default drain socket; the renderer points `LLMOP_AGENT_SOCKET` into a memory volume."""
+
+# --- LoRA adapters -----------------------------------------------------------------------------
+
+ADAPTERS_DIR: Final = "/etc/llmop/adapters"
+"""Where the ConfigMap `<name>-adapters` is mounted (a directory, never a subPath: the kubelet
+then swaps the file in place when the ConfigMap changes, and the agent follows it)."""
+ADAPTERS_FILE: Final = "adapters.json"
+"""The ConfigMap's one key: `{"adapters": [AdapterKey...]}`, the desired adapter set."""
+ADAPTER_STORE: Final = "/var/lib/llmop/adapters"
+"""Default directory the agent fetches Hub adapters into when the model has no cache claim (a
+pod-local emptyDir the renderer mounts); with a cache it is `<cache>/llmop-adapters`."""
+ADAPTER_STORE_IN_CACHE: Final = "llmop-adapters"
+"""The adapters' folder under the model cache's mount (one copy shared by every pod)."""
+ADAPTER_LOADED_METRIC: Final = "llmop_engine_adapter_loaded"
+"""Per-pod gauge, label `adapter`: 1 while the adapter is registered in the engine (vLLM itself
+exports no per-adapter series)."""
+
+
+class AdapterKey:
+    """Keys of one entry of `adapters.json` (written by the operator, read by the agent)."""
+
+    NAME: Final = "name"
+    """The OpenAI `model` value clients send (`spec.adapters[].name`)."""
+    REPO: Final = "repo"
+    """Hub repository id for `hf://` sources, else null."""
+    REVISION: Final = "revision"
+    """The Hub revision to fetch (a commit sha when pinned), else null."""
+    PATH: Final = "path"
+    """Absolute path inside the pod for `pvc://` sources (the claim's mount + the path), else
+    null: the agent fetches `repo` at `revision` into its store and loads from there."""
+
+
+AdapterPhase = Literal["Pending", "Fetching", "Loading", "Loaded", "Failed"]
+ADAPTER_PHASES: Final[tuple[AdapterPhase, ...]] = get_args(AdapterPhase)
+"""An adapter's phase in one pod, as the agent's `/status` `adapters[].phase` reports it."""
+
+
+class AdapterStatusKey:
+    """Keys of one entry of the agent's `/status` `adapters` list."""
+
+    NAME: Final = "name"
+    PHASE: Final = "phase"
+    MESSAGE: Final = "message"
+    """Why it failed or waits (vLLM's own message for a refused load), else null."""
+    REVISION: Final = "revision"
+    RANK: Final = "rank"
+    """`r` from the adapter's `adapter_config.json`, once read, else null."""
+
+
+LORA_RUNTIME_ENV: Final = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+"""vLLM's own variable: serves `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`."""
+LOAD_LORA_PATH: Final = "/v1/load_lora_adapter"
+UNLOAD_LORA_PATH: Final = "/v1/unload_lora_adapter"
+
 
 # --- Timings that are not settings ---------------------------------------------------------------
 
@@ -312,6 +370,26 @@ class AgentSettings:
         env=Env.HTTP_KEEP_ALIVE_SECONDS,
         help="vLLM's idle keep-alive timeout (its own variable): the drain's quiet period, so "
         "that idle pooled connections are closed before the engine exits",
+    )
+    adapters_dir: str | None = setting(
+        None,
+        flag="--adapters-dir",
+        env="LLMOP_ADAPTERS_DIR",
+        help=f"directory holding `{ADAPTERS_FILE}`, the desired LoRA adapters (the mounted "
+        "ConfigMap); unset: no adapters",
+    )
+    adapter_store: str = setting(
+        ADAPTER_STORE,
+        flag="--adapter-store",
+        env="LLMOP_ADAPTER_STORE",
+        help="directory Hub adapters are fetched into (the model cache's when there is one)",
+    )
+    adapter_ready_timeout_seconds: float = setting(
+        600,
+        flag="--adapter-ready-timeout-seconds",
+        env="LLMOP_ADAPTER_READY_TIMEOUT_SECONDS",
+        help="how long a new pod's readiness waits for adapters that keep failing transiently "
+        "(deterministic failures never wait); past it the pod serves the base and retries",
     )
     # Not rows: the engine's command line, and the API key the deep probe sends (the engine
     # flag `--api-key`, else vLLM's own `VLLM_API_KEY`, a Secret the operator references).

@@ -40,6 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import (
     DisabledRepoError,
     GatedRepoError,
@@ -48,6 +49,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.utils.tqdm import disable_progress_bars
 
 from llmop_engine import contract
 from llmop_engine import download_progress as dp
@@ -84,6 +86,46 @@ def classify(error: BaseException) -> bool:
 def repo_folder(hub_cache: Path, repo_id: str) -> Path:
     """Where `huggingface_hub` keeps a model repo in its cache."""
     return hub_cache / ("models--" + repo_id.replace("/", "--"))
+
+
+def fetch_snapshot(
+    repo_id: str,
+    revision: str | None,
+    hub_cache: Path,
+    *,
+    token: str | None = None,
+    max_workers: int = 8,
+    endpoint: str | None = None,
+    ignore_offline: bool = False,
+    quiet: bool = False,
+) -> Path:
+    """Fetch one repo at one revision into a `huggingface_hub` cache; returns its snapshot folder.
+
+    The downloader Job and the agent's adapter fetches both come here. Files already complete are
+    not fetched again, and several processes may fetch the same repo into one cache at once:
+    `huggingface_hub` takes a file lock per blob and writes each to its own temporary first.
+    `ignore_offline`: fetch even with `HF_HUB_OFFLINE` set. The renderer sets it on engine pods
+    with a model cache so that vLLM never reaches the Hub, and the agent inherits it; its adapter
+    fetches are explicit and pinned, so the agent turns the library's (process-wide) flag off.
+    `quiet`: no progress bars and no line per HTTP request (process-wide too): the agent's log
+    is the pod's, and a few small adapter files need neither.
+    """
+    if ignore_offline and hub_constants.HF_HUB_OFFLINE:
+        hub_constants.HF_HUB_OFFLINE = False
+    if quiet:
+        disable_progress_bars()
+        for client in ("httpx", "httpx2"):  # huggingface_hub's HTTP client (by version)
+            logging.getLogger(client).setLevel(logging.WARNING)
+    return Path(
+        snapshot_download(
+            repo_id,
+            revision=revision,
+            cache_dir=hub_cache,
+            token=token,
+            max_workers=max_workers,
+            endpoint=endpoint,
+        )
+    )
 
 
 def bytes_on_disk(folder: Path) -> int:
@@ -228,12 +270,8 @@ def download(  # noqa: C901
                     sha, total = _total_bytes(api, repo_id, revision)
                     reporter.update(total=total, phase="downloading", message=f"commit {sha}")
                     revision = sha  # every later attempt fetches the same commit
-                path = snapshot_download(
-                    repo_id,
-                    revision=revision,
-                    cache_dir=hub_cache,
-                    token=token,
-                    max_workers=max_workers,
+                path = fetch_snapshot(
+                    repo_id, revision, hub_cache, token=token, max_workers=max_workers
                 )
             except FatalError as error:
                 return finish(EXIT_FATAL, "failed", str(error))

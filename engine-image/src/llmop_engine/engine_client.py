@@ -1,12 +1,16 @@
-"""The agent's HTTP client to the engine on localhost: `/health`, `/metrics`, `/v1/models` and the
-one-token deep probe. Every call has its own timeout and never raises; results are plain values.
+"""The agent's HTTP client to the engine on localhost: `/health`, `/metrics`, `/v1/models`, the
+one-token deep probe, and vLLM's runtime LoRA API (`/v1/load_lora_adapter`,
+`/v1/unload_lora_adapter`). Every call has its own timeout and never raises; results are plain
+values.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -19,6 +23,36 @@ PROBE_USER_AGENT = f"llmop-engine-probe/{__version__}"
 ENGINE_DEAD_MESSAGE = b"EngineCore encountered an issue"
 # Below vLLM's server-side keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 s).
 KEEPALIVE_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class LoraAnswer:
+    """vLLM's answer to a LoRA load or unload."""
+
+    status: int | None
+    """The HTTP status; None when nothing answered (refused, reset, timed out)."""
+    message: str
+    """The success text, vLLM's error message, or what went wrong on the way."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+def error_message(body: bytes) -> str:
+    """vLLM's `{"error": {"message": …}}` (or FastAPI's `{"detail": …}`), else the text itself."""
+    text = body.decode(errors="replace").strip()
+    with contextlib.suppress(ValueError):
+        doc = json.loads(text)
+        if isinstance(doc, dict):
+            error = doc.get("error")
+            if isinstance(error, dict) and isinstance(error.get("message"), str):
+                return str(error["message"])
+            if isinstance(error, str):
+                return error
+            if isinstance(doc.get("detail"), str):
+                return str(doc["detail"])
+    return text[:500]
 
 
 class EngineClient:
@@ -100,7 +134,8 @@ class EngineClient:
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    async def first_model(self, timeout: float) -> str | None:
+    async def _models(self, timeout: float) -> list[object] | None:
+        """The `data` list of `GET /v1/models`; None when the engine did not answer with one."""
         try:
             async with self._http().get(
                 self.base + "/v1/models",
@@ -109,14 +144,54 @@ class EngineClient:
             ) as resp:
                 if resp.status != 200:
                     return None
-                body = await resp.json()
+                body = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
             return None
         data = body.get("data") if isinstance(body, dict) else None
-        if isinstance(data, list) and data and isinstance(data[0], dict):
+        return data if isinstance(data, list) else None
+
+    async def first_model(self, timeout: float) -> str | None:
+        data = await self._models(timeout)
+        if data and isinstance(data[0], dict):
             model_id = data[0].get("id")
             return str(model_id) if model_id else None
         return None
+
+    async def lora_adapters(self, timeout: float) -> dict[str, str] | None:
+        """The adapters the engine has registered: name → the path it loaded them from (the
+        `/v1/models` entries that have a `parent`, their `root`); None when it did not answer."""
+        data = await self._models(timeout)
+        if data is None:
+            return None
+        return {
+            str(entry["id"]): str(entry.get("root") or "")
+            for entry in data
+            if isinstance(entry, dict) and entry.get("parent") and entry.get("id")
+        }
+
+    async def load_lora(self, name: str, path: str, *, inplace: bool, timeout: float) -> LoraAnswer:
+        payload: dict[str, object] = {"lora_name": name, "lora_path": path}
+        if inplace:
+            payload["load_inplace"] = True
+        return await self._lora(contract.LOAD_LORA_PATH, payload, timeout)
+
+    async def unload_lora(self, name: str, timeout: float) -> LoraAnswer:
+        return await self._lora(contract.UNLOAD_LORA_PATH, {"lora_name": name}, timeout)
+
+    async def _lora(self, path: str, payload: dict[str, object], timeout: float) -> LoraAnswer:
+        try:
+            async with self._http().post(
+                self.base + path,
+                json=payload,
+                headers=self._auth(),
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:
+                body = await resp.read()
+                return LoraAnswer(resp.status, error_message(body))
+        except TimeoutError:
+            return LoraAnswer(None, f"no answer within {timeout:g}s")
+        except (aiohttp.ClientError, OSError) as exc:
+            return LoraAnswer(None, f"{type(exc).__name__}: {exc}")
 
     async def deep_probe(self, model: str, prompt: str, timeout: float) -> ProbeResult:
         """A real one-token completion through the engine's scheduler."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from llmop.conditions import REASON_DEEP_PROBE_FAILING
 from llmop.pods import PodIssue
+from llmop_engine.contract import AdapterStatusKey
 
 CAPACITY_MARGIN = 0.10
 """Actual KV capacity may fall this far below the plan before it counts as a shortfall: the
@@ -29,6 +30,41 @@ planner's estimate and vLLM's profiling differ by a few percent (CUDA graphs, ac
 COST_STEP = 0.25
 """A deletion cost is rewritten only when it moved by at least this fraction (and by at least
 one request): one patch per pod per read at most, none while the load only jitters."""
+
+
+@dataclass(frozen=True)
+class PodAdapter:
+    """One adapter as one pod's agent reported it."""
+
+    name: str
+    phase: str
+    message: str | None = None
+    revision: str | None = None
+    rank: int | None = None
+
+
+def parse_pod_adapters(raw: object) -> tuple[PodAdapter, ...] | None:
+    """The agent's `/status` `adapters` list (None: the agent reported none, e.g. LoRA off or
+    an agent from before adapters)."""
+    if not isinstance(raw, list):
+        return None
+    out = []
+    for entry in raw:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get(AdapterStatusKey.NAME), str):
+            continue
+        rank = entry.get(AdapterStatusKey.RANK)
+        message = entry.get(AdapterStatusKey.MESSAGE)
+        revision = entry.get(AdapterStatusKey.REVISION)
+        out.append(
+            PodAdapter(
+                name=entry[AdapterStatusKey.NAME],
+                phase=str(entry.get(AdapterStatusKey.PHASE) or "Pending"),
+                message=str(message) if message else None,
+                revision=str(revision) if revision else None,
+                rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+            )
+        )
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -44,6 +80,8 @@ class AgentReading:
     model_cache_bytes: int | None = None
     deep_probe_ok: bool | None = None
     deep_probe_error: str | None = None
+    adapters: tuple[PodAdapter, ...] | None = None
+    """The pod's LoRA adapters as its agent reported them (None: none reported)."""
 
     @property
     def load(self) -> int | None:
@@ -79,6 +117,7 @@ def parse_status(pod: str, payload: Any) -> AgentReading:
         model_cache_bytes=_count(payload.get("modelCacheBytes")),
         deep_probe_ok=ok if isinstance(ok, bool) else None,
         deep_probe_error=str(error) if error else None,
+        adapters=parse_pod_adapters(payload.get("adapters")),
     )
 
 

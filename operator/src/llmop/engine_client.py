@@ -1,8 +1,9 @@
 """The operator's one reader of the pods it runs: the only module importing an HTTP client.
 
-Two readers: the engine agents' `GET /status` (the fleet loop) and the model downloader's
+Three readers: the engine agents' `GET /status` (the fleet loop), the model downloader's
 `GET /progress` (bytes done/total, rate, ETA; see `llmop_engine.download`), which the reconcile
-reads while a download Job runs.
+reads while a download Job runs, and llmop-router pods' `GET /llmop/activity` (the scale-to-zero
+idle check).
 
 `AgentClient.read_all` asks each engine pod's agent for `GET /status` on its probe port (the pod
 IP, as the kubelet's probes do) and returns `llmop.agents.AgentReading`s. Reads are bounded
@@ -35,6 +36,8 @@ DEFAULT_TIMEOUT_SECONDS = 2.0
 agent or an unreachable pod, not a slow one."""
 DEFAULT_CONCURRENCY = 32
 PROGRESS_PATH = contract.PROGRESS_PATH
+ROUTER_ACTIVITY_PATH = "/llmop/activity"
+"""llmop-router's per-CR traffic (in flight, held, newest request), read for scale to zero."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,13 @@ def read_progress(host: str, port: int = contract.PROBE_PORT, timeout: float = 2
 
     Synchronous: the reconcile calls it from its worker thread, which has no event loop."""
     return asyncio.run(_read_json(f"http://{host}:{port}{PROGRESS_PATH}", timeout))
+
+
+async def read_router_activity(host: str, port: int, timeout: float = 2.0) -> Any:
+    """A router pod's `GET /llmop/activity` JSON, or None when it cannot be read (the idle
+    check then keeps the model up)."""
+    host = f"[{host}]" if ":" in host else host
+    return await _read_json(f"http://{host}:{port}{ROUTER_ACTIVITY_PATH}", timeout)
 
 
 async def _read_json(url: str, timeout: float) -> Any:

@@ -15,8 +15,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from llmop import conditions
-from llmop.api.v1alpha1 import Condition
+from llmop.api.v1alpha1 import AdapterStatus, Condition
 from llmop.conditions import format_time
+from llmop.pods import REASON_GROUP_RESTART_LOOP
 
 COMPONENT = "llmop"
 
@@ -61,8 +62,34 @@ def transition_events(before: Sequence[Condition], after: Sequence[Condition]) -
         and conditions.status_of(after, conditions.DEGRADED) == "False"
     ):
         events.append(EventSpec("Normal", "NoLongerDegraded", "No replica problems seen."))
+    events.extend(_restart_loop(before, after))
     events.extend(_shortfall(before, after))
+    events.extend(_zero(before, after))
     return events
+
+
+def _zero(before: Sequence[Condition], after: Sequence[Condition]) -> list[EventSpec]:
+    """One Event each way across zero replicas: in (`ScaledToZero`), and out (`Waking`)."""
+    old, new = conditions.find(before, conditions.READY), conditions.find(after, conditions.READY)
+    was = old is not None and old.reason == conditions.REASON_SCALED_TO_ZERO
+    now = new is not None and new.reason == conditions.REASON_SCALED_TO_ZERO
+    if now and not was and new is not None:
+        return [EventSpec("Normal", conditions.REASON_SCALED_TO_ZERO, new.message)]
+    if was and not now and old is not None:
+        return [EventSpec("Normal", "Waking", "Leaving zero replicas: a replica is starting.")]
+    return []
+
+
+def _restart_loop(before: Sequence[Condition], after: Sequence[Condition]) -> list[EventSpec]:
+    """A Warning when a group's recreate loop is found while Degraded was already True for
+    another reason (a recreate in progress): a loop is never silent."""
+    new = conditions.find(after, conditions.DEGRADED)
+    old = conditions.find(before, conditions.DEGRADED)
+    if new is None or new.reason != REASON_GROUP_RESTART_LOOP or new.status != "True":
+        return []
+    if old is None or old.status != "True" or old.reason == REASON_GROUP_RESTART_LOOP:
+        return []  # a flip to True posts its own Warning above
+    return [EventSpec("Warning", new.reason, new.message)]
 
 
 def _shortfall(before: Sequence[Condition], after: Sequence[Condition]) -> list[EventSpec]:
@@ -74,6 +101,26 @@ def _shortfall(before: Sequence[Condition], after: Sequence[Condition]) -> list[
     if old is not None and old.reason == conditions.REASON_CAPACITY_SHORTFALL:
         return []
     return [EventSpec("Warning", new.reason, new.message)]
+
+
+def adapter_events(
+    before: Sequence[AdapterStatus] | None, after: Sequence[AdapterStatus] | None
+) -> list[EventSpec]:
+    """One Event per adapter whose phase changed (a new adapter's first phase included):
+    Warning for Failed and Degraded, else Normal. Only the phase counts: a replica count or
+    message moving inside one phase posts nothing."""
+    old = {s.name: s.phase for s in before or ()}
+    out = []
+    for status in after or ():
+        if old.get(status.name) == status.phase:
+            continue
+        kind: Literal["Normal", "Warning"] = (
+            "Warning" if status.phase in ("Failed", "Degraded") else "Normal"
+        )
+        message = f"Adapter {status.name}: {status.phase}"
+        message += f" ({status.message})" if status.message else "."
+        out.append(EventSpec(kind, f"Adapter{status.phase}", message))
+    return out
 
 
 def render_event(

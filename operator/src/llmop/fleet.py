@@ -6,9 +6,9 @@ One asyncio task (started by the handlers at operator startup) loops:
 2. one round of `GET /status` through `llmop.engine_client` (bounded concurrency, timeouts);
 3. in a worker thread (the Kubernetes client is synchronous): per LLMDeployment, store the
    readings in `Context.fleet` and re-derive its status when what the status shows of them
-   changed (KV capacity, deep probes, readiness) or while it is Degraded (a restart ages out);
-   then set each pod's `controller.kubernetes.io/pod-deletion-cost` to its load where it moved
-   materially (`llmop.agents.cost_changed`), at most `MAX_COST_PATCHES` per round.
+   changed (KV capacity, deep probes, readiness, adapters) or while it is Degraded (a restart
+   ages out); then set each pod's `controller.kubernetes.io/pod-deletion-cost` to its load where
+   it moved materially (`llmop.agents.cost_changed`), at most `MAX_COST_PATCHES` per round.
 
 Why not on the reconcile path: a reconcile (and an operator restart, which resumes every parent)
 must not wait on hundreds of HTTP reads, and must not write anything new. The first round runs
@@ -25,11 +25,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from llmop import conditions, kinds
+from llmop import conditions, kinds, names
 from llmop.agents import AgentReading, cost_changed, deletion_cost
 from llmop.engine_client import AgentClient, ReadResult, Target
 from llmop.kube import KubeError
-from llmop.pods import DELETION_COST_ANNOTATION
+from llmop.pods import DELETION_COST_ANNOTATION, replica_pods
 from llmop.reconcile import TRIGGER_FLEET, Context, refresh_status
 
 log = logging.getLogger("llmop.fleet")
@@ -50,13 +50,17 @@ class _Pod:
     target: Target
     cost: str | None
     """The deletion-cost annotation as the watch cache last saw it."""
+    grouped: bool = False
+    """A LeaderWorkerSet leader: its scale-down removes the highest group index whatever the
+    cost (StatefulSet order), so it gets no deletion cost."""
 
 
 def _pods(ctx: Context) -> list[_Pod]:
-    """Engine pods worth reading: running, with an IP, not going away."""
+    """Engine pods worth reading: running, with an IP, not going away; not LeaderWorkerSet
+    workers (their agents report no load: the leader's speaks for the group)."""
     found = []
     for (namespace, parent), pods in list(ctx.pods.items()):
-        for pod in list(pods or ()):
+        for pod in replica_pods(list(pods or ())):
             metadata = pod.get("metadata") or {}
             status = pod.get("status") or {}
             ip = status.get("podIP")
@@ -64,14 +68,15 @@ def _pods(ctx: Context) -> list[_Pod]:
                 continue
             target = Target(namespace, parent, str(metadata.get("name")), str(ip))
             annotations = metadata.get("annotations") or {}
-            found.append(_Pod(target, annotations.get(DELETION_COST_ANNOTATION)))
+            grouped = names.LABEL_LWS_WORKER_INDEX in (metadata.get("labels") or {})
+            found.append(_Pod(target, annotations.get(DELETION_COST_ANNOTATION), grouped))
     return found
 
 
 def _shown(readings: Iterable[AgentReading]) -> tuple[Any, ...]:
     """The part of the readings the status shows (not the load, which moves all the time)."""
     return tuple(
-        (r.pod, r.ready, r.kv_capacity_tokens, r.deep_probe_ok, r.deep_probe_error)
+        (r.pod, r.ready, r.kv_capacity_tokens, r.deep_probe_ok, r.deep_probe_error, r.adapters)
         for r in readings
     )
 
@@ -115,7 +120,7 @@ def _write_costs(ctx: Context, pods: list[_Pod], result: ReadResult) -> int:
     written = 0
     for pod in pods:
         reading = result.readings.get(pod.target)
-        cost = None if reading is None else deletion_cost(reading)
+        cost = None if reading is None or pod.grouped else deletion_cost(reading)
         if cost is None or not cost_changed(pod.cost, cost):
             continue
         if written >= MAX_COST_PATCHES:

@@ -22,8 +22,9 @@
 
 - kopf's memory of the last handled spec is kept in this process (`llmop.persistence`), not on
   the object; the count handler drops a deleted object's entry.
-- Startup activities also run `llmop.router_check` and `llmop.pool_check` (the InferencePools
-  that wait for their CRDs); cleanup stops them.
+- Startup activities also run `llmop.router_check`, `llmop.pool_check` (the InferencePools
+  that wait for their CRDs), `llmop.hub_check` (adapters the Hub could not answer for) and
+  `llmop.group_check` (the LeaderWorkerSets, listed instead of watched); cleanup stops them.
 - One startup activity starts `llmop.fleet`'s agent reader as a task of kopf's event loop (no
   daemon per LLMDeployment: that would add a finalizer); the cleanup activity stops it.
 
@@ -41,7 +42,7 @@ from typing import Any
 
 import kopf
 
-from llmop import fleet, kinds, names, pool_check, router_check
+from llmop import fleet, group_check, hub_check, idle_check, kinds, names, pool_check, router_check
 from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
 from llmop.engine_client import AgentClient
 from llmop.hub import HubUnavailableError
@@ -52,6 +53,7 @@ from llmop.pods import pod_summary
 from llmop.reconcile import (
     Context,
     controller_owner,
+    note_group_pod,
     quiet_child_event,
     quiet_pod_event,
     reconcile_parent,
@@ -196,6 +198,9 @@ async def pod_event(
     and takes a worker."""
     ctx = _context(memo, kwargs)
     pod = pod_summary(body)
+    # Every event, before the quiet check (which derives from it) and before coalescing (which
+    # may drop it): a group's recreate shows only in its new leader's event.
+    note_group_pod(ctx, type, pod)
     if quiet_pod_event(ctx, type, pod):
         return
     parent = (body.get("metadata") or {}).get("labels", {}).get(names.LABEL_DEPLOYMENT)
@@ -300,6 +305,44 @@ async def start_router_check(memo: Any, **_: Any) -> None:
     context: Context = memo.context
     if context.router is not None:
         memo.router_task = asyncio.create_task(router_check.run(context), name="llmop-router")
+
+
+@kopf.on.startup(id="idle-check")
+async def start_idle_check(memo: Any, **_: Any) -> None:
+    """Start taking idle models to zero (`llmop.idle_check`; only with a router to wake them)."""
+    context: Context = memo.context
+    if context.router is not None:
+        memo.idle_task = asyncio.create_task(idle_check.run(context), name="llmop-idle")
+
+
+@kopf.on.cleanup(id="idle-check-stop")
+async def stop_idle_check(memo: Any, **_: Any) -> None:
+    """Stop the idle check."""
+    await _cancel(getattr(memo, "idle_task", None))
+
+
+@kopf.on.startup(id="group-check")
+async def start_group_check(memo: Any, **_: Any) -> None:
+    """Start reading the LeaderWorkerSets back (`llmop.group_check`)."""
+    memo.group_task = asyncio.create_task(group_check.run(memo.context), name="llmop-groups")
+
+
+@kopf.on.cleanup(id="group-check-stop")
+async def stop_group_check(memo: Any, **_: Any) -> None:
+    """Stop reading the LeaderWorkerSets back."""
+    await _cancel(getattr(memo, "group_task", None))
+
+
+@kopf.on.startup(id="hub-check")
+async def start_hub_check(memo: Any, **_: Any) -> None:
+    """Start asking the Hub again about adapters it could not answer for (`llmop.hub_check`)."""
+    memo.hub_task = asyncio.create_task(hub_check.run(memo.context), name="llmop-hub")
+
+
+@kopf.on.cleanup(id="hub-check-stop")
+async def stop_hub_check(memo: Any, **_: Any) -> None:
+    """Stop re-checking adapters at the Hub."""
+    await _cancel(getattr(memo, "hub_task", None))
 
 
 @kopf.on.startup(id="pool-check")

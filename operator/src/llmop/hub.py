@@ -1,6 +1,9 @@
 """The operator's only conversation with the model hub (`huggingface_hub`, honouring the endpoint
 the operator is configured with): resolve a revision, size the files, check that the token may
-read them. Returns `preflight.HubAnswer` values; the verdict is `preflight.verdict`'s.
+read them (`probe`, the model's pre-flight); read a LoRA adapter's `adapter_config.json`
+(`adapter_probe`) and a base model's `model_type` (`model_type`) for the adapter pre-flight.
+Returns `preflight.HubAnswer` / `adapter_preflight.AdapterAnswer` values; the verdicts are
+`preflight.verdict`'s and `adapter_preflight.verdict`'s.
 
 Two requests per check: model info with file sizes (`/api/models/{repo}/revision/{rev}?blobs`),
 then a HEAD of one file at the resolved commit — the Hub serves a gated model's metadata to
@@ -9,18 +12,30 @@ anyone, so only a file request proves access (401 without a token, 403 with one 
 
 from __future__ import annotations
 
+import json
+
 import httpx2
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+from huggingface_hub import (
+    HfApi,
+    get_hf_file_metadata,
+    get_session,
+    hf_hub_url,
+    hf_raise_for_status,
+)
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
+    RemoteEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
 
+from llmop.adapter_preflight import ADAPTER_CONFIG, AdapterAnswer, AdapterFacts
 from llmop.preflight import HubAnswer, HubFacts, HubFailure
 
 INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
+MAX_SMALL_FILE_BYTES = 1 << 20
+"""The most the operator reads of a config file; a real `adapter_config.json` is ~1 KB."""
 
 
 class HubUnavailableError(Exception):
@@ -60,14 +75,116 @@ def probe(
             total_bytes=sum(s.size or 0 for s in siblings),
             gated=bool(info.gated),
         )
-    except GatedRepoError as error:
+    except (HfHubHTTPError, httpx2.HTTPError, OSError) as error:
+        return _failure(error, token)
+
+
+def adapter_probe(
+    repo_id: str,
+    revision: str | None,
+    *,
+    token: str | None,
+    endpoint: str | None,
+    timeout: float = 10.0,
+) -> AdapterAnswer:
+    """Ask the Hub about the LoRA adapter `repo_id@revision` with `token` (None: anonymous):
+    the commit, its files, and the text of its `adapter_config.json`. Two requests: the repo's
+    info (no file sizes), then a GET of that one small file at the resolved commit, which also
+    proves the token may read a gated repo's files."""
+    send: str | bool = token if token else False
+    try:
+        info = HfApi(endpoint=endpoint, token=send).model_info(
+            repo_id, revision=revision, timeout=timeout
+        )
+        if info.sha is None:
+            return HubFailure("unreachable", "the hub returned no commit sha")
+        files = tuple(s.rfilename for s in info.siblings or [])
+        config = None
+        if ADAPTER_CONFIG in files:
+            config = _read_text(
+                repo_id,
+                ADAPTER_CONFIG,
+                revision=info.sha,
+                token=send,
+                endpoint=endpoint,
+                timeout=timeout,
+            )
+        return AdapterFacts(
+            sha=info.sha, files=files, gated=bool(info.gated), adapter_config=config
+        )
+    except (HfHubHTTPError, httpx2.HTTPError, OSError) as error:
+        return _failure(error, token)
+
+
+def model_type(
+    repo_id: str,
+    revision: str | None,
+    *,
+    token: str | None,
+    endpoint: str | None,
+    timeout: float = 10.0,
+) -> str | HubFailure | None:
+    """The `model_type` in a model's `config.json` at `revision` (None: no such file, not a
+    JSON object, or no string `model_type`) — what the adapter pre-flight checks target modules
+    against."""
+    send: str | bool = token if token else False
+    try:
+        text = _read_text(
+            repo_id,
+            "config.json",
+            revision=revision or "main",
+            token=send,
+            endpoint=endpoint,
+            timeout=timeout,
+        )
+    except RemoteEntryNotFoundError:
+        return None
+    except (HfHubHTTPError, httpx2.HTTPError, OSError) as error:
+        return _failure(error, token)
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    value = doc.get("model_type") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _read_text(
+    repo_id: str,
+    filename: str,
+    *,
+    revision: str,
+    token: str | bool,
+    endpoint: str | None,
+    timeout: float,
+) -> str:
+    """One small file's text, read in memory (the operator writes nothing to disk): at most
+    `MAX_SMALL_FILE_BYTES`, so a file that is no config cuts short and then parses as no
+    JSON — a verdict on the file, not a megabyte download in the reconcile."""
+    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=endpoint)
+    # Only our own token, never one the operator's environment holds (as `token=False` does).
+    headers = {"Authorization": f"Bearer {token}"} if isinstance(token, str) else {}
+    body = bytearray()
+    with get_session().stream("GET", url, headers=headers, timeout=timeout) as response:
+        hf_raise_for_status(response)
+        for chunk in response.iter_bytes():
+            body += chunk
+            if len(body) >= MAX_SMALL_FILE_BYTES:
+                break
+    return body[:MAX_SMALL_FILE_BYTES].decode("utf-8", errors="replace")
+
+
+def _failure(error: Exception, token: str | None) -> HubFailure:
+    """The pre-flight's reading of a failed Hub request (the library's own exceptions, mapped
+    from the Hub's `X-Error-Code`)."""
+    if isinstance(error, GatedRepoError):
         return HubFailure("access_denied" if token else "no_token", _first_line(error))
-    except RevisionNotFoundError as error:
+    if isinstance(error, RevisionNotFoundError):
         return HubFailure("revision_not_found", _first_line(error))
-    except RepositoryNotFoundError as error:
+    if isinstance(error, RepositoryNotFoundError):
         # The Hub answers 401/404 alike for private and missing repos without a token.
         return HubFailure("repo_not_found", _first_line(error))
-    except HfHubHTTPError as error:
+    if isinstance(error, HfHubHTTPError):
         status = error.response.status_code if error.response is not None else None
         message = (
             error.response.headers.get("X-Error-Message", "") if error.response is not None else ""
@@ -77,8 +194,7 @@ def probe(
         if status in (401, 403):
             return HubFailure("access_denied" if token else "no_token", _first_line(error))
         return HubFailure("unreachable", _first_line(error))
-    except (httpx2.HTTPError, OSError) as error:
-        return HubFailure("unreachable", f"{type(error).__name__}: {error}")
+    return HubFailure("unreachable", f"{type(error).__name__}: {error}")
 
 
 def _first_line(error: Exception) -> str:

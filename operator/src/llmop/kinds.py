@@ -39,13 +39,22 @@ class ChildKind(Kind):
     """Deleted when the spec stops wanting it (an HPA when autoscaling turns off)."""
     read: bool = False
     """Read fresh before a plan (the Deployment: the HPA handover needs its current owners)."""
+    listed: bool = False
+    """Listed by a poller instead of watched (the LeaderWorkerSet: its CRD may be absent)."""
+    workload: bool = False
+    """One of the two workload kinds: the one the spec stops wanting is deleted after the other
+    is applied (pipelineParallelSize switched between 1 and more)."""
+    name_suffix: str = ""
+    """Appended to the parent's name (the adapters ConfigMap is `<name>-adapters`)."""
 
     def verbs(self) -> frozenset[str]:
         """The RBAC verbs this use needs: server-side apply is create + patch."""
         verbs = {"create", "patch"}
         if self.watched:
             verbs |= {"list", "watch"}
-        if self.optional:
+        if self.listed:
+            verbs.add("list")
+        if self.optional or self.workload:
             verbs.add("delete")
         if self.read:
             verbs.add("get")
@@ -53,7 +62,10 @@ class ChildKind(Kind):
 
 
 SERVICE = ChildKind("v1", "Service", "services")
-DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments", read=True)
+CONFIG_MAP = ChildKind("v1", "ConfigMap", "configmaps", optional=True, name_suffix="-adapters")
+"""The desired LoRA adapters (`<name>-adapters`), mounted by the engine pods while LoRA is on:
+applied before the workload, so a pod never waits for its mount; deleted when LoRA turns off."""
+DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments", read=True, workload=True)
 PDB = ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", optional=True)
 HPA = ChildKind(
     "autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", optional=True
@@ -77,11 +89,14 @@ LEADER_WORKER_SET = ChildKind(
     "LeaderWorkerSet",
     "leaderworkersets",
     watched=False,
+    listed=True,
+    workload=True,
 )
 """The workload of a multi-node replica (spec.engine.pipelineParallelSize > 1) instead of the
-Deployment. Not watched (the LWS CRD may be absent, like the InferencePool's). Like the
-Deployment, not deleted by the plan: changing pipelineParallelSize between 1 and more leaves the
-other workload behind (not built yet)."""
+Deployment. Not watched (the LWS CRD may be absent, and a kopf index of an unserved kind would
+hold every handler back): `llmop.group_check` lists them while the cluster serves the API."""
+WORKLOADS: tuple[ChildKind, ...] = (DEPLOYMENT, LEADER_WORKER_SET)
+"""The two workload kinds; a spec wants exactly one."""
 
 PVC = ChildKind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", watched=False, read=True)
 """The model cache claim (spec.model.cache): applied when the operator creates it, read for the
@@ -91,6 +106,7 @@ JOB = ChildKind("batch/v1", "Job", "jobs", read=True)
 
 CHILDREN: tuple[ChildKind, ...] = (
     SERVICE,
+    CONFIG_MAP,
     DEPLOYMENT,
     LEADER_WORKER_SET,
     PDB,
@@ -108,7 +124,8 @@ class ObservedKind(Kind):
     """A kind the operator watches but does not own."""
 
     patched: bool = False
-    """Merge-patched in place (the engine pods' deletion-cost annotation)."""
+    """Merge-patched in place (the engine pods' deletion-cost and adapters-revision
+    annotations)."""
 
     def verbs(self) -> frozenset[str]:
         """The RBAC verbs this use needs."""

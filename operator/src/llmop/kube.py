@@ -275,6 +275,20 @@ class Kube:
             self._raise("PATCH", path, status, data)
         return True
 
+    def scale(self, api_version: str, kind: str, namespace: str, name: str, replicas: int) -> bool:
+        """Merge-patch the `scale` subresource's spec.replicas (what the HPA writes too, so
+        the workload's own field owners are untouched); False when the object is gone."""
+        path = _path(api_version, kind, namespace, name, "scale")
+        body = {"spec": {"replicas": replicas}}
+        status, data = self._request(
+            "PATCH", path, body=body, content_type=MERGE_PATCH, parse=False
+        )
+        if status == 404:
+            return False
+        if status >= 300:
+            self._raise("PATCH", path, status, data)
+        return True
+
     def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """POST a new object; a KubeError with status 409 when it exists already."""
         metadata = manifest["metadata"]

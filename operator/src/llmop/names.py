@@ -15,6 +15,13 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_DEPLOYMENT = f"{GROUP}/deployment"
+LABEL_LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+"""Set by the LeaderWorkerSet pod webhook: "0" on a group's leader, 1..size-1 on its workers."""
+LABEL_LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
+"""Set by the LeaderWorkerSet pod webhook on every pod of a group: the group's index."""
+LABEL_LWS_TEMPLATE_HASH = "leaderworkerset.sigs.k8s.io/template-revision-hash"
+"""Set by the LeaderWorkerSet controller on a group's pods: the template revision they run (a
+rollout's new group has a new one; a group recreated after a failure keeps it)."""
 
 APP_NAME = "llmop-engine"
 MANAGED_BY = "llmop"
@@ -22,6 +29,10 @@ COMPONENT = "engine"
 
 ANNOTATION_TEMPLATE_HASH = f"{GROUP}/template-hash"
 """Hash of the rendered pod template; drift detection compares it."""
+ANNOTATION_ADAPTERS_REVISION = f"{GROUP}/adapters-revision"
+"""On an engine pod (never its template): the revision of the adapters ConfigMap the operator
+last told the pod about. Changing it makes the kubelet sync the pod, which refreshes the mounted
+ConfigMap at once instead of on its periodic sync (a minute or more)."""
 KOPF_PREFIX = GROUP
 """Prefix for kopf's own bookkeeping (progress, diff-base, finalizer) — never kopf.zalando.org."""
 

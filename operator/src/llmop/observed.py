@@ -28,13 +28,13 @@ _METADATA_KEPT = (
     "ownerReferences",
 )
 _OUR_MANAGERS = (names.FIELD_MANAGER, names.HANDOVER_FIELD_MANAGER)
-_SPEC_AS_TEXT_KINDS = ("Deployment",)
+_SPEC_AS_TEXT_KINDS = ("Deployment", "LeaderWorkerSet")
 """Kinds whose cached spec is kept as compact JSON text (plus `replicas`, which the status and
 the handover read on every event): a decoded pod template is ~12 KiB of small Python objects,
 its text ~3 KiB, and only the drift check reads it (`full_spec`)."""
 SPEC_TEXT = "specText"
-_STATUS_KEPT_KINDS = ("Deployment",)
-"""The Deployment's status feeds the parent's; of the HPA's only its conditions are kept (see
+_STATUS_KEPT_KINDS = ("Deployment", "LeaderWorkerSet")
+"""The workload's status feeds the parent's; of the HPA's only its conditions are kept (see
 `hpa_conditions`); PDB/Service status churn is dropped."""
 
 
@@ -70,6 +70,10 @@ def child_summary(body: Mapping[str, Any]) -> dict[str, Any]:
         summary[SPEC_TEXT] = json.dumps(spec, separators=(",", ":"))
     else:
         summary["spec"] = dict(spec)
+    if body.get("kind") == "ConfigMap":
+        # Its intent is its data (the adapters' ConfigMap): kept, or every event would read
+        # as drift.
+        summary["data"] = dict(body.get("data") or {})
     if body.get("kind") in _STATUS_KEPT_KINDS and body.get("status") is not None:
         summary["status"] = dict(body["status"])
     elif body.get("kind") == "HorizontalPodAutoscaler":

@@ -79,6 +79,9 @@ class ChildPlan:
     """The children's intents, in the registry's order."""
     handover_last: Apply | None = None
     """After a new autoscaled Deployment exists: start it at `minReplicas`, not 1."""
+    retires: tuple[Delete, ...] = ()
+    """Last: the workload kind the spec no longer wants (Deployment ↔ LeaderWorkerSet), once
+    the new one is applied, so the old one serves until then and none is left behind."""
 
     def steps(self) -> list[Step]:
         """Every step in execution order."""
@@ -88,6 +91,7 @@ class ChildPlan:
         steps += self.applies
         if self.handover_last is not None:
             steps.append(self.handover_last)
+        steps += self.retires
         return steps
 
     @property
@@ -198,7 +202,12 @@ def plan_children(
     metadata = children.workload["metadata"]
     unwanted = set(children.unwanted())
     deletes = tuple(
-        Delete(kind, metadata["namespace"], metadata["name"], f"{kind.kind}: delete (not wanted)")
+        Delete(
+            kind,
+            metadata["namespace"],
+            metadata["name"] + kind.name_suffix,
+            f"{kind.kind}: delete (not wanted)",
+        )
         for kind in considered
         if kind in unwanted and live.get(kind) is not None
     )
@@ -219,7 +228,20 @@ def plan_children(
             continue
         applies.append(Apply(owned, names.FIELD_MANAGER, reason))
     handover_first, handover_last = _handover(desired, live, applies)
-    return ChildPlan(deletes, handover_first, tuple(applies), handover_last)
+    retires = tuple(
+        Delete(
+            kind,
+            metadata["namespace"],
+            metadata["name"],
+            f"{kind.kind}: delete (replaced by the {children.workload['kind']})",
+        )
+        for kind in kinds.WORKLOADS
+        if only is None
+        and kind not in unserved
+        and children.get(kind) is None
+        and live.get(kind) is not None
+    )
+    return ChildPlan(deletes, handover_first, tuple(applies), handover_last, retires)
 
 
 def _handover(
@@ -232,13 +254,16 @@ def _handover(
         return None, None
     current = live.get(kinds.DEPLOYMENT)
     if current is None:
-        if autoscaling.min_replicas == 1:
+        # A model that may scale to zero still starts with one replica: it goes to 0 only
+        # after its idle period.
+        start = max(1, autoscaling.min_replicas)
+        if start == 1:
             return None, None  # the Deployment's own default is already right
-        bootstrap = replicas_only(intent.manifest, autoscaling.min_replicas)
+        bootstrap = replicas_only(intent.manifest, start)
         return None, Apply(
             bootstrap,
             names.HANDOVER_FIELD_MANAGER,
-            f"Deployment: start at minReplicas={autoscaling.min_replicas} (new, autoscaled)",
+            f"Deployment: start at minReplicas={start} (new, autoscaled)",
         )
     if owns_field(current, names.FIELD_MANAGER, REPLICAS_PATH):
         count = (current.get("spec") or {}).get("replicas", 1)

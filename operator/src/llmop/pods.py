@@ -20,12 +20,21 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from llmop.conditions import parse_time
+from llmop.names import (
+    ANNOTATION_ADAPTERS_REVISION,
+    LABEL_LWS_GROUP_INDEX,
+    LABEL_LWS_WORKER_INDEX,
+)
 
 REASON_UNSCHEDULABLE = "Unschedulable"
 REASON_IMAGE_PULL = "ImagePullBackOff"
 REASON_CRASH_LOOP = "CrashLoopBackOff"
 REASON_CONTAINER_CONFIG = "CreateContainerError"
 REASON_RESTARTING = "ContainerRestarting"
+REASON_GROUP_RESTARTING = "GroupRestarting"
+"""A LeaderWorkerSet group was recreated (all its pods) and is not ready again yet."""
+REASON_GROUP_RESTART_LOOP = "GroupRestartLoop"
+"""One group was recreated again and again (`llmop.group_restarts`)."""
 
 # The kubelet's waiting reasons, grouped by what a person has to do about them.
 _PULL_REASONS = frozenset(
@@ -41,12 +50,17 @@ _CONFIG_REASONS = frozenset(
     {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 )
 # Most explaining first: a pod that cannot be placed or pulled never gets as far as crashing.
+# A group's restart loop comes before all of them: LeaderWorkerSet deletes the group's pods at
+# each failure, so their own issues (a pending pod, a restart) show for moments and explain
+# less than the loop; a group being recreated explains more than one container's restart.
 _RANK = {
+    REASON_GROUP_RESTART_LOOP: -1,
     REASON_UNSCHEDULABLE: 0,
     REASON_IMAGE_PULL: 1,
     REASON_CONTAINER_CONFIG: 2,
     REASON_CRASH_LOOP: 3,
-    REASON_RESTARTING: 4,
+    REASON_GROUP_RESTARTING: 4,
+    REASON_RESTARTING: 5,
 }
 RECENT_RESTART = timedelta(minutes=10)
 """A ready container that restarted this recently still marks its LLMDeployment Degraded:
@@ -56,6 +70,8 @@ keep it Degraded for the pod's whole life."""
 
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 """The ReplicaSet controller deletes pods with the lowest cost first on scale-down."""
+KEPT_ANNOTATIONS = (DELETION_COST_ANNOTATION, ANNOTATION_ADAPTERS_REVISION)
+"""The pod annotations the operator writes, kept in the watch cache to write them only on change."""
 
 
 def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,13 +84,12 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
     annotations = metadata.get("annotations") or {}
     summary_metadata = {
         k: metadata[k]
-        for k in ("name", "namespace", "labels", "deletionTimestamp", "creationTimestamp")
+        for k in ("name", "namespace", "uid", "labels", "deletionTimestamp", "creationTimestamp")
         if k in metadata
     }
-    if DELETION_COST_ANNOTATION in annotations:
-        summary_metadata["annotations"] = {
-            DELETION_COST_ANNOTATION: annotations[DELETION_COST_ANNOTATION]
-        }
+    kept = {k: annotations[k] for k in KEPT_ANNOTATIONS if k in annotations}
+    if kept:
+        summary_metadata["annotations"] = kept
     return {
         "metadata": summary_metadata,
         "status": {
@@ -134,31 +149,58 @@ def _last_termination(container: Mapping[str, Any]) -> str:
     return f"last exit: {reason} (code {code}): {_hint(str(reason), code)}"
 
 
-def _recent_restart(name: str, container: Mapping[str, Any], now: datetime) -> PodIssue | None:
+def _recent_restart(
+    pod: Mapping[str, Any], container: Mapping[str, Any], now: datetime
+) -> PodIssue | None:
     """A container that restarted within `RECENT_RESTART` of `now`, whatever its state now."""
     restarts = container.get("restartCount", 0)
     terminated = (container.get("lastState") or {}).get("terminated") or {}
     finished = parse_time(terminated.get("finishedAt"))
     if not restarts or finished is None or now - finished > RECENT_RESTART:
         return None
+    name = str((pod.get("metadata") or {}).get("name", "?"))
     return PodIssue(
         REASON_RESTARTING,
-        f"pod {name} container {container.get('name', '?')} restarted {restarts} times, "
+        f"{_who(pod)} container {container.get('name', '?')} restarted {restarts} times, "
         f"last at {terminated.get('finishedAt')}; {_last_termination(container)}",
         name,
     )
 
 
+def is_worker(pod: Mapping[str, Any]) -> bool:
+    """A LeaderWorkerSet worker: part of its leader's replica, never a replica itself (no
+    traffic, no load, no deletion cost)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(LABEL_LWS_WORKER_INDEX, "0")) != "0"
+
+
+def replica_pods(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The pods that each stand for one replica: all but the LeaderWorkerSet workers."""
+    return [pod for pod in pods if not is_worker(pod)]
+
+
+def _who(pod: Mapping[str, Any]) -> str:
+    """How an issue names its pod: a worker by its group, the replica it takes down."""
+    metadata = pod.get("metadata") or {}
+    name = str(metadata.get("name", "?"))
+    if not is_worker(pod):
+        return f"pod {name}"
+    labels = metadata.get("labels") or {}
+    return f"group {labels.get(LABEL_LWS_GROUP_INDEX, '?')}: worker pod {name}"
+
+
 def pod_issue(pod: Mapping[str, Any]) -> PodIssue | None:
-    """The problem of one pod, or None when it is running (or starting) normally."""
+    """The problem of one pod, or None when it is running (or starting) normally. A worker's
+    problem is its group's, and says so."""
     name = str((pod.get("metadata") or {}).get("name", "?"))
+    who = _who(pod)
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return None  # going away on purpose (rollout, scale-down)
     scheduled = _conditions(pod).get("PodScheduled") or {}
     if scheduled.get("status") == "False" and scheduled.get("reason") == REASON_UNSCHEDULABLE:
         return PodIssue(
             REASON_UNSCHEDULABLE,
-            f"pod {name} cannot be scheduled: {scheduled.get('message') or 'no node fits'}",
+            f"{who} cannot be scheduled: {scheduled.get('message') or 'no node fits'}",
             name,
         )
     status = pod.get("status") or {}
@@ -173,17 +215,17 @@ def pod_issue(pod: Mapping[str, Any]) -> PodIssue | None:
         detail = str(waiting.get("message") or "").strip()
         image = container.get("image", "")
         if why in _PULL_REASONS:
-            text = f"pod {name} cannot pull image {image}: {why}"
+            text = f"{who} cannot pull image {image}: {why}"
             found.append(PodIssue(REASON_IMAGE_PULL, f"{text}: {detail}" if detail else text, name))
         elif why in _CONFIG_REASONS:
-            found.append(PodIssue(REASON_CONTAINER_CONFIG, f"pod {name}: {why}: {detail}", name))
+            found.append(PodIssue(REASON_CONTAINER_CONFIG, f"{who}: {why}: {detail}", name))
         elif why == REASON_CRASH_LOOP:
             restarts = container.get("restartCount", 0)
             last = _last_termination(container) or "no exit recorded"
             found.append(
                 PodIssue(
                     REASON_CRASH_LOOP,
-                    f"pod {name} is crash-looping ({restarts} restarts; {last})",
+                    f"{who} is crash-looping ({restarts} restarts; {last})",
                     name,
                 )
             )
@@ -192,7 +234,7 @@ def pod_issue(pod: Mapping[str, Any]) -> PodIssue | None:
             found.append(
                 PodIssue(
                     REASON_RESTARTING,
-                    f"pod {name} restarted {container['restartCount']} times"
+                    f"{who} restarted {container['restartCount']} times"
                     + (f"; {last}" if last else ""),
                     name,
                 )
@@ -200,14 +242,15 @@ def pod_issue(pod: Mapping[str, Any]) -> PodIssue | None:
     return min(found, key=lambda i: _RANK[i.reason]) if found else None
 
 
-def _worst(issues: Iterable[PodIssue | None]) -> PodIssue | None:
+def worst_of(issues: Iterable[PodIssue | None]) -> PodIssue | None:
+    """The issue that explains the most (ties: the first pod by name); None when none."""
     found = [i for i in issues if i is not None]
     return min(found, key=lambda i: (_RANK[i.reason], i.pod)) if found else None
 
 
 def worst_issue(pods: Iterable[Mapping[str, Any]]) -> PodIssue | None:
     """The issue that explains the most among all pods (ties: the first pod by name)."""
-    return _worst(pod_issue(p) for p in pods)
+    return worst_of(pod_issue(p) for p in pods)
 
 
 def degraded_issue(pods: Iterable[Mapping[str, Any]], now: datetime) -> PodIssue | None:
@@ -219,8 +262,7 @@ def degraded_issue(pods: Iterable[Mapping[str, Any]], now: datetime) -> PodIssue
         if metadata.get("deletionTimestamp"):
             continue
         found.append(pod_issue(pod))
-        name = str(metadata.get("name", "?"))
         status = pod.get("status") or {}
         for container in status.get("containerStatuses") or []:
-            found.append(_recent_restart(name, container, now))
-    return _worst(found)
+            found.append(_recent_restart(pod, container, now))
+    return worst_of(found)

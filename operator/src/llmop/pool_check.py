@@ -13,10 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from llmop.hub import HubUnavailableError
-from llmop.kube import KubeError
-from llmop.reconcile import Context, recheck_pools, reconcile_parent
-from llmop.reconcile.caches import cached_parent
+from llmop.reconcile import Context, recheck_pools, reconcile_cached
 
 log = logging.getLogger("llmop.pool_check")
 
@@ -26,17 +23,7 @@ CHECK_SECONDS = 5.0
 
 def check(ctx: Context) -> int:
     """Reconcile the parents whose pool waited, if the API is served now; how many ran."""
-    ran = 0
-    for namespace, name in recheck_pools(ctx):
-        body = cached_parent(ctx, namespace, name)
-        if body is None:
-            continue
-        try:
-            reconcile_parent(ctx, body)
-            ran += 1
-        except (KubeError, HubUnavailableError) as error:
-            log.warning("could not create the InferencePool of %s/%s: %s", namespace, name, error)
-    return ran
+    return reconcile_cached(ctx, recheck_pools(ctx), why="create the InferencePool")
 
 
 async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:

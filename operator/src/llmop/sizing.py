@@ -158,6 +158,8 @@ def plan_for(spec: LLMDeploymentSpec) -> SizingResult:
             max_num_seqs=engine.max_num_seqs,
             max_num_batched_tokens=engine.max_num_batched_tokens,
             gpu_product=spec.resources.gpu_product,
+            max_loras=0 if spec.lora_slots is None else spec.lora_slots.max_loras,
+            max_lora_rank=0 if spec.lora_slots is None else spec.lora_slots.max_lora_rank,
         )
     )
     return SizingResult(

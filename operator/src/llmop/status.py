@@ -8,10 +8,10 @@ fully rolled out and every desired replica is ready; `Reconciling=True` while ge
 
 `Degraded=True` (abnormal-true, outside kstatus's three) names what is wrong with replicas
 while the deployment serves or rolls out: a pod that cannot be scheduled or pulled, a container
-crash-looping or recently restarted (OOMKilled, a failed liveness probe), a Ready pod whose
-deep probe fails. The agents' readings (`llmop.agents`) also give `status.plan.actual`; until
-this process has read them, both keep what the previous status said, so an operator restart
-writes nothing new.
+crash-looping or recently restarted (OOMKilled, a failed liveness probe), a multi-node group
+recreated or recreated in a loop (`llmop.group_restarts`), a Ready pod whose deep probe fails.
+The agents' readings (`llmop.agents`) also give `status.plan.actual`; until this process has
+read them, both keep what the previous status said, so an operator restart writes nothing new.
 """
 
 from __future__ import annotations
@@ -21,17 +21,24 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from llmop import agents, coldstart, conditions, names
+from llmop import adapter_preflight, adapter_status, agents, coldstart, conditions, kinds, names
+from llmop.adapter_preflight import AdapterVerdict
 from llmop.agents import AgentReading
 from llmop.api.v1alpha1 import (
     ActualCapacity,
+    AdapterStatus,
+    LLMDeployment,
     LLMDeploymentSpec,
     LLMDeploymentStatus,
+    ObjectMeta,
     PlanStatus,
+    ScaleToZeroStatus,
     StartupStatus,
 )
 from llmop.conditions import Observation
-from llmop.pods import PodIssue, degraded_issue, worst_issue
+from llmop.group_restarts import GroupHistory, group_issue
+from llmop.pods import PodIssue, degraded_issue, replica_pods, worst_issue, worst_of
+from llmop.render.adapters import refusals
 from llmop.router_view import RouterView, endpoint, router_issue
 from llmop.sizing import SizingResult
 
@@ -67,8 +74,9 @@ def _int(value: Any) -> int:
 def observe_rollout(
     deployment: Mapping[str, Any] | None, spec: LLMDeploymentSpec, *, template_hash: str | None
 ) -> Rollout:
-    """Read the live Deployment. With autoscaling the HPA owns the count, so the desired
-    replicas are the Deployment's own; otherwise they are the spec's."""
+    """Read the live workload: the Deployment, or the LeaderWorkerSet whose status has the same
+    fields counted in groups (a group is one replica). With autoscaling the HPA owns the count,
+    so the desired replicas are the workload's own; otherwise they are the spec's."""
     if deployment is None:
         desired = spec.desired_fixed_replicas if spec.autoscaling is None else 0
         return Rollout(desired=desired)
@@ -96,7 +104,13 @@ def observe_rollout(
         replicas=_int(dep_status.get("replicas")),
         ready=_int(dep_status.get("readyReplicas")),
         updated=_int(dep_status.get("updatedReplicas")),
-        available=_int(dep_status.get("availableReplicas")),
+        # A LeaderWorkerSet counts a group ready only when its leader and every worker are:
+        # it has no separate "available" count.
+        available=_int(
+            dep_status.get("readyReplicas")
+            if deployment.get("kind") == kinds.LEADER_WORKER_SET.kind
+            else dep_status.get("availableReplicas")
+        ),
         deadline_exceeded=(
             progressing.get("status") == "False"
             and progressing.get("reason") == conditions.REASON_PROGRESS_DEADLINE_EXCEEDED
@@ -270,6 +284,8 @@ def derive_status(
     router: RouterView | None = None,
     inference_pool: str | None = None,
     pool_issue: PodIssue | None = None,
+    adapter_verdicts: Mapping[str, AdapterVerdict | None] | None = None,
+    group_restarts: Mapping[int, GroupHistory] | None = None,
 ) -> LLMDeploymentStatus:
     """The whole status of a parsed LLMDeployment. `problem` is the caller's own stall reason
     (a child the API server rejected); planner and rollout problems are found here. `fleet` is
@@ -279,12 +295,14 @@ def derive_status(
     Reconciling instead of "Creating"; `router` the installed router (None: none), whose URL is
     a routed CR's endpoint and whose lack of a ready pod makes it Degraded; `inference_pool` the
     InferencePool the operator made and `pool_issue` why it cannot make a wanted one
-    (`llmop.pool_view`)."""
+    (`llmop.pool_view`); `adapter_verdicts` the Hub pre-flight's verdicts on the hf://
+    adapters (`llmop.adapter_preflight`; absent: none reached yet); `group_restarts` what this
+    process saw of each multi-node group's recreates (`llmop.group_restarts`)."""
     pods = list(pods)
     own_endpoint = names.service_endpoint(name, namespace, spec.service.port)
     routed = spec.router.enabled
     rollout = observe_rollout(deployment, spec, template_hash=template_hash)
-    problem = problem or find_problem(sizing, rollout)
+    problem = problem or find_problem(sizing, rollout) or _needs_router(spec, router)
     plan = None if sizing is None else sizing.plan_status()
     actual = _actual(previous, fleet)
     if sizing is not None and actual is not None:
@@ -294,13 +312,14 @@ def derive_status(
         None if plan is None else plan.kv_cache_tokens,
         None if actual is None else actual.kv_cache_tokens,
     )
+    groups = group_issue(group_restarts or {}, pods, size=spec.pipeline_parallel_size, now=now)
     observations = observe_conditions(
         rollout,
         problem,
         sizing,
-        worst_issue(pods),
+        worst_of([worst_issue(pods), groups]),
         degraded=degraded_observation(
-            _degraded_issue(previous, pods, fleet, now)
+            _degraded_issue(previous, pods, fleet, now, groups)
             or autoscaler_issue(hpa, rollout.ready)
             or router_issue(router, routed, own_endpoint)
             or pool_issue
@@ -308,6 +327,10 @@ def derive_status(
         shortfall=shortfall,
         waiting=waiting,
     )
+    adapters = _adapters(name, namespace, spec, pods, fleet, verdicts=adapter_verdicts or {})
+    adapters_condition = adapter_status.adapters_ready(adapters)
+    if adapters_condition is not None:
+        observations.append(adapters_condition)
     return LLMDeploymentStatus(
         observed_generation=generation,
         replicas=rollout.replicas,
@@ -320,9 +343,89 @@ def derive_status(
             previous.conditions, observations, generation=generation, now=now
         ),
         plan=plan,
-        startup=_startup(previous, pods, fleet),
+        startup=_startup(previous, replica_pods(pods), fleet),
         inference_pool=inference_pool,
+        scale_to_zero=scale_to_zero_status(previous, spec, rollout, now),
+        adapters=adapters,
+        adapters_summary=adapter_status.summary(adapters),
+        group_summary=group_summary(spec, rollout),
     )
+
+
+def group_summary(spec: LLMDeploymentSpec, rollout: Rollout) -> str | None:
+    """`ready/desired (N pods each)` of a multi-node LLMDeployment's groups (`-o wide`); None
+    for one pod per replica."""
+    if spec.pipeline_parallel_size <= 1:
+        return None
+    return f"{rollout.ready}/{rollout.desired} ({spec.pipeline_parallel_size} pods each)"
+
+
+def _adapters(
+    name: str,
+    namespace: str,
+    spec: LLMDeploymentSpec,
+    pods: Sequence[Mapping[str, Any]],
+    fleet: Sequence[AgentReading] | None,
+    *,
+    verdicts: Mapping[str, AdapterVerdict | None],
+) -> list[AdapterStatus] | None:
+    """status.adapters from the agents' reports (every adapter Pending until they are read),
+    the operator's own refusals and the Hub pre-flight's (resolved commit, rank)."""
+    if not spec.adapters:
+        return None
+    ready = {
+        str((pod.get("metadata") or {}).get("name")) for pod in replica_pods(pods) if _ready(pod)
+    }
+    reports = [adapter_status.PodReport(r.pod, r.adapters) for r in fleet or ()]
+    llmd = LLMDeployment(metadata=ObjectMeta(name=name, namespace=namespace), spec=spec)
+    refused = refusals(llmd) | adapter_preflight.refused(verdicts)
+    statuses = adapter_status.adapter_statuses(spec, refused, reports, ready)
+    return adapter_preflight.with_verdicts(statuses, verdicts)
+
+
+def _needs_router(spec: LLMDeploymentSpec, router: RouterView | None) -> Problem | None:
+    """A model that may scale to zero needs llmop-router to hold its first request and wake
+    it; without one installed it would stay at zero, unreachable."""
+    if spec.autoscaling is None or not spec.autoscaling.scales_to_zero or router is not None:
+        return None
+    return Problem(
+        conditions.REASON_ROUTER_UNAVAILABLE,
+        "spec.autoscaling.minReplicas is 0 but no llmop-router is installed to wake the model: "
+        "install the chart with router.enabled=true, or set spec.autoscaling.minReplicas to 1.",
+    )
+
+
+def _at_zero(previous: LLMDeploymentStatus) -> bool:
+    ready = conditions.find(previous.conditions, conditions.READY)
+    return (
+        ready is not None
+        and ready.status == "True"
+        and ready.reason == conditions.REASON_SCALED_TO_ZERO
+    )
+
+
+def scale_to_zero_status(
+    previous: LLMDeploymentStatus, spec: LLMDeploymentSpec, rollout: Rollout, now: datetime
+) -> ScaleToZeroStatus | None:
+    """When the model last went to zero and woke, from what the previous status said and the
+    workload shows now: entering zero stamps `lastScaledToZeroTime`; leaving it (the router
+    set the scale to 1) stamps `lastWakeTime`; the first ready replica after that gives
+    `lastWakeSeconds`."""
+    if spec.autoscaling is None or not spec.autoscaling.scales_to_zero:
+        return None
+    before = previous.scale_to_zero or ScaleToZeroStatus()
+    at_zero = rollout.exists and rollout.desired == 0
+    was_zero = _at_zero(previous)
+    stamp = conditions.format_time(now)
+    if at_zero and not was_zero:
+        return before.model_copy(update={"last_scaled_to_zero_time": stamp})
+    if was_zero and not at_zero:
+        return before.model_copy(update={"last_wake_time": stamp, "last_wake_seconds": None})
+    woke = conditions.parse_time(before.last_wake_time)
+    if not at_zero and woke is not None and before.last_wake_seconds is None and rollout.ready:
+        seconds = round(max(0.0, (now - woke).total_seconds()), 1)
+        return before.model_copy(update={"last_wake_seconds": seconds})
+    return previous.scale_to_zero
 
 
 def _startup(
@@ -358,15 +461,19 @@ def _degraded_issue(
     pods: Sequence[Mapping[str, Any]],
     fleet: Sequence[AgentReading] | None,
     now: datetime,
+    groups: PodIssue | None = None,
 ) -> PodIssue | None:
-    """The pods' own problems first (they explain more); then failing deep probes, which only
-    the agents know: before the first read, a DeepProbeFailing verdict of the previous status
+    """The pods' and the groups' own problems first (they explain more; `pods.worst_of` ranks a
+    group's restart loop above every pod issue); then failing deep probes, which only the
+    agents know: before the first read, a DeepProbeFailing verdict of the previous status
     stands (an operator restart neither clears nor repeats it)."""
-    issue = degraded_issue(pods, now)
+    issue = worst_of([degraded_issue(pods, now), groups])
     if issue is not None:
         return issue
     if fleet is not None:
-        ready = [str((p.get("metadata") or {}).get("name")) for p in pods if _ready(p)]
+        ready = [
+            str((p.get("metadata") or {}).get("name")) for p in replica_pods(pods) if _ready(p)
+        ]
         return agents.probe_issue(fleet, ready)
     before = conditions.find(previous.conditions, conditions.DEGRADED)
     if (
@@ -428,6 +535,7 @@ def derive_invalid_status(
         updated_replicas=previous.updated_replicas,
         selector=names.selector_string(name),
         replica_summary=previous.replica_summary,
+        group_summary=previous.group_summary,
         inference_pool=previous.inference_pool,  # still there: the parent path deletes it
         conditions=conditions.merge(
             previous.conditions, observations, generation=generation, now=now

@@ -13,8 +13,8 @@ import aiohttp
 from aiohttp import web
 
 from llmop_router.discovery import Catalog
-from llmop_router.kube import ENDPOINT_SLICES, LLMDEPLOYMENTS, ApiServer, list_and_watch
-from llmop_router.routes import RouteTable
+from llmop_router.kube import ENDPOINT_SLICES, LLMDEPLOYMENTS, ApiServer, list_and_watch, wake
+from llmop_router.routes import Backend, RouteTable
 from llmop_router.server import (
     DRAIN_SECONDS,
     SHUTDOWN_DELAY_SECONDS,
@@ -85,7 +85,7 @@ def watching(
     app: web.Application, router: Router, api: ApiServer, namespaces: tuple[str, ...]
 ) -> None:
     """Fill the router's table from the watches for as long as the app runs; ready once every
-    list arrived."""
+    list arrived. The same credentials wake CRs at zero."""
     catalog = Catalog(router.table, namespaces)
 
     def on_llmdeployment(kind: str, obj: dict[str, object]) -> None:
@@ -98,6 +98,13 @@ def watching(
 
     async def run(_app: web.Application) -> AsyncIterator[None]:
         async with aiohttp.ClientSession() as session:
+
+            async def waker(backend: Backend) -> str:
+                return await wake(
+                    session, api, backend.namespace, backend.name, backend.wake.workload
+                )
+
+            router.waker = waker
             scopes: tuple[str | None, ...] = namespaces or (None,)
             watches = ((LLMDEPLOYMENTS, on_llmdeployment), (ENDPOINT_SLICES, on_endpoint_slice))
             tasks = [

@@ -1,10 +1,12 @@
 """Pure: from LLMDeployments and their Services' EndpointSlices to the routing table's entries.
 
 A CR is routed unless `spec.router.enabled` is false; its model name is `spec.model.servedName`,
-else its own name. Its endpoints are the ready, non-terminating addresses of the EndpointSlices
-of its Service (named like the CR) on the port named `http`: a pod that started terminating
-leaves at once even while its readiness still passes (production-stack#601). When two CRs claim
-one model name, the oldest keeps it (then namespace/name order), the same on every replica.
+else its own name, and each of its LoRA adapters (`spec.adapters[].name`) is a model name of
+its own on the same endpoints (every replica loads every adapter). Its endpoints are the ready,
+non-terminating addresses of the EndpointSlices of its Service (named like the CR) on the port
+named `http`: a pod that started terminating leaves at once even while its readiness still
+passes (production-stack#601). When two CRs claim one model name, the oldest keeps it (then
+namespace/name order), the same on every replica.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmop_router.routes import RouteTable
+from llmop_router.hold import DEFAULT_CONCURRENCY, ScaleToZero
+from llmop_router.routes import RouteTable, Wake
 
 API_PORT_NAME = "http"
 """The engine Service's API port name (the operator's renderer names it so)."""
@@ -31,6 +34,39 @@ class Claim:
     name: str
     model: str
     created: str
+    wake: Wake = field(default_factory=Wake)
+    adapters: tuple[str, ...] = ()
+    """The CR's LoRA adapter names: routed like `model`, to the same pods."""
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Every model name the CR serves: the base first, then its adapters."""
+        return (self.model, *self.adapters)
+
+
+def wake_of(llmd: Mapping[str, Any]) -> Wake:
+    """Whether a CR is at zero by the operator's word (Ready, reason `ScaledToZero`, and
+    autoscaled with `minReplicas: 0`), its scale-to-zero settings, which workload to wake and how
+    many requests a pod takes at once."""
+    spec = llmd.get("spec") or {}
+    engine = spec.get("engine") or {}
+    # A fixed `spec.replicas: 0` also reads Ready/ScaledToZero; only the autoscaled floor of 0
+    # is the operator's to leave, so only that one may be woken.
+    opted_in = (spec.get("autoscaling") or {}).get("minReplicas") == 0
+    conditions = (llmd.get("status") or {}).get("conditions") or []
+    ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+    pipeline = engine.get("pipelineParallelSize")
+    seqs = engine.get("maxNumSeqs")
+    return Wake(
+        scaled_to_zero=opted_in
+        and ready.get("status") == "True"
+        and ready.get("reason") == "ScaledToZero",
+        settings=ScaleToZero.of(spec),
+        workload="leaderworkersets"
+        if isinstance(pipeline, int) and pipeline > 1
+        else "deployments",
+        concurrency=seqs if isinstance(seqs, int) and seqs > 0 else DEFAULT_CONCURRENCY,
+    )
 
 
 def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
@@ -44,14 +80,22 @@ def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
     if not namespace or not name:
         return None
     model = (spec.get("model") or {}).get("servedName") or name
-    return Claim(namespace, name, model, meta.get("creationTimestamp") or "")
+    adapters = tuple(
+        str(a["name"])
+        for a in spec.get("adapters") or []
+        if isinstance(a, Mapping) and isinstance(a.get("name"), str)
+    )
+    created = meta.get("creationTimestamp") or ""
+    return Claim(namespace, name, model, created, wake_of(llmd), adapters)
 
 
 def owners(claims: Iterable[Claim]) -> dict[str, Claim]:
-    """Model name → the one CR that serves it (oldest first, then namespace/name)."""
+    """Model name → the one CR that serves it (oldest first, then namespace/name); adapter
+    names count as model names."""
     chosen: dict[str, Claim] = {}
     for claim in sorted(claims, key=lambda c: (c.created, c.namespace, c.name)):
-        chosen.setdefault(claim.model, claim)
+        for model in claim.models:
+            chosen.setdefault(model, claim)
     return chosen
 
 
@@ -96,8 +140,8 @@ class Catalog:
     slices: dict[Key, dict[str, list[str]]] = field(default_factory=dict)
     """Service → EndpointSlice name → its ready endpoints."""
     synced: set[str] = field(default_factory=set)
-    _served: dict[Key, str] = field(default_factory=dict)
-    """CR → the model it owns in the table now."""
+    _served: dict[Key, list[str]] = field(default_factory=dict)
+    """CR → the model names it owns in the table now."""
 
     def on_llmdeployment(self, kind: str, obj: Mapping[str, Any]) -> None:
         if kind == "SYNC":
@@ -130,9 +174,10 @@ class Catalog:
             self.slices.get(service, {}).pop(name, None)
         else:
             self._store_slice(obj)
-        model = self._served.get(service)
-        if model is not None:
-            self.table.set(model, service[0], service[1], self.endpoints(service))
+        claim = self.claims.get(service)
+        wake = claim.wake if claim is not None else None
+        for model in self._served.get(service, ()):
+            self.table.set(model, service[0], service[1], self.endpoints(service), wake)
 
     @property
     def ready(self) -> bool:
@@ -157,12 +202,14 @@ class Catalog:
 
     def _assign_models(self) -> None:
         chosen = owners(self.claims.values())
-        served = {(c.namespace, c.name): model for model, c in chosen.items()}
+        served: dict[Key, list[str]] = {}
+        for model, claim in chosen.items():
+            served.setdefault((claim.namespace, claim.name), []).append(model)
         for model in set(self.table.backends) - set(chosen):
             self.table.remove(model)
         for model, claim in chosen.items():
             key = (claim.namespace, claim.name)
-            self.table.set(model, claim.namespace, claim.name, self.endpoints(key))
+            self.table.set(model, claim.namespace, claim.name, self.endpoints(key), claim.wake)
         self._served = served
 
 

@@ -1,4 +1,5 @@
-"""The router's Kubernetes I/O: list and watch LLMDeployments and EndpointSlices over HTTP.
+"""The router's Kubernetes I/O: list and watch LLMDeployments and EndpointSlices over HTTP, and
+wake a CR at zero through its workload's scale subresource.
 
 A plain list-then-watch loop on aiohttp (the proxy's own event loop: no threads), resuming from
 the last resourceVersion, relisting on 410 Gone or a broken stream, with bookmarks so an idle
@@ -23,11 +24,18 @@ from typing import Any
 import aiohttp
 import yaml
 
+from llmop_router.hold import PHASE_REQUESTED
+
 log = logging.getLogger("llmop_router.kube")
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 LLMDEPLOYMENTS = ("/apis/serving.llmop.dev/v1alpha1", "llmdeployments")
 ENDPOINT_SLICES = ("/apis/discovery.k8s.io/v1", "endpointslices")
+SCALE_GROUPS = {
+    "deployments": "/apis/apps/v1",
+    "leaderworkersets": "/apis/leaderworkerset.x-k8s.io/v1",
+}
+"""The workloads the router may wake, by resource: the path of their API group."""
 WATCH_TIMEOUT_SECONDS = 300
 RETRY_SECONDS = (0.5, 1, 2, 5, 10)
 
@@ -207,3 +215,33 @@ async def _call(handler: Handler, kind: str, obj: dict[str, Any]) -> None:
     result = handler(kind, obj)
     if result is not None:
         await result
+
+
+async def wake(
+    session: aiohttp.ClientSession, api: ApiServer, namespace: str, name: str, resource: str
+) -> str:
+    """Set the workload's scale to 1 when it is 0, and only then; returns what happened, as
+    the phase a held request waits in. The patch carries the resourceVersion read with the
+    scale, so a change in between (the operator's, a person's) makes it fail with 409 instead
+    of being overwritten. Raises on any other failure (the caller retries)."""
+    path = f"{SCALE_GROUPS[resource]}/namespaces/{namespace}/{resource}/{name}/scale"
+    async with session.get(
+        api.host + path, headers=api.auth_headers(), ssl=api.ssl_context
+    ) as answer:
+        answer.raise_for_status()
+        scale: dict[str, Any] = await answer.json()
+    # Scale's spec.replicas is omitted at 0 (omitempty).
+    replicas = int((scale.get("spec") or {}).get("replicas") or 0)
+    if replicas != 0:
+        return f"waking: {resource}/{name} already at scale {replicas}, no ready replica yet"
+    patch = {
+        "metadata": {"resourceVersion": (scale.get("metadata") or {}).get("resourceVersion")},
+        "spec": {"replicas": 1},
+    }
+    headers = {**api.auth_headers(), "Content-Type": "application/merge-patch+json"}
+    async with session.patch(
+        api.host + path, data=json.dumps(patch), headers=headers, ssl=api.ssl_context
+    ) as answer:
+        answer.raise_for_status()
+    log.info("woke %s/%s: %s scale 0 -> 1", namespace, name, resource)
+    return PHASE_REQUESTED

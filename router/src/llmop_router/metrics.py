@@ -5,6 +5,12 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 ROUTING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
+WAKE_BUCKETS = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200)
+"""Cold starts run from seconds (a cached small model) to many minutes (a node to add, weights
+to download)."""
+CR_LABELS = ("llmdeployment_namespace", "llmdeployment")
+"""Which CR a scale-to-zero series is about. Not `namespace`: Prometheus sets that target label
+to the router pod's own namespace and would rename a scraped one to `exported_namespace`."""
 
 
 class RouterMetrics:
@@ -43,6 +49,38 @@ class RouterMetrics:
             "llmop_router_routing_seconds",
             "Time the router spends before the upstream request is sent (read, parse, pick)",
             buckets=ROUTING_BUCKETS,
+            registry=self.registry,
+        )
+        self.held = Gauge(
+            "llmop_router_held_requests",
+            "Requests held now for a CR at zero, by CR",
+            CR_LABELS,
+            registry=self.registry,
+        )
+        self.held_total = Counter(
+            "llmop_router_held",
+            "Requests that were held for a CR at zero, by CR",
+            CR_LABELS,
+            registry=self.registry,
+        )
+        self.wakes = Counter(
+            "llmop_router_wakes",
+            "Wakes: scale subresources this router set from 0 to 1 (at most one per episode of "
+            "held requests; none when the workload was no longer at 0)",
+            CR_LABELS,
+            registry=self.registry,
+        )
+        self.wake_seconds = Histogram(
+            "llmop_router_wake_seconds",
+            "From the first held request of a wake to the CR's first ready endpoint",
+            buckets=WAKE_BUCKETS,
+            registry=self.registry,
+        )
+        self.hold_refused = Counter(
+            "llmop_router_hold_refused",
+            "Held requests not served, by why: timeout (504), full (429: maxPendingRequests), "
+            "stopping (503: this router pod stopped), by CR",
+            [*CR_LABELS, "reason"],
             registry=self.registry,
         )
 

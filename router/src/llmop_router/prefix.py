@@ -36,6 +36,8 @@ class RoutingInfo:
     """The OpenAI `model` field: which LLMDeployment (or adapter) serves it."""
     key: int | None
     """The routing key (None: no text to route by; route by load alone)."""
+    stream: bool = False
+    """`stream: true`: the answer is SSE (a held request then gets heartbeats)."""
 
 
 def hash_bytes(data: bytes) -> int:
@@ -85,4 +87,5 @@ def routing_info(body: bytes) -> RoutingInfo:
         head = conversation_head(messages)
     else:
         head = prompt_head(parsed.get("prompt", parsed.get("input")))
-    return RoutingInfo(model, head_key(head, model or "") if head else None)
+    key = head_key(head, model or "") if head else None
+    return RoutingInfo(model, key, parsed.get("stream") is True)

@@ -8,7 +8,21 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from llmop_router.hold import DEFAULT_CONCURRENCY, ScaleToZero
 from llmop_router.ring import Pick, Ring, pick
+
+
+@dataclass(frozen=True)
+class Wake:
+    """What the router needs to hold and wake a CR at zero (read from the CR)."""
+
+    scaled_to_zero: bool = False
+    """The CR's Ready condition has reason `ScaledToZero`: only then is it woken."""
+    settings: ScaleToZero = field(default_factory=ScaleToZero)
+    workload: str = "deployments"
+    """The scale subresource's resource: `deployments` or `leaderworkersets` (PP > 1)."""
+    concurrency: int = DEFAULT_CONCURRENCY
+    """Requests in flight per engine pod when releasing held ones (`spec.engine.maxNumSeqs`)."""
 
 
 @dataclass
@@ -18,6 +32,7 @@ class Backend:
     namespace: str
     name: str
     ring: Ring = field(default_factory=lambda: Ring.of(()))
+    wake: Wake = field(default_factory=Wake)
 
 
 @dataclass
@@ -27,14 +42,23 @@ class RouteTable:
     backends: dict[str, Backend] = field(default_factory=dict)
     in_flight: Counter[str] = field(default_factory=Counter)
 
-    def set(self, model: str, namespace: str, name: str, endpoints: Iterable[str]) -> None:
-        """Route `model` to these endpoints (the ring is rebuilt only when the set changed)."""
+    def set(
+        self,
+        model: str,
+        namespace: str,
+        name: str,
+        endpoints: Iterable[str],
+        wake: Wake | None = None,
+    ) -> None:
+        """Route `model` to these endpoints (the ring is rebuilt only when the set changed);
+        `wake` None keeps what the backend had."""
         wanted = tuple(sorted(set(endpoints)))
         current = self.backends.get(model)
+        wake = wake or (current.wake if current is not None else Wake())
         if current is not None and current.ring.endpoints == wanted:
-            current.namespace, current.name = namespace, name
+            current.namespace, current.name, current.wake = namespace, name, wake
             return
-        self.backends[model] = Backend(namespace, name, Ring.of(wanted))
+        self.backends[model] = Backend(namespace, name, Ring.of(wanted), wake)
 
     def remove(self, model: str) -> None:
         self.backends.pop(model, None)

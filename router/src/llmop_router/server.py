@@ -10,7 +10,17 @@ connection, which makes vLLM abort the request. Engine admin routes never pass (
 
 `serve` runs it until SIGTERM, then stops without refusing anyone: unready and still serving for
 a delay (the Service's proxies drop the terminating pod meanwhile), then no new connections while
-the answers in flight finish.
+the answers in flight finish. The exception is requests held for a CR at zero: they are answered
+503 with `Retry-After` at once (the client's retry reaches another router pod, which holds it).
+
+Scale to zero (docs/router.md, "Scale to zero"): a request for a CR with no ready endpoint whose
+Ready condition says `ScaledToZero` is held (`hold.py` decides, a pump task per CR acts): the
+first one of an episode wakes the CR (its workload's scale 0 → 1, by `waker`), and the held
+requests are released in arrival order at the engines' concurrency once an endpoint is ready,
+answered 504 past `holdTimeoutSeconds`, refused 429 past `maxPendingRequests`. A held streaming
+request gets an SSE comment every `heartbeat` seconds, so proxies in front see bytes; once that
+has sent the 200 headers, an error can no longer be a status: it comes as one SSE event
+`event: error` with the OpenAI error object as its data, and the stream ends.
 """
 
 from __future__ import annotations
@@ -21,15 +31,17 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from llmop_router.hold import PHASE_REQUESTED, Held, Holding, Key
 from llmop_router.metrics import RouterMetrics
-from llmop_router.prefix import routing_info
-from llmop_router.routes import RouteTable
+from llmop_router.prefix import RoutingInfo, routing_info
+from llmop_router.routes import Backend, RouteTable
 
 log = logging.getLogger("llmop_router.server")
 
@@ -41,6 +53,8 @@ INFERENCE_ROUTES = (
 )
 """What passes to the engines; every other `/v1/…` route (e.g. `/v1/load_lora_adapter`) is 403."""
 MODELS_ROUTE = "/v1/models"
+ACTIVITY_ROUTE = "/llmop/activity"
+"""Per CR: requests in flight, held, and the newest arrival (the operator's idle check)."""
 ROUTES_ROUTE = "/routes"
 """The table as the router sees it (model → CR, endpoints, in-flight): for debugging routing."""
 ATTEMPTS = 2
@@ -67,6 +81,33 @@ drops a terminating endpoint only after the EndpointSlice update reaches it, and
 connections still arrive (docs/router.md, "Router pods")."""
 DRAIN_SECONDS = 60.0
 """After the delay, how long answers in flight may take to finish before they are cut."""
+HEARTBEAT_SECONDS = 10.0
+"""A held streaming request gets an SSE comment this often (proxies cut idle streams at 30-60 s)."""
+HOLD_TICK_SECONDS = 0.05
+"""How often a CR's pump looks at its endpoints and deadlines while requests are held."""
+WAKE_RETRY_SECONDS = 2.0
+WAKE_TIMEOUT_SECONDS = 10.0
+FULL_RETRY_AFTER_SECONDS = "10"
+
+Waker = Callable[[Backend], Awaitable[str]]
+"""Wakes a CR at zero (scale subresource 0 → 1 when it is 0); returns the phase to wait in."""
+
+
+@dataclass
+class Activity:
+    """One CR's traffic through this router since it started."""
+
+    in_flight: int = 0
+    last_request_unix: float | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a hold ended: `go` (route it now), `timeout` (504), `full` (429, never held),
+    `stopping` (503) or `gone` (the client left while held)."""
+
+    kind: str
+    phase: str = ""
 
 
 def error(
@@ -91,10 +132,19 @@ class Router:
         metrics: RouterMetrics | None = None,
         *,
         connect_timeout: float = 5.0,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        waker: Waker | None = None,
     ) -> None:
         self.table = table
         self.metrics = metrics or RouterMetrics()
         self.connect_timeout = connect_timeout
+        self.heartbeat = heartbeat
+        self.waker = waker
+        """None (a static table): held requests wait for endpoints, nothing is scaled."""
+        self.holding = Holding()
+        self.activity: dict[Key, Activity] = {}
+        self._waiters: dict[int, asyncio.Future[Outcome]] = {}
+        self._pumps: dict[Key, asyncio.Task[None]] = {}
         self.ready = False
         self.draining = False
         """Set on SIGTERM: unready, and every answer closes its connection."""
@@ -113,6 +163,9 @@ class Router:
         )
 
     async def _on_cleanup(self, _app: web.Application) -> None:
+        self.stop_holding()
+        for task in self._pumps.values():
+            task.cancel()
         if self._session is not None:
             await self._session.close()
 
@@ -130,6 +183,7 @@ class Router:
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_page)
         app.router.add_get(ROUTES_ROUTE, self.list_routes)
+        app.router.add_get(ACTIVITY_ROUTE, self.list_activity)
         for hook in self.app_hooks:
             hook(app)
         return app
@@ -174,10 +228,25 @@ class Router:
                 "namespace": backend.namespace,
                 "name": backend.name,
                 "endpoints": {e: self.table.in_flight.get(e, 0) for e in backend.ring.endpoints},
+                "scaledToZero": backend.wake.scaled_to_zero,
+                "held": self.holding.held((backend.namespace, backend.name)),
             }
             for model, backend in sorted(self.table.backends.items())
         }
         return web.json_response({"ready": self.ready, "models": routes})
+
+    async def list_activity(self, _request: web.Request) -> web.Response:
+        models = [
+            {
+                "namespace": namespace,
+                "name": name,
+                "inFlight": seen.in_flight,
+                "held": self.holding.held((namespace, name)),
+                "lastRequestUnix": seen.last_request_unix,
+            }
+            for (namespace, name), seen in sorted(self.activity.items())
+        ]
+        return web.json_response({"models": models})
 
     async def refuse(self, request: web.Request) -> web.Response:
         return error(
@@ -204,17 +273,32 @@ class Router:
             )
             return self._answered(info.model, error(404, message, "NotFoundError"))
         backend = self.table.backends[info.model]
-        if not choice.order:
+        key = (backend.namespace, backend.name)
+        seen = self.activity.setdefault(key, Activity())
+        seen.last_request_unix = time.time()
+        prepared: web.StreamResponse | None = None
+        if self._should_hold(key, backend, bool(choice.order)):
+            outcome, prepared = await self._hold(request, info, backend, key)
+            if outcome.kind == "gone" and prepared is not None:
+                # The client went away between heartbeats: it has left the queue.
+                self.metrics.client_disconnects.inc()
+                return prepared
+            if outcome.kind != "go":
+                return await self._finish(info.model, prepared, self._hold_error(outcome, backend))
+            choice = self.table.choose(info.model, info.key)
+        if choice is None or not choice.order:
             message = (
                 f"no ready replica of LLMDeployment {backend.namespace}/{backend.name} "
                 f"(model {info.model!r})"
             )
             retry = {"Retry-After": RETRY_AFTER_SECONDS}
-            return self._answered(info.model, error(503, message, "ServiceUnavailableError", retry))
+            refusal = error(503, message, "ServiceUnavailableError", retry)
+            return await self._finish(info.model, prepared, refusal)
         headers = forwarded_headers(request.headers)
         url_tail = request.rel_url.raw_path_qs
         attempts = choice.order[:ATTEMPTS]
         self.metrics.in_flight.inc()
+        seen.in_flight += 1
         try:
             for attempt, endpoint in enumerate(attempts):
                 last = attempt == len(attempts) - 1
@@ -222,19 +306,193 @@ class Router:
                 if attempt == 0:
                     self.metrics.routing_seconds.observe(time.perf_counter() - started)
                 answered = await self._attempt(
-                    request, endpoint, url_tail, headers, body, last=last
+                    request, endpoint, url_tail, headers, body, prepared=prepared, last=last
                 )
                 if answered is not None:
                     self.metrics.count_request(info.model, answered.status)
                     return answered
         finally:
             self.metrics.in_flight.dec()
+            seen.in_flight -= 1
         message = f"every replica tried for model {info.model!r} failed before answering"
-        return self._answered(info.model, error(502, message, "BadGatewayError"))
+        return await self._finish(info.model, prepared, error(502, message, "BadGatewayError"))
 
     def _answered(self, model: str, response: web.Response) -> web.Response:
         self.metrics.count_request(model, response.status)
         return response
+
+    async def _finish(
+        self, model: str, prepared: web.StreamResponse | None, response: web.Response
+    ) -> web.StreamResponse:
+        """Answer with an error: as itself, or as an SSE error event once a held stream's 200
+        headers were sent."""
+        self.metrics.count_request(model, response.status)
+        if prepared is None:
+            return response
+        assert isinstance(response.body, bytes)
+        try:
+            await prepared.write(b"event: error\ndata: " + response.body + b"\n\n")
+            await prepared.write_eof()
+        except ConnectionResetError:
+            self.metrics.client_disconnects.inc()
+        return prepared
+
+    # -- holding (scale to zero) ----------------------------------------------------------
+
+    def _should_hold(self, key: Key, backend: Backend, has_endpoints: bool) -> bool:
+        """Hold while others for this CR wait (first come, first served), or when it has no
+        ready endpoint and the operator scaled it to zero. A CR at replicas 0 for another
+        reason (a hand-set `spec.replicas: 0`) is answered 503, never woken."""
+        if self.draining:
+            return False
+        if self.holding.holding(key):
+            return True
+        return not has_endpoints and backend.wake.scaled_to_zero
+
+    async def _hold(
+        self, request: web.Request, info: RoutingInfo, backend: Backend, key: Key
+    ) -> tuple[Outcome, web.StreamResponse | None]:
+        """Wait until released, timed out or stopped; returns the outcome and, for a stream
+        that got heartbeats, its already prepared response."""
+        loop = asyncio.get_running_loop()
+        admission = self.holding.admit(key, loop.time(), backend.wake.settings)
+        if admission.held is None:
+            return Outcome("full"), None
+        held = admission.held
+        self.metrics.held_total.labels(*key).inc()
+        self._gauge(key)
+        if key not in self._pumps:
+            self._pumps[key] = asyncio.create_task(self._pump(key, info.model or ""))
+        future: asyncio.Future[Outcome] = loop.create_future()
+        self._waiters[held.ticket] = future
+        prepared: web.StreamResponse | None = None
+        try:
+            while True:
+                wait = self.heartbeat if info.stream else None
+                try:
+                    return await asyncio.wait_for(asyncio.shield(future), wait), prepared
+                except TimeoutError:
+                    note = f": waiting for {key[0]}/{key[1]} to wake\n\n"
+                    try:
+                        if prepared is None:
+                            prepared = await self._prepare_stream(request)
+                        await prepared.write(note.encode())
+                    except ConnectionResetError:
+                        return Outcome("gone"), prepared
+        finally:
+            self._waiters.pop(held.ticket, None)
+            if not future.done():
+                # The client went away while held: it leaves the queue.
+                self.holding.leave(key, held.ticket)
+                self._gauge(key)
+
+    async def _prepare_stream(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200,
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+        )
+        response.headers["X-Accel-Buffering"] = "no"
+        await response.prepare(request)
+        return response
+
+    def _hold_error(self, outcome: Outcome, backend: Backend) -> web.Response:
+        key = (backend.namespace, backend.name)
+        cr = f"LLMDeployment {key[0]}/{key[1]}"
+        settings = backend.wake.settings
+        if outcome.kind == "full":
+            self.metrics.hold_refused.labels(*key, "full").inc()
+            message = (
+                f"{settings.max_pending_requests} requests already wait for {cr} to wake "
+                f"(spec.autoscaling.scaleToZero.maxPendingRequests)"
+            )
+            retry = {"Retry-After": FULL_RETRY_AFTER_SECONDS}
+            return error(429, message, "RateLimitError", retry)
+        if outcome.kind == "timeout":
+            self.metrics.hold_refused.labels(*key, "timeout").inc()
+            message = (
+                f"{cr} did not wake within {settings.hold_timeout_seconds:g} s "
+                f"(spec.autoscaling.scaleToZero.holdTimeoutSeconds); the request waited in "
+                f"phase {outcome.phase!r}"
+            )
+            return error(504, message, "GatewayTimeoutError")
+        self.metrics.hold_refused.labels(*key, "stopping").inc()
+        message = f"this router pod is stopping while {cr} wakes; retry (another pod holds it)"
+        return error(503, message, "ServiceUnavailableError", {"Retry-After": "1"})
+
+    def _gauge(self, key: Key) -> None:
+        self.metrics.held.labels(*key).set(self.holding.held(key))
+
+    def _resolve(self, held: Held, outcome: Outcome) -> None:
+        future = self._waiters.get(held.ticket)
+        if future is not None and not future.done():
+            future.set_result(outcome)
+
+    async def _pump(self, key: Key, model: str) -> None:
+        """While requests for this CR are held: wake it once, then release them as endpoints
+        get free slots and time out the ones past their deadline."""
+        loop = asyncio.get_running_loop()
+        current = None
+        ready_seen = False
+        next_wake = 0.0
+        try:
+            while self.holding.holding(key):
+                now = loop.time()
+                episode = self.holding.episodes[key]
+                if episode is not current:
+                    # A new episode began while this task slept (the last one's queue emptied
+                    # and a new request came): its own wake and its own wake time.
+                    current, ready_seen, next_wake = episode, False, now
+                backend = self.table.backends.get(model)
+                endpoints = backend.ring.endpoints if backend is not None else ()
+                if not episode.woken and not endpoints and now >= next_wake:
+                    if await self._wake(key, backend):
+                        next_wake = now + WAKE_RETRY_SECONDS
+                    continue
+                if endpoints and not ready_seen:
+                    ready_seen = True
+                    self.metrics.wake_seconds.observe(now - episode.started)
+                phase = episode.phase
+                for held in self.holding.expire(key, now):
+                    self._resolve(held, Outcome("timeout", phase))
+                if backend is not None:
+                    released = self.holding.release(
+                        key, self.table.in_flight, endpoints, backend.wake.concurrency
+                    )
+                    for held in released:
+                        self._resolve(held, Outcome("go"))
+                self._gauge(key)
+                await asyncio.sleep(HOLD_TICK_SECONDS)
+        finally:
+            self._pumps.pop(key, None)
+            self._gauge(key)
+
+    async def _wake(self, key: Key, backend: Backend | None) -> bool:
+        """Wake the CR once for this episode; True when it failed and is to be tried again."""
+        if backend is None or not backend.wake.scaled_to_zero:
+            # The CR left ScaledToZero (or the table) since: nothing to wake, only to wait.
+            self.holding.woke(key, "waiting: the CR is not ScaledToZero, no ready replica yet")
+            return False
+        if self.waker is None:
+            self.holding.woke(key, "waiting: no Kubernetes access to scale, no ready replica yet")
+            return False
+        try:
+            phase = await asyncio.wait_for(self.waker(backend), WAKE_TIMEOUT_SECONDS)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failure is retried while requests wait
+            log.warning("waking %s/%s failed: %s", *key, exc)
+            self.holding.note(key, f"waking: the scale request failed ({exc}); retrying")
+            return True
+        if phase == PHASE_REQUESTED:
+            self.metrics.wakes.labels(*key).inc()
+        self.holding.woke(key, phase)
+        return False
+
+    def stop_holding(self) -> None:
+        """Answer every held request 503 (this pod stops; the client's retry goes elsewhere)."""
+        for key, held in self.holding.take_all():
+            self._resolve(held, Outcome("stopping"))
+            self._gauge(key)
 
     async def _attempt(
         self,
@@ -244,6 +502,7 @@ class Router:
         headers: CIMultiDict[str],
         body: bytes,
         *,
+        prepared: web.StreamResponse | None,
         last: bool,
     ) -> web.StreamResponse | None:
         """Send to one pod and relay its answer; None when it failed before its first byte and
@@ -270,15 +529,20 @@ class Router:
                     # A draining engine (or one going unready): the next pod answers instead.
                     self.metrics.upstream_errors.labels("503").inc()
                     return None
-                return await self._relay(request, upstream)
+                return await self._relay(request, upstream, prepared)
         finally:
             table.in_flight[endpoint] -= 1
             if table.in_flight[endpoint] <= 0:
                 del table.in_flight[endpoint]
 
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        prepared: web.StreamResponse | None = None,
     ) -> web.StreamResponse:
+        if prepared is not None:
+            return await self._relay_into(prepared, upstream)
         response = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
@@ -301,6 +565,34 @@ class Router:
             # empty chunk): leaving here closes the upstream connection too.
             self.metrics.client_disconnects.inc()
         return response
+
+    async def _relay_into(
+        self, prepared: web.StreamResponse, upstream: aiohttp.ClientResponse
+    ) -> web.StreamResponse:
+        """The engine's answer into a held stream whose 200 headers (and heartbeats) went out:
+        its events as they come, or its error as one SSE error event."""
+        try:
+            if upstream.status != 200:
+                body = await upstream.read()
+                try:
+                    json.loads(body)
+                except ValueError:
+                    body = json.dumps(
+                        {
+                            "error": {
+                                "message": body.decode(errors="replace"),
+                                "code": upstream.status,
+                            }
+                        }
+                    ).encode()
+                await prepared.write(b"event: error\ndata: " + body + b"\n\n")
+            else:
+                async for chunk in upstream.content.iter_any():
+                    await prepared.write(chunk)
+            await prepared.write_eof()
+        except ConnectionResetError:
+            self.metrics.client_disconnects.inc()
+        return prepared
 
 
 async def serve(
@@ -331,6 +623,7 @@ async def serve(
         listening(runner.addresses[0][1])
         await stop.wait()
         router.draining = True
+        router.stop_holding()
         log.info("stopping: unready, serving %.1f s more, then draining", shutdown_delay)
         await asyncio.sleep(shutdown_delay)
         in_flight = sum(router.table.in_flight.values())

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 log = logging.getLogger("llmop_engine.simulator")
 
 FAULTS = ("none", "hang", "crash", "slow", "refuse", "error")
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""vLLM 0.32's allowed `--max-lora-rank` values (`MaxLoRARanks`)."""
 DEFAULT_MODEL = "Qwen/Qwen3-0.6B"  # what `vllm serve` serves without a model argument
 
 
@@ -35,6 +37,10 @@ class SimConfig:
     shutdown_timeout: float = 0.0
     api_key: str | None = None
     disable_log_stats: bool = False
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_cpu_loras: int = 1
+    max_lora_rank: int = 16
     load_seconds: float = 5.0
     decode_ms: float = 20.0
     decode_ms_per_seq: float = 0.15
@@ -73,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=float, default=0.0)
     p.add_argument("--api-key", default=None)
     p.add_argument("--disable-log-stats", action="store_true")
+    # vLLM 0.32's LoRA flags and defaults (vllm/config/lora.py); --max-cpu-loras defaults to
+    # --max-loras and may not be below it.
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--max-loras", type=int, default=1)
+    p.add_argument("--max-cpu-loras", type=int, default=None)
+    p.add_argument("--max-lora-rank", type=int, default=16, choices=MAX_LORA_RANKS)
     sim = p.add_argument_group("simulation")
     sim.add_argument(
         "--sim-load-seconds",
@@ -119,7 +131,11 @@ def parse(argv: Sequence[str]) -> SimConfig:
     model: str | None = None
     if args and not args[0].startswith("-"):
         model = args.pop(0)
-    ns, unknown = build_parser().parse_known_args(args)
+    parser = build_parser()
+    ns, unknown = parser.parse_known_args(args)
+    max_cpu_loras = ns.max_loras if ns.max_cpu_loras is None else ns.max_cpu_loras
+    if max_cpu_loras < ns.max_loras:
+        parser.error(f"max_cpu_loras ({max_cpu_loras}) must be >= max_loras ({ns.max_loras})")
     if unknown:
         log.info("simulator ignores vLLM flags it does not model: %s", " ".join(unknown))
     model = ns.model or model or DEFAULT_MODEL
@@ -139,6 +155,10 @@ def parse(argv: Sequence[str]) -> SimConfig:
         shutdown_timeout=max(0.0, ns.shutdown_timeout),
         api_key=ns.api_key,
         disable_log_stats=ns.disable_log_stats,
+        enable_lora=ns.enable_lora,
+        max_loras=max(1, ns.max_loras),
+        max_cpu_loras=max_cpu_loras,
+        max_lora_rank=ns.max_lora_rank,
         load_seconds=max(0.0, ns.sim_load_seconds),
         decode_ms=max(0.1, ns.sim_decode_ms),
         decode_ms_per_seq=max(0.0, ns.sim_decode_ms_per_seq),

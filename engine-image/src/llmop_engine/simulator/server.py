@@ -4,7 +4,9 @@ Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (JSON or SSE str
 (200; 503 once crashed), `/ping`, `/version`, `/metrics` (vLLM names), `/load` (in-flight
 generation requests, as vLLM's with `--enable-server-load-tracking`), and the simulation controls
 `POST|GET /sim/fault` and `GET /sim/stats` (request counts, split by probe vs client traffic; probes
-are requests whose User-Agent starts with `llmop-engine-probe`).
+are requests whose User-Agent starts with `llmop-engine-probe`). With `--enable-lora` and
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING`, vLLM's runtime LoRA API too (`simulator.lora`): loaded
+adapters are listed in `/v1/models` and served as models of their own.
 
 Connections like vLLM's under the agent: idle keep-alive connections close after
 `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` seconds (5), and once the agent's drain flag exists
@@ -32,15 +34,22 @@ import signal
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from llmop_engine.connection_close import DrainFlag
-from llmop_engine.contract import HTTP_KEEP_ALIVE_SECONDS, Env
+from llmop_engine.contract import (
+    HTTP_KEEP_ALIVE_SECONDS,
+    LOAD_LORA_PATH,
+    UNLOAD_LORA_PATH,
+    Env,
+)
 from llmop_engine.simulator.batching import BatchEngine, RequestTooLongError, SimRequest
 from llmop_engine.simulator.config import SimConfig
 from llmop_engine.simulator.faults import FaultError, FaultState
+from llmop_engine.simulator.lora import Answer, LoraRegistry, runtime_updating_allowed, text_shift
 from llmop_engine.simulator.metrics import SimMetrics
 from llmop_engine.simulator.prefix_cache import chat_text, prompt_blocks
 
@@ -87,9 +96,17 @@ def token_text(index: int) -> str:
     return _WORDS[index % len(_WORDS)]
 
 
-def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+def _error(
+    status: int, message: str, kind: str = "BadRequestError", param: str | None = None
+) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return web.json_response(body, status=status)
+
+
+def _lora_response(answer: Answer) -> web.Response:
+    if answer.error_type is None:
+        return web.Response(text=answer.message)  # vLLM answers success as plain text
+    return _error(answer.status, answer.message, answer.error_type)
 
 
 class SimServer:
@@ -105,6 +122,9 @@ class SimServer:
         self.started = time.time()
         # What vLLM does with the agent's `--middleware` (llmop_engine.connection_close).
         self.drain_flag = DrainFlag.from_env()
+        self.lora = LoraRegistry(cfg.max_lora_rank)
+        # vLLM mounts the routes only with both: otherwise they are FastAPI's plain 404.
+        self.lora_api = cfg.enable_lora and runtime_updating_allowed()
 
     # -- app --------------------------------------------------------------------------------
 
@@ -119,6 +139,8 @@ class SimServer:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get("/load", self.load)
+        app.router.add_post(LOAD_LORA_PATH, self.load_lora)
+        app.router.add_post(UNLOAD_LORA_PATH, self.unload_lora)
         app.router.add_get("/sim/stats", self.sim_stats)
         app.router.add_get("/sim/fault", self.get_fault)
         app.router.add_post("/sim/fault", self.post_fault)
@@ -156,7 +178,40 @@ class SimServer:
             }
             for name in names
         ]
+        data += [
+            {
+                "id": lora.name,
+                "object": "model",
+                "created": lora.created,
+                "owned_by": "vllm",
+                "root": lora.path,
+                "parent": self.cfg.served_model_name,
+                "max_model_len": None,
+            }
+            for lora in self.lora.adapters.values()
+        ]
         return web.json_response({"object": "list", "data": data})
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        return await self._lora_call(request, self.lora.load)
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        return await self._lora_call(request, self.lora.unload)
+
+    async def _lora_call(
+        self, request: web.Request, call: Callable[[object], Answer]
+    ) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        if not self.lora_api:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "request body is not JSON")
+        answer = call(body)
+        log.info("%s %s: %d %s", request.path, body, answer.status, answer.message)
+        return _lora_response(answer)
 
     async def prometheus(self, request: web.Request) -> web.Response:
         if self.cfg.disable_log_stats:
@@ -203,12 +258,17 @@ class SimServer:
         self.faults.set(mode, time.monotonic(), slow_factor)
         log.warning("fault injected: %s", mode)
         if mode == "crash":
-            self.engine.dead = True
-            self.engine.abort_all("error")
-            self.exit_code = self.cfg.crash_exit_code
-            asyncio.get_running_loop().call_later(
-                self.cfg.crash_exit_delay_seconds, self.stop_event.set
-            )
+            self._crash()
+        self.engine.notify()
+
+    def _crash(self) -> None:
+        """EngineCore died: open requests end with an error, the server exits a moment later."""
+        self.engine.dead = True
+        self.engine.abort_all("error")
+        self.exit_code = self.cfg.crash_exit_code
+        asyncio.get_running_loop().call_later(
+            self.cfg.crash_exit_delay_seconds, self.stop_event.set
+        )
         self.engine.notify()
 
     # -- generation -------------------------------------------------------------------------
@@ -271,8 +331,9 @@ class SimServer:
                 raise ValueError("body must be a JSON object")
             model = body.get("model") or self.cfg.served_model_name
             names = self.cfg.served_model_names or (self.cfg.model,)
-            if model not in names:
-                return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+            shift = self._model_shift(str(model), names)
+            if isinstance(shift, web.Response):
+                return shift
             prompt_tokens = self._prompt_tokens(body, chat)
             raw_max = body.get("max_completion_tokens") if chat else None
             raw_max = raw_max or body.get("max_tokens")
@@ -291,8 +352,8 @@ class SimServer:
             if body.get("stream"):
                 opts = body.get("stream_options") or {}
                 usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
-                return await self._stream(request, req, chat, str(model), usage)
-            return await self._complete(req, chat, str(model))
+                return await self._stream(request, req, chat, str(model), usage, shift=shift)
+            return await self._complete(req, chat, str(model), shift)
         finally:
             self.active_handlers -= 1
 
@@ -301,13 +362,47 @@ class SimServer:
             await req.changed.wait()
             req.changed.clear()
 
-    async def _complete(self, req: SimRequest, chat: bool, model: str) -> web.Response:
+    def _model_shift(self, model: str, names: tuple[str, ...]) -> int | web.Response:
+        """How far the model's words are shifted from the base's (0: the base), or the error
+        answer for a model this engine does not serve."""
+        if model in self.lora.adapters:
+            if not self.lora.files_present(model):
+                return self._lost_lora_files(model)
+            return text_shift(model, len(_WORDS))
+        if model in names:
+            return 0
+        return _error(
+            404,
+            f"The model `{model}` does not exist. Valid aliases: {', '.join(names)}.",
+            "NotFoundError",
+            "model",
+        )
+
+    def _lost_lora_files(self, name: str) -> web.Response:
+        """vLLM 0.32 re-reads an evicted adapter from its path; with the files gone the worker
+        fails, EngineCore dies and the API server exits (measured, reference row 3b)."""
+        log.error(
+            "EngineCore encountered a fatal error: Worker failed with error 'Loading lora %s "
+            "failed: No adapter found for %s'",
+            name,
+            self.lora.adapters[name].path,
+        )
+        self._crash()
+        return _error(
+            500,
+            "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+            "InternalServerError",
+        )
+
+    async def _complete(
+        self, req: SimRequest, chat: bool, model: str, shift: int = 0
+    ) -> web.Response:
         try:
             await self._wait_finished(req)
         except asyncio.CancelledError:
             self.engine.abort(req)
             raise
-        text = "".join(token_text(i) for i in range(req.generated))
+        text = "".join(token_text(i + shift) for i in range(req.generated))
         usage = {
             "prompt_tokens": req.prompt_tokens,
             "completion_tokens": req.generated,
@@ -346,7 +441,14 @@ class SimServer:
         )
 
     async def _stream(  # noqa: C901, PLR0912
-        self, request: web.Request, req: SimRequest, chat: bool, model: str, include_usage: bool
+        self,
+        request: web.Request,
+        req: SimRequest,
+        chat: bool,
+        model: str,
+        include_usage: bool,
+        *,
+        shift: int = 0,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -391,7 +493,9 @@ class SimServer:
                 upto = req.generated
                 while sent < upto:
                     last = sent == upto - 1 and req.finished
-                    parts.append(chunk(token_text(sent), req.finish_reason if last else None))
+                    parts.append(
+                        chunk(token_text(sent + shift), req.finish_reason if last else None)
+                    )
                     sent += 1
                 # vLLM 0.32 (measured): a request still queued when the engine aborts everything
                 # yields no output at all, so its stream has no choice and no finish reason, only

@@ -7,7 +7,7 @@ admission with a message that names the field and the fix. `crdgen` turns these 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
@@ -292,6 +292,38 @@ Quantization = Literal[
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 
 
+LoraRank = Literal[8, 16, 32, 64, 128, 256]
+
+
+class LoraSpec(ApiModel):
+    """LoRA slots of the engine (`--enable-lora` and its three flags). Changing any of them
+    restarts the engine pods (a drained rollout): vLLM sizes the slots at start. Adding or
+    removing `spec.adapters` never does."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.maxCpuLoras >= self.maxLoras",
+                    "spec.engine.lora.maxCpuLoras must be at least spec.engine.lora.maxLoras "
+                    "(vLLM keeps every GPU slot's adapter in the CPU cache too): raise "
+                    "maxCpuLoras or lower maxLoras",
+                    ".maxCpuLoras",
+                )
+            ]
+        }
+    )
+
+    max_loras: int = Field(default=4, ge=1, le=64)
+    """Adapters one batch can mix (`--max-loras`): GPU slots, each sized for `maxLoraRank`."""
+    max_cpu_loras: int = Field(default=16, ge=1, le=1024)
+    """Adapters kept in host memory (`--max-cpu-loras`). More adapters than this still serve:
+    vLLM re-reads an evicted adapter from disk on its next request (a few to tens of ms)."""
+    max_lora_rank: LoraRank = 64
+    """Largest adapter rank `r` the slots hold (`--max-lora-rank`). An adapter above it fails
+    as `AdapterRankTooHigh`; the engine is not restarted for it."""
+
+
 class EngineSpec(ApiModel):
     """How the inference engine runs. Typed fields become vLLM flags; `args` are passed last."""
 
@@ -345,6 +377,10 @@ class EngineSpec(ApiModel):
     backends, vllm and simulator, take it; `resources.gpus: 0` is allowed)."""
     speculative: SpeculativeSpec | None = None
     """Speculative decoding (`--speculative-config`)."""
+    lora: LoraSpec | None = None
+    """LoRA slots. Set it up front when adapters will come later: turning LoRA on is a
+    rollout, adding an adapter is not. Implied (with its defaults) by a non-empty
+    `spec.adapters`."""
     args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=128)
     """Extra engine flags, passed after the generated ones (so they win where the engine takes
     the last value)."""
@@ -442,6 +478,20 @@ class ScaleDownSpec(ApiModel):
     """Length of the scale-down period."""
 
 
+class ScaleToZeroSpec(ApiModel):
+    """Idle models release their pods; llmop-router holds the first request after and wakes
+    the model (docs/router.md)."""
+
+    idle_seconds: int = Field(default=300, ge=10, le=86400)
+    """Seconds with nothing held or in flight at the router and nothing queued or running at
+    the engines before the operator scales the engine workload to 0."""
+    hold_timeout_seconds: int = Field(default=300, ge=1, le=3600)
+    """How long the router holds a request for a model at zero before it answers 504."""
+    max_pending_requests: int = Field(default=1000, ge=1, le=100000)
+    """Requests the router holds per router pod for a model at zero; the next one gets 429
+    with Retry-After."""
+
+
 class AutoscalingSpec(ApiModel):
     """Queue-depth autoscaling through a HorizontalPodAutoscaler owned by this LLMDeployment."""
 
@@ -452,13 +502,20 @@ class AutoscalingSpec(ApiModel):
                     "self.minReplicas <= self.maxReplicas",
                     "spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas",
                     ".minReplicas",
-                )
+                ),
+                cel(
+                    "!has(self.scaleToZero) || self.minReplicas == 0",
+                    "spec.autoscaling.scaleToZero needs spec.autoscaling.minReplicas: 0 (set "
+                    "it, or remove scaleToZero)",
+                    ".scaleToZero",
+                ),
             ]
         }
     )
 
-    min_replicas: int = Field(default=1, ge=1, le=1000)
-    """Fewest replicas."""
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    """Fewest replicas. 0: the model scales to zero when idle (`scaleToZero`) and llmop-router
+    wakes it on the next request; the HPA itself keeps 1 to `maxReplicas`."""
     max_replicas: int = Field(ge=1, le=1000)
     """Most replicas."""
     target_queue_depth: float = Field(default=4, gt=0, le=10000)
@@ -468,6 +525,19 @@ class AutoscalingSpec(ApiModel):
     """Scale-up behaviour."""
     scale_down: ScaleDownSpec = Field(default_factory=ScaleDownSpec)
     """Scale-down behaviour."""
+    scale_to_zero: ScaleToZeroSpec | None = None
+    """Scale to zero settings, with `minReplicas: 0` (defaults apply when minReplicas is 0 and
+    this is unset)."""
+
+    @property
+    def scales_to_zero(self) -> bool:
+        """Whether the operator may take this model to 0 when idle."""
+        return self.min_replicas == 0
+
+    @property
+    def zero(self) -> ScaleToZeroSpec:
+        """The scale-to-zero settings in effect (the defaults when unset)."""
+        return self.scale_to_zero or ScaleToZeroSpec()
 
 
 # --------------------------------------------------------------------------------------------
@@ -612,6 +682,57 @@ class RouterSpec(ApiModel):
 
 
 # --------------------------------------------------------------------------------------------
+# spec.adapters
+
+ADAPTER_SOURCE_PATTERN: Final = (
+    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?"
+    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/[^/].*)$"
+)
+"""`hf://org/repo` or `pvc://claim/path` (the CEL rule and the operator's parser share it)."""
+MAX_ADAPTERS: Final = 64
+
+
+class AdapterSpec(ApiModel):
+    """A LoRA adapter of the base model, served under its own OpenAI `model` name."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self.source.matches('{ADAPTER_SOURCE_PATTERN}')",
+                    "spec.adapters[].source must be hf://<org>/<repo> (a Hugging Face repo) "
+                    "or pvc://<claim>/<path> on a claim the engine pods mount (the model's or "
+                    "the model cache's)",
+                    ".source",
+                ),
+                cel(
+                    "!has(self.revision) || self.source.startsWith('hf://')",
+                    "spec.adapters[].revision is for hf:// sources; a pvc:// adapter is read "
+                    "as it is on the volume: remove revision",
+                    ".revision",
+                ),
+                cel(
+                    "!self.source.contains('/../') && !self.source.endsWith('/..')",
+                    "spec.adapters[].source must not contain '..': name the adapter's folder "
+                    "directly",
+                    ".source",
+                ),
+            ]
+        }
+    )
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """The OpenAI `model` value clients send for this adapter (a DNS label, unique in the
+    LLMDeployment and not the base model's served name)."""
+    source: str = Field(min_length=1, max_length=512)
+    """`hf://<org>/<repo>` or `pvc://<claim>/<path>`. Gated Hub adapters use
+    `spec.model.tokenSecretRef`."""
+    revision: str | None = Field(default=None, min_length=1, max_length=128)
+    """Hub revision of an hf:// adapter. Pin a commit sha; a branch or tag (or none) floats
+    and is reported like the base model's."""
+
+
+# --------------------------------------------------------------------------------------------
 # The resource
 
 
@@ -653,6 +774,31 @@ class LLMDeploymentSpec(ApiModel):
                     ".resources.memory",
                 ),
                 cel(
+                    "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) "
+                    "|| self.autoscaling.minReplicas > 0 || !has(self.router) "
+                    "|| !has(self.router.enabled) || self.router.enabled",
+                    "spec.autoscaling.minReplicas 0 needs spec.router.enabled (llmop-router "
+                    "holds the first request and wakes the model): remove spec.router.enabled: "
+                    "false, or set minReplicas to 1 or more",
+                    ".autoscaling.minReplicas",
+                ),
+                cel(
+                    "!has(self.adapters) || self.adapters.all(a, "
+                    "self.adapters.exists_one(b, b.name == a.name))",
+                    "spec.adapters[].name must be unique: each name is the OpenAI model value "
+                    "of one adapter",
+                    ".adapters",
+                ),
+                cel(
+                    "!has(self.engine.pipelineParallelSize) || self.engine.pipelineParallelSize "
+                    "== 1 || ((!has(self.adapters) || size(self.adapters) == 0) "
+                    "&& !has(self.engine.lora))",
+                    "spec.adapters and spec.engine.lora need spec.engine.pipelineParallelSize 1: "
+                    "vLLM 0.32 with --enable-lora and pipeline parallelism crashes on the first "
+                    "request; serve adapters from a model that fits one pod",
+                    ".engine.pipelineParallelSize",
+                ),
+                cel(
                     "!has(self.engine.maxModelLen) || !has(self.model.architecture) "
                     "|| self.engine.maxModelLen <= self.model.architecture.maxPositionEmbeddings",
                     "spec.engine.maxModelLen exceeds "
@@ -684,6 +830,9 @@ class LLMDeploymentSpec(ApiModel):
     """The API Service."""
     router: RouterSpec = Field(default_factory=RouterSpec)
     """Routing through llmop-router."""
+    adapters: list[AdapterSpec] = Field(default_factory=list, max_length=MAX_ADAPTERS)
+    """LoRA adapters loaded on every replica at runtime: adding or removing one restarts no
+    pod."""
 
     @property
     def desired_fixed_replicas(self) -> int:
@@ -700,6 +849,14 @@ class LLMDeploymentSpec(ApiModel):
     def pipeline_parallel_size(self) -> int:
         """PP degree: pods per replica (1 = one pod)."""
         return self.engine.pipeline_parallel_size
+
+    @property
+    def lora_slots(self) -> LoraSpec | None:
+        """The LoRA slots the engine starts with: `engine.lora`, else its defaults when any
+        adapter is declared, else None (LoRA off). Planner and renderer both read it here."""
+        if self.engine.lora is not None:
+            return self.engine.lora
+        return LoraSpec() if self.adapters else None
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -822,6 +979,40 @@ class StartupStatus(ApiModel):
     """Per replica, the ones not ready first, then the newest (at most 10)."""
 
 
+class ScaleToZeroStatus(ApiModel):
+    """When the model last went to zero and last woke (with `spec.autoscaling.minReplicas: 0`)."""
+
+    last_scaled_to_zero_time: str | None = None
+    """When the operator last saw the engine workload at 0 after its idle period."""
+    last_wake_time: str | None = None
+    """When the operator last saw the workload leave 0 (llmop-router woke it)."""
+    last_wake_seconds: float | None = None
+    """Seconds from that wake to the first ready replica (unset while it is still waking)."""
+
+
+AdapterPhase = Literal["Pending", "Loading", "Ready", "Degraded", "Failed"]
+
+
+class AdapterStatus(ApiModel):
+    """One adapter across the engine replicas."""
+
+    name: str
+    """`spec.adapters[].name`."""
+    revision: str | None = None
+    """The revision the replicas load (a commit sha when pinned or resolved)."""
+    rank: int | None = None
+    """`r` from the adapter's adapter_config.json, once a pre-flight or a replica read it."""
+    phase: AdapterPhase
+    """Pending (no replica has it yet), Loading, Ready (every ready replica serves it),
+    Degraded (some replicas serve it, another failed it) or Failed (refused: see message)."""
+    ready_replicas: int = 0
+    """Ready replicas serving it."""
+    replicas: int = 0
+    """Ready replicas (that should serve it)."""
+    message: str | None = Field(default=None, max_length=4096)
+    """Why it failed or waits, with the fix (the engine's own words for a refused load)."""
+
+
 class LLMDeploymentStatus(ApiModel):
     """Observed state of an LLMDeployment (written only by the operator)."""
 
@@ -837,6 +1028,9 @@ class LLMDeploymentStatus(ApiModel):
     """Label selector of the engine pods (for the scale subresource and the HPA)."""
     replica_summary: str | None = None
     """Ready and desired replicas as `ready/desired` (printed by `kubectl get`)."""
+    group_summary: str | None = None
+    """With spec.engine.pipelineParallelSize > 1: ready and desired groups and the pods in each,
+    as `ready/desired (N pods each)` (printed by `kubectl get -o wide`)."""
     endpoint: str | None = None
     """In-cluster base URL of the OpenAI-compatible API: the llmop router's when the model is
     routed and a router is installed, else the LLMDeployment's own Service's."""
@@ -857,6 +1051,16 @@ class LLMDeploymentStatus(ApiModel):
     inference_pool: str | None = None
     """Name of the InferencePool the operator applied for spec.router.inferencePool (kept so
     that removing the field deletes the pool without a request for every LLMDeployment)."""
+    scale_to_zero: ScaleToZeroStatus | None = None
+    """Scale-to-zero history (with spec.autoscaling.minReplicas: 0)."""
+    adapters: list[AdapterStatus] | None = Field(
+        default=None,
+        max_length=MAX_ADAPTERS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Per adapter: phase and how many ready replicas serve it (with spec.adapters)."""
+    adapters_summary: str | None = None
+    """Adapters every ready replica serves, as `ready/desired` (printed by `kubectl get`)."""
 
 
 class ObjectMeta(ApiModel):
@@ -892,8 +1096,15 @@ ROOT_VALIDATIONS = (
         "metadata.name must start with a letter and contain only lowercase letters, digits "
         "and '-' (it names the Service, a DNS-1035 label)",
     ),
+    cel(
+        "!has(self.spec) || !has(self.spec.adapters) || self.spec.adapters.all(a, a.name != "
+        "(has(self.spec.model.servedName) ? self.spec.model.servedName : self.metadata.name))",
+        "spec.adapters[].name must differ from the base model's served name "
+        "(spec.model.servedName, else metadata.name): clients pick the base or an adapter by "
+        "that name",
+    ),
 )
-"""CEL on the object root (only metadata.name is visible there)."""
+"""CEL on the object root (where metadata.name is visible)."""
 
 PRINTER_COLUMNS = (
     {
@@ -920,6 +1131,12 @@ PRINTER_COLUMNS = (
         "jsonPath": ".status.endpoint",
         "description": "In-cluster API URL",
     },
+    {
+        "name": "Adapters",
+        "type": "string",
+        "jsonPath": ".status.adaptersSummary",
+        "description": "LoRA adapters every ready replica serves / declared",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Reason",
@@ -941,5 +1158,12 @@ PRINTER_COLUMNS = (
         "jsonPath": ".status.startup.summary",
         "priority": 1,
         "description": "The slowest replica still starting and its phase",
+    },
+    {
+        "name": "Groups",
+        "type": "string",
+        "jsonPath": ".status.groupSummary",
+        "priority": 1,
+        "description": "Multi-node replicas: ready / desired groups and the pods in each",
     },
 )

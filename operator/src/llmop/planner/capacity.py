@@ -38,7 +38,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from llmop.planner.dtypes import kv_cache_bytes_per_element, weight_bytes_per_param
+from llmop.planner.dtypes import (
+    dtype_bytes,
+    kv_cache_bytes_per_element,
+    resolve_dtype,
+    weight_bytes_per_param,
+)
 from llmop.planner.gpus import gpus_per_node, lookup_gpu
 from llmop.planner.models import ModelArchitecture
 
@@ -111,6 +116,10 @@ class PlanRequest:
     """GFD product label, for messages and the A100 batch-default rule."""
     gpus_per_node: int | None = None
     """The most GPUs one pod can have (one node's); None → the product's in the catalog (8)."""
+    max_loras: int = 0
+    """LoRA slots (`--max-loras`; 0: LoRA off). vLLM allocates every slot at start."""
+    max_lora_rank: int = 0
+    """Rank each slot is sized for (`--max-lora-rank`)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +191,29 @@ def _embedding_params(arch: ModelArchitecture) -> int:
     return (arch.vocab_size or DEFAULT_VOCAB) * arch.attention_heads * arch.head_dim
 
 
+def lora_slots_gib_per_gpu(request: PlanRequest, layers: int, element_bytes: float) -> float:
+    """Memory of the LoRA slots on one GPU: vLLM 0.32 allocates, per slot, A [rank, in] and
+    B [out, rank] for each of the seven projections of every layer it holds (q, k, v, o, gate,
+    up, down), whatever the adapters target, sharded by tensor parallelism. Per layer that is
+    rank x (9 hidden + 2 kv_dim + 3 intermediate) elements. hidden is heads x head_dim; the
+    intermediate size is what the layer's parameters leave after the attention projections
+    (the catalog has no field for it), so the figure is an estimate within a few percent for
+    Llama-like models. 0 when LoRA is off or hidden is unknown (MLA)."""
+    arch = request.architecture
+    if request.max_loras <= 0 or request.max_lora_rank <= 0:
+        return 0.0
+    if arch.is_mla or arch.attention_heads is None:
+        return 0.0
+    hidden = arch.attention_heads * arch.head_dim
+    kv_dim = arch.kv_heads * arch.head_dim
+    per_layer_params = max(0.0, (arch.parameters - 2 * _embedding_params(arch)) / arch.layers)
+    attention = 2 * hidden * hidden + 2 * hidden * kv_dim
+    intermediate = max(0.0, (per_layer_params - attention) / (3 * hidden))
+    per_layer = 9 * hidden + 2 * kv_dim + 3 * intermediate
+    elements = request.max_loras * request.max_lora_rank * layers * per_layer
+    return elements * element_bytes / request.tensor_parallel_size / GIB
+
+
 def stage_parameters(arch: ModelArchitecture, pipeline_parallel_size: int) -> float:
     """Parameters of the heaviest pipeline stage. The first stage carries the embedding and the
     last the LM head, each on top of its share of the layers, so it is the body's share plus one
@@ -234,7 +266,10 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
     activation = ACTIVATION_BASE_GIB + batched_tokens * vocab * LOGITS_BYTES / GIB
     non_torch = NON_TORCH_GIB + (NCCL_GIB if tp * pp > 1 else 0.0)
     graphs = 0.0 if request.enforce_eager else CUDA_GRAPH_GIB
-    overhead = activation + non_torch + graphs
+    # LoRA weights take the activation/weight dtype (vLLM's --lora-dtype auto).
+    compute_bytes = dtype_bytes(resolve_dtype(request.dtype, arch.dtype))
+    lora = lora_slots_gib_per_gpu(request, stage_arch.layers, compute_bytes)
+    overhead = activation + non_torch + graphs + lora
 
     requested = request.gpu_memory_gib * request.gpu_memory_utilization
     kv_gib = requested - weights_per_gpu - overhead
@@ -250,8 +285,10 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
     if pp > 1:
         where = f"{pp} pods x {where}"
     model = arch.name or "the model"
+    lora_note = f" (LoRA slots {_fmt_gib(lora)})" if lora > 0 else ""
     numbers = (
-        f"weights {_fmt_gib(weights_per_gpu)}/GPU, runtime overhead {_fmt_gib(overhead)}/GPU, "
+        f"weights {_fmt_gib(weights_per_gpu)}/GPU, runtime overhead {_fmt_gib(overhead)}/GPU"
+        f"{lora_note}, "
         f"usable {_fmt_gib(requested)}/GPU at gpuMemoryUtilization "
         f"{request.gpu_memory_utilization:g}"
     )

@@ -7,7 +7,10 @@ The package, by responsibility (each module's docstring says its job):
 - `problems` — the memory of found problems that every status path carries;
 - `writes` — the executor, status derivation and writing, the error policy;
 - `model_gate` — the model cache's pre-flight, claim and download Job;
+- `adapter_gate` — the LoRA adapters' Hub pre-flight (refused ones never reach the pods; the
+  base model is never gated by it);
 - `pools` — the InferencePool's API check, its deletion once unwanted, and its verdict;
+- `groups` — the LeaderWorkerSet's API check, its missing-API stall, and listing it back;
 - `entry` — the entry points below; `quiet` — the event-loop checks.
 
 Called by the kopf handlers (a few lines each) but free of kopf itself: it talks to the API
@@ -20,7 +23,8 @@ GET per event. Two named entry points share one per-parent lock:
 - `refresh_from_child()` — a watch event of one child: repair that child if it drifted or
   vanished, and re-derive the parent's status;
 - `refresh_from_pod()` / `refresh_status()` — an engine pod changed, or the agents were read
-  (`llmop.fleet`): re-derive the parent's status only.
+  (`llmop.fleet`): re-derive the parent's status only (`note_group_pod` first feeds every pod
+  event to the memory of group recreates).
 
 Why the status never flaps: both entry points derive it from the same watch cache of the child
 Deployment, whose entries only move forward in time, and compare with the status this process
@@ -31,6 +35,7 @@ Ready=True → False → True whenever the two interleaved.
 
 from __future__ import annotations
 
+from llmop.reconcile.adapter_gate import due_for_hub as adapters_due_for_hub
 from llmop.reconcile.caches import Owner, controller_owner, live_children
 from llmop.reconcile.context import (
     TRIGGER_CHILD,
@@ -43,12 +48,14 @@ from llmop.reconcile.context import (
 )
 from llmop.reconcile.entry import (
     poll_downloads,
+    reconcile_cached,
     reconcile_parent,
     refresh_from_child,
     refresh_from_job,
     refresh_from_pod,
     refresh_status,
 )
+from llmop.reconcile.groups import note_pod as note_group_pod
 from llmop.reconcile.model_gate import TRIGGER_DOWNLOAD
 from llmop.reconcile.pools import recheck as recheck_pools
 from llmop.reconcile.quiet import quiet_child_event, quiet_pod_event
@@ -65,13 +72,16 @@ __all__ = [
     "KeyedLocks",
     "Owner",
     "StepRejectedError",
+    "adapters_due_for_hub",
     "controller_owner",
     "execute",
     "live_children",
+    "note_group_pod",
     "poll_downloads",
     "quiet_child_event",
     "quiet_pod_event",
     "recheck_pools",
+    "reconcile_cached",
     "reconcile_parent",
     "refresh_from_child",
     "refresh_from_job",

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from llmop import kinds
 from llmop.api.v1alpha1 import GROUP, KIND, LLMDeployment
 from llmop.cache_gate import waiting_message
 from llmop.desired import DesiredState, desired_state
@@ -48,10 +49,13 @@ def one_owned(values: Iterable[Mapping[str, Any]] | None, uid: str | None) -> di
 
 
 def live_children(ctx: Context, namespace: str, name: str, uid: str) -> dict[ChildKind, Any]:
-    """The watched children of one parent as the watch caches last saw them."""
-    return {
+    """The watched children of one parent as the watch caches last saw them, and its
+    LeaderWorkerSet as last listed."""
+    live = {
         kind: one_owned(index.get((namespace, name)), uid) for kind, index in ctx.children.items()
     }
+    live[kinds.LEADER_WORKER_SET] = one_owned(ctx.groups.get((namespace, name)), uid)
+    return live
 
 
 def cached_parent(ctx: Context, namespace: str, name: str) -> dict[str, Any] | None:

@@ -12,10 +12,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llmop import preflight
+from llmop.adapter_preflight import AdapterAnswer, AskedFor
 from llmop.agents import AgentReading
 from llmop.api.v1alpha1 import ModelSpec, ModelStatus
 from llmop.config import OperatorConfig
 from llmop.desired import DesiredState
+from llmop.group_restarts import GroupHistory
 from llmop.kinds import ChildKind
 from llmop.kube import Kube
 from llmop.metrics import Metrics
@@ -101,6 +103,23 @@ class ModelGate:
     """Set once the cache holds the commit: what the engine children are planned from."""
 
 
+@dataclass
+class AdapterGates:
+    """The Hub's answers for one parent's hf:// adapters (`reconcile.adapter_gate`): kept per
+    adapter with what each was asked for, so the verdicts are reached again from them at every
+    use and the Hub is asked only when an adapter's source, revision or token changes."""
+
+    uid: str
+    generation: int | None
+    """The generation whose parent pass last asked: a refusal is asked again on a new one."""
+    answers: dict[str, tuple[AskedFor, AdapterAnswer]] = field(default_factory=dict)
+    """Adapter name → (what was asked, the Hub's answer); never an unreachable Hub's."""
+    base: tuple[AskedFor, str | None] | None = None
+    """The base model's `model_type` (None: unknown) and what was asked for it."""
+    unreachable_at: datetime | None = None
+    """When the Hub last could not be reached for this parent (None: it answered)."""
+
+
 @dataclass(frozen=True)
 class Found:
     """A problem this process found for one generation of a parent, and the kind of the child
@@ -138,6 +157,9 @@ class Context:
     """(uid, generation) each parent's children were last fully applied for, by this process."""
     _gates: dict[tuple[str, str], ModelGate] = field(default_factory=dict)
     """The model pre-flight of each parent with spec.model.cache, once per generation."""
+    _adapter_gates: dict[tuple[str, str], AdapterGates] = field(default_factory=dict)
+    """The adapter pre-flight of each parent with hf:// adapters: asked on the parent path
+    only, read by every path (`reconcile.adapter_gate`)."""
     downloading: set[tuple[str, str]] = field(default_factory=set)
     """Parents whose download Job runs: `poll_downloads` refreshes their progress."""
     _problems: dict[tuple[str, str], Found] = field(default_factory=dict)
@@ -147,6 +169,16 @@ class Context:
     _pools: dict[tuple[str, str], PoolVerdict] = field(default_factory=dict)
     """The InferencePool verdict of each parent's last parent pass (`reconcile.pools`); only
     for parents that want a pool or had one."""
+    groups: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]] = field(default_factory=dict)
+    """The LeaderWorkerSets we own as `llmop.group_check` last listed them: (namespace, parent
+    name) → their summaries (`llmop.observed`); replaced whole at each listing."""
+    _group_restarts: dict[tuple[str, str], tuple[str, Mapping[int, GroupHistory]]] = field(
+        default_factory=dict
+    )
+    """Per multi-node parent: (its uid, group index → what this process saw of the group: its
+    leader, its recreates within the window, the last exit), fed by every engine pod event
+    (`reconcile.groups.note_pod`). Written only by kopf's event loop, and each entry replaced
+    whole (never changed in place), so the workers that derive status read it without a lock."""
     served: dict[ChildKind, bool] = field(default_factory=dict)
     """Whether the cluster serves an optional child kind's API (the InferencePool CRD), as
     discovery last said; absent: ask before the next apply."""
@@ -164,7 +196,9 @@ class Context:
         self._written.pop((namespace, name), None)
         self._applied.pop((namespace, name), None)
         self._gates.pop((namespace, name), None)
+        self._adapter_gates.pop((namespace, name), None)
         self.downloading.discard((namespace, name))
         self.fleet.pop((namespace, name), None)
         self._problems.pop((namespace, name), None)
         self._pools.pop((namespace, name), None)
+        self._group_restarts.pop((namespace, name), None)

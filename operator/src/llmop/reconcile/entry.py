@@ -4,7 +4,7 @@ one child, re-derive status), and the status-only paths (pod, fleet, Job, downlo
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +15,7 @@ from llmop.kinds import ChildKind
 from llmop.kube import KubeError, TerminatingError
 from llmop.metrics import RESULT_SKIPPED
 from llmop.plan import ChildPlan, plan_children
-from llmop.reconcile import pools
+from llmop.reconcile import adapter_gate, groups, pools
 from llmop.reconcile.caches import (
     Owner,
     cached_parent,
@@ -40,17 +40,25 @@ from llmop.status import Problem, autoscaler_issue
 
 log = logging.getLogger("llmop.reconcile.entry")
 
+WORKLOAD_KINDS = frozenset(kind.kind for kind in kinds.WORKLOADS)
+
 
 def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
     parsed = parse(ctx, body)
     if parsed.desired is None:
         return write_stalled(ctx, body, Problem(conditions.REASON_INVALID_SPEC, parsed.error or ""))
     desired = parsed.desired
+    if groups.wanted(desired) and not groups.served(ctx):
+        # Before the model gate: no download for groups that cannot run here.
+        return write_stalled(ctx, body, groups.missing())
+    # Before the model gate: an adapter's refusal shows in status while the model downloads.
+    adapter_gate.check(ctx, body, parsed)
     if desired.llmd.spec.model.cache is not None:
         gated = run_gate(ctx, body, parsed)
         if isinstance(gated, str):
             return gated
         desired = gated
+    desired = adapter_gate.applied(ctx, body, desired)
     namespace, name = key_of(body)
     uid = body["metadata"]["uid"]
     live = live_children(ctx, namespace, name, uid)
@@ -69,12 +77,16 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
     except KubeError as error:
         if error.status == 404:  # an optional API may have gone: ask discovery next time
             pools.forget_served(ctx)
+            groups.forget_served(ctx)
         raise
     if problem is None:
         ctx._applied[namespace, name] = (uid, parsed.generation)
         clear_problem(ctx, body, plan, repair=done)
+        adapter_gate.nudge_pods(ctx, body, plan)
+        if not done:
+            adapter_gate.note_lora_rollout(ctx, body, live.get(kinds.DEPLOYMENT), plan)
         pools.settle(ctx, body, desired, unserved=bool(unserved))
-    applied = problem is None and any(a.kind == kinds.DEPLOYMENT.kind for a in plan.applies)
+    applied = problem is None and any(a.kind in WORKLOAD_KINDS for a in plan.applies)
     return write_derived_status(ctx, body, desired, problem, applied=applied)
 
 
@@ -95,6 +107,23 @@ def reconcile_parent(
             # The namespace is being deleted; its garbage collection takes the parent too.
             outcome.result = RESULT_SKIPPED
         return outcome.result
+
+
+def reconcile_cached(ctx: Context, keys: Iterable[tuple[str, str]], *, why: str) -> int:
+    """Run the parent pass of each of `keys` as the watch cache holds it (for the periodic
+    checks that find parents no event will bring back); a transient failure is logged with
+    `why` and the next check tries again. Returns how many ran."""
+    ran = 0
+    for namespace, name in keys:
+        body = cached_parent(ctx, namespace, name)
+        if body is None:
+            continue
+        try:
+            reconcile_parent(ctx, body)
+            ran += 1
+        except (KubeError, HubUnavailableError) as error:
+            log.warning("could not %s of %s/%s: %s", why, namespace, name, error)
+    return ran
 
 
 def _hpa_news(parent: Mapping[str, Any], hpa: Mapping[str, Any] | None) -> bool:
@@ -166,6 +195,8 @@ def child_work(ctx: Context, event: ChildEvent, body: Mapping[str, Any] | None) 
         # The parent path owns the status of an unreadable spec, and of a model cache that
         # this process has not yet seen filled.
         return RESULT_SKIPPED
+    # The ConfigMap as the parent path applied it: a repair never puts back a refused adapter.
+    desired = adapter_gate.applied(ctx, body, desired)
     live = live_children(ctx, owner.namespace, owner.name, owner.uid)
     plan = plan_children(desired, live, parent=body, only=event.kind)
     if (
@@ -200,9 +231,9 @@ def _refresh(ctx: Context, event: ChildEvent) -> str:
         if work.plan:
             problem = run_plan(ctx, parent, work.plan)
             log.info("%s/%s: %s", owner.namespace, owner.name, "; ".join(work.plan.reasons))
-        applied = problem is None and any(
-            a.kind == kinds.DEPLOYMENT.kind for a in work.plan.applies
-        )
+            if problem is None:
+                adapter_gate.nudge_pods(ctx, parent, work.plan)
+        applied = problem is None and any(a.kind in WORKLOAD_KINDS for a in work.plan.applies)
         return write_derived_status(ctx, parent, work.desired, problem, applied=applied)
 
     return guarded(ctx, parent, run)

@@ -14,8 +14,10 @@ from llmop.hub import HubUnavailableError
 from llmop.kube import KubeError, RejectedError
 from llmop.metrics import RESULT_ERROR, RESULT_OK, RESULT_STALLED
 from llmop.plan import Apply, ChildPlan, Delete
+from llmop.reconcile.adapter_gate import verdicts_for
 from llmop.reconcile.caches import key_of, live_children, previous_status, waiting_for_model
 from llmop.reconcile.context import Context
+from llmop.reconcile.groups import restarts_of
 from llmop.reconcile.problems import problem_of, remember
 from llmop.status import Problem, derive_invalid_status, derive_status, parse_previous, status_patch
 
@@ -67,7 +69,9 @@ def _write_status(ctx: Context, body: Mapping[str, Any], status: Any) -> None:
     ctx.metrics.status_writes.inc()
     previous = parse_previous(raw_previous)
     now = ctx.clock()
-    for spec in events.transition_events(previous.conditions, status.conditions):
+    wanted = events.transition_events(previous.conditions, status.conditions)
+    wanted += events.adapter_events(previous.adapters, status.adapters)
+    for spec in wanted:
         try:
             ctx.kube.create_event(events.render_event(body, spec, now=now, instance=ctx.instance))
         except KubeError as error:
@@ -125,10 +129,13 @@ def _derived_status(
     if problem is None:
         problem = problem_of(ctx, body)
     live = live_children(ctx, namespace, name, body["metadata"]["uid"])
-    deployment = live.get(kinds.DEPLOYMENT)
+    spec = desired.llmd.spec
+    # The workload the spec wants: the other kind, while it waits to be deleted after a
+    # pipelineParallelSize switch, says nothing about the new one.
+    multi_node = spec.pipeline_parallel_size > 1
+    deployment = live.get(kinds.LEADER_WORKER_SET if multi_node else kinds.DEPLOYMENT)
     if deployment is None and applied:
         deployment = JUST_APPLIED
-    spec = desired.llmd.spec
     previous = parse_previous(previous_status(ctx, body))
     inference_pool, pool_issue = pool_view.pool_state(
         name=name,
@@ -156,6 +163,8 @@ def _derived_status(
         router=ctx.router,
         inference_pool=inference_pool,
         pool_issue=pool_issue,
+        adapter_verdicts=verdicts_for(ctx, body, spec),
+        group_restarts=restarts_of(ctx, namespace, name, str(body["metadata"].get("uid") or "")),
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from llmop import kinds
 from llmop.api.v1alpha1 import LLMDeployment
 from llmop.kinds import ChildKind
+from llmop.render.adapters import render_config_map
 from llmop.render.autoscaling import render_hpa
 from llmop.render.deployment import render_deployment
 from llmop.render.disruption import render_pdb
@@ -31,6 +32,8 @@ class Children:
     leader_worker_set: dict[str, Any] | None
     """The workload of multi-node replicas (pipelineParallelSize > 1)."""
     service: dict[str, Any]
+    adapters: dict[str, Any] | None
+    """The desired LoRA adapters' ConfigMap (while LoRA is on)."""
     hpa: dict[str, Any] | None
     pdb: dict[str, Any] | None
     service_monitor: dict[str, Any] | None
@@ -40,6 +43,7 @@ class Children:
         """Every child kind of the registry → its manifest (None: must not exist)."""
         return {
             kinds.SERVICE: self.service,
+            kinds.CONFIG_MAP: self.adapters,
             kinds.DEPLOYMENT: self.deployment,
             kinds.LEADER_WORKER_SET: self.leader_worker_set,
             kinds.PDB: self.pdb,
@@ -86,6 +90,7 @@ def render_children(
         deployment=None if multi_node else workload,
         leader_worker_set=workload if multi_node else None,
         service=render_service(llmd),
+        adapters=render_config_map(llmd),
         hpa=render_hpa(llmd),
         pdb=render_pdb(llmd),
         service_monitor=render_service_monitor(llmd) if settings.service_monitor else None,

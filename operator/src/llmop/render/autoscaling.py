@@ -41,7 +41,9 @@ def render_hpa(llmd: LLMDeployment) -> dict[str, Any] | None:
                 "kind": target.kind,
                 "name": name,
             },
-            "minReplicas": autoscaling.min_replicas,
+            # The HPA keeps 1..N; 0 <-> 1 is the operator's (idle) and the router's (wake): an
+            # HPA does not act on a target at 0 replicas, and its own minReplicas 0 is alpha.
+            "minReplicas": max(1, autoscaling.min_replicas),
             "maxReplicas": autoscaling.max_replicas,
             "metrics": [
                 {

@@ -11,7 +11,7 @@ from typing import Any
 from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
 from llmop.cpu import cpu_engine
-from llmop.render import engine_args, model_cache
+from llmop.render import adapters, engine_args, model_cache
 from llmop.render.hashing import template_hash
 from llmop.render.metadata import child_metadata
 from llmop.settings import RenderSettings
@@ -186,7 +186,7 @@ def _engine_container(
         "image": _image(spec, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "args": engine_args.agent_args(llmd, role.engine_flags),
-        "env": [*role.env, *env],
+        "env": [*role.env, *env, *adapters.hub_env(spec, settings)],
         "ports": ports,
         "resources": _resources(spec, settings),
         # The agent answers /livez from its first second; it alone judges load progress and
@@ -261,6 +261,9 @@ def _volumes(llmd: LLMDeployment) -> list[dict[str, Any]]:
         _model_cache_volume(llmd),
         {"name": "agent-run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
+    adapters_volume = adapters.volume(llmd)
+    if adapters_volume is not None:
+        volumes.append(adapters_volume)
     claim = engine_args.pvc_claim(spec.model)
     if claim is not None:
         volumes.append(
@@ -283,6 +286,9 @@ def _volume_mounts(llmd: LLMDeployment) -> list[dict[str, Any]]:
         {"name": names.MODEL_CACHE_VOLUME, "mountPath": names.MODEL_CACHE_PATH},
         {"name": "agent-run", "mountPath": names.AGENT_SOCKET_DIR},
     ]
+    adapters_mount = adapters.volume_mount(llmd)
+    if adapters_mount is not None:
+        mounts.append(adapters_mount)
     claim = engine_args.pvc_claim(llmd.spec.model)
     if claim is not None:
         mounts.append(

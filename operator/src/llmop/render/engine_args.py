@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment, ModelSpec, SpeculativeSpec
 from llmop.cpu import cpu_kv_cache_gib
+from llmop.render import adapters
 from llmop_engine import contract
 from llmop_engine.contract import EngineFlag, Env
 
@@ -73,6 +74,7 @@ def engine_flags(llmd: LLMDeployment, role_flags: Sequence[str] = ()) -> list[st
     if engine.speculative is not None:
         speculative = json.dumps(_speculative_config(engine.speculative), separators=(",", ":"))
         flags += ["--speculative-config", speculative]
+    flags += adapters.lora_flags(spec)
     # Drain mode: in-flight requests finish within drainSeconds instead of being aborted.
     flags += [EngineFlag.SHUTDOWN_TIMEOUT, str(spec.rollout.drain_seconds)]
     return flags + list(role_flags) + list(engine.args)
@@ -111,12 +113,16 @@ def agent_env(llmd: LLMDeployment, *, load_timeout_seconds: int) -> list[dict[st
     kv_gib = cpu_kv_cache_gib(spec)
     if kv_gib is not None and Env.VLLM_CPU_KVCACHE_SPACE not in user_vars:
         plain[Env.VLLM_CPU_KVCACHE_SPACE] = str(kv_gib)
+    plain |= adapters.lora_env(spec)
     if spec.model.cache is not None:
         # The download Job filled the cache: the engine reads it and never the network, so a
         # restart or a new replica cannot stall on the Hub (and needs no token).
         plain[Env.HF_HUB_OFFLINE] = "1"
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
-    if spec.model.token_secret_ref is not None and spec.model.cache is None:
+    # With a cache the engine needs no token; the agent still fetches gated Hub adapters (given
+    # whenever LoRA is on, so that adding the first Hub adapter is no template change).
+    lora = adapters.lora_enabled(spec)
+    if spec.model.token_secret_ref is not None and (spec.model.cache is None or lora):
         token = spec.model.token_secret_ref
         env.append(_secret_env(Env.HF_TOKEN, token.name, token.key))
     if spec.service.api_key_secret_ref is not None:

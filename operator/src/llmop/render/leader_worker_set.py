@@ -18,8 +18,7 @@ from llmop.settings import RenderSettings
 from llmop_engine import contract
 
 LWS_LABEL_PREFIX = "leaderworkerset.sigs.k8s.io"
-WORKER_INDEX_LABEL = f"{LWS_LABEL_PREFIX}/worker-index"
-"""Set by the LWS pod webhook: "0" on the leader, 1..size-1 on the workers."""
+WORKER_INDEX_LABEL = names.LABEL_LWS_WORKER_INDEX
 LEADER_SELECTOR = {WORKER_INDEX_LABEL: "0"}
 """Added to every selector that means "a replica" (Service, PDB): leaders only."""
 LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"

@@ -1,0 +1,39 @@
+"""Orchestration: ask the Hub again about adapters it could not answer for.
+
+The parent path's adapter pre-flight (`llmop.reconcile.adapter_gate`) stops at the first
+unreachable Hub answer and leaves those adapters unjudged: the pods get them as declared, with
+no pinned commit and no refusal. A parent pass would ask again, but nothing else may cause one
+(no spec change, no child event). So one asyncio task (started by the handlers) runs the parent
+pass again for each LLMDeployment whose Hub answer has been missing for
+`adapter_gate.UNREACHABLE_RETRY` (30 s), checking every `CHECK_SECONDS`. With no such parent it
+sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from llmop.reconcile import Context, adapters_due_for_hub, reconcile_cached
+
+log = logging.getLogger("llmop.hub_check")
+
+CHECK_SECONDS = 10.0
+"""Between two looks for parents whose adapters wait for the Hub."""
+
+
+def check(ctx: Context) -> int:
+    """Run the parent pass of each parent due for a Hub retry; how many ran."""
+    return reconcile_cached(ctx, adapters_due_for_hub(ctx), why="re-check the adapters")
+
+
+async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:
+    """Check every `interval` seconds until cancelled."""
+    while True:
+        try:
+            await asyncio.to_thread(check, ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("re-checking adapters at the Hub failed")
+        await asyncio.sleep(interval)

@@ -1,0 +1,174 @@
+"""Orchestration: take idle models to zero replicas (`spec.autoscaling.minReplicas: 0`).
+
+One asyncio task (started by the handlers when the chart names a router, `LLMOP_ROUTER`) loops
+every `CHECK_SECONDS`:
+
+1. candidates from the watch cache: CRs whose raw spec says `autoscaling.minReplicas: 0` and
+   whose Ready condition is True with `AllReplicasReady` (serving, not rolling out or waking);
+   every other CR costs one dictionary lookup and no request;
+2. with at least one candidate: the router's ready pods (one label-filtered list) and each
+   one's `GET /llmop/activity` (`llmop.engine_client`), plus the agents' latest queue readings
+   the fleet reader keeps (`Context.fleet`);
+3. `llmop.idle.decide` per candidate; for an idle one, the router pods are read again just
+   before the write (a request may have arrived meanwhile) and, still idle, the workload's
+   scale subresource is set to 0 — the Deployment, or the LeaderWorkerSet of a multi-node CR.
+   The HPA keeps `minReplicas: 1` and does not act on a target at 0; llmop-router sets it back
+   to 1 when a request comes (`docs/router.md`). The status then says `ScaledToZero`.
+
+Why a loop and not kopf timers: a timer per CR would run for every LLMDeployment, and the
+router pods' activity is one read for all candidates together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from llmop import conditions, engine_client, idle, kinds
+from llmop.idle import Activity, Key
+from llmop.kube import KubeError
+from llmop.reconcile import TRIGGER_FLEET, Context, refresh_status
+
+log = logging.getLogger("llmop.idle_check")
+
+CHECK_SECONDS = 10.0
+"""Between two idle checks: scale to zero is measured in minutes (idleSeconds ≥ 10)."""
+ROUTER_POD_LABEL = "app.kubernetes.io/name=llmop-router"
+DEFAULT_IDLE_SECONDS = 300
+
+
+def _spec(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = body.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def _idle_seconds(body: Mapping[str, Any]) -> int | None:
+    """`scaleToZero.idleSeconds` of a CR that may scale to zero, else None (raw JSON: the
+    API server validated it; an unparsable one keeps the model up)."""
+    autoscaling = _spec(body).get("autoscaling")
+    if not isinstance(autoscaling, Mapping) or autoscaling.get("minReplicas") != 0:
+        return None
+    settings = autoscaling.get("scaleToZero")
+    value = settings.get("idleSeconds") if isinstance(settings, Mapping) else None
+    return value if isinstance(value, int) else DEFAULT_IDLE_SECONDS
+
+
+def serving_since(body: Mapping[str, Any]) -> float | None:
+    """Since when the CR has served with all replicas ready (Ready's transition time), or None."""
+    status = body.get("status")
+    found = (status or {}).get("conditions") if isinstance(status, Mapping) else None
+    for condition in found or []:
+        if not isinstance(condition, Mapping) or condition.get("type") != conditions.READY:
+            continue
+        if (
+            condition.get("status") != "True"
+            or condition.get("reason") != conditions.REASON_ALL_REPLICAS_READY
+        ):
+            return None
+        since = conditions.parse_time(condition.get("lastTransitionTime"))
+        return None if since is None else since.timestamp()
+    return None
+
+
+def candidates(parents: Mapping[Key, Iterable[Mapping[str, Any]]]) -> dict[Key, Mapping[str, Any]]:
+    """The CRs that may scale to zero, with their cached bodies."""
+    found: dict[Key, Mapping[str, Any]] = {}
+    for key, cached in list(parents.items()):
+        for body in list(cached or ()):
+            if _idle_seconds(body) is not None:
+                found[key] = body
+    return found
+
+
+def _router_pods(ctx: Context) -> list[str]:
+    """IPs of the router's ready pods (its container port is the Service's, as the chart
+    renders it)."""
+    if ctx.router is None:
+        return []
+    pods = ctx.kube.list("v1", "Pod", ctx.router.ref.namespace, label_selector=ROUTER_POD_LABEL)
+    ips = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        leaving = (pod.get("metadata") or {}).get("deletionTimestamp")
+        if ready and not leaving and status.get("podIP"):
+            ips.append(str(status["podIP"]))
+    return ips
+
+
+async def _activity(ctx: Context, ips: list[str]) -> list[Mapping[Key, Activity] | None]:
+    assert ctx.router is not None
+    port = ctx.router.ref.port
+    payloads = await asyncio.gather(*(engine_client.read_router_activity(ip, port) for ip in ips))
+    return [idle.parse_activity(payload) for payload in payloads]
+
+
+def _scale_to_zero(ctx: Context, key: Key, body: Mapping[str, Any]) -> bool:
+    engine = _spec(body).get("engine")
+    pipeline = engine.get("pipelineParallelSize") if isinstance(engine, Mapping) else None
+    kind = (
+        kinds.LEADER_WORKER_SET if isinstance(pipeline, int) and pipeline > 1 else kinds.DEPLOYMENT
+    )
+    return ctx.kube.scale(kind.api_version, kind.kind, key[0], key[1], 0)
+
+
+def _verdict(
+    ctx: Context,
+    key: Key,
+    body: Mapping[str, Any],
+    seconds: int,
+    routers: list[Mapping[Key, Activity] | None],
+) -> idle.Verdict:
+    return idle.decide(
+        key,
+        now_unix=time.time(),
+        idle_seconds=seconds,
+        serving_since_unix=serving_since(body),
+        routers=routers,
+        readings=ctx.fleet.get(key),
+    )
+
+
+async def check_once(ctx: Context) -> list[Key]:
+    """One round; returns the CRs it scaled to zero."""
+    found = candidates(ctx.parents)
+    if not found or ctx.router is None:
+        return []
+    ips = await asyncio.to_thread(_router_pods, ctx)
+    routers = await _activity(ctx, ips)
+    scaled: list[Key] = []
+    for key, body in found.items():
+        seconds = _idle_seconds(body) or DEFAULT_IDLE_SECONDS
+        if not _verdict(ctx, key, body, seconds, routers).idle:
+            continue
+        # Just before the write: a request may have reached a router pod since the first read.
+        final = _verdict(ctx, key, body, seconds, await _activity(ctx, ips))
+        if not final.idle:
+            log.info("%s/%s: not scaling to zero after all: %s", *key, final.reason)
+            continue
+        try:
+            if await asyncio.to_thread(_scale_to_zero, ctx, key, body):
+                log.info("%s/%s: scaled to zero: %s", *key, final.reason)
+                scaled.append(key)
+                await asyncio.to_thread(refresh_status, ctx, *key, trigger=TRIGGER_FLEET)
+        except KubeError as error:
+            log.warning("%s/%s: could not scale to zero: %s", *key, error)
+    return scaled
+
+
+async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:
+    """Check every `interval` seconds until cancelled."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await check_once(ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("the scale-to-zero idle check failed")
