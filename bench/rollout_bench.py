@@ -191,8 +191,21 @@ def main() -> int:
     parser.add_argument(
         "--no-vllm", action="store_true", help="leave out the real-vLLM row (one CPU engine)"
     )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated pod specs to run (llmop, kubeai-style, kserve-llmisvc-style); "
+        "default: all",
+    )
     args = parser.parse_args()
-    model = None if args.no_vllm else _vllm_model()
+    styles = {style.name: style for style in (KUBEAI_STYLE, KSERVE_STYLE)}
+    chosen = [name for name in args.only.split(",") if name] or ["llmop", *styles]
+    unknown = set(chosen) - {"llmop", *styles}
+    if unknown:
+        parser.error(
+            f"--only: unknown pod spec {sorted(unknown)}; pick from llmop, {', '.join(styles)}"
+        )
+    model = None if args.no_vllm or "llmop" not in chosen else _vllm_model()
     global KEEPALIVE  # noqa: PLW0603 - one switch for every scenario of this run
     KEEPALIVE = args.keepalive
 
@@ -200,9 +213,13 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="llmop-bench-rollout-"))
     with operator_on_real_node("bench", workdir) as rc:
         cluster, kit = rc.cluster, rc.kit
-        rows.append(_run_llmop(cluster, kit, args.clients, args.max_tokens, args.settle))
-        for style in (KUBEAI_STYLE, KSERVE_STYLE):
-            rows.append(_run_plain(cluster, style, args.clients, args.max_tokens, args.settle))
+        if "llmop" in chosen:
+            rows.append(_run_llmop(cluster, kit, args.clients, args.max_tokens, args.settle))
+        for name in chosen:
+            if name in styles:
+                rows.append(
+                    _run_plain(cluster, styles[name], args.clients, args.max_tokens, args.settle)
+                )
         if model is not None:
             rows.append(
                 _run_llmop_vllm(

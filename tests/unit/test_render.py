@@ -93,6 +93,12 @@ def test_probes_point_at_the_agent() -> None:
     assert {p["name"]: p["containerPort"] for p in engine["ports"]} == {"http": 8000, "probe": 8081}
 
 
+def test_readiness_is_probed_every_second_so_a_new_pod_joins_within_one() -> None:
+    readiness = container(render())["readinessProbe"]
+    assert (readiness["periodSeconds"], readiness["successThreshold"]) == (1, 1)
+    assert readiness["failureThreshold"] == 2
+
+
 def test_restricted_security_context() -> None:
     children = render()
     pod = pod_spec(children)
