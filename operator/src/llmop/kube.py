@@ -264,22 +264,17 @@ class Kube:
         annotations: Mapping[str, str | None],
     ) -> bool:
         """Merge-patch annotations (None removes one); False when the object is gone."""
-        path = _path(api_version, kind, namespace, name)
         body = {"metadata": {"annotations": dict(annotations)}}
-        status, data = self._request(
-            "PATCH", path, body=body, content_type=MERGE_PATCH, parse=False
-        )
-        if status == 404:
-            return False
-        if status >= 300:
-            self._raise("PATCH", path, status, data)
-        return True
+        return self._merge_patch(_path(api_version, kind, namespace, name), body)
 
     def scale(self, api_version: str, kind: str, namespace: str, name: str, replicas: int) -> bool:
         """Merge-patch the `scale` subresource's spec.replicas (what the HPA writes too, so
         the workload's own field owners are untouched); False when the object is gone."""
         path = _path(api_version, kind, namespace, name, "scale")
-        body = {"spec": {"replicas": replicas}}
+        return self._merge_patch(path, {"spec": {"replicas": replicas}})
+
+    def _merge_patch(self, path: str, body: Mapping[str, Any]) -> bool:
+        """Merge-patch `path`; False when the object is gone."""
         status, data = self._request(
             "PATCH", path, body=body, content_type=MERGE_PATCH, parse=False
         )
