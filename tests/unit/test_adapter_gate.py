@@ -356,23 +356,41 @@ def test_a_changed_adapter_set_is_written_on_the_running_pods_once(
     assert annotated(kube) == {}
 
 
-def test_the_child_path_repair_tells_the_pods_too(
+def test_the_child_path_repair_tells_every_pod_again(
     ctx: reconcile.Context, kube: FakeKube, scripted: ScriptedHub
 ) -> None:
     kube.put(parent(adapters=[SQL]))
     run_parent(ctx, kube)
     config_map = kube.objects["ConfigMap", "ns", "x-adapters"]
     revision = adapters_revision(config_map)
-    # Someone edited the ConfigMap: the repair puts the set back and tells the pod that does
-    # not name it yet. One that already does is not written again (no write per repair); if
-    # its kubelet delivered the edit meanwhile, its periodic sync brings the set back.
+    # Someone edited the ConfigMap: the repair puts the set back and tells every pod, also the
+    # one that already names the revision (its kubelet may have delivered the edit).
     ctx.pods = {("ns", "x"): [engine_pod("x-a", revision), engine_pod("x-b")]}
     config_map["data"] = {"adapters.json": '{"adapters": []}'}
+    config_map["metadata"]["resourceVersion"] = "777"
     deliver(ctx, kube)
     kube.calls.clear()
     reconcile.refresh_from_child(ctx, "MODIFIED", copy.deepcopy(config_map))
     assert ("apply:llmop", "ConfigMap", "x-adapters") in kube.calls
-    assert annotated(kube) == {"x-b": revision}
+    assert annotated(kube) == {"x-a": f"{revision}.777", "x-b": f"{revision}.777"}
+
+    # A parent pass afterwards leaves them alone: they name the revision.
+    ctx.pods = {("ns", "x"): [engine_pod("x-a", f"{revision}.777"), engine_pod("x-b", revision)]}
+    deliver(ctx, kube)
+    kube.calls.clear()
+    edit(kube, replicas=3)
+    deliver(ctx, kube)
+    run_parent(ctx, kube)
+    assert annotated(kube) == {}
+
+    # A second edit is a second nudge, even for pods the first one wrote.
+    config_map = kube.objects["ConfigMap", "ns", "x-adapters"]
+    config_map["data"] = {"adapters.json": '{"adapters": []}'}
+    config_map["metadata"]["resourceVersion"] = "901"
+    deliver(ctx, kube)
+    kube.calls.clear()
+    reconcile.refresh_from_child(ctx, "MODIFIED", copy.deepcopy(config_map))
+    assert annotated(kube) == {"x-a": f"{revision}.901", "x-b": f"{revision}.901"}
 
 
 def lora_rollouts(kube: FakeKube) -> int:

@@ -31,8 +31,9 @@ ANNOTATION_TEMPLATE_HASH = f"{GROUP}/template-hash"
 """Hash of the rendered pod template; drift detection compares it."""
 ANNOTATION_ADAPTERS_REVISION = f"{GROUP}/adapters-revision"
 """On an engine pod (never its template): the revision of the adapters ConfigMap the operator
-last told the pod about. Changing it makes the kubelet sync the pod, which refreshes the mounted
-ConfigMap at once instead of on its periodic sync (a minute or more)."""
+last told the pod about (`<revision>.<resourceVersion>` after the operator undid an edit of the
+ConfigMap). Changing it makes the kubelet sync the pod, which refreshes the mounted ConfigMap at
+once instead of on its periodic sync (a minute or more)."""
 KOPF_PREFIX = GROUP
 """Prefix for kopf's own bookkeeping (progress, diff-base, finalizer) — never kopf.zalando.org."""
 

@@ -264,16 +264,23 @@ def applied(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> Des
     return dataclasses.replace(desired, children=dataclasses.replace(children, adapters=config_map))
 
 
-def nudge_pods(ctx: Context, body: Mapping[str, Any], plan: ChildPlan) -> int:
+def nudge_pods(
+    ctx: Context, body: Mapping[str, Any], plan: ChildPlan, *, undone_edit: str | None = None
+) -> int:
     """After `plan` applied the adapters ConfigMap: write its revision on each engine pod that
     does not carry it yet. The annotation change makes the kubelet sync the pod, and a pod sync
     refreshes its ConfigMap volumes, so the agents see a new adapter set within seconds instead
-    of on the kubelet's periodic sync (a minute or more; measured 86 s). Returns the pods
-    written; a failed write is only logged: the periodic sync still delivers the set."""
+    of on the kubelet's periodic sync (a minute or more; measured 86 s). When the plan undid an
+    out-of-band edit of the ConfigMap (`undone_edit`: the edit's resourceVersion), pods that
+    already name the revision are written too, as `<revision>.<edit>`: their kubelets may have
+    delivered the edited set, and only a pod change brings the repaired one back at once.
+    Returns the pods written; a failed write is only logged: the periodic sync still delivers
+    the set."""
     config_map = next((a.manifest for a in plan.applies if a.kind == kinds.CONFIG_MAP.kind), None)
     if config_map is None:
         return 0
     revision = adapters_revision(config_map)
+    value = revision if undone_edit is None else f"{revision}.{undone_edit}"
     namespace, name = key_of(body)
     written = 0
     for pod in list(ctx.pods.get((namespace, name)) or ()):
@@ -281,7 +288,8 @@ def nudge_pods(ctx: Context, body: Mapping[str, Any], plan: ChildPlan) -> int:
         phase = (pod.get("status") or {}).get("phase")
         if metadata.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
             continue
-        if (metadata.get("annotations") or {}).get(names.ANNOTATION_ADAPTERS_REVISION) == revision:
+        named = str((metadata.get("annotations") or {}).get(names.ANNOTATION_ADAPTERS_REVISION))
+        if named == value or (undone_edit is None and named.partition(".")[0] == revision):
             continue
         try:
             ctx.kube.patch_annotations(
@@ -289,7 +297,7 @@ def nudge_pods(ctx: Context, body: Mapping[str, Any], plan: ChildPlan) -> int:
                 kinds.POD.kind,
                 namespace,
                 str(metadata.get("name")),
-                {names.ANNOTATION_ADAPTERS_REVISION: revision},
+                {names.ANNOTATION_ADAPTERS_REVISION: value},
             )
             written += 1
         except KubeError as error:

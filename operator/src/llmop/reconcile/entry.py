@@ -176,6 +176,9 @@ class ChildWork:
     body: Mapping[str, Any]
     desired: DesiredState
     plan: ChildPlan
+    # The resourceVersion of an edited adapters ConfigMap the plan puts back (else None): the
+    # pods' kubelets may have delivered the edit already, so every pod is told again.
+    undone_edit: str | None = None
 
 
 def child_work(ctx: Context, event: ChildEvent, body: Mapping[str, Any] | None) -> ChildWork | str:
@@ -206,7 +209,9 @@ def child_work(ctx: Context, event: ChildEvent, body: Mapping[str, Any] | None) 
     ):
         # Only the Deployment feeds the status, and the HPA when it cannot scale.
         return RESULT_SKIPPED
-    return ChildWork(body, desired, plan)
+    edited = live.get(kinds.CONFIG_MAP) if event.kind == kinds.CONFIG_MAP and plan else None
+    undone_edit = None if edited is None else str(edited["metadata"].get("resourceVersion"))
+    return ChildWork(body, desired, plan, undone_edit)
 
 
 def _refresh(ctx: Context, event: ChildEvent) -> str:
@@ -232,7 +237,7 @@ def _refresh(ctx: Context, event: ChildEvent) -> str:
             problem = run_plan(ctx, parent, work.plan)
             log.info("%s/%s: %s", owner.namespace, owner.name, "; ".join(work.plan.reasons))
             if problem is None:
-                adapter_gate.nudge_pods(ctx, parent, work.plan)
+                adapter_gate.nudge_pods(ctx, parent, work.plan, undone_edit=work.undone_edit)
         applied = problem is None and any(a.kind in WORKLOAD_KINDS for a in work.plan.applies)
         return write_derived_status(ctx, parent, work.desired, problem, applied=applied)
 
