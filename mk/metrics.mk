@@ -16,5 +16,5 @@ alert-test: install metrics-binaries ## promtool unit tests of the chart's alert
 test-prereqs: metrics-binaries
 
 .PHONY: bench-autoscale
-bench-autoscale: install cluster-binaries metrics-binaries ## Load step on an autoscaled LLMDeployment: HPA reaction, scale-down loss, pipeline cost (real node).
-	$(PY) bench/autoscale_bench.py
+bench-autoscale: install cluster-binaries metrics-binaries ## Load step on an autoscaled LLMDeployment: HPA reaction, scale-down loss, pipeline cost (real node; HPA_SYNC=5s, QUEUE_DEPTH_INTERVAL=off|5s, TIMELINE=1).
+	$(PY) bench/autoscale_bench.py $(if $(HPA_SYNC),--hpa-sync $(HPA_SYNC)) $(if $(QUEUE_DEPTH_INTERVAL),--queue-depth-interval $(QUEUE_DEPTH_INTERVAL)) $(if $(TIMELINE),--timeline)

@@ -27,6 +27,9 @@
 #                            auto starts it when the real node joined and says why not otherwise;
 #                            on fails instead; off never starts it.
 #   LLMOP_LWS_TIMEOUT        seconds to wait for the LeaderWorkerSet controller (default 90)
+#   LLMOP_HPA_SYNC_PERIOD    kube-controller-manager's --horizontal-pod-autoscaler-sync-period
+#                            (default 15s, Kubernetes' own default; a cluster setting, which
+#                            `make bench-autoscale HPA_SYNC=5s` changes to show its share)
 #
 # Every cluster also runs the LeaderWorkerSet controller (sigs.k8s.io/lws, built by build-lws.sh)
 # as a host process with its webhooks on 127.0.0.1 (e2e/lws/lws.sh): multi-node (PP > 1) serving
@@ -46,6 +49,11 @@ STATE="${LLMOP_CLUSTER_STATE:-${XDG_CACHE_HOME:-$HOME/.cache}/llmop/clusters}"
 WORK="$STATE/$NAME"
 KUBECONFIG_FILE="$WORK/kubeconfig"
 TIMEOUT="${LLMOP_CLUSTER_TIMEOUT:-180}"
+HPA_SYNC_PERIOD="${LLMOP_HPA_SYNC_PERIOD:-15s}"
+if [[ ! "$HPA_SYNC_PERIOD" =~ ^[1-9][0-9]*s$ ]]; then
+  echo "cluster: LLMOP_HPA_SYNC_PERIOD must be whole seconds like 15s (got '$HPA_SYNC_PERIOD')" >&2
+  exit 2
+fi
 REAL_NODE="${LLMOP_REAL_NODE:-auto}"
 NODE_SH="$HERE/node.sh"
 METRICS="${LLMOP_METRICS:-auto}"
@@ -205,6 +213,7 @@ componentsPatches:
 - name: kube-controller-manager
   extraArgs:
   - {key: leader-elect, value: "false"}
+  - {key: horizontal-pod-autoscaler-sync-period, value: "$HPA_SYNC_PERIOD"}
 - name: kube-scheduler
   extraArgs:
   - {key: leader-elect, value: "false"}

@@ -125,6 +125,12 @@ def _selector_keeps(monitor: dict[str, Any], meta: str) -> list[dict[str, Any]]:
     ]
 
 
+def _relabel_config(rule: dict[str, Any]) -> dict[str, Any]:
+    """A prometheus-operator RelabelConfig (camelCase) as Prometheus's relabel_config."""
+    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return {keys.get(k, k): v for k, v in rule.items()}
+
+
 def podmonitor_scrape_configs(
     podmonitor: dict[str, Any], kubeconfig: str | None = None
 ) -> list[dict[str, Any]]:
@@ -158,13 +164,7 @@ def podmonitor_scrape_configs(
             {"target_label": "job", "replacement": f"{ns}/{name}"},
             {"target_label": "endpoint", "replacement": ep["port"]},
         ]
-        for r in ep.get("relabelings", []):
-            relabel.append(
-                {
-                    {"sourceLabels": "source_labels", "targetLabel": "target_label"}.get(k, k): v
-                    for k, v in r.items()
-                }
-            )
+        relabel += [_relabel_config(r) for r in ep.get("relabelings", [])]
         job: dict[str, Any] = {
             "job_name": f"podMonitor/{ns}/{name}/{i}",
             "honor_labels": False,
@@ -172,6 +172,8 @@ def podmonitor_scrape_configs(
             "metrics_path": ep.get("path", "/metrics"),
             "relabel_configs": relabel,
         }
+        if "metricRelabelings" in ep:
+            job["metric_relabel_configs"] = [_relabel_config(r) for r in ep["metricRelabelings"]]
         if "interval" in ep:
             job["scrape_interval"] = ep["interval"]
         jobs.append(job)
@@ -345,10 +347,20 @@ def write(
     *,
     release: str = RELEASE,
     namespace: str = NAMESPACE,
+    queue_depth_interval: str | None = None,
 ) -> None:
     """Write prometheus.yml, rules.yml and adapter.yaml into `out`, for the chart installed as
-    `release` in `namespace` (its ServiceMonitor selects that release's operator pods)."""
-    docs = render(release=release, namespace=namespace)
+    `release` in `namespace` (its ServiceMonitor selects that release's operator pods), with
+    the chart's `monitoring.podMonitor.queueDepthInterval` unless `queue_depth_interval` is
+    given ("" scrapes the queue depth with the rest)."""
+    values = MONITORING_VALUES
+    if queue_depth_interval is not None:
+        pod_monitor = MONITORING_VALUES["monitoring"]["podMonitor"]
+        values = MONITORING_VALUES | {
+            "monitoring": MONITORING_VALUES["monitoring"]
+            | {"podMonitor": pod_monitor | {"queueDepthInterval": queue_depth_interval}}
+        }
+    docs = render(values, release=release, namespace=namespace)
     out.mkdir(parents=True, exist_ok=True)
     dump = {"sort_keys": False, "default_flow_style": False}
     (out / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(docs, kubeconfig), **dump))
@@ -364,8 +376,18 @@ def main() -> None:
     w.add_argument("--kubeconfig", help="kubeconfig for Prometheus's Kubernetes SD")
     w.add_argument("--release", default=RELEASE, help=f"the chart's release [{RELEASE}]")
     w.add_argument("--namespace", default=NAMESPACE, help=f"the release's namespace [{NAMESPACE}]")
+    w.add_argument(
+        "--queue-depth-interval",
+        help="monitoring.podMonitor.queueDepthInterval ('' = with the rest) [the chart's]",
+    )
     args = parser.parse_args()
-    write(args.out, args.kubeconfig, release=args.release, namespace=args.namespace)
+    write(
+        args.out,
+        args.kubeconfig,
+        release=args.release,
+        namespace=args.namespace,
+        queue_depth_interval=args.queue_depth_interval,
+    )
 
 
 if __name__ == "__main__":

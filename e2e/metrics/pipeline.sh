@@ -18,6 +18,8 @@
 #
 # Usage: pipeline.sh up <work dir> <kubeconfig> <pki dir> <host ip> | down <work dir> | status <work dir>
 # Environment: LLMOP_PYTHON  python with helm-python-sdk (default: <repo>/.venv/bin/python)
+#              LLMOP_METRICS_QUEUE_DEPTH_INTERVAL  the chart's monitoring.podMonitor.queueDepthInterval
+#                            for this Prometheus (unset: the chart's default; "": scraped with the rest)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -66,7 +68,9 @@ cmd_up() {
   kubectl="$(cat "$work/bin-dir")/kubectl"
   local k=("$kubectl" --kubeconfig "$kubeconfig")
 
-  "$PY" "$HERE/metrics_config.py" write --out "$dir/config" --kubeconfig "$kubeconfig" 2>/dev/null
+  local qdi=()
+  [[ -n "${LLMOP_METRICS_QUEUE_DEPTH_INTERVAL+set}" ]] && qdi=(--queue-depth-interval "$LLMOP_METRICS_QUEUE_DEPTH_INTERVAL")
+  "$PY" "$HERE/metrics_config.py" write --out "$dir/config" --kubeconfig "$kubeconfig" "${qdi[@]}" 2>/dev/null
   "$bin/promtool" check config "$dir/config/prometheus.yml" >&2
 
   local pport aport

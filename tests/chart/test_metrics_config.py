@@ -25,6 +25,7 @@ from llmop.render import Children, RenderSettings, render_children
 from support.metrics import load_metrics_config, metrics_bin_dir
 
 mc = load_metrics_config()
+DEPLOYMENT_META = "__meta_kubernetes_pod_label_serving_llmop_dev_deployment"
 
 
 def children() -> Children:
@@ -95,7 +96,12 @@ def test_one_job_per_podmonitor_endpoint() -> None:
     pm = mc.one(docs, "PodMonitor", "-engines")
     jobs = pod_jobs(mc.prometheus_config(docs, "/k"))
     endpoints = pm["spec"]["podMetricsEndpoints"]
-    assert [ep["port"] for ep in endpoints] == [names.PROBE_PORT_NAME, names.API_PORT_NAME]
+    # The probe port twice: everything every 15 s, and the HPA's queue depth alone every 5 s.
+    assert [(ep["port"], ep["interval"]) for ep in endpoints] == [
+        (names.PROBE_PORT_NAME, "15s"),
+        (names.API_PORT_NAME, "15s"),
+        (names.PROBE_PORT_NAME, "5s"),
+    ]
     assert len(jobs) == len(endpoints)
     for job, ep in zip(jobs, endpoints, strict=True):
         assert job["metrics_path"] == ep["path"]
@@ -103,10 +109,57 @@ def test_one_job_per_podmonitor_endpoint() -> None:
         assert job["kubernetes_sd_configs"] == [{"role": "pod", "kubeconfig_file": "/k"}]
         # The PodMonitor's own relabelings come last, in order, in Prometheus's spelling.
         own = job["relabel_configs"][-len(ep["relabelings"]) :]
-        assert own == [
-            {"source_labels": r["sourceLabels"], "target_label": r["targetLabel"]}
-            for r in ep["relabelings"]
-        ]
+        assert own == [prometheus_spelling(r) for r in ep["relabelings"]]
+        assert job.get("metric_relabel_configs") == (
+            [prometheus_spelling(r) for r in ep["metricRelabelings"]]
+            if "metricRelabelings" in ep
+            else None
+        )
+
+
+def prometheus_spelling(rule: dict[str, Any]) -> dict[str, Any]:
+    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return {keys.get(k, k): v for k, v in rule.items()}
+
+
+def series_kept(job: dict[str, Any], name: str) -> bool:
+    """Whether `job`'s metric relabelling keeps a scraped series called `name`."""
+    return relabel({"__name__": name}, job.get("metric_relabel_configs") or []) is not None
+
+
+def test_the_queue_depth_has_one_fast_writer() -> None:
+    jobs = pod_jobs(mc.prometheus_config(mc.render(), None))
+    probe, api, fast = jobs
+    assert fast["scrape_interval"] == "5s"
+    assert series_kept(fast, names.QUEUE_DEPTH_METRIC)
+    assert not series_kept(fast, "llmop_engine_running_requests")
+    assert not series_kept(probe, names.QUEUE_DEPTH_METRIC)
+    assert series_kept(probe, "llmop_engine_running_requests")
+    assert series_kept(api, "vllm:num_requests_waiting")
+    # Same pod and port as the probe job: only llmop_scrape tells their targets apart.
+    _, labels, containers = engine_pod()
+    (slow_target,) = [
+        t
+        for t in (relabel(t, probe["relabel_configs"]) for t in sd_targets(labels, containers))
+        if t is not None
+    ]
+    (fast_target,) = [
+        t
+        for t in (relabel(t, fast["relabel_configs"]) for t in sd_targets(labels, containers))
+        if t is not None
+    ]
+    assert {k: v for k, v in fast_target.items() if k != "llmop_scrape"} == slow_target
+    assert fast_target["llmop_scrape"] == "queue-depth"
+
+
+def test_queue_depth_interval_empty_scrapes_it_with_the_rest() -> None:
+    values = mc.MONITORING_VALUES | {
+        "monitoring": mc.MONITORING_VALUES["monitoring"]
+        | {"podMonitor": {"enabled": True, "queueDepthInterval": ""}}
+    }
+    jobs = pod_jobs(mc.prometheus_config(mc.render(values), None))
+    assert [j["scrape_interval"] for j in jobs] == ["15s", "15s"]
+    assert all(series_kept(j, names.QUEUE_DEPTH_METRIC) for j in jobs)
 
 
 def test_jobs_keep_exactly_the_engine_pods_metrics_ports() -> None:
@@ -123,7 +176,7 @@ def test_jobs_keep_exactly_the_engine_pods_metrics_ports() -> None:
             if out is not None:
                 kept.append(out)
     assert sorted(k["endpoint"] for k in kept) == sorted(
-        [names.API_PORT_NAME, names.PROBE_PORT_NAME]
+        [names.API_PORT_NAME, names.PROBE_PORT_NAME, names.PROBE_PORT_NAME]
     )
     for k in kept:
         assert k["llmdeployment"] == name  # what the alerts, dashboard and adapter group by
@@ -212,7 +265,10 @@ def test_written_prometheus_config_passes_promtool(tmp_path: pathlib.Path) -> No
 def test_deployment_label_follows_the_chart_value(label: str) -> None:
     values = {"monitoring": {**mc.MONITORING_VALUES["monitoring"], "deploymentLabel": label}}
     jobs = pod_jobs(mc.prometheus_config(mc.render(values), None))
-    assert all(j["relabel_configs"][-1]["target_label"] == label for j in jobs)
+    for job in jobs:
+        # The LLMDeployment name lands in exactly that label, in every job.
+        copies = [r for r in job["relabel_configs"] if r.get("source_labels") == [DEPLOYMENT_META]]
+        assert [r["target_label"] for r in copies] == [label]
 
 
 def pod_jobs(config: dict[str, Any]) -> list[dict[str, Any]]:

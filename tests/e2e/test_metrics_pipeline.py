@@ -87,11 +87,19 @@ def test_queue_depth_reaches_the_custom_metrics_api(
     def our_targets() -> list[dict[str, Any]] | None:
         active = prom_get(prom, "/api/v1/targets", state="active")["activeTargets"]
         mine = [t for t in active if t["labels"].get("namespace") == ns]
-        return mine if len(mine) == 2 and all(t["health"] == "up" for t in mine) else None
+        return mine if len(mine) == 3 and all(t["health"] == "up" for t in mine) else None
 
-    targets = wait_until(our_targets, timeout=90, interval=2, what="2 healthy engine targets")
-    assert sorted(t["labels"]["endpoint"] for t in targets) == sorted(
-        [names.PROBE_PORT_NAME, names.API_PORT_NAME]
+    targets = wait_until(our_targets, timeout=90, interval=2, what="3 healthy engine targets")
+    # The probe port twice: everything every 15 s, the HPA's queue depth alone every 5 s.
+    assert sorted(
+        (t["labels"]["endpoint"], t["labels"].get("llmop_scrape", ""), t["scrapeInterval"])
+        for t in targets
+    ) == sorted(
+        [
+            (names.API_PORT_NAME, "", "15s"),
+            (names.PROBE_PORT_NAME, "", "15s"),
+            (names.PROBE_PORT_NAME, "queue-depth", "5s"),
+        ]
     )
     for t in targets:
         assert t["labels"]["pod"] == pod_name

@@ -393,6 +393,9 @@ async def scenario(  # noqa: PLR0915
             assert await prom.query(http, f'llmop_engine_queue_depth{{pod="{pod1}"}}') == []
             adapter = await prom.query(http, chart.adapter_query(namespace, [pod0, pod1]))
             assert [s["metric"]["pod"] for s in adapter] == [pod0], adapter
+            # One writer per queue-depth sample: the PodMonitor's 5 s job of its own.
+            depth = await prom.query(http, f'llmop_engine_queue_depth{{pod="{pod0}"}}')
+            assert [s["metric"].get("llmop_scrape") for s in depth] == ["queue-depth"], depth
             measured["adapter query over a serving and a loading pod"] = {
                 s["metric"]["pod"]: s["value"][1] for s in adapter
             }

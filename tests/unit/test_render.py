@@ -97,6 +97,10 @@ def test_readiness_is_probed_every_second_so_a_new_pod_joins_within_one() -> Non
     readiness = container(render())["readinessProbe"]
     assert (readiness["periodSeconds"], readiness["successThreshold"]) == (1, 1)
     assert readiness["failureThreshold"] == 2
+    # Readiness is not probed before the startup probe passed: it too runs every second, with
+    # the same 60 s for the agent's own start.
+    startup = container(render())["startupProbe"]
+    assert (startup["periodSeconds"], startup["failureThreshold"]) == (1, 60)
 
 
 def test_restricted_security_context() -> None:
@@ -387,8 +391,22 @@ def test_service_monitor_when_enabled() -> None:
     children = render_children(deployment(), settings, load_timeout_seconds=900)
     monitor = children.service_monitor
     assert monitor is not None
+    # The HPA's metric alone every 5 s, the rest every 15 s: each series has one writer.
+    only_queue = {"sourceLabels": ["__name__"], "regex": "llmop_engine_queue_depth"}
     assert monitor["spec"]["endpoints"] == [
-        {"port": "probe", "path": "/metrics", "interval": "15s"}
+        {
+            "port": "probe",
+            "path": "/metrics",
+            "interval": "15s",
+            "metricRelabelings": [only_queue | {"action": "drop"}],
+        },
+        {
+            "port": "probe",
+            "path": "/metrics",
+            "interval": "5s",
+            "relabelings": [{"targetLabel": "llmop_scrape", "replacement": "queue-depth"}],
+            "metricRelabelings": [only_queue | {"action": "keep"}],
+        },
     ]
     assert render().service_monitor is None
 

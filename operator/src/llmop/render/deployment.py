@@ -190,11 +190,12 @@ def _engine_container(
         "ports": ports,
         "resources": _resources(spec, settings),
         # The agent answers /livez from its first second; it alone judges load progress and
-        # stalls, so the startup probe only covers the agent's own start.
+        # stalls, so the startup probe only covers the agent's own start (60 s). Every second:
+        # the kubelet runs no readiness probe before it passes, so its period delays Ready.
         "startupProbe": {
             "httpGet": {"path": contract.LIVEZ_PATH, **probe_port},
-            "periodSeconds": 2,
-            "failureThreshold": 30,
+            "periodSeconds": 1,
+            "failureThreshold": 60,
             "timeoutSeconds": 2,
         },
         "livenessProbe": {
