@@ -5,7 +5,7 @@ A module may import from its own layer or a lower one, never a higher one; modul
 independent may not import each other even within a layer. Imports inside functions count too
 (a lazy import is still a dependency). A new violation fails `make test`.
 
-Operator: api < planner < foundation < sizing | render < desired < status | adapter_status
+Operator: api < planner < foundation (periodic among them) < sizing | render < desired < status | adapter_status
           | adapter_preflight | plan | events | preflight < cache_gate < config | kube | metrics
           | hub | engine_client | persistence
           < reconcile < fleet | leader | router_check | pool_check | hub_check | group_check
@@ -45,6 +45,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.router_view",
         "llmop.pool_view",
         "llmop.idle",
+        "llmop.periodic",
     ),
     ("llmop.sizing", "llmop.render"),
     ("llmop.desired",),

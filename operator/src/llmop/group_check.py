@@ -14,11 +14,11 @@ still has a LeaderWorkerSet, or waits for the API:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from llmop.hub import HubUnavailableError
 from llmop.kube import KubeError
+from llmop.periodic import run_every
 from llmop.reconcile import Context, reconcile_parent, refresh_status
 from llmop.reconcile import groups as lws
 from llmop.reconcile.caches import cached_parent
@@ -71,13 +71,10 @@ def check(ctx: Context) -> int:
 
 async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:
     """Check every `interval` seconds until cancelled."""
-    while True:
-        try:
-            await asyncio.to_thread(check, ctx)
-        except asyncio.CancelledError:
-            raise
-        except KubeError as error:
-            log.warning("could not list the LeaderWorkerSets: %s", error)
-        except Exception:
-            log.exception("reading the LeaderWorkerSets back failed")
-        await asyncio.sleep(interval)
+    await run_every(
+        interval,
+        lambda: check(ctx),
+        log=log,
+        failure="reading the LeaderWorkerSets back failed",
+        expected=(KubeError,),
+    )

@@ -11,9 +11,9 @@ sends nothing.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
+from llmop.periodic import run_every
 from llmop.reconcile import Context, adapters_due_for_hub, reconcile_cached
 
 log = logging.getLogger("llmop.hub_check")
@@ -29,11 +29,9 @@ def check(ctx: Context) -> int:
 
 async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:
     """Check every `interval` seconds until cancelled."""
-    while True:
-        try:
-            await asyncio.to_thread(check, ctx)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("re-checking adapters at the Hub failed")
-        await asyncio.sleep(interval)
+    await run_every(
+        interval,
+        lambda: check(ctx),
+        log=log,
+        failure="re-checking adapters at the Hub failed",
+    )

@@ -10,9 +10,9 @@ With no parent waiting it sends nothing.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
+from llmop.periodic import run_every
 from llmop.reconcile import Context, recheck_pools, reconcile_cached
 
 log = logging.getLogger("llmop.pool_check")
@@ -28,11 +28,9 @@ def check(ctx: Context) -> int:
 
 async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:
     """Check every `interval` seconds until cancelled."""
-    while True:
-        try:
-            await asyncio.to_thread(check, ctx)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("checking for the InferencePool API failed")
-        await asyncio.sleep(interval)
+    await run_every(
+        interval,
+        lambda: check(ctx),
+        log=log,
+        failure="checking for the InferencePool API failed",
+    )
