@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import tempfile
 import threading
@@ -294,7 +295,9 @@ def _report(
         f"(min 1, max 3, targetQueueDepth {target:g}), simulator engine, real node, real "
         f"Prometheus (queue depth scraped every {scrape}) + prometheus-adapter + HPA "
         "controller (sync period "
-        f"{args.hpa_sync}). Scale-down window shortened to {args.down_window} s, 1 pod / 15 s. "
+        f"{args.hpa_sync}; the step came {args.phase:.1f} s after its first read was seen, "
+        "which trails that sync by about a second). Scale-down window shortened to "
+        f"{args.down_window} s, 1 pod / 15 s. "
         f"Stages sampled every {SAMPLE_SECONDS} s.\n"
     )
     print("| stage | seconds |")
@@ -338,8 +341,16 @@ def _args() -> argparse.Namespace:
         default="5s",
         help="the chart's monitoring.podMonitor.queueDepthInterval; 'off': scraped with the rest",
     )
+    parser.add_argument(
+        "--phase",
+        type=float,
+        help="seconds between the HPA's first read and the load step [random, 0 to the sync]",
+    )
     parser.add_argument("--timeline", action="store_true", help="also print every change seen")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.phase is None:
+        args.phase = random.uniform(0, float(args.hpa_sync.removesuffix("s")))
+    return args
 
 
 def main() -> int:
@@ -375,6 +386,9 @@ def main() -> int:
         warm = _watch({"read": lambda: _hpa_read_value(_hpa(cluster, ns, llmd))}, 180, t_ready)
         if warm["read"] is None:
             raise SystemExit("the HPA never read the queue depth: is the metrics pipeline up?")
+        # The warm read came just after an HPA sync: stepping now would always meet the
+        # longest wait for the next one. A step lands at any phase of the sync in production.
+        time.sleep(args.phase)
         usage0 = {
             p: _proc_usage(metrics_dir / f"{p}.pid") for p in ("prometheus", "prometheus-adapter")
         }

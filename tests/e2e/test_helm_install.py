@@ -19,7 +19,9 @@ import json
 import secrets
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -59,6 +61,7 @@ IMAGE_VALUES: dict[str, Any] = {
 }
 FAILOVER_BOUND_S = 45
 ROUTER_PODS = "app.kubernetes.io/component=router"
+ROUTER_PORT = 8080  # the chart's router.port: the router pods' API and /metrics
 KILLED_ROUTER_BOUND_S = 10
 """Requests sent this long after a router pod's process is killed all succeed (the other pod)."""
 METRICS_CONFIG = REPO_ROOT / "e2e" / "metrics" / "metrics_config.py"
@@ -392,8 +395,76 @@ def test_an_idle_model_goes_to_zero_and_a_held_request_wakes_it(install: Install
             if e["involvedObject"]["name"] == name
         }
         assert {"ScaledToZero", "Waking"} <= reasons, reasons
+
+        _a_router_pod_stopping_while_holding(install, name, router)
     finally:
         install.kubectl("delete", "llmdeployment", name, "-n", install.apps, "--wait=false")
+
+
+def _a_router_pod_stopping_while_holding(install: Install, name: str, router: str) -> None:
+    """At zero again: a request held by one router pod, then that pod deleted. It answers the
+    held request 503 with Retry-After at once (its SIGTERM handler), and the client's retry
+    through the Service is held by the other pod and answered after the wake."""
+    wait_until(lambda: _zero_state(install, name), timeout=180, interval=1, what="at zero again")
+    pod = wait_until(lambda: _ready_routers(install), timeout=60, what="2 Ready router pods")[0]
+    direct = f"http://{pod['status']['podIP']}:{ROUTER_PORT}"
+    chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    outcome: dict[str, Any] = {}
+
+    def held_request() -> None:
+        try:
+            outcome["status"], outcome["body"] = post_json(
+                f"{direct}/v1/chat/completions", chat, timeout=60
+            )
+        except urllib.error.HTTPError as error:
+            outcome["status"], outcome["retry_after"] = error.code, error.headers["Retry-After"]
+            outcome["body"] = error.read().decode()
+        outcome["at"] = time.monotonic()
+
+    sender = threading.Thread(target=held_request, daemon=True)
+    sender.start()
+    wait_until(lambda: _held(direct, name) > 0, timeout=10, interval=0.1, what="the request held")
+    stopped = time.monotonic()
+    install.kubectl(
+        "delete", "pod", pod["metadata"]["name"], "-n", install.namespace, "--wait=false"
+    )
+    sender.join(timeout=30)
+    assert outcome.get("status") == 503, outcome
+    assert outcome["retry_after"] == "1", outcome
+    assert "stopping" in outcome["body"], outcome
+    install.timings["router pod stopped while holding → its held request 503"] = (
+        outcome["at"] - stopped
+    )
+
+    # The client retries as told; the Service may still pick the stopping pod for a moment.
+    retried = time.monotonic()
+    for _ in range(30):
+        try:
+            status, body = post_json(f"{router}/v1/chat/completions", chat, timeout=180)
+            break
+        except urllib.error.HTTPError as error:
+            if error.code != 503:
+                raise
+            time.sleep(float(error.headers["Retry-After"] or 1))
+    else:
+        pytest.fail("the retry got 503 thirty times")
+    assert status == 200, body
+    install.timings["retry after the 503 → answered"] = time.monotonic() - retried
+    wait_until(lambda: _ready_routers(install), timeout=90, what="2 Ready router pods again")
+
+
+def _held(router: str, name: str) -> float:
+    """The router pod's `llmop_router_held_requests` for CR `name` (0 when it holds none)."""
+    try:
+        with urllib.request.urlopen(f"{router}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return 0.0
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith("llmop_router_held_requests{") and f'llmdeployment="{name}"' in line
+    )
 
 
 def _models(router: str) -> list[str]:
