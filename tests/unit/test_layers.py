@@ -5,9 +5,9 @@ A module may import from its own layer or a lower one, never a higher one; modul
 independent may not import each other even within a layer. Imports inside functions count too
 (a lazy import is still a dependency). A new violation fails `make test`.
 
-Operator: api < planner < foundation (periodic among them) < sizing | render < desired < status | adapter_status
-          | adapter_preflight | plan | events | preflight < cache_gate < config | kube | metrics
-          | hub | engine_client | persistence
+Operator: api < planner < foundation (periodic among them) < sizing | render < desired < status
+          | adapter_status | adapter_preflight | plan | events | preflight < cache_gate < config
+          | kube | metrics | hub | engine_client | persistence
           < reconcile < fleet | leader | router_check | pool_check | hub_check | group_check
           | idle_check
           < handlers | main < cli
