@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO_ROOT / "tests"))
 from llmop.names import QUEUE_DEPTH_METRIC  # noqa: E402
 from support.cluster import Cluster, create_namespace  # noqa: E402
 from support.harness.loadgen import LoadResult  # noqa: E402
+from support.metrics import hpa_read_the_metric, metric_value  # noqa: E402
 from support.realnode import (  # noqa: E402
     BackgroundLoad,
     operator_on_real_node,
@@ -58,13 +59,6 @@ time is within about half a second."""
 def _hpa(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
     res = cluster.kubectl("get", "hpa", "-n", ns, name, "-o", "json", check=False)
     return json.loads(res.stdout) if res.returncode == 0 else {}
-
-
-def _hpa_read_value(hpa: dict[str, Any]) -> bool:
-    """The HPA's last sync read the metric: a Pods entry with a value (a sync that could not
-    read it writes an entry of type "" with no `pods`)."""
-    current = (hpa.get("status") or {}).get("currentMetrics") or []
-    return any(m.get("type") == "Pods" and "pods" in m for m in current)
 
 
 def _proc_usage(pid_file: Path) -> tuple[float, float]:
@@ -134,7 +128,7 @@ class Timeline:
         metric = self.get(
             f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{ns}/pods/*/{QUEUE_DEPTH_METRIC}"
         )
-        values = [_quantity(i["value"]) for i in (metric or {}).get("items") or []]
+        values = [metric_value(i["value"]) for i in (metric or {}).get("items") or []]
         hpa = self.get(f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/{name}")
         deployment = self.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{name}") or {}
         return Sample(
@@ -195,10 +189,6 @@ def _pod_starts(timeline: Timeline, t0_wall: float) -> list[dict[str, float | No
             }
         )
     return sorted(starts, key=lambda p: p["created"] or 0)
-
-
-def _quantity(v: str) -> float:
-    return float(v[:-1]) / 1000 if v.endswith("m") else float(v)
 
 
 def _stored_queue(prom: str, ns: str, start: float, end: float) -> list[tuple[float, float]]:
@@ -383,7 +373,7 @@ def main() -> int:
         # Idle until the HPA has read a value (the pipeline is warm, as in production, where
         # prometheus-adapter has long registered the metric: a fresh adapter serves a metric
         # name only after its next series relist, every 30 s here, 1 min in its chart).
-        warm = _watch({"read": lambda: _hpa_read_value(_hpa(cluster, ns, llmd))}, 180, t_ready)
+        warm = _watch({"read": lambda: hpa_read_the_metric(_hpa(cluster, ns, llmd))}, 180, t_ready)
         if warm["read"] is None:
             raise SystemExit("the HPA never read the queue depth: is the metrics pipeline up?")
         # The warm read came just after an HPA sync: stepping now would always meet the

@@ -23,6 +23,7 @@ import pytest
 
 from llmop import names
 from support.cluster import wait_until
+from support.metrics import hpa_read_the_metric, metric_value
 from support.realnode import BackgroundLoad, RealCluster, real_node_spec, service_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.metrics]
@@ -60,11 +61,7 @@ def queue_depths(rc: RealCluster, ns: str) -> dict[str, float]:
         assert "could not find the metric" in res.stderr, res.stderr
         return {}
     items = json.loads(res.stdout)["items"]
-    return {i["describedObject"]["name"]: _quantity(i["value"]) for i in items}
-
-
-def _quantity(v: str) -> float:
-    return float(v[:-1]) / 1000 if v.endswith("m") else float(v)
+    return {i["describedObject"]["name"]: metric_value(i["value"]) for i in items}
 
 
 def test_queue_depth_reaches_the_custom_metrics_api(
@@ -133,11 +130,7 @@ def test_queue_depth_reaches_the_custom_metrics_api(
             hpa = json.loads(
                 real_cluster.kubectl("get", "hpa", "-n", ns, name, "-o", "json").stdout
             )
-            # An HPA sync that could not read the metric writes an entry of type "" with no
-            # "pods" (seen in CI right after Ready): only a Pods entry with a value counts.
-            current = hpa.get("status", {}).get("currentMetrics") or []
-            pods = [m["pods"] for m in current if m.get("type") == "Pods" and "pods" in m]
-            return hpa if pods and pods[0]["current"].get("averageValue") else None
+            return hpa if hpa_read_the_metric(hpa) else None
 
         hpa = wait_until(hpa_reads_it, timeout=60, interval=2, what="HPA currentMetrics")
         conditions = {c["type"]: c for c in hpa["status"]["conditions"]}

@@ -1,6 +1,7 @@
 """The metrics pipeline's pieces for tests: its binaries (prometheus, promtool,
-prometheus-adapter, built from Go modules by e2e/cluster/build-metrics.sh) and its configuration
-renderer (e2e/metrics/metrics_config.py, loaded from its path: it is a script, not a package).
+prometheus-adapter, built from Go modules by e2e/cluster/build-metrics.sh), its configuration
+renderer (e2e/metrics/metrics_config.py, loaded from its path: it is a script, not a package), and
+how its output reads at the other end (custom metrics values, the HPA's read).
 
 A missing binary is a loud skip on a developer machine that cannot build it, and a failure in CI
 (`CI` set): `make test` builds them in the open first (mk/metrics.mk), so CI never skips these.
@@ -16,8 +17,11 @@ import pathlib
 import subprocess
 import sys
 from types import ModuleType
+from typing import Any
 
 import pytest
+
+from llmop.quantity import quantity_value
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD_METRICS_SH = REPO_ROOT / "e2e" / "cluster" / "build-metrics.sh"
@@ -69,3 +73,22 @@ def load_metrics_config() -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def metric_value(quantity: str) -> float:
+    """A value of the custom metrics API (a Kubernetes quantity: `12`, `2500m`) as a number."""
+    value = quantity_value(quantity)
+    if value is None:
+        raise ValueError(f"not a quantity: {quantity!r}")
+    return value
+
+
+def hpa_read_the_metric(hpa: dict[str, Any]) -> bool:
+    """The HPA's last sync read its Pods metric: an entry with a current value. A sync that
+    could not read it also writes an entry, of type "" with no `pods` (seen in CI right after
+    Ready, and while prometheus-adapter has not relisted a new metric name yet)."""
+    current = (hpa.get("status") or {}).get("currentMetrics") or []
+    return any(
+        m.get("type") == "Pods" and m.get("pods", {}).get("current", {}).get("averageValue")
+        for m in current
+    )
