@@ -1,10 +1,12 @@
 """Rollout benchmark on the real node: requests lost while 3 engine replicas roll under load.
 
-Same engine (the simulator image), same node, same load through the Service's ClusterIP; only the
-pod spec differs:
+Same engine (the simulator image), same node, same load through the Service's ClusterIP, every
+pod requesting one of the node's GPUs (`NODE_GPUS=`, default 4); only the pod spec differs:
   llmop                 the operator's rendering (agent /readyz, preStop drain, derived grace)
   kubeai-style          readiness /health 10 s, no preStop, TGPS 30 s, engine's default shutdown
   kserve-llmisvc-style  readiness /health 1 s, preStop sleep 15, TGPS 60 s, --shutdown-timeout 45
+The rivals' Deployments surge 1 (maxUnavailable 0); llmop's spec leaves maxSurge unset, so the
+operator surges as many pods as fit beside the running ones (1 on a 4-GPU node with 3 replicas).
 
 For each: deploy 3 replicas, start N streaming clients, change the engine flags (a rollout of
 every pod), wait until rolled out, let the load settle, and count requests, failed, truncated,
@@ -52,6 +54,9 @@ from support.realnode import (  # noqa: E402
 )
 
 ENGINE_ARGS = ["--max-num-seqs", "16", "--max-model-len", "2048"]
+ENGINE_GPUS = 1
+"""Every pod spec's engine requests one GPU, as llmop's does (real_node_spec): the node's GPUs
+(LLMOP_NODE_GPUS, default 4) bound every style's surge the same way."""
 
 
 @dataclass
@@ -160,7 +165,12 @@ def _run_plain(
 
     def apply(decode_ms: str) -> None:
         manifest = plain_engine_deployment(
-            ns, name, DEFAULT_SIMULATOR_IMAGE, style, [*ENGINE_ARGS, "--sim-decode-ms", decode_ms]
+            ns,
+            name,
+            DEFAULT_SIMULATOR_IMAGE,
+            style,
+            [*ENGINE_ARGS, "--sim-decode-ms", decode_ms],
+            gpus=ENGINE_GPUS,
         )
         cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
 

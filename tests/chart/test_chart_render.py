@@ -419,7 +419,13 @@ def test_rbac_grants_exactly_what_the_operator_uses() -> None:
     for workload in registry.WORKLOADS:
         expected_app[(workload.group, f"{workload.plural}/scale")] = {"patch"}
     assert app == expected_app
-    assert framework == {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+    assert framework == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        # The rollout surge (llmop.reconcile.rollouts): the room on the nodes, counted once per
+        # rollout from every namespace's pods, so cluster-wide also with watchNamespaces.
+        ("", "nodes"): {"list"},
+        ("", "pods"): {"list"},
+    }
     # Leader election: exactly the Lease verbs, in the release's namespace only.
     lease = find(docs, "Role", "llmop-leader-election")
     assert lease["metadata"]["namespace"] == "llmop-system"

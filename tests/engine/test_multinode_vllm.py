@@ -76,7 +76,12 @@ def group_args(rank: int, master_port: int) -> list[str]:
 def pair(vllm_dir: Path, model_dir: Path, tmp: Path, name: str) -> Iterator[tuple[Engine, Engine]]:
     master = real_vllm.free_port()
     leader = real_vllm.start(
-        vllm_dir, model_dir, tmp / "leader", engine_args=group_args(0, master), env=AGENT_ENV
+        vllm_dir,
+        model_dir,
+        tmp / "leader",
+        engine_args=group_args(0, master),
+        env=AGENT_ENV,
+        compiled=True,
     )
     worker = real_vllm.start(
         vllm_dir,
@@ -84,6 +89,7 @@ def pair(vllm_dir: Path, model_dir: Path, tmp: Path, name: str) -> Iterator[tupl
         tmp / "worker",
         engine_args=group_args(1, master),
         env={**AGENT_ENV, "LLMOP_ROLE": "worker"},
+        compiled=True,
     )
     try:
         started = time.monotonic()

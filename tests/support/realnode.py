@@ -288,9 +288,16 @@ KSERVE_STYLE = PodSpecStyle(
 
 
 def plain_engine_deployment(
-    namespace: str, name: str, image: str, style: PodSpecStyle, engine_args: list[str]
+    namespace: str,
+    name: str,
+    image: str,
+    style: PodSpecStyle,
+    engine_args: list[str],
+    *,
+    gpus: int = 0,
 ) -> dict[str, Any]:
-    """A Deployment running the simulator engine directly, rendered the way `style` does."""
+    """A Deployment running the simulator engine directly, rendered the way `style` does; with
+    `gpus`, each pod requests that many `nvidia.com/gpu` as llmop's engine pods do."""
     labels = {"app": name}
     args = ["simulate", "--model", name, "--port", "8000", *engine_args]
     if style.shutdown_timeout:
@@ -307,6 +314,8 @@ def plain_engine_deployment(
             "requests": {"cpu": ENGINE_CPU, "memory": ENGINE_MEMORY},
         },
     }
+    if gpus:
+        container["resources"]["limits"]["nvidia.com/gpu"] = gpus
     if style.pre_stop_sleep:
         container["lifecycle"] = {
             "preStop": {"exec": {"command": ["sleep", str(style.pre_stop_sleep)]}}

@@ -20,7 +20,7 @@ def test_defaults_match_the_design() -> None:
     assert spec.engine.gpu_memory_utilization == 0.9
     assert spec.resources.gpus == 1
     assert spec.resources.gpu_resource_name is None
-    assert spec.rollout.max_surge == 1
+    assert spec.rollout.max_surge is None  # decided from the room on the nodes
     assert spec.rollout.max_unavailable == 0
     assert spec.rollout.endpoint_propagation_seconds == 5
     assert spec.service.port == 8000

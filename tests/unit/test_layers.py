@@ -6,7 +6,8 @@ independent may not import each other even within a layer. Imports inside functi
 (a lazy import is still a dependency). A new violation fails `make test`.
 
 Operator: api < planner < foundation (periodic among them) < sizing | render < desired < status
-          | adapter_status | adapter_preflight | plan | events | preflight < cache_gate < config
+          | adapter_status | adapter_preflight | plan | rollout_room | events | preflight
+          < cache_gate < config
           | kube | metrics | hub | engine_client | persistence
           < reconcile < fleet | leader | router_check | pool_check | hub_check | group_check
           | idle_check
@@ -54,6 +55,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.adapter_status",
         "llmop.adapter_preflight",
         "llmop.plan",
+        "llmop.rollout_room",
         "llmop.events",
         "llmop.preflight",
     ),

@@ -37,7 +37,15 @@ class FakeKube:
 
     def put(self, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
-        self.objects[obj["kind"], meta["namespace"], meta["name"]] = obj
+        self.objects[obj["kind"], meta.get("namespace", ""), meta["name"]] = obj
+
+    def list(self, api_version: str, kind: str, namespace: str | None = None, **_: Any) -> Any:
+        self.calls.append(("list", kind, namespace or ""))
+        return [
+            copy.deepcopy(obj)
+            for (k, ns, _name), obj in self.objects.items()
+            if k == kind and namespace in (None, ns)
+        ]
 
     def read(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         self.calls.append(("read", kind, name))
@@ -720,3 +728,57 @@ def test_a_hub_outage_is_transient_not_an_internal_error(
     with pytest.raises(HubUnavailableError):
         reconcile.writes.guarded(ctx, body, outage)
     assert "status" not in body
+
+
+def test_a_rollout_on_a_full_node_replaces_one_pod_at_a_time(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    kube.put(parent(replicas=2))
+    run_parent(ctx, kube)
+    created = kube.objects["Deployment", "ns", "x"]
+    digest = created["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH]
+    # A create rolls nothing: nothing is counted, nothing is listed.
+    assert created["metadata"]["annotations"][names.ANNOTATION_ROLLOUT_ROOM] == f"{digest}/-"
+    assert created["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert not [c for c in kube.calls if c[0] == "list"]
+
+    product = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    kube.put(
+        {
+            "kind": "Node",
+            "metadata": {"name": "n0", "labels": product},
+            "status": {"allocatable": {"nvidia.com/gpu": "2", "cpu": "8", "pods": "110"}},
+        }
+    )
+    for index in range(2):
+        kube.put(
+            {
+                "kind": "Pod",
+                "metadata": {"name": f"x-{index}", "namespace": "ns"},
+                "spec": {
+                    "nodeName": "n0",
+                    "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                },
+                "status": {"phase": "Running"},
+            }
+        )
+    body = parent(replicas=2, engine={"backend": "simulator", "maxNumSeqs": 8})
+    body["metadata"]["generation"] = 2
+    kube.put(body)
+    deliver(ctx, kube)
+    kube.calls.clear()
+    assert run_parent(ctx, kube) == "ok"
+    rolled = kube.objects["Deployment", "ns", "x"]
+    new_digest = rolled["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH]
+    assert new_digest != digest
+    assert rolled["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert rolled["metadata"]["annotations"][names.ANNOTATION_ROLLOUT_ROOM] == f"{new_digest}/0"
+    assert [c for c in kube.calls if c[0] == "list"] == [("list", "Node", ""), ("list", "Pod", "")]
+    assert ("event", "RolloutStrategy", "x") in kube.calls
+
+    # Every later pass (a repair, a child event) renders the stored count: no list, no drift.
+    deliver(ctx, kube)
+    kube.calls.clear()
+    run_parent(ctx, kube)
+    reconcile.refresh_from_child(ctx, "MODIFIED", copy.deepcopy(rolled))
+    assert not [c for c in kube.calls if c[0] == "list" or c[0].startswith("apply")]

@@ -178,6 +178,7 @@ class Kube:
         namespace: str | None = None,
         *,
         label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> list[dict[str, Any]]:
         """All objects of a kind (in one namespace, or everywhere), following continue tokens."""
         path = _path(api_version, kind, namespace)
@@ -185,6 +186,8 @@ class Kube:
         query: dict[str, str] = {"limit": "500"}
         if label_selector:
             query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
         while True:
             status, data = self._request("GET", path, query=query)
             if status == 404:

@@ -34,6 +34,10 @@ ANNOTATION_ADAPTERS_REVISION = f"{GROUP}/adapters-revision"
 last told the pod about (`<revision>.<resourceVersion>` after the operator undid an edit of the
 ConfigMap). Changing it makes the kubelet sync the pod, which refreshes the mounted ConfigMap at
 once instead of on its periodic sync (a minute or more)."""
+ANNOTATION_ROLLOUT_ROOM = f"{GROUP}/rollout-room"
+"""On an engine Deployment whose maxSurge the operator decides: `<template hash>/<engine pods
+that fit beside the running ones>` as counted when that template's rollout started (`-`: not
+counted, a new Deployment)."""
 KOPF_PREFIX = GROUP
 """Prefix for kopf's own bookkeeping (progress, diff-base, finalizer) — never kopf.zalando.org."""
 

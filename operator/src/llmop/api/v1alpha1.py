@@ -593,7 +593,7 @@ class RolloutSpec(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.maxSurge + self.maxUnavailable > 0",
+                    "!has(self.maxSurge) || self.maxSurge + self.maxUnavailable > 0",
                     "spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot both be 0: "
                     "set maxSurge to 1 (needs spare GPUs) or maxUnavailable to 1",
                     ".maxSurge",
@@ -602,8 +602,11 @@ class RolloutSpec(ApiModel):
         }
     )
 
-    max_surge: int = Field(default=1, ge=0, le=100)
-    """Extra pods during a rollout (each needs its own GPUs)."""
+    max_surge: int | None = Field(default=None, ge=0, le=100)
+    """Extra pods during a rollout (each needs its own GPUs). Unset: decided when a rollout
+    starts from the room on the nodes the engine pods can run on (allocatable minus what the
+    pods there request): as many as fit, at most a second full copy; none when nothing fits,
+    and then one pod at a time is replaced (maxUnavailable at least 1)."""
     max_unavailable: int = Field(default=0, ge=0, le=100)
     """Pods that may be unavailable during a rollout."""
     drain_seconds: int = Field(default=int(contract.DEFAULTS.drain_seconds), ge=1, le=3600)

@@ -28,7 +28,7 @@ from llmop.kube import KubeError
 from llmop.plan import ChildPlan
 from llmop.preflight import HubFailure
 from llmop.reconcile.caches import key_of
-from llmop.reconcile.context import AdapterGates, Context, Parsed
+from llmop.reconcile.context import AdapterGates, Context, Parsed, post_event
 from llmop.render.adapters import (
     Refusal,
     adapters_revision,
@@ -142,7 +142,7 @@ def check(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> None:
     for name in fresh:
         judged = verdicts.get(name)
         if isinstance(judged, Accepted) and judged.floating:
-            _post(
+            post_event(
                 ctx,
                 body,
                 events.EventSpec("Warning", preflight.REASON_FLOATING_REVISION, judged.message),
@@ -220,15 +220,6 @@ def _ask_base(
         found = None  # the base's own checks name why; for the adapters it is only unknown
     gates.base = (asked, found)
     return True
-
-
-def _post(ctx: Context, body: Mapping[str, Any], spec: events.EventSpec) -> None:
-    try:
-        ctx.kube.create_event(
-            events.render_event(body, spec, now=ctx.clock(), instance=ctx.instance)
-        )
-    except KubeError as error:
-        log.warning("could not post event %s: %s", spec.reason, error)
 
 
 def verdicts_for(
@@ -321,4 +312,4 @@ def note_lora_rollout(
         return
     message = lora_restart_message(started_lora_flags(live), started_lora_flags(desired))
     if message is not None:
-        _post(ctx, body, events.EventSpec("Normal", REASON_LORA_ROLLOUT, message))
+        post_event(ctx, body, events.EventSpec("Normal", REASON_LORA_ROLLOUT, message))

@@ -4,6 +4,7 @@ generations, model gates, downloads, agent readings, found problems)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from llmop import preflight
+from llmop import events, preflight
 from llmop.adapter_preflight import AdapterAnswer, AskedFor
 from llmop.agents import AgentReading
 from llmop.api.v1alpha1 import ModelSpec, ModelStatus
@@ -19,7 +20,7 @@ from llmop.config import OperatorConfig
 from llmop.desired import DesiredState
 from llmop.group_restarts import GroupHistory
 from llmop.kinds import ChildKind
-from llmop.kube import Kube
+from llmop.kube import Kube, KubeError
 from llmop.metrics import Metrics
 from llmop.pool_view import PoolVerdict
 from llmop.router_view import RouterView
@@ -202,3 +203,17 @@ class Context:
         self._problems.pop((namespace, name), None)
         self._pools.pop((namespace, name), None)
         self._group_restarts.pop((namespace, name), None)
+
+
+_log = logging.getLogger("llmop.reconcile.context")
+
+
+def post_event(ctx: Context, body: Mapping[str, Any], spec: events.EventSpec) -> None:
+    """Post one Event on the LLMDeployment `body`; a failure is only logged (an Event is news,
+    never state)."""
+    try:
+        ctx.kube.create_event(
+            events.render_event(body, spec, now=ctx.clock(), instance=ctx.instance)
+        )
+    except KubeError as error:
+        _log.warning("could not post event %s: %s", spec.reason, error)

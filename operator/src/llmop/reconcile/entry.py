@@ -8,14 +8,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmop import conditions, kinds, names
+from llmop import conditions, kinds, names, rollout_room
 from llmop.desired import DesiredState
 from llmop.hub import HubUnavailableError
 from llmop.kinds import ChildKind
 from llmop.kube import KubeError, TerminatingError
 from llmop.metrics import RESULT_SKIPPED
 from llmop.plan import ChildPlan, plan_children
-from llmop.reconcile import adapter_gate, groups, pools
+from llmop.reconcile import adapter_gate, groups, pools, rollouts
 from llmop.reconcile.caches import (
     Owner,
     cached_parent,
@@ -70,6 +70,7 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
     # kopf may run the create handler of one generation twice (under load its own annotation
     # patch can arrive after the next event): what this process already applied is only repaired.
     done = ctx._applied.get((namespace, name)) == (uid, parsed.generation)
+    desired = rollouts.decided(ctx, body, desired, live.get(kinds.DEPLOYMENT))
     unserved = pools.prepare(ctx, body, desired, live)
     plan = plan_children(desired, live, parent=body, repair=done, unserved=unserved)
     try:
@@ -201,6 +202,8 @@ def child_work(ctx: Context, event: ChildEvent, body: Mapping[str, Any] | None) 
     # The ConfigMap as the parent path applied it: a repair never puts back a refused adapter.
     desired = adapter_gate.applied(ctx, body, desired)
     live = live_children(ctx, owner.namespace, owner.name, owner.uid)
+    # The strategy as the parent path decided it: a repair never undoes the counted surge.
+    desired = rollout_room.with_strategy(desired, live.get(kinds.DEPLOYMENT))
     plan = plan_children(desired, live, parent=body, only=event.kind)
     if (
         not plan

@@ -12,11 +12,10 @@ from llmop import engine_client, events, hub, kinds, preflight
 from llmop.api.v1alpha1 import LLMDeployment, ModelStatus
 from llmop.cache_gate import plan_gate
 from llmop.desired import DesiredState, desired_state
-from llmop.kube import KubeError
 from llmop.metrics import RESULT_OK
 from llmop.quantity import quantity_value
 from llmop.reconcile.caches import generation_of, key_of
-from llmop.reconcile.context import Context, ModelGate, Parsed
+from llmop.reconcile.context import Context, ModelGate, Parsed, post_event
 from llmop.reconcile.writes import run_plan, write_derived_status, write_stalled
 from llmop.render import model_cache
 from llmop.status import Problem
@@ -99,12 +98,7 @@ def _preflight(ctx: Context, body: Mapping[str, Any], llmd: LLMDeployment) -> Mo
     gate = ModelGate(*generation_of(body), model, verdict, status)
     if verdict.ok and verdict.floating:
         spec = events.EventSpec("Warning", preflight.REASON_FLOATING_REVISION, verdict.message)
-        try:
-            ctx.kube.create_event(
-                events.render_event(body, spec, now=ctx.clock(), instance=ctx.instance)
-            )
-        except KubeError as error:
-            log.warning("could not post event %s: %s", spec.reason, error)
+        post_event(ctx, body, spec)
     return gate
 
 

@@ -31,6 +31,10 @@ DRAIN_MARGIN_SECONDS = PRESTOP_DELIVERY_SECONDS + ENGINE_END_SECONDS + AGENT_EXI
 """Grace beyond propagation + drain (the agent's own budget, which it enforces): 23 s. The old
 flat 15 s left 3 s in the worst run observed, when vLLM, not the agent, owned the deadline."""
 PROGRESS_DEADLINE_MARGIN_SECONDS = 600
+DEFAULT_MAX_SURGE = 1
+"""The surge written while `spec.rollout.maxSurge` is unset and the room on the nodes was not
+counted (a new Deployment: nothing rolls yet); a rollout's own count replaces it
+(`llmop.rollout_room`)."""
 """A rollout may take one model load plus scheduling before the Deployment calls it stuck."""
 RUN_AS_USER = 10001
 """Both engine images create this non-root user."""
@@ -103,7 +107,9 @@ def render_deployment(
         "strategy": {
             "type": "RollingUpdate",
             "rollingUpdate": {
-                "maxSurge": spec.rollout.max_surge,
+                "maxSurge": DEFAULT_MAX_SURGE
+                if spec.rollout.max_surge is None
+                else spec.rollout.max_surge,
                 "maxUnavailable": spec.rollout.max_unavailable,
             },
         },
