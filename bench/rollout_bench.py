@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,75 @@ class Row:
 
 
 KEEPALIVE = False
+TIMELINE = False
+POD_SAMPLE_SECONDS = 0.5
+
+
+class PodTimeline:
+    """Every pod of one namespace, listed every POD_SAMPLE_SECONDS in a thread of its own: when
+    each was first seen created, scheduled, running, Ready, terminating and gone (seconds after
+    t0), to see where a rollout's steps go."""
+
+    MOMENTS = ("created", "scheduled", "running", "ready", "terminating", "gone")
+
+    def __init__(self, cluster: Cluster, ns: str, t0: float) -> None:
+        self.kube = Kit(cluster).kube
+        self.ns, self.t0 = ns, t0
+        self.pods: dict[str, dict[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic() - self.t0
+            try:
+                listed = self.kube.list("v1", "Pod", self.ns)
+            except Exception:  # a failed list: this sample has no value
+                listed = None
+            if listed is not None:
+                seen = set()
+                for pod in listed:
+                    name = pod["metadata"]["name"]
+                    seen.add(name)
+                    moments = self.pods.setdefault(name, {"created": now})
+                    conditions = {
+                        c["type"]: c["status"]
+                        for c in pod.get("status", {}).get("conditions") or []
+                    }
+                    for moment, reached in (
+                        ("scheduled", bool(pod["spec"].get("nodeName"))),
+                        ("running", pod.get("status", {}).get("phase") == "Running"),
+                        ("ready", conditions.get("Ready") == "True"),
+                        ("terminating", bool(pod["metadata"].get("deletionTimestamp"))),
+                    ):
+                        if reached:
+                            moments.setdefault(moment, now)
+                for name, moments in self.pods.items():
+                    if name not in seen:
+                        moments.setdefault("gone", now)
+            self._stop.wait(POD_SAMPLE_SECONDS)
+
+    def start(self) -> PodTimeline:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def table(self, title: str) -> str:
+        lines = [
+            f"\n{title}: pods, seconds after the rollout began (sampled every "
+            f"{POD_SAMPLE_SECONDS:g} s)\n",
+            "| pod | " + " | ".join(self.MOMENTS) + " |",
+            "|---|" + "---:|" * len(self.MOMENTS),
+        ]
+        for name, moments in sorted(self.pods.items(), key=lambda item: item[1]["created"]):
+            cells = [
+                "" if m not in moments else f"{max(0.0, moments[m]):.1f}" for m in self.MOMENTS
+            ]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
 
 
 def _measure(
@@ -93,10 +163,14 @@ def _measure(
         keepalive=KEEPALIVE,
     ).start()
     time.sleep(settle)
+    timeline = PodTimeline(cluster, ns, time.monotonic()).start() if TIMELINE else None
     roll()
     seconds = wait_rolled_out(cluster, ns, name, replicas)
     time.sleep(settle)
     result = load.stop()
+    if timeline is not None:
+        timeline.stop()
+        print(timeline.table(name), flush=True)
     cluster.kubectl("delete", "namespace", ns, "--timeout=300s", check=False)
     return Row(
         name, result.total, result.failed, result.truncated, result.ttft_quantile(0.99), seconds
@@ -199,6 +273,11 @@ def main() -> int:
         help="clients reuse pooled connections (kube-proxy pins each to one pod)",
     )
     parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print when each pod was created, scheduled, running, Ready, terminating and gone",
+    )
+    parser.add_argument(
         "--no-vllm", action="store_true", help="leave out the real-vLLM row (one CPU engine)"
     )
     parser.add_argument(
@@ -218,6 +297,8 @@ def main() -> int:
     model = None if args.no_vllm or "llmop" not in chosen else _vllm_model()
     global KEEPALIVE  # noqa: PLW0603 - one switch for every scenario of this run
     KEEPALIVE = args.keepalive
+    global TIMELINE  # noqa: PLW0603 - one switch for every scenario of this run
+    TIMELINE = args.timeline
 
     rows: list[Row] = []
     workdir = Path(tempfile.mkdtemp(prefix="llmop-bench-rollout-"))

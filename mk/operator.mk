@@ -21,8 +21,8 @@ bench-operator: install ## Operator benchmark: N CRs at once (N=100,500,1000): t
 bench: bench-operator
 
 .PHONY: bench-rollout
-bench-rollout: install cluster-binaries ## Requests lost during a rollout of 3 replicas under load: llmop vs rivals' pod specs (real node; NO_VLLM=1, KEEPALIVE=1, ONLY=llmop,..., NODE_GPUS=4).
-	$(if $(NODE_GPUS),LLMOP_NODE_GPUS=$(NODE_GPUS)) $(PY) bench/rollout_bench.py $(if $(NO_VLLM),--no-vllm) $(if $(KEEPALIVE),--keepalive) $(if $(ONLY),--only $(ONLY))
+bench-rollout: install cluster-binaries ## Requests lost during a rollout of 3 replicas under load: llmop vs rivals' pod specs (real node; NO_VLLM=1, KEEPALIVE=1, ONLY=llmop,..., NODE_GPUS=4, TIMELINE=1).
+	$(if $(NODE_GPUS),LLMOP_NODE_GPUS=$(NODE_GPUS)) $(PY) bench/rollout_bench.py $(if $(NO_VLLM),--no-vllm) $(if $(KEEPALIVE),--keepalive) $(if $(ONLY),--only $(ONLY)) $(if $(TIMELINE),--timeline)
 
 bench: bench-rollout
 

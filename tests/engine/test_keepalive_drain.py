@@ -219,8 +219,71 @@ def test_pinned_keepalive_clients_move_away_and_the_drain_ends_early(fleet: Flee
     assert moved == 6
     assert code == 0, log
     assert "exhausted" not in log
-    # Propagation (1 s) + the keep-alive quiet period (2 s) + exit, far from the 30 s budget; and
-    # not sooner: an idle pooled connection must have timed out before the engine exits.
+    # Propagation (1 s) + the clients' last requests + exit, far from the 30 s budget: once the
+    # clients left, no connection is open for anyone to reuse, so the drain does not wait out
+    # the keep-alive quiet period (the next test shows it waiting while one is open).
     assert took < 12.0, log
     assert len(drained) == 1
-    assert float(drained[0]) >= 1.0 + keep_alive, log
+    assert float(drained[0]) >= 1.0, log
+    assert "no client connection open" in log
+
+
+def _request_keeping_the_connection(port: int) -> socket.socket:
+    """One completion over a raw keep-alive connection, read to its end; the socket stays open
+    and idle, as a client's connection pool keeps it."""
+    body = b'{"model": "sim-model", "prompt": "hi", "max_tokens": 2}'
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    answer = b""
+    conn.settimeout(10)
+    while b"\r\n\r\n" not in answer:
+        answer += conn.recv(4096)
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    length = int(re.search(rb"content-length: *([0-9]+)", head, re.IGNORECASE)[1])  # type: ignore[index]
+    while len(rest) < length:
+        rest += conn.recv(4096)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return conn
+
+
+def test_an_idle_pooled_connection_holds_the_drain_until_the_engine_closes_it(
+    fleet: Fleet,
+) -> None:
+    keep_alive = 3.0
+    replica = fleet.start(
+        ["--sim-load-seconds", "0.5"],
+        LLMOP_DRAIN_SECONDS="30",
+        LLMOP_ENDPOINT_PROPAGATION_SECONDS="0.5",
+        VLLM_HTTP_TIMEOUT_KEEP_ALIVE=f"{keep_alive:g}",
+    )
+
+    async def scenario() -> tuple[float, float, int]:
+        await replica.wait_ready(30)
+        conn = await asyncio.to_thread(_request_keeping_the_connection, replica.api_port)
+        started = time.monotonic()
+        await replica.begin_drain()
+
+        def engine_closes_it() -> float:
+            conn.settimeout(30)
+            assert conn.recv(1) == b""  # closed by the engine on its idle timeout
+            return time.monotonic()
+
+        closed_at = await asyncio.to_thread(engine_closes_it)
+        code = await replica.wait_exit(40)
+        conn.close()
+        return closed_at - started, time.monotonic() - started, code
+
+    closed, exited, code = asyncio.run(scenario())
+    print(
+        f"\nidle pooled connection: closed by the engine {closed:.1f}s into the drain, "
+        f"agent exited {exited:.1f}s"
+    )
+    assert code == 0
+    # Idle from the start of the drain (after 0.5 s of propagation), the engine was SIGTERMed
+    # only after its idle timeout had closed the pooled connection.
+    assert exited >= closed, replica.log_tail()
+    assert closed >= keep_alive - 1.0

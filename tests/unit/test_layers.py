@@ -12,9 +12,9 @@ Operator: api < planner < foundation (periodic among them) < sizing | render < d
           < reconcile < fleet | leader | router_check | pool_check | hub_check | group_check
           | idle_check
           < handlers | main < cli
-Engine:   contract < vllm_metrics | simulator < health | settings | download_progress | worker
-          | adapters < supervisor | engine_client | agent_metrics | probe_server | drain | download
-          | adapter_loader < agent | worker_agent < cli
+Engine:   contract < vllm_metrics | simulator < health | connections | settings | download_progress
+          | worker | adapters < supervisor | engine_client | agent_metrics | probe_server | drain
+          | download | adapter_loader < agent | worker_agent < cli
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("llmop_engine.vllm_metrics", "llmop_engine.simulator"),
     (
         "llmop_engine.health",
+        "llmop_engine.connections",
         "llmop_engine.settings",
         "llmop_engine.download_progress",
         "llmop_engine.worker",

@@ -20,7 +20,7 @@ import os
 import signal
 import time
 
-from llmop_engine import health
+from llmop_engine import connections, health
 from llmop_engine.adapter_loader import AdapterLoader
 from llmop_engine.agent_metrics import AgentMetrics
 from llmop_engine.contract import EngineFlag, drain_flag_path
@@ -184,6 +184,7 @@ class Agent:
             # A pod that never was ready is in no Service's endpoints: nothing to wait for.
             skip_propagation=not self.ever_ready,
             quiet_seconds=self.settings.engine_keep_alive_seconds,
+            open_connections=self._client_connections,
             on_cut=self.metrics.cut,
             on_stop=self._stop_sent,
         )
@@ -191,6 +192,9 @@ class Agent:
         self.drain_cut = outcome.cut_requests
         self.metrics.drained(outcome)
         return outcome
+
+    def _client_connections(self) -> int | None:
+        return connections.open_client_connections(engine_port(self.settings))
 
     def _stop_sent(self) -> None:
         self.state = health.stop_sent(self.state)

@@ -22,10 +22,11 @@ budget, `deadline = start + propagation + drain`:
    reconnect elsewhere, so in-flight work reaches zero instead of being topped up by them.
 4. When no request has been in flight for the engine's idle keep-alive timeout
    (`quiet_seconds`, vLLM's `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s; at least two reads in a row),
-   SIGTERM: vLLM exits. By then the engine has closed every pooled connection: those used since
-   the drain began after their response, the others on their idle timeout. Without the quiet
-   period a client that reuses an idle connection just after the SIGTERM finds it closed under
-   its request.
+   or sooner once, idle, no client connection to the engine is open at all
+   (`llmop_engine.connections`: none left to reuse), SIGTERM: vLLM exits. By then the engine
+   has closed every pooled connection: those used since the drain began after their response,
+   the others on their idle timeout. Without the quiet period a client that reuses an idle
+   connection just after the SIGTERM finds it closed under its request.
 5. At the deadline with requests left, what is cut (`Load.in_engine`) is logged and returned,
    and the agent ends them cleanly: SIGTERM to vLLM's EngineCore first, which (with
    `--shutdown-timeout 0`) aborts every request and sends each stream its `finish_reason:
@@ -112,6 +113,8 @@ class Load:
 
 
 LoadReader = Callable[[], Awaitable[Load]]
+ConnectionCounter = Callable[[], int | None]
+"""Client connections open to the engine now (None: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -162,10 +165,15 @@ async def _until_aborted(supervisor: Supervisor, read_load: LoadReader, deadline
 
 
 async def _until_idle(
-    supervisor: Supervisor, read_load: LoadReader, deadline: float, quiet_seconds: float = 0.0
+    supervisor: Supervisor,
+    read_load: LoadReader,
+    deadline: float,
+    quiet_seconds: float = 0.0,
+    open_connections: ConnectionCounter | None = None,
 ) -> Load | None:
     """Wait until the engine has held no work for `quiet_seconds` (and at least two readings in a
-    row), it exits, or the deadline; returns the last reading."""
+    row) or, idle, has no client connection open (`open_connections` says 0), it exits, or the
+    deadline; returns the last reading."""
     last: Load | None = None
     previous: tuple[float | None, ...] | None = None
     quiet_since: float | None = None
@@ -185,6 +193,9 @@ async def _until_idle(
                     quiet_since = time.monotonic()
                 if time.monotonic() - quiet_since >= quiet_seconds:
                     return load
+                if open_connections is not None and open_connections() == 0:
+                    log.info("drain: idle with no client connection open: no quiet period left")
+                    return load
             else:
                 quiet_since = None
             previous = load.signature
@@ -203,6 +214,7 @@ async def drain_sequence(  # noqa: C901
     listened: bool = True,
     skip_propagation: bool = False,
     quiet_seconds: float = 0.0,
+    open_connections: ConnectionCounter | None = None,
     on_cut: Callable[[int | None], None] | None = None,
     on_stop: Callable[[], None] | None = None,
 ) -> DrainOutcome:
@@ -249,7 +261,7 @@ async def drain_sequence(  # noqa: C901
         drain_seconds,
         quiet_seconds,
     )
-    last = await _until_idle(supervisor, read_load, deadline, quiet_seconds)
+    last = await _until_idle(supervisor, read_load, deadline, quiet_seconds, open_connections)
     if not supervisor.alive():
         log.error("drain: the engine exited on its own during the drain")
         return done(DrainOutcome(0.0, exited_on_its_own=True))
