@@ -248,10 +248,12 @@ def test_a_group_recreated_again_and_again_is_reported_as_a_restart_loop(
                 lambda: degraded("GroupRestarting"), timeout=15, what="Degraded GroupRestarting"
             )
             assert restarting["status"] == "True"
+            # How many of the group's pods are ready at that instant (the kwok worker may be
+            # recreated too) and whether the old leader's exit was seen are timing, not contract.
             assert restarting["message"].startswith(
-                "group 0 was recreated once within 10 minutes and is not ready yet (1/2 pods "
-                "ready); last exit before the recreate: "
+                "group 0 was recreated once within 10 minutes and is not ready yet ("
             )
+            assert "/2 pods ready); last exit before the recreate: " in restarting["message"]
 
     def lws_recreates() -> list[str]:
         # The controller's own group recreates (its RecreateGroup Events): a group it recreated
