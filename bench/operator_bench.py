@@ -6,6 +6,8 @@ how much memory the operator uses. Not a test: prints a table.
 
 The CRs use the simulator backend with `replicas: 0`, so the numbers measure the operator
 (watch, plan, render, server-side apply, status) rather than the fake kubelets starting pods.
+`obs.gen` is, per CR, the seconds from its apply returning to the first status with
+`observedGeneration` seen by a watch (median and max): what a GitOps tool waits for.
 `--replicas 1` gives every CR a pod (kwok makes it ready at once, on fake nodes the bench adds
 for them and removes at the end) and also reports when all CRs were Ready and how often a CR's
 Ready condition went True → False → True at one generation (watched, not polled, so short dips
@@ -75,6 +77,9 @@ class Row:
     peak_rss_mib: float
     status_writes: float
     cpu_seconds: float = float("nan")
+    observed_lag_median: float = float("nan")
+    """Per CR, seconds from its apply to its first status with observedGeneration (median)."""
+    observed_lag_max: float = float("nan")
     ready_seconds: float = float("nan")
     flaps: int = 0
     ready_dips: int = 0
@@ -335,6 +340,8 @@ class Progress:
         }
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.first_status: dict[str, float] = {}
+        """Per CR, when a status with observedGeneration was first seen (time.monotonic())."""
         self._threads = [
             threading.Thread(target=self._run, args=(key, func, args), daemon=True)
             for key, func, args in (
@@ -370,6 +377,8 @@ class Progress:
             present = event_type != "DELETED" and (key != "status" or written)
             with self._lock:
                 (self._names[key].add if present else self._names[key].discard)(name)
+                if key == "status" and present:
+                    self.first_status.setdefault(name, time.monotonic())
 
         watch_objects(func, args, self._stop, on_event)
 
@@ -422,17 +431,20 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         )
     try:
         started = time.monotonic()
+        applied_at: dict[str, float] = {}
 
         def create(index: int) -> None:
+            name = f"m{index:04d}"
             kube.apply(
                 {
                     "apiVersion": API_VERSION,
                     "kind": "LLMDeployment",
-                    "metadata": {"name": f"m{index:04d}", "namespace": namespace},
+                    "metadata": {"name": name, "namespace": namespace},
                     "spec": _spec(replicas),
                 },
                 field_manager="llmop-bench",
             )
+            applied_at[name] = time.monotonic()
 
         with ThreadPoolExecutor(APPLY_THREADS) as pool:
             list(pool.map(create, range(count)))
@@ -457,6 +469,11 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         writes = _metric(metrics_port, "llmop_status_writes_total")
         cpu = _cpu_seconds(process.pid) - cpu_at_start
         lags = ready_lags(kube, namespace) if replicas else Lags([], [])
+        observed_lags = sorted(
+            progress.first_status[name] - at
+            for name, at in applied_at.items()
+            if name in progress.first_status
+        )
         if router is not None:
             router_cost = _router_cost(*router, process.pid, count, started)
     finally:
@@ -484,6 +501,8 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         max(peak, rss),
         writes,
         cpu_seconds=cpu,
+        observed_lag_median=_median(observed_lags),
+        observed_lag_max=observed_lags[-1] if observed_lags else nan,
         ready_seconds=ready_at if ready_at is not None and replicas else nan,
         flaps=watcher.flaps,
         ready_dips=watcher.dips,
@@ -495,6 +514,10 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
     )
 
 
+def _median(values: list[float]) -> float:
+    return values[len(values) // 2] if values else float("nan")
+
+
 def _table_line(row: Row, *, replicas: int) -> str:
     done = max(row.children_seconds, row.status_seconds)
     rate = 0.0 if math.isnan(done) else row.count / done
@@ -502,6 +525,7 @@ def _table_line(row: Row, *, replicas: int) -> str:
         f"{row.count:>6} {row.apply_seconds:>8.1f} {row.children_seconds:>11.1f} "
         f"{row.status_seconds:>9.1f} {rate:>7.1f} {row.rss_mib:>8.0f} "
         f"{row.peak_rss_mib:>9.0f} {row.status_writes:>14.0f} {row.cpu_seconds:>7.1f}"
+        f" {row.observed_lag_median:>13.1f} {row.observed_lag_max:>13.1f}"
     )
     if replicas:
         line += (
@@ -552,6 +576,7 @@ def main() -> int:
     header = (
         f"{'N':>6} {'apply s':>8} {'children s':>11} {'status s':>9} {'CR/s':>7} "
         f"{'RSS MiB':>8} {'peak MiB':>9} {'status writes':>14} {'CPU s':>7}"
+        f" {'obs.gen p50 s':>13} {'obs.gen max s':>13}"
     )
     if args.replicas:
         header += (

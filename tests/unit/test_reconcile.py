@@ -782,3 +782,118 @@ def test_a_rollout_on_a_full_node_replaces_one_pod_at_a_time(
     run_parent(ctx, kube)
     reconcile.refresh_from_child(ctx, "MODIFIED", copy.deepcopy(rolled))
     assert not [c for c in kube.calls if c[0] == "list" or c[0].startswith("apply")]
+
+
+@pytest.fixture
+def scheduled(ctx: reconcile.Context) -> list[tuple[str, str]]:
+    """The handlers' scheduler of deferred statuses, recording what it was asked to run."""
+    runs: list[tuple[str, str]] = []
+    ctx.schedule_status = lambda namespace, name: runs.append((namespace, name))
+    return runs
+
+
+def _writes(kube: FakeKube) -> list[tuple[str, ...]]:
+    return [c for c in kube.calls if c[0] in ("status", "event")]
+
+
+def _unobserved(kube: FakeKube) -> dict[str, Any]:
+    """The applied Deployment as its ADDED event shows it: generation 1, no status yet."""
+    deployment = kube.objects["Deployment", "ns", "x"]
+    deployment["metadata"]["generation"] = 1
+    return copy.deepcopy(deployment)
+
+
+def test_a_created_deployment_gets_one_status_write_once_its_controller_saw_it(
+    ctx: reconcile.Context, kube: FakeKube, scheduled: list[tuple[str, str]]
+) -> None:
+    """The parent pass leaves its "rolling out" status to the Deployment controller's first
+    status: one status write and one Event (Ready), not two of each."""
+    kube.put(parent(replicas=1))
+    assert run_parent(ctx, kube) == "ok"
+    assert scheduled == [("ns", "x")]
+    assert _writes(kube) == []
+    added = _unobserved(kube)
+    deliver(ctx, kube)
+    assert reconcile.quiet_child_event(ctx, "ADDED", added)
+    assert reconcile.refresh_from_child(ctx, "ADDED", added) == "ok"
+    assert reconcile.refresh_status(ctx, "ns", "x") == "ok"
+    assert _writes(kube) == []
+
+    observed = rolled_out(kube, ready=1)
+    deliver(ctx, kube)
+    assert not reconcile.quiet_child_event(ctx, "MODIFIED", observed)
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", observed) == "ok"
+    assert _writes(kube) == [("status", "LLMDeployment", "x"), ("event", "Ready", "x")]
+    assert kube.objects["LLMDeployment", "ns", "x"]["status"]["observedGeneration"] == 1
+    assert conds(kube)["Ready"]["status"] == "True"
+    # The fallback finds the generation written and does nothing.
+    kube.calls.clear()
+    assert reconcile.write_deferred_status(ctx, "ns", "x") == "skipped"
+    assert kube.calls == []
+
+
+def test_the_fallback_writes_a_deferred_status_the_controller_never_answered(
+    ctx: reconcile.Context, kube: FakeKube, scheduled: list[tuple[str, str]]
+) -> None:
+    kube.put(parent(replicas=1))
+    run_parent(ctx, kube)
+    _unobserved(kube)
+    deliver(ctx, kube)
+    assert reconcile.write_deferred_status(ctx, "ns", "x") == "ok"
+    assert kube.objects["LLMDeployment", "ns", "x"]["status"]["observedGeneration"] == 1
+    assert conds(kube)["Reconciling"]["reason"] == "RollingOut"
+    assert ("event", "RollingOut", "x") in kube.calls
+    # Over: the next status path writes as usual, and a second fallback run does nothing.
+    assert reconcile.write_deferred_status(ctx, "ns", "x") == "skipped"
+    observed = rolled_out(kube, ready=1)
+    deliver(ctx, kube)
+    assert not reconcile.quiet_child_event(ctx, "MODIFIED", observed)
+
+
+def test_a_template_change_defers_and_a_replica_change_writes_at_once(
+    ctx: reconcile.Context, kube: FakeKube, scheduled: list[tuple[str, str]]
+) -> None:
+    """Only a change the cached Deployment does not show yet is waited for: a new pod template
+    (its hash) is; a replica count on an observed Deployment with the same template is not."""
+    deployment = _ready_deployment(ctx, kube)
+    reconcile.refresh_from_child(ctx, "MODIFIED", deployment)
+    scheduled.clear()
+
+    scaled = parent(replicas=2)
+    scaled["metadata"]["generation"] = 2
+    scaled["status"] = kube.objects["LLMDeployment", "ns", "x"]["status"]
+    kube.put(scaled)
+    deliver(ctx, kube)
+    kube.calls.clear()
+    assert run_parent(ctx, kube) == "ok"
+    assert scheduled == []
+    assert kube.objects["LLMDeployment", "ns", "x"]["status"]["observedGeneration"] == 2
+
+    changed = parent(replicas=2, engine={"backend": "simulator", "maxNumSeqs": 8})
+    changed["metadata"]["generation"] = 3
+    changed["status"] = kube.objects["LLMDeployment", "ns", "x"]["status"]
+    kube.put(changed)
+    deliver(ctx, kube)
+    kube.calls.clear()
+    assert run_parent(ctx, kube) == "ok"
+    assert scheduled == [("ns", "x")]
+    # (The rollout's RolloutStrategy Event is news of the rollout, not of the status.)
+    assert [c for c in _writes(kube) if c[1] != "RolloutStrategy"] == []
+    kube.calls.clear()
+    # A status path that runs before the controller saw the new template writes nothing...
+    deliver(ctx, kube)
+    assert reconcile.refresh_status(ctx, "ns", "x") == "ok"
+    assert _writes(kube) == []
+    # ...and the fallback writes the new generation's status.
+    assert reconcile.write_deferred_status(ctx, "ns", "x") == "ok"
+    assert kube.objects["LLMDeployment", "ns", "x"]["status"]["observedGeneration"] == 3
+
+
+def test_a_problem_is_written_at_once_with_a_scheduler(
+    ctx: reconcile.Context, kube: FakeKube, scheduled: list[tuple[str, str]]
+) -> None:
+    kube.put(parent(autoscaling={"minReplicas": 1, "maxReplicas": 3}))
+    kube.reject.add("HorizontalPodAutoscaler")
+    assert run_parent(ctx, kube) == "stalled"
+    assert scheduled == []
+    assert stalled(kube) == ("True", "ChildRejected")

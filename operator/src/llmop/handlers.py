@@ -22,6 +22,8 @@
 
 - kopf's memory of the last handled spec is kept in this process (`llmop.persistence`), not on
   the object; the count handler drops a deleted object's entry.
+- A startup activity lets the parent passes defer their status write to the Deployment
+  controller's first status (`reconcile.first_status`), with a fallback run on this loop.
 - Startup activities also run `llmop.router_check`, `llmop.pool_check` (the InferencePools
   that wait for their CRDs), `llmop.hub_check` (adapters the Hub could not answer for) and
   `llmop.group_check` (the LeaderWorkerSets, listed instead of watched); cleanup stops them.
@@ -60,7 +62,9 @@ from llmop.reconcile import (
     refresh_from_child,
     refresh_from_job,
     refresh_from_pod,
+    write_deferred_status,
 )
+from llmop.reconcile.first_status import DEFER_SECONDS
 
 log = logging.getLogger("llmop.handlers")
 
@@ -297,6 +301,29 @@ async def start_fleet_reader(memo: Any, **_: Any) -> None:
     memo.fleet_task = asyncio.create_task(
         fleet.run(context, client, interval=interval), name="llmop-fleet-reader"
     )
+
+
+@kopf.on.startup(id="first-status")
+async def start_deferred_statuses(memo: Any, **_: Any) -> None:
+    """Let parent passes defer their status write (`reconcile.first_status`): each deferral
+    runs its fallback `DEFER_SECONDS` later in the refresh pool, one pending run per parent.
+    The parent passes run in kopf's threads; the coalescer lives on this event loop."""
+    context: Context = memo.context
+    loop = asyncio.get_running_loop()
+    deferred = Coalescer(delay=DEFER_SECONDS)
+
+    def schedule(namespace: str, name: str) -> None:
+        loop.call_soon_threadsafe(
+            deferred.submit,
+            memo,
+            ("first-status", namespace, name),
+            write_deferred_status,
+            context,
+            namespace,
+            name,
+        )
+
+    context.schedule_status = schedule
 
 
 @kopf.on.startup(id="router-check")

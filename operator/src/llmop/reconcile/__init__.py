@@ -6,6 +6,8 @@ The package, by responsibility (each module's docstring says its job):
 - `caches` — reading the watch caches (owners, live children, parsed specs, last status);
 - `problems` — the memory of found problems that every status path carries;
 - `writes` — the executor, status derivation and writing, the error policy;
+- `first_status` — a parent pass's status write held until the Deployment controller has
+  observed what it applied (one status write and one Event where there were two);
 - `model_gate` — the model cache's pre-flight, claim and download Job;
 - `adapter_gate` — the LoRA adapters' Hub pre-flight (refused ones never reach the pods; the
   base model is never gated by it);
@@ -24,7 +26,9 @@ GET per event. Two named entry points share one per-parent lock:
   vanished, and re-derive the parent's status;
 - `refresh_from_pod()` / `refresh_status()` — an engine pod changed, or the agents were read
   (`llmop.fleet`): re-derive the parent's status only (`note_group_pod` first feeds every pod
-  event to the memory of group recreates).
+  event to the memory of group recreates);
+- `write_deferred_status()` — the fallback of a parent pass's deferred status
+  (`first_status`), run by the handlers' scheduler a few seconds later.
 
 Why the status never flaps: both entry points derive it from the same watch cache of the child
 Deployment, whose entries only move forward in time, and compare with the status this process
@@ -54,6 +58,7 @@ from llmop.reconcile.entry import (
     refresh_from_job,
     refresh_from_pod,
     refresh_status,
+    write_deferred_status,
 )
 from llmop.reconcile.groups import note_pod as note_group_pod
 from llmop.reconcile.model_gate import TRIGGER_DOWNLOAD
@@ -87,4 +92,5 @@ __all__ = [
     "refresh_from_job",
     "refresh_from_pod",
     "refresh_status",
+    "write_deferred_status",
 ]

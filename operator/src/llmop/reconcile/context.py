@@ -184,6 +184,14 @@ class Context:
     """Whether the cluster serves an optional child kind's API (the InferencePool CRD), as
     discovery last said; absent: ask before the next apply."""
 
+    _deferred: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
+    """(uid, generation) per parent whose parent pass left its status write to the Deployment
+    controller's first status (`reconcile.first_status`)."""
+    schedule_status: Callable[[str, str], None] | None = None
+    """Runs `reconcile.write_deferred_status(ctx, namespace, name)` after
+    `first_status.DEFER_SECONDS`, from any thread (installed by the handlers at startup); None:
+    parent passes write their status at once."""
+
     router: RouterView | None = field(init=False)
     """The installed router and whether it had a ready pod at the last check (`check_router`)."""
 
@@ -203,6 +211,7 @@ class Context:
         self._problems.pop((namespace, name), None)
         self._pools.pop((namespace, name), None)
         self._group_restarts.pop((namespace, name), None)
+        self._deferred.pop((namespace, name), None)
 
 
 _log = logging.getLogger("llmop.reconcile.context")

@@ -13,9 +13,9 @@ from llmop.desired import DesiredState
 from llmop.hub import HubUnavailableError
 from llmop.kinds import ChildKind
 from llmop.kube import KubeError, TerminatingError
-from llmop.metrics import RESULT_SKIPPED
+from llmop.metrics import RESULT_OK, RESULT_SKIPPED
 from llmop.plan import ChildPlan, plan_children
-from llmop.reconcile import adapter_gate, groups, pools, rollouts
+from llmop.reconcile import adapter_gate, first_status, groups, pools, rollouts
 from llmop.reconcile.caches import (
     Owner,
     cached_parent,
@@ -35,7 +35,13 @@ from llmop.reconcile.context import (
 )
 from llmop.reconcile.model_gate import TRIGGER_DOWNLOAD, desired_for, run_gate
 from llmop.reconcile.problems import clear_problem, problem_of
-from llmop.reconcile.writes import guarded, run_plan, write_derived_status, write_stalled
+from llmop.reconcile.writes import (
+    guarded,
+    result_of,
+    run_plan,
+    write_derived_status,
+    write_stalled,
+)
 from llmop.status import Problem, autoscaler_issue
 
 log = logging.getLogger("llmop.reconcile.entry")
@@ -88,6 +94,25 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
             adapter_gate.note_lora_rollout(ctx, body, live.get(kinds.DEPLOYMENT), plan)
         pools.settle(ctx, body, desired, unserved=bool(unserved))
     applied = problem is None and any(a.kind in WORKLOAD_KINDS for a in plan.applies)
+    return _write_parent_status(ctx, body, desired, problem, applied=applied)
+
+
+def _write_parent_status(
+    ctx: Context,
+    body: Mapping[str, Any],
+    desired: DesiredState,
+    problem: Problem | None,
+    *,
+    applied: bool,
+) -> str:
+    """The parent pass's status: deferred to the Deployment controller's first status when it
+    applied the workload and found nothing wrong (`first_status`), else written now."""
+    if (
+        applied
+        and result_of(ctx, body, desired, None) == RESULT_OK
+        and first_status.defer(ctx, body, desired)
+    ):
+        return RESULT_OK
     return write_derived_status(ctx, body, desired, problem, applied=applied)
 
 
@@ -304,6 +329,21 @@ def refresh_status(ctx: Context, namespace: str, name: str, *, trigger: str = TR
             return outcome.result
         body, desired = target
         outcome.result = guarded(ctx, body, lambda: write_derived_status(ctx, body, desired, None))
+        return outcome.result
+
+
+def write_deferred_status(ctx: Context, namespace: str, name: str) -> str:
+    """The fallback of a parent pass's deferred status (`first_status`): write what the caches
+    say now, unless a status path wrote this generation's status meanwhile."""
+    with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(TRIGGER_PARENT) as outcome:
+        target = status_target(ctx, namespace, name)
+        if target is None or not first_status.take(ctx, target[0]):
+            outcome.result = RESULT_SKIPPED
+            return outcome.result
+        body, desired = target
+        outcome.result = guarded(
+            ctx, body, lambda: write_derived_status(ctx, body, desired, None, applied=True)
+        )
         return outcome.result
 
 

@@ -14,6 +14,7 @@ from llmop.hub import HubUnavailableError
 from llmop.kube import KubeError, RejectedError
 from llmop.metrics import RESULT_ERROR, RESULT_OK, RESULT_STALLED
 from llmop.plan import Apply, ChildPlan, Delete
+from llmop.reconcile import first_status
 from llmop.reconcile.adapter_gate import verdicts_for
 from llmop.reconcile.caches import key_of, live_children, previous_status, waiting_for_model
 from llmop.reconcile.context import Context
@@ -170,6 +171,8 @@ def _derived_status(
 
 def status_changed(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
     """`write_derived_status(ctx, body, desired, None)` would write (decided without I/O)."""
+    if first_status.held(ctx, body, desired):
+        return False
     status = _derived_status(ctx, body, desired, None)
     raw_previous = previous_status(ctx, body)
     return (
@@ -186,7 +189,10 @@ def write_derived_status(
     applied: bool = False,
 ) -> str:
     """Derive the status from the watch cache of the Deployment (`_derived_status`, which
-    carries a remembered problem) and write it if it changed."""
+    carries a remembered problem) and write it if it changed; nothing while the parent pass's
+    deferred status waits for the Deployment controller (`first_status.held`)."""
+    if problem is None and first_status.held(ctx, body, desired):
+        return result_of(ctx, body, desired, None)
     _write_status(ctx, body, _derived_status(ctx, body, desired, problem, applied=applied))
     return result_of(ctx, body, desired, problem)
 
