@@ -11,8 +11,12 @@ Goals (issue 25): router p50 ≤ direct p50 + 2 ms, router p99 ≤ 1.25 times pa
 Routing quality (`--only workloads`): three simulator replicas (vLLM's prefix cache modelled, each
 with a KV cache that holds about half of the workload's distinct prefixes, the fleet all of them),
 driven once through `service` (a random replica per request, as kube-proxy spreads new
-connections) and once through `router`, on two workloads: `multi-turn` (conversations sharing one
-system prompt, each turn resending the history) and `system-prompts` (many one-turn users over a
+connections) and once through `router`, on three workloads: `multi-turn` (conversations sharing
+one system prompt, each turn resending the history; every user sends its next turn the moment
+an answer ends, so both paths run saturated and a faster path is offered more requests),
+`multi-turn, 4 s think` (the same conversations with a pause between an answer and the next
+turn, exponential with a 4 s mean, as people read and type: both paths are offered about the
+same load, so TTFT compares like with like) and `system-prompts` (many one-turn users over a
 few long system prompts). Reported: prefix-cache hit rate (the engines' own counters), TTFT, and
 the time-averaged max/mean of in-flight requests per replica. Prints Markdown tables; not a
 timed test.
@@ -196,12 +200,18 @@ class Workload:
     system_prompts: list[str]
     turns: int
     """Turns per conversation (1: every request is a new conversation)."""
+    think_seconds: float = 0.0
+    """Mean pause between an answer and the user's next request (exponential; 0: none)."""
 
 
 def workloads() -> list[Workload]:
     rng = random.Random(42)
+    shared = text(rng, 2000)
     return [
-        Workload("multi-turn", users=24, system_prompts=[text(rng, 2000)], turns=6),
+        Workload("multi-turn", users=24, system_prompts=[shared], turns=6),
+        Workload(
+            "multi-turn, 4 s think", users=24, system_prompts=[shared], turns=6, think_seconds=4.0
+        ),
         Workload(
             "system-prompts", users=32, system_prompts=[text(rng, 8000) for _ in range(6)], turns=1
         ),
@@ -237,6 +247,8 @@ async def drive(workload: Workload, pick: Callable[[], str], seconds: float) -> 
                     )
                     reply = await one(client, pick(), messages, served)
                     messages.append({"role": "assistant", "content": reply})
+                    if workload.think_seconds:
+                        await asyncio.sleep(rng.expovariate(1 / workload.think_seconds))
 
         await asyncio.gather(*(user(n) for n in range(workload.users)))
     return served

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections import Counter
 
 import pytest
 
-from llmop_router.prefix import MAX_HEAD_CHARS, head_key, routing_info
+from llmop_router.prefix import MAX_HEAD_CHARS, hash_bytes, head_key, routing_info
 from llmop_router.ring import LOAD_FACTOR, Ring, pick, within_bound
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}
@@ -120,7 +121,7 @@ def test_a_hot_key_spills_to_the_next_pod_on_its_walk() -> None:
     calm = pick(ring, key, {})
     assert calm.order[0] == walk[0]
     assert calm.reason == "prefix"
-    # Its pod at 10 in flight, the others idle: 10 > (10+1)/4 x 1.25.
+    # Its pod at 10 in flight, the others idle: 10 + 1 > ceil((10 + 1) / 4 x 1.25).
     hot = pick(ring, key, {walk[0]: 10})
     assert hot.order[0] == walk[1]
     assert hot.reason == "spill"
@@ -139,10 +140,33 @@ def test_without_a_key_the_least_loaded_pod_goes_first() -> None:
 
 @pytest.mark.parametrize(
     ("load", "total", "pods", "ok"),
-    [(0, 0, 4, True), (5, 5, 1, True), (1, 4, 4, True), (2, 4, 4, False), (2, 7, 4, True)],
+    [
+        (0, 0, 4, True),
+        (5, 5, 1, True),
+        (1, 4, 4, True),
+        (2, 4, 4, False),
+        (2, 7, 4, True),
+        (0, 1, 3, True),
+        (1, 1, 3, False),
+        # 24 in flight with the new one on 3 pods: the bound is 10, reached, never passed.
+        (9, 23, 3, True),
+        (10, 23, 3, False),
+    ],
 )
 def test_the_load_bound(load: int, total: int, pods: int, ok: bool) -> None:
     assert within_bound(load, total, pods, LOAD_FACTOR) is ok
+
+
+def test_no_pod_ends_over_the_bound() -> None:
+    """Requests arriving one by one, each to the pod its key picks: whatever the keys, no pod
+    ever holds more than 1.25 x the mean in flight, rounded up."""
+    ring = Ring.of(PODS)
+    load: dict[str, int] = {}
+    for n in range(400):
+        chosen = pick(ring, hash_bytes(f"hot key {n % 3}".encode()), load).order[0]
+        load[chosen] = load.get(chosen, 0) + 1
+        total = sum(load.values())
+        assert max(load.values()) <= math.ceil(total / len(PODS) * LOAD_FACTOR)
 
 
 def test_no_pods_no_pick() -> None:

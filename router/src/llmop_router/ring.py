@@ -2,16 +2,20 @@
 
 Each pod owns `VIRTUAL_NODES` points on a 64-bit ring (enough that no pod owns a large arc:
 kubeai#447 saw one pod take 80 requests with 20). A key's pod is the first one clockwise from the
-key whose in-flight load is within `LOAD_FACTOR` times the mean (counting the new request), so a hot
-key spills to the next pods on the ring instead of piling onto one (aibrix#842). The walk order is
-the retry order: a request that fails before its first byte goes to the next pod, never the same
-one (KubeAI retries the same key and so the same pod). Deterministic: every router replica with
-the same pods and loads picks alike.
+key that stays within `LOAD_FACTOR` times the mean once it takes the request (the bounded loads of
+Mirrokni, Thorup and Zadeh: the mean and the pod's load both count the new request, the bound
+rounded up), so a hot key spills to the next pods on the ring instead of piling onto one
+(aibrix#842). KubeAI checks the pod's load before it takes the request, which lets a pod go one
+request over the bound: 11 of 24 in flight on 3 pods (1.38 times the mean) where this allows
+10. The walk order is the retry order: a request that fails before its first byte goes to the
+next pod, never the same one (KubeAI retries the same key and so the same pod). Deterministic:
+every router replica with the same pods and loads picks alike.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -68,10 +72,11 @@ class Pick:
 
 
 def within_bound(load: int, total: int, endpoints: int, factor: float = LOAD_FACTOR) -> bool:
-    """Whether a pod at `load` may take one more request (KubeAI's rule: mean counts it)."""
+    """Whether a pod at `load` may take one more request: with it, at most `factor` times the
+    mean in flight (which counts it too), rounded up; an idle fleet takes anything."""
     if total == 0:
         return True
-    return load <= (total + 1) / endpoints * factor
+    return load + 1 <= math.ceil((total + 1) / endpoints * factor)
 
 
 def pick(ring: Ring, key: int | None, load: Mapping[str, int]) -> Pick:
