@@ -69,6 +69,26 @@ def test_a_spec_or_user_annotation_change_differs_but_status_and_our_records_do_
     assert storage.build(body=body(annotations={"note": "x"})) != base
 
 
+def test_the_essence_is_kopfs_without_copying_the_rest_of_the_body() -> None:
+    """The same essence as kopf's own build, from a body with the parts
+    kopf would copy and drop: managedFields, status, identity."""
+    full = body(annotations={"note": "x", MARKER: "yes", f"{PREFIX}/reconcile": "{}"})
+    full["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    full["metadata"]["finalizers"] = ["x"]
+    ours = ProcessDiffBase(PREFIX).build(body=full)
+    # kopf's own build (its marker on our prefix drops our records there too).
+    assert ours == kopf.AnnotationsDiffBaseStorage(prefix="other.example").build(body=full)
+    assert ours == {
+        "spec": {"replicas": 1},
+        "metadata": {"labels": {"team": "ml"}, "annotations": {"note": "x"}},
+    }
+    # Nothing of the body is shared with the essence: later changes do not leak into it.
+    full["spec"]["replicas"] = 5
+    full["metadata"]["labels"]["team"] = "other"
+    assert ours["spec"] == {"replicas": 1}
+    assert ours["metadata"]["labels"] == {"team": "ml"}
+
+
 def test_forget_drops_a_deleted_object() -> None:
     storage = ProcessDiffBase(PREFIX)
     storage.store(body=body(), patch=kopf.Patch(), essence=storage.build(body=body()))
