@@ -754,7 +754,11 @@ def test_a_rollout_on_a_full_node_replaces_one_pod_at_a_time(
         kube.put(
             {
                 "kind": "Pod",
-                "metadata": {"name": f"x-{index}", "namespace": "ns"},
+                "metadata": {
+                    "name": f"x-{index}",
+                    "namespace": "ns",
+                    "labels": {names.LABEL_DEPLOYMENT: "x"},
+                },
                 "spec": {
                     "nodeName": "n0",
                     "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}],

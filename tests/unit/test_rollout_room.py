@@ -137,6 +137,27 @@ def test_room_is_what_each_matching_node_has_left_terminating_pods_included() ->
     assert rollout_room.room(engine_pod_spec(), nodes, pods) == 3
 
 
+def test_a_full_pool_counts_zero_and_a_pool_that_can_never_hold_one_none() -> None:
+    """0: full now, but the Deployment's own old pods free what a new one needs (replace one
+    at a time). None: no matching node could hold one even then (the old pods keep serving)."""
+    nodes = [node("a", 2), node("l4", 8, labels={"nvidia.com/gpu.product": "L4"})]
+    ours = [pod("a"), pod("a")]
+    for p in ours:
+        p["metadata"] = {"namespace": "ns", "labels": {names.LABEL_DEPLOYMENT: "x"}}
+
+    def own(p: dict[str, Any]) -> bool:
+        return (p.get("metadata") or {}).get("labels", {}).get(names.LABEL_DEPLOYMENT) == "x"
+
+    spec = engine_pod_spec()
+    assert rollout_room.room_for_rollout(spec, nodes, ours, own) == 0
+    assert rollout_room.room_for_rollout(spec, nodes, [*ours, pod("l4")], own) == 0
+    others = [pod("a"), pod("a")]
+    assert rollout_room.room_for_rollout(spec, nodes, others, own) is None
+    spec["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert rollout_room.room_for_rollout(spec, nodes, ours, own) is None
+    assert rollout_room.room_for_rollout(engine_pod_spec(), [node("b", 4)], [], own) == 4
+
+
 def test_a_pod_needs_all_its_gpus_on_one_node() -> None:
     spec = engine_pod_spec()
     spec["containers"] = [{"resources": {"limits": {GPU: "2"}}}]

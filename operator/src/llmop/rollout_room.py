@@ -7,7 +7,9 @@ deadline. On a pool with room, one pod at a time leaves spare GPUs idle while ea
 a pod start. So when a rollout starts (a new pod template) the operator counts how many more
 engine pods fit — per matching node, allocatable minus the requests of the pods bound to it, the
 way the scheduler counts — and surges that many (at most a second full copy); with no room at all
-it replaces pods one at a time (maxUnavailable at least 1) instead of waiting forever.
+it replaces pods one at a time (maxUnavailable at least 1) instead of waiting forever — unless
+no matching node could hold a new pod even with the old ones gone (a GPU product no node has):
+then the old pods keep serving and the new one waits, as with a fixed surge.
 
 The count is stored on the Deployment (annotation `serving.llmop.dev/rollout-room`, keyed by the
 template hash it was measured for), so every later pass of the same template — the child path's
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,6 +179,24 @@ def room(
             slots = count if slots is None else min(slots, count)
         fits += slots or 0
     return fits
+
+
+def room_for_rollout(
+    pod_spec: Mapping[str, Any],
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    own: Callable[[Mapping[str, Any]], bool],
+) -> int | None:
+    """The room a rollout decides from: the pods of `pod_spec` that fit now. None when none fits
+    now and none would even once the Deployment's `own` old pods are gone (no matching node can
+    hold one: replacing the old pods one at a time would only stop them serving, so the rollout
+    keeps the default surge, its new pod Pending, until the progress deadline reports it)."""
+    pods = list(pods)
+    now = room(pod_spec, nodes, pods)
+    if now > 0:
+        return now
+    freed = room(pod_spec, nodes, [pod for pod in pods if not own(pod)])
+    return 0 if freed > 0 else None
 
 
 # ----------------------------------------------------------------------------------------------
