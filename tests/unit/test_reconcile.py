@@ -854,6 +854,20 @@ def test_the_fallback_writes_a_deferred_status_the_controller_never_answered(
     assert not reconcile.quiet_child_event(ctx, "MODIFIED", observed)
 
 
+def _edit_and_reconcile(
+    ctx: reconcile.Context, kube: FakeKube, generation: int, **spec: Any
+) -> str:
+    """The user's edit as generation `generation` (status kept), delivered, then a parent pass
+    with the calls recorded from there."""
+    edited = parent(**spec)
+    edited["metadata"]["generation"] = generation
+    edited["status"] = kube.objects["LLMDeployment", "ns", "x"]["status"]
+    kube.put(edited)
+    deliver(ctx, kube)
+    kube.calls.clear()
+    return run_parent(ctx, kube)
+
+
 def test_a_template_change_defers_and_a_replica_change_writes_at_once(
     ctx: reconcile.Context, kube: FakeKube, scheduled: list[tuple[str, str]]
 ) -> None:
@@ -863,23 +877,12 @@ def test_a_template_change_defers_and_a_replica_change_writes_at_once(
     reconcile.refresh_from_child(ctx, "MODIFIED", deployment)
     scheduled.clear()
 
-    scaled = parent(replicas=2)
-    scaled["metadata"]["generation"] = 2
-    scaled["status"] = kube.objects["LLMDeployment", "ns", "x"]["status"]
-    kube.put(scaled)
-    deliver(ctx, kube)
-    kube.calls.clear()
-    assert run_parent(ctx, kube) == "ok"
+    assert _edit_and_reconcile(ctx, kube, 2, replicas=2) == "ok"
     assert scheduled == []
     assert kube.objects["LLMDeployment", "ns", "x"]["status"]["observedGeneration"] == 2
 
-    changed = parent(replicas=2, engine={"backend": "simulator", "maxNumSeqs": 8})
-    changed["metadata"]["generation"] = 3
-    changed["status"] = kube.objects["LLMDeployment", "ns", "x"]["status"]
-    kube.put(changed)
-    deliver(ctx, kube)
-    kube.calls.clear()
-    assert run_parent(ctx, kube) == "ok"
+    engine = {"backend": "simulator", "maxNumSeqs": 8}
+    assert _edit_and_reconcile(ctx, kube, 3, replicas=2, engine=engine) == "ok"
     assert scheduled == [("ns", "x")]
     # (The rollout's RolloutStrategy Event is news of the rollout, not of the status.)
     assert [c for c in _writes(kube) if c[1] != "RolloutStrategy"] == []
