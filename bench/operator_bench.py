@@ -105,7 +105,7 @@ class RouterCost:
 IDLE_SECONDS = 60.0
 
 
-def _api_client() -> Any:
+def api_client() -> Any:
     from kubernetes import config
 
     return config.new_client_from_config()  # type: ignore[no-untyped-call]
@@ -119,12 +119,12 @@ def _bench_namespaces(kube: Kube) -> list[str]:
     ]
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -149,7 +149,7 @@ def _metric(port: int, name: str) -> float:
 
 
 def _start_router(log: Any) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     kubeconfig = os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config"))
     process = subprocess.Popen(
         [
@@ -179,21 +179,21 @@ def _router_cost(
     while _models_listed(url) < count and time.monotonic() < deadline:
         time.sleep(0.5)
     listed = time.monotonic() - started if _models_listed(url) >= count else float("nan")
-    busy = _cpu_seconds(router.pid)
-    router_cpu, operator_cpu, window = busy, _cpu_seconds(operator), time.monotonic()
+    busy = cpu_seconds(router.pid)
+    router_cpu, operator_cpu, window = busy, cpu_seconds(operator), time.monotonic()
     time.sleep(IDLE_SECONDS)
     window = time.monotonic() - window
     return RouterCost(
         listed_seconds=listed,
         busy_cpu_seconds=busy,
-        idle_cpu_percent=100 * (_cpu_seconds(router.pid) - router_cpu) / window,
-        operator_idle_cpu_percent=100 * (_cpu_seconds(operator) - operator_cpu) / window,
+        idle_cpu_percent=100 * (cpu_seconds(router.pid) - router_cpu) / window,
+        operator_idle_cpu_percent=100 * (cpu_seconds(operator) - operator_cpu) / window,
         rss_mib=_rss_mib(router.pid),
     )
 
 
-def _start_operator(log: Any) -> tuple[subprocess.Popen[bytes], int]:
-    liveness, metrics = _free_port(), _free_port()
+def start_operator(log: Any) -> tuple[subprocess.Popen[bytes], int]:
+    liveness, metrics = free_port(), free_port()
     llmop = Path(sys.executable).with_name("llmop")
     env = dict(
         os.environ,
@@ -214,13 +214,23 @@ def _start_operator(log: Any) -> tuple[subprocess.Popen[bytes], int]:
     raise RuntimeError("operator did not become healthy")
 
 
-def _bench_node(name: str) -> dict[str, Any]:
+GPU_LABELS = {
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "nvidia.com/gpu.memory": "81559",
+}
+"""What the cluster's fake H100 nodes carry (e2e/cluster/gpu-nodes.yaml): GPU pods land here."""
+
+
+def _bench_node(name: str, *, gpus: bool = False) -> dict[str, Any]:
     room = {
         "cpu": "4000",
         "memory": "64Ti",
         "pods": str(BENCH_NODE_PODS),
         "ephemeral-storage": "10Ti",
     }
+    if gpus:
+        room["nvidia.com/gpu"] = str(BENCH_NODE_PODS)
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -233,18 +243,20 @@ def _bench_node(name: str) -> dict[str, Any]:
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
+                **(GPU_LABELS if gpus else {}),
             },
         },
         "status": {"capacity": room, "allocatable": room},
     }
 
 
-def add_pod_room(kube: Kube, pods: int, timeout: float = 120) -> None:
-    """Fake nodes with room for `pods` more pods, Ready before the clock starts: the cluster's
-    four GPU nodes hold 440 pods, short of one pod for each of 1,000 CRs."""
+def add_pod_room(kube: Kube, pods: int, timeout: float = 120, *, gpus: bool = False) -> None:
+    """Fake nodes with room for `pods` more pods (`gpus`: one-GPU pods on H100 nodes), Ready
+    before the clock starts: the cluster's four GPU nodes hold 440 pods and 32 GPUs, short of
+    one pod for each of 1,000 CRs."""
     names = [f"{BENCH_NODE_PREFIX}{index}" for index in range(math.ceil(pods / BENCH_NODE_PODS))]
     for name in names:
-        node = _bench_node(name)
+        node = _bench_node(name, gpus=gpus)
         kube.apply(node, field_manager="llmop-bench")
         # An apply keeps no status on an existing node; the status subresource does.
         kube.patch_status("v1", "Node", None, name, node["status"])
@@ -253,6 +265,21 @@ def add_pod_room(kube: Kube, pods: int, timeout: float = 120) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"bench nodes {names} not Ready after {timeout:.0f}s: is kwok up?")
         time.sleep(1)
+
+
+def remove_pod_room(kube: Kube) -> None:
+    """Delete the bench's nodes: call after the bench namespaces are gone, since a node deleted
+    under its pods would leave them to the pod GC."""
+    for node in kube.list("v1", "Node"):
+        if node["metadata"]["name"].startswith(BENCH_NODE_PREFIX):
+            kube.delete("v1", "Node", None, node["metadata"]["name"])
+
+
+def wait_namespaces_gone(kube: Kube, timeout: float = 600) -> None:
+    """The next run's operator would otherwise resume (and be timed on) these CRs."""
+    deadline = time.monotonic() + timeout
+    while _bench_namespaces(kube) and time.monotonic() < deadline:
+        time.sleep(2)
 
 
 def _node_ready(kube: Kube, name: str) -> bool:
@@ -400,13 +427,13 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
         field_manager="llmop-bench",
     )
-    process, metrics_port = _start_operator(log)
+    process, metrics_port = start_operator(log)
     router = _start_router(log) if with_router else None
     router_cost = None
     peak = _rss_mib(process.pid)
-    cpu_at_start = _cpu_seconds(process.pid)
-    watcher = ReadyWatch(namespace, _api_client())
-    progress = Progress(namespace, _api_client()).start()
+    cpu_at_start = cpu_seconds(process.pid)
+    watcher = ReadyWatch(namespace, api_client())
+    progress = Progress(namespace, api_client()).start()
     if replicas:
         watcher.start()
     sampler = None
@@ -467,7 +494,7 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
             time.sleep(10)  # Ready must hold while nothing changes: count late dips too
         rss = _rss_mib(process.pid)
         writes = _metric(metrics_port, "llmop_status_writes_total")
-        cpu = _cpu_seconds(process.pid) - cpu_at_start
+        cpu = cpu_seconds(process.pid) - cpu_at_start
         lags = ready_lags(kube, namespace) if replicas else Lags([], [])
         observed_lags = sorted(
             progress.first_status[name] - at
@@ -605,14 +632,8 @@ def main() -> int:
                 with_router=args.router,
             )
             print(_table_line(row, replicas=args.replicas), flush=True)
-            # The next run's operator would otherwise resume (and be timed on) these CRs.
-            deadline = time.monotonic() + 600
-            while _bench_namespaces(kube) and time.monotonic() < deadline:
-                time.sleep(2)
-    # After the namespaces: a node deleted under its pods would leave them to the pod GC.
-    for node in kube.list("v1", "Node"):
-        if node["metadata"]["name"].startswith(BENCH_NODE_PREFIX):
-            kube.delete("v1", "Node", None, node["metadata"]["name"])
+            wait_namespaces_gone(kube)
+    remove_pod_room(kube)
     return 0
 
 

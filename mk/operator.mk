@@ -20,6 +20,16 @@ bench-operator: install ## Operator benchmark: N CRs at once (N=100,500,1000): t
 
 bench: bench-operator
 
+# KubeAI v0.22.1 built from Go modules (e2e/cluster/build-kubeai.sh, cached in ~/.cache/llmop; where
+# the module proxy refuses the module, KUBEAI_SRC=<a checkout of its v0.22.1 tag>), run after llmop
+# on the same bench cluster. N defaults to 100,1000 here; stock KubeAI runs only at N <= 100.
+.PHONY: bench-vs-kubeai
+bench-vs-kubeai: install ## llmop beside KubeAI (as shipped, and patched to 16 workers) at N=100,1000: pods created/Ready, CRs Ready, CPU, RSS.
+	KUBEAI_DIR=$$(e2e/cluster/build-kubeai.sh) || exit $$?; \
+	KUBECONFIG=$$($(BENCH_CLUSTER) up | tail -n 1) $(PY) bench/vs_kubeai_bench.py --kubeai "$$KUBEAI_DIR" \
+	  $(if $(filter-out file,$(origin N)),--counts $(N)); \
+	  status=$$?; $(BENCH_CLUSTER) down; exit $$status
+
 .PHONY: bench-rollout
 bench-rollout: install cluster-binaries ## Requests lost during a rollout of 3 replicas under load: llmop vs rivals' pod specs (real node; NO_VLLM=1, KEEPALIVE=1, ONLY=llmop,..., NODE_GPUS=4, TIMELINE=1).
 	$(if $(NODE_GPUS),LLMOP_NODE_GPUS=$(NODE_GPUS)) $(PY) bench/rollout_bench.py $(if $(NO_VLLM),--no-vllm) $(if $(KEEPALIVE),--keepalive) $(if $(ONLY),--only $(ONLY)) $(if $(TIMELINE),--timeline)
