@@ -19,6 +19,7 @@ makes a Deployment and a Service per CR and kube-controller-manager makes the Re
 the Pod; KubeAI makes the Pod itself. Both are watched, not polled. Operator CPU is
 utime+stime from just before the creates to the last CR Ready; peak RSS is VmHWM (the whole
 process life); API server CPU is the kube-apiserver process's utime+stime over that window.
+KubeAI's OpenAI server listens on :8000 (hard-coded), which must be free.
 """
 
 from __future__ import annotations
