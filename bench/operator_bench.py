@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -348,7 +348,25 @@ def _spec(replicas: int) -> dict[str, Any]:
     }
 
 
-class Progress:
+class WatchThreads:
+    """Watch threads started and stopped together (subclasses fill `_threads`)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> Self:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+
+class Progress(WatchThreads):
     """CRs with Deployment and Service, and CRs with a written status, kept from three watches.
 
     Not polled: three full LISTs of N objects every 0.5 s (the first version of this bench)
@@ -366,7 +384,7 @@ class Progress:
             "status": set(),
         }
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        super().__init__()
         self.first_status: dict[str, float] = {}
         """Per CR, when a status with observedGeneration was first seen (time.monotonic())."""
         self._threads = [
@@ -381,16 +399,6 @@ class Progress:
                 ),
             )
         ]
-
-    def start(self) -> Progress:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=10)
 
     def counts(self) -> tuple[int, int]:
         with self._lock:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 from urllib.parse import urlparse
 
 import yaml
@@ -48,6 +48,7 @@ from operator_bench import (
     APPLY_THREADS,
     CRD_FILE,
     SERVICE_CIDR,
+    WatchThreads,
     add_pod_room,
     api_client,
     cpu_seconds,
@@ -83,7 +84,7 @@ class Row:
     apiserver_cpu: float
 
 
-class Progress:
+class Progress(WatchThreads):
     """Pods created, pods Ready and CRs Ready in one namespace, each counted from a watch, and
     the monotonic time each count first reached N."""
 
@@ -101,7 +102,7 @@ class Progress:
         self._crs_ready: set[str] = set()
         self._cr_ready = cr_ready
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        super().__init__()
         core = client.CoreV1Api(client_factory())
         custom = client.CustomObjectsApi(client_factory())
         group, version, plural = cr
@@ -122,16 +123,6 @@ class Progress:
                 daemon=True,
             ),
         ]
-
-    def start(self) -> Progress:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=10)
 
     def counts(self) -> tuple[int, int, int]:
         with self._lock:
@@ -232,7 +223,7 @@ def _kubeai_config(health_port: int, metrics_port: int) -> dict[str, Any]:
 
 
 def _start_kubeai(
-    kube: Kube, binary: Path, namespace: str, workdir: Path, log: TextIO | Any
+    kube: Kube, binary: Path, namespace: str, workdir: Path, log: Any
 ) -> subprocess.Popen[bytes]:
     kube.apply(
         {
