@@ -36,9 +36,13 @@ bench-rollout: install cluster-binaries ## Requests lost during a rollout of 3 r
 
 bench: bench-rollout
 
+# WAKE_ENGINE=vllm-cpu wakes vLLM's CPU build instead of the simulator: it builds (or reuses) the
+# ~6 GB engine-cpu image (~25 min cold) and needs vLLM's CPU venv for the tiny model.
+WAKE_ENGINE ?= simulator
+
 .PHONY: bench-wake
-bench-wake: install cluster-binaries ## Scale to zero: where a wake's seconds go, request held → first token (real node).
-	$(PY) bench/wake_bench.py
+bench-wake: install cluster-binaries $(if $(filter vllm-cpu,$(WAKE_ENGINE)),vllm-cpu) ## Scale to zero: where a wake's seconds go, request held → first token (real node; WAKE_ENGINE=vllm-cpu for the real engine).
+	$(PY) bench/wake_bench.py --engine $(WAKE_ENGINE)
 
 bench: bench-wake
 

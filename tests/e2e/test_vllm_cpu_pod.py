@@ -6,7 +6,8 @@ PersistentVolume. It goes Ready through the kubelet's probes (the agent's /ready
 completion through the Service's ClusterIP, and a spec change rolls it under streaming load with
 no request lost. The same engine also serves the tiny model as a Hub repository of the hub
 stand-in through `spec.model.cache`: the download Job fills the cache, and vLLM reads the resolved
-commit from it with the Hub offline.
+commit from it with the Hub offline. And with the chart's operator and router pods, an autoscaled
+CR with `minReplicas: 0` idles to zero engine pods and one request through the router wakes it.
 
 Cost: the image is ~6 GB (vLLM, torch and its CUDA libraries, which `import torch` needs even on
 CPU); a cold build takes minutes, a warm one is a cache hit. An engine takes ~3.6 GiB and about a
@@ -26,6 +27,8 @@ from engine import real_vllm
 from llmop import names
 from llmop_engine import contract
 from support import tiny_model
+from support.cluster import wait_until
+from support.helm_release import chart_on_real_node
 from support.hub_standin import HubRepo, HubStandin
 from support.realnode import (
     REAL_NODE,
@@ -42,6 +45,7 @@ from support.realnode import (
     vllm_cpu_spec,
     wait_rolled_out,
 )
+from support.wake import PHASES, describe, one_wake
 
 # Opt-in, not part of `make test`: the engine-cpu image costs ~25 min to build cold (a 14 min pip
 # install of vLLM and torch, then the layer export) and ~2 min to import, which does not fit CI's
@@ -69,6 +73,11 @@ SETTLE_SECONDS = 5
 # starts while the old one serves the load, so it gets more.
 START_TIMEOUT = 240
 ROLLOUT_TIMEOUT = 300
+# The chart's defaults except the images: they were imported into the node, never pulled.
+CHART_VALUES: dict[str, Any] = {
+    "image": {"pullPolicy": "Never"},
+    "router": {"image": {"pullPolicy": "Never"}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +239,44 @@ def test_vllm_cpu_engine_serves_the_model_the_cache_downloaded(
         )
     finally:
         delete_model_volume(real_cluster.cluster, pv_name)
+
+
+def test_vllm_cpu_engine_wakes_from_zero(
+    real_cluster: RealCluster,
+    e2e_namespace: str,
+    engine_cpu_image: float,
+    model_claim: str,
+) -> None:
+    """Scale to zero with the real engine: the chart's operator and router pods, an autoscaled
+    vLLM CPU CR with `minReplicas: 0`; it idles to zero engine pods, and one streaming request
+    through the router's Service is held, wakes it (one replica) and is answered."""
+    ns, name = e2e_namespace, "vllm-zero"
+    kit = real_cluster.kit
+    spec = vllm_cpu_spec(model_claim)
+    del spec["replicas"]
+    spec["autoscaling"] = {
+        "minReplicas": 0,
+        "maxReplicas": 1,
+        "scaleToZero": {"idleSeconds": 10, "holdTimeoutSeconds": 300},
+    }
+    with chart_on_real_node(real_cluster, CHART_VALUES) as release:
+        kit.apply_llmd(ns, name, spec)
+        router = service_url(real_cluster.cluster, release.namespace, f"{release.name}-router")
+        # The first replica starts (minReplicas 0 starts at 1), serves nothing, idles to zero.
+        moments = one_wake(real_cluster, ns, name, router, zero_timeout=START_TIMEOUT + 120)
+        print(f"\nvLLM CPU pod woken from zero, s after the request: {describe(moments)}")
+        assert set(PHASES) <= set(moments), moments
+        assert moments["first token"] >= moments["engine Ready"] - 2, moments
+        deployment = kit.kube.read("apps/v1", "Deployment", ns, name) or {}
+        assert deployment["spec"]["replicas"] == 1, deployment["spec"]
+
+        def wake_recorded() -> dict[str, Any] | None:
+            history = ((kit.get_llmd(ns, name) or {}).get("status") or {}).get("scaleToZero")
+            return history if (history or {}).get("lastWakeSeconds") is not None else None
+
+        history = wait_until(wake_recorded, timeout=60, what="the wake in status.scaleToZero")
+        assert history["lastScaledToZeroTime"], history
+        assert 0 < history["lastWakeSeconds"] <= moments["answered"] + 5, history
+        (pod,) = real_cluster.pods(ns, names.selector_string(name))
+        (container,) = pod["spec"]["containers"]
+        assert container["image"].split("/")[-1].startswith("engine-cpu:"), container["image"]
