@@ -15,13 +15,18 @@ connections) and once through `router`, on three workloads: `multi-turn` (conver
 one system prompt, each turn resending the history; every user sends its next turn the moment
 an answer ends, so both paths run saturated and a faster path is offered more requests),
 `multi-turn, 4 s think` (the same conversations with a pause between an answer and the next
-turn, exponential with a 4 s mean, as people read and type: both paths are offered about the
-same load, so TTFT compares like with like) and `system-prompts` (many one-turn users over a
-few long system prompts). Reported: prefix-cache hit rate (the engines' own counters), TTFT, and
-the time-averaged max/mean of in-flight requests per replica. Prints Markdown tables; not a
-timed test.
+turn, exponential with a 4 s mean, as people read and type: both paths are offered closer
+loads, but a faster path still gets more), `multi-turn, 3 req/s` (the same conversations paced:
+each user sends a turn every 8 s, or when the answer ends if later, so while a path keeps up
+both are offered exactly 3 requests/s and TTFT compares at equal load; the requests column
+shows a path that fell behind) and `system-prompts` (many one-turn users over a few long
+system prompts; `system-prompts, 8 req/s` paced the same way, a request per user every 4 s).
+`--workload NAME` runs only the named workloads. Reported: prefix-cache hit rate (the engines'
+own counters), TTFT, and the time-averaged max/mean of in-flight requests per replica. Prints
+Markdown tables; not a timed test.
 
-    python bench/router_bench.py [--only overhead|workloads] [--streams 50,200] [--seconds 15]
+    python bench/router_bench.py [--only overhead|workloads] [--workload NAME]... [--streams 50,200]
+        [--seconds 15]
 """
 
 from __future__ import annotations
@@ -202,18 +207,27 @@ class Workload:
     """Turns per conversation (1: every request is a new conversation)."""
     think_seconds: float = 0.0
     """Mean pause between an answer and the user's next request (exponential; 0: none)."""
+    pace_seconds: float = 0.0
+    """A user's next request is sent this long after its previous one was (or when the answer
+    ends, if later), from a random first offset: an offered load fixed by the workload, the same
+    on every path while the path keeps up (0: none)."""
 
 
 def workloads() -> list[Workload]:
     rng = random.Random(42)
     shared = text(rng, 2000)
+    prompts = [text(rng, 8000) for _ in range(6)]
     return [
         Workload("multi-turn", users=24, system_prompts=[shared], turns=6),
         Workload(
             "multi-turn, 4 s think", users=24, system_prompts=[shared], turns=6, think_seconds=4.0
         ),
         Workload(
-            "system-prompts", users=32, system_prompts=[text(rng, 8000) for _ in range(6)], turns=1
+            "multi-turn, 3 req/s", users=24, system_prompts=[shared], turns=6, pace_seconds=8.0
+        ),
+        Workload("system-prompts", users=32, system_prompts=prompts, turns=1),
+        Workload(
+            "system-prompts, 8 req/s", users=32, system_prompts=prompts, turns=1, pace_seconds=4.0
         ),
     ]
 
@@ -233,6 +247,8 @@ async def drive(workload: Workload, pick: Callable[[], str], seconds: float) -> 
 
         async def user(n: int) -> None:
             rng = random.Random(n)
+            if workload.pace_seconds:
+                await asyncio.sleep(rng.uniform(0, workload.pace_seconds))
             while time.monotonic() < deadline:
                 system = rng.choice(workload.system_prompts)
                 messages = [{"role": "system", "content": system}]
@@ -245,10 +261,15 @@ async def drive(workload: Workload, pick: Callable[[], str], seconds: float) -> 
                             "content": f"user {n} turn {turn}: " + text(rng, USER_CHARS),
                         }
                     )
+                    sent = time.monotonic()
                     reply = await one(client, pick(), messages, served)
                     messages.append({"role": "assistant", "content": reply})
                     if workload.think_seconds:
                         await asyncio.sleep(rng.expovariate(1 / workload.think_seconds))
+                    if workload.pace_seconds:
+                        await asyncio.sleep(
+                            max(0.0, sent + workload.pace_seconds - time.monotonic())
+                        )
 
         await asyncio.gather(*(user(n) for n in range(workload.users)))
     return served
@@ -349,9 +370,11 @@ async def measure(
     )
 
 
-def run_workloads(seconds: float) -> list[QualityRow]:
+def run_workloads(seconds: float, only: Sequence[str] = ()) -> list[QualityRow]:
     rows: list[QualityRow] = []
     for workload in workloads():
+        if only and workload.name not in only:
+            continue
         for path in ("service", "router"):
             # Fresh engines per row: no row starts with another row's cache.
             ports = [free_port() for _ in range(REPLICAS)]
@@ -444,6 +467,12 @@ def main() -> None:
     parser.add_argument("--streams", default="50,200")
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--only", choices=("overhead", "workloads"), default=None)
+    parser.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        help="run only this workload (by name; repeatable); default: all",
+    )
     sub = parser.add_subparsers(dest="role")
     engine = sub.add_parser("engine")
     engine.add_argument("--port", type=int, required=True)
@@ -459,7 +488,7 @@ def main() -> None:
         return
 
     if args.only != "overhead":
-        quality = run_workloads(args.seconds * 2)
+        quality = run_workloads(args.seconds * 2, args.workload)
         report_quality(quality, args.seconds * 2)
         if args.only == "workloads":
             return
