@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO_ROOT / "tests"))
 from engine import real_vllm  # noqa: E402
 from support import tiny_model  # noqa: E402
 from support.cluster import create_namespace  # noqa: E402
-from support.helm_release import chart_on_real_node  # noqa: E402
+from support.helm_release import NODE_IMAGE_VALUES, chart_on_real_node  # noqa: E402
 from support.realnode import (  # noqa: E402
     RealCluster,
     create_model_volume,
@@ -51,11 +51,6 @@ from support.realnode import (  # noqa: E402
 from support.wake import COLUMNS, describe, one_wake  # noqa: E402
 
 SAMPLE = REPO_ROOT / "examples" / "simulator-small.yaml"
-IMAGE_VALUES: dict[str, Any] = {
-    "image": {"pullPolicy": "Never"},
-    "router": {"image": {"pullPolicy": "Never"}},
-}
-"""The chart's defaults except the images: they were imported into the node, never pulled."""
 NAME = "sleepy"
 SCALE_TO_ZERO = {"idleSeconds": 10, "holdTimeoutSeconds": 300}
 CLAIM = "tiny-model"
@@ -119,7 +114,7 @@ def main() -> int:
     with (
         tempfile.TemporaryDirectory(prefix="llmop-wake-") as tmp,
         operator_on_real_node("bench", Path(tmp)) as rc,
-        chart_on_real_node(rc, IMAGE_VALUES) as release,
+        chart_on_real_node(rc, NODE_IMAGE_VALUES) as release,
         served(rc, args.engine, args.load_seconds) as apps,
     ):
         router = service_url(rc.cluster, release.namespace, f"{release.name}-router")

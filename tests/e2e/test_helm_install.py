@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from support.cluster import create_namespace, wait_until
-from support.helm_release import CRD_NAME, adopt_crd
+from support.helm_release import CHART_DIR, CRD_NAME, NODE_IMAGE_VALUES, adopt_crd
 from support.operator import REPO_ROOT
 from support.realnode import (
     NODE_CONTAINERD,
@@ -49,16 +49,10 @@ from support.realnode import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
-CHART_DIR = REPO_ROOT / "helm" / "llmop"
 SAMPLE = REPO_ROOT / "examples" / "simulator-small.yaml"
 OPERATOR_PODS = "app.kubernetes.io/component=operator"
 LEASE = "llmop-operator"
 NODE = "llmop-real-node"
-# Default values except the images: they were imported into the node, never pulled.
-IMAGE_VALUES: dict[str, Any] = {
-    "image": {"pullPolicy": "Never"},
-    "router": {"image": {"pullPolicy": "Never"}},
-}
 FAILOVER_BOUND_S = 45
 ROUTER_PODS = "app.kubernetes.io/component=router"
 ROUTER_PORT = 8080  # the chart's router.port: the router pods' API and /metrics
@@ -138,7 +132,7 @@ def install(real_cluster: RealCluster) -> Iterator[Install]:
                 config.install(
                     CHART_DIR,
                     release,
-                    IMAGE_VALUES,
+                    NODE_IMAGE_VALUES,
                     namespace=namespace,
                     wait="watcher",
                     timeout=240,
@@ -584,7 +578,7 @@ def test_helm_upgrade_rolls_the_operator_and_leaves_the_engines(install: Install
     install.config.upgrade(
         CHART_DIR,
         install.release,
-        {**IMAGE_VALUES, "operator": {"logFormat": "text"}},
+        {**NODE_IMAGE_VALUES, "operator": {"logFormat": "text"}},
         namespace=install.namespace,
         wait="watcher",
         timeout=240,
@@ -634,7 +628,7 @@ def test_an_image_that_cannot_be_pulled_fails_helm_install_wait(install: Install
     namespace = _restricted_namespace(install.rc)
     release = f"broken-{secrets.token_hex(2)}"
     values = {
-        **IMAGE_VALUES,
+        **NODE_IMAGE_VALUES,
         "image": {"repository": UNPULLABLE, "pullPolicy": "IfNotPresent"},
         "crds": {"enabled": False},
         "router": {"enabled": False},

@@ -28,7 +28,7 @@ from llmop import names
 from llmop_engine import contract
 from support import tiny_model
 from support.cluster import wait_until
-from support.helm_release import chart_on_real_node
+from support.helm_release import NODE_IMAGE_VALUES, chart_on_real_node
 from support.hub_standin import HubRepo, HubStandin
 from support.realnode import (
     REAL_NODE,
@@ -73,11 +73,6 @@ SETTLE_SECONDS = 5
 # starts while the old one serves the load, so it gets more.
 START_TIMEOUT = 240
 ROLLOUT_TIMEOUT = 300
-# The chart's defaults except the images: they were imported into the node, never pulled.
-CHART_VALUES: dict[str, Any] = {
-    "image": {"pullPolicy": "Never"},
-    "router": {"image": {"pullPolicy": "Never"}},
-}
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +254,7 @@ def test_vllm_cpu_engine_wakes_from_zero(
         "maxReplicas": 1,
         "scaleToZero": {"idleSeconds": 10, "holdTimeoutSeconds": 300},
     }
-    with chart_on_real_node(real_cluster, CHART_VALUES) as release:
+    with chart_on_real_node(real_cluster, NODE_IMAGE_VALUES) as release:
         kit.apply_llmd(ns, name, spec)
         router = service_url(real_cluster.cluster, release.namespace, f"{release.name}-router")
         # The first replica starts (minReplicas 0 starts at 1), serves nothing, idles to zero.

@@ -20,9 +20,22 @@ from support.cluster import Cluster, create_namespace
 from support.operator import CRD_NAME, REPO_ROOT
 from support.realnode import RealCluster, import_into_node
 
-__all__ = ["CHART_DIR", "CRD_NAME", "Release", "adopt_crd", "chart_on_real_node"]
+__all__ = [
+    "CHART_DIR",
+    "CRD_NAME",
+    "NODE_IMAGE_VALUES",
+    "Release",
+    "adopt_crd",
+    "chart_on_real_node",
+]
 
 CHART_DIR = REPO_ROOT / "helm" / "llmop"
+NODE_IMAGE_VALUES: dict[str, Any] = {
+    "image": {"pullPolicy": "Never"},
+    "router": {"image": {"pullPolicy": "Never"}},
+}
+"""The chart's defaults except the images' pull policy: on the real node they were imported into
+its containerd, never pulled."""
 
 
 def adopt_crd(cluster: Cluster, release: str, namespace: str) -> None:
