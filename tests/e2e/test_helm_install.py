@@ -205,10 +205,19 @@ def test_operator_pods_run_ready_on_the_real_node_under_restricted(install: Inst
         for p in pods
     }
     assert leaders == {n: (1.0 if n == leader else 0.0) for n in names}, leaders
-    # And through the chart's metrics Service (kube-proxy picks either pod).
+    # And through the chart's metrics Service (kube-proxy picks either pod). kube-proxy programs
+    # a new Service's rules on its own schedule after the endpoints are ready: until then the
+    # ClusterIP refuses (seen once in a full run), so give it a little time.
     service = install.get("service", f"{install.release}-metrics", "-n", install.namespace)
     port = service["spec"]["ports"][0]["port"]
-    assert "llmop_leader" in _scrape(service["spec"]["clusterIP"], port)
+
+    def scraped() -> str | None:
+        try:
+            return _scrape(service["spec"]["clusterIP"], port)
+        except OSError:
+            return None
+
+    assert "llmop_leader" in wait_until(scraped, timeout=30, what="/metrics through the Service")
 
 
 def _sample_ready(install: Install) -> dict[str, Any] | None:
