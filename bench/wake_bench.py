@@ -48,36 +48,27 @@ from support.realnode import (  # noqa: E402
     service_url,
     vllm_cpu_spec,
 )
-from support.wake import COLUMNS, describe, one_wake  # noqa: E402
+from support.wake import COLUMNS, describe, from_zero, one_wake  # noqa: E402
 
 SAMPLE = REPO_ROOT / "examples" / "simulator-small.yaml"
 NAME = "sleepy"
-SCALE_TO_ZERO = {"idleSeconds": 10, "holdTimeoutSeconds": 300}
 CLAIM = "tiny-model"
 
 
 def simulator_cr(namespace: str, load_seconds: float) -> dict[str, Any]:
     sample: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     sample["metadata"] = {"name": NAME, "namespace": namespace}
-    del sample["spec"]["replicas"]
     sample["spec"]["engine"]["args"] = ["--sim-load-seconds", f"{load_seconds:g}"]
-    sample["spec"]["autoscaling"] = {
-        "minReplicas": 0,
-        "maxReplicas": 1,
-        "scaleToZero": SCALE_TO_ZERO,
-    }
+    sample["spec"] = from_zero(sample["spec"])
     return sample
 
 
 def vllm_cpu_cr(namespace: str) -> dict[str, Any]:
-    spec = vllm_cpu_spec(CLAIM)
-    del spec["replicas"]
-    spec["autoscaling"] = {"minReplicas": 0, "maxReplicas": 1, "scaleToZero": SCALE_TO_ZERO}
     return {
         "apiVersion": "serving.llmop.dev/v1alpha1",
         "kind": "LLMDeployment",
         "metadata": {"name": NAME, "namespace": namespace},
-        "spec": spec,
+        "spec": from_zero(vllm_cpu_spec(CLAIM)),
     }
 
 

@@ -45,7 +45,7 @@ from support.realnode import (
     vllm_cpu_spec,
     wait_rolled_out,
 )
-from support.wake import PHASES, describe, one_wake
+from support.wake import PHASES, describe, from_zero, one_wake
 
 # Opt-in, not part of `make test`: the engine-cpu image costs ~25 min to build cold (a 14 min pip
 # install of vLLM and torch, then the layer export) and ~2 min to import, which does not fit CI's
@@ -247,15 +247,8 @@ def test_vllm_cpu_engine_wakes_from_zero(
     through the router's Service is held, wakes it (one replica) and is answered."""
     ns, name = e2e_namespace, "vllm-zero"
     kit = real_cluster.kit
-    spec = vllm_cpu_spec(model_claim)
-    del spec["replicas"]
-    spec["autoscaling"] = {
-        "minReplicas": 0,
-        "maxReplicas": 1,
-        "scaleToZero": {"idleSeconds": 10, "holdTimeoutSeconds": 300},
-    }
     with chart_on_real_node(real_cluster, NODE_IMAGE_VALUES) as release:
-        kit.apply_llmd(ns, name, spec)
+        kit.apply_llmd(ns, name, from_zero(vllm_cpu_spec(model_claim)))
         router = service_url(real_cluster.cluster, release.namespace, f"{release.name}-router")
         # The first replica starts (minReplicas 0 starts at 1), serves nothing, idles to zero.
         moments = one_wake(real_cluster, ns, name, router, zero_timeout=START_TIMEOUT + 120)

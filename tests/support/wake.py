@@ -37,6 +37,21 @@ PHASES = (
 COLUMNS = (*PHASES, "answered")
 
 
+IDLE_SECONDS = 10
+"""The shortest idle time the API admits: zero comes soon after the last request."""
+
+
+def from_zero(spec: dict[str, Any], *, hold_seconds: int = 300) -> dict[str, Any]:
+    """`spec` autoscaled 0 to 1 with scale to zero after IDLE_SECONDS (its fixed replicas gone)."""
+    scaled = {key: value for key, value in spec.items() if key != "replicas"}
+    scaled["autoscaling"] = {
+        "minReplicas": 0,
+        "maxReplicas": 1,
+        "scaleToZero": {"idleSeconds": IDLE_SECONDS, "holdTimeoutSeconds": hold_seconds},
+    }
+    return scaled
+
+
 def live_pods(rc: RealCluster, namespace: str, name: str) -> list[dict[str, Any]]:
     pods = rc.kit.kube.list(
         "v1", "Pod", namespace, label_selector=f"app.kubernetes.io/instance={name}"
