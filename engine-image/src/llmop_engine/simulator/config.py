@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from llmop_engine.contract import MASTER_ADDR, MASTER_PORT
+from llmop_engine.simulator.group import GroupConfig
 
 log = logging.getLogger("llmop_engine.simulator")
 
@@ -52,6 +55,7 @@ class SimConfig:
     crash_exit_delay_seconds: float = 1.0
     # vLLM's API server exits 0 after its EngineCore died: the simulator does the same.
     crash_exit_code: int = 0
+    group: GroupConfig = field(default_factory=GroupConfig)
 
     @property
     def served_model_name(self) -> str:
@@ -85,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-loras", type=int, default=1)
     p.add_argument("--max-cpu-loras", type=int, default=None)
     p.add_argument("--max-lora-rank", type=int, default=16, choices=MAX_LORA_RANKS)
+    # vLLM's native multi-node mode (`simulator.group`): rank 0 serves, the others are headless.
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--headless", action="store_true")
+    p.add_argument("--master-addr", default=MASTER_ADDR)
+    p.add_argument("--master-port", type=int, default=MASTER_PORT)
     sim = p.add_argument_group("simulation")
     sim.add_argument(
         "--sim-load-seconds",
@@ -138,6 +148,10 @@ def parse(argv: Sequence[str]) -> SimConfig:
         parser.error(f"max_cpu_loras ({max_cpu_loras}) must be >= max_loras ({ns.max_loras})")
     if unknown:
         log.info("simulator ignores vLLM flags it does not model: %s", " ".join(unknown))
+    if not 0 <= ns.node_rank < max(1, ns.nnodes):
+        parser.error(f"--node-rank {ns.node_rank} is outside 0..{max(1, ns.nnodes) - 1}")
+    if ns.headless and ns.node_rank == 0:
+        parser.error("--headless is for ranks other than 0 (rank 0 serves the API)")
     model = ns.model or model or DEFAULT_MODEL
     blocks = ns.sim_kv_blocks or ns.num_gpu_blocks_override or 16384
     return SimConfig(
@@ -169,4 +183,11 @@ def parse(argv: Sequence[str]) -> SimConfig:
         slow_factor=max(1.0, ns.sim_slow_factor),
         crash_exit_delay_seconds=max(0.0, ns.sim_crash_exit_delay),
         crash_exit_code=ns.sim_crash_exit_code,
+        group=GroupConfig(
+            nnodes=max(1, ns.nnodes),
+            node_rank=ns.node_rank,
+            headless=ns.headless,
+            master_addr=ns.master_addr,
+            master_port=ns.master_port,
+        ),
     )

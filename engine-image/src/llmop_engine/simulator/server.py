@@ -21,6 +21,10 @@ at that deadline is never answered: the port closes, open streams get nothing mo
 does not exit while any of them stays open ("Waiting for connections to close"). A stream still
 queued when everything is aborted ends with no choice and no finish reason, as vLLM's. After a crash
 `/health` answers 503, open requests end with an error, and the process exits with code 0.
+
+Multi-node (`--nnodes N`, `simulator.group`): rank 0 waits for the other ranks' rendezvous before
+its load time and hangs (the `hang` fault) when one of them is gone; `--headless` ranks run no
+HTTP server, only their side of the rendezvous.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from llmop_engine.contract import (
 from llmop_engine.simulator.batching import BatchEngine, RequestTooLongError, SimRequest
 from llmop_engine.simulator.config import SimConfig
 from llmop_engine.simulator.faults import FaultError, FaultState
+from llmop_engine.simulator.group import Rendezvous, run_headless
 from llmop_engine.simulator.lora import Answer, LoraRegistry, runtime_updating_allowed, text_shift
 from llmop_engine.simulator.metrics import SimMetrics
 from llmop_engine.simulator.prefix_cache import chat_text, prompt_blocks
@@ -536,6 +541,20 @@ class SimServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
+        if not self.cfg.group.multi_node:
+            return await self._load_and_serve()
+        rendezvous = Rendezvous(self.cfg.group, self._rank_lost)
+        await rendezvous.start()
+        try:
+            if not await self._until_group_joined(rendezvous):
+                log.info("stopped while waiting for the group's other ranks")
+                return 0
+            return await self._load_and_serve()
+        finally:
+            await rendezvous.close()
+
+    async def _load_and_serve(self) -> int:
+        loop = asyncio.get_running_loop()
         log.info("loading model %s (simulated, %.1fs)", self.cfg.model, self.cfg.load_seconds)
         # Like vLLM, nothing listens until the weights are loaded: clients get connection refused.
         # And like vLLM, a SIGTERM meanwhile is not acted on (the loader does not look).
@@ -579,6 +598,19 @@ class SimServer:
         log.info("simulator exited (code %d)", self.exit_code)
         return self.exit_code
 
+    async def _until_group_joined(self, rendezvous: Rendezvous) -> bool:
+        """Wait for every other rank (vLLM's distributed init); False when stopped first."""
+        joined = asyncio.ensure_future(rendezvous.all_joined.wait())
+        stopped = asyncio.ensure_future(self.stop_event.wait())
+        await asyncio.wait({joined, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (joined, stopped):
+            task.cancel()
+        return rendezvous.all_joined.is_set()
+
+    def _rank_lost(self, rank: int) -> None:
+        """A pipeline stage is gone: as on vLLM, /health stays 200 and nothing completes."""
+        self.apply_fault("hang")
+
     async def _hang_on_open_streams(self, site: web.TCPSite) -> None:
         """vLLM past its shutdown timeout: EngineCore killed, port closed, open streams left
         without another byte, and no exit while any client keeps one open."""
@@ -609,5 +641,15 @@ def keep_alive_seconds() -> float:
         return float(HTTP_KEEP_ALIVE_SECONDS)
 
 
+async def _headless(cfg: SimConfig) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return await run_headless(cfg.group, stop)
+
+
 def run(cfg: SimConfig) -> int:
+    if cfg.group.headless:
+        return asyncio.run(_headless(cfg))
     return asyncio.run(SimServer(cfg).serve())

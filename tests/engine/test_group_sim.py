@@ -1,0 +1,138 @@
+"""A multi-node group on the simulator: a leader and a worker agent, each over the simulator in
+its `--nnodes 2` role (`llmop_engine.simulator.group`), as the LeaderWorkerSet pods run them.
+
+The same flags as real vLLM's pair (tests/engine/test_multinode_vllm.py), in seconds instead of
+minutes: the leader does not listen until its worker joined; the pair serves; the worker's
+probes say ready and it exports no queue depth; a worker killed takes the group out of service
+(its agent exits non-zero, the leader's deep probe hangs and readiness goes off, then liveness
+fails), and a leader gone ends the worker's rank with an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import aiohttp
+import pytest
+
+from engine.fleet import FAST_AGENT_ENV, Fleet, http_status
+from support.harness.loadgen import stream_completion
+from support.harness.replicas import Replica, free_port, port_open
+
+pytestmark = pytest.mark.engine
+
+STALL = float(FAST_AGENT_ENV["LLMOP_STALL_SECONDS"])
+PROBE_EVERY = float(FAST_AGENT_ENV["LLMOP_DEEP_PROBE_INTERVAL_SECONDS"])
+PROBE_TIMEOUT = float(FAST_AGENT_ENV["LLMOP_DEEP_PROBE_TIMEOUT_SECONDS"])
+READY_OFF_BOUND = 30.0
+"""Issue 23's goal: a dead worker takes its group out of service within 30 s."""
+
+
+def group_args(rank: int, master_port: int) -> list[str]:
+    """What render/leader_worker_set.py gives each role, on loopback."""
+    args = ["--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", str(rank)]
+    args += ["--master-addr", "127.0.0.1", "--master-port", str(master_port)]
+    args += ["--distributed-executor-backend", "mp", "--sim-load-seconds", "0.5"]
+    return [*args, "--headless"] if rank else args
+
+
+def start_pair(fleet: Fleet, master_port: int) -> tuple[Replica, Replica]:
+    leader = fleet.start(group_args(0, master_port))
+    worker = fleet.start(group_args(1, master_port), LLMOP_ROLE="worker")
+    return leader, worker
+
+
+async def status(http: aiohttp.ClientSession, replica: Replica) -> dict[str, object]:
+    async with http.get(replica.probe_url + "/status") as r:
+        body: dict[str, object] = await r.json()
+        return body
+
+
+@pytest.mark.timeout(120)
+def test_leader_waits_for_its_worker_then_the_pair_serves(fleet: Fleet) -> None:
+    master = free_port()
+    leader = fleet.start(group_args(0, master))
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as http:
+            # Alone, the leader holds its rendezvous open and its API closed: loading, alive.
+            await asyncio.sleep(3.0)
+            assert port_open(master), leader.log_tail()
+            assert not port_open(leader.api_port), leader.log_tail()
+            assert await http_status(http, leader.probe_url + "/livez") == 200
+            assert await http_status(http, leader.probe_url + "/readyz") == 503
+            worker = fleet.start(group_args(1, master), LLMOP_ROLE="worker")
+            await leader.wait_ready(30)
+            await worker.wait_ready(30)
+            outcome = await stream_completion(http, leader.api_url, "sim-model", max_tokens=8)
+            assert outcome == ("ok", ""), (outcome, leader.log_tail())
+            body = await status(http, worker)
+            assert body["role"] == "worker"
+            assert body["ready"] is True
+            async with http.get(worker.probe_url + "/metrics") as r:
+                metrics = await r.text()
+            assert "llmop_engine_ready 1.0" in metrics
+            assert "llmop_engine_queue_depth" not in metrics, "the HPA would count a worker"
+            assert not port_open(worker.api_port), "a headless rank serves no API"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_takes_the_group_out_of_service(fleet: Fleet) -> None:
+    leader, worker = start_pair(fleet, free_port())
+
+    async def scenario() -> dict[str, float]:
+        seen: dict[str, float] = {}
+        async with aiohttp.ClientSession() as http:
+            await leader.wait_ready(30)
+            await worker.wait_ready(30)
+            rank_pid = (await status(http, worker))["enginePid"]
+            assert isinstance(rank_pid, int)
+            killed = time.monotonic()
+            os.kill(rank_pid, signal.SIGKILL)
+            while len(seen) < 3 and time.monotonic() - killed < 60:
+                now = time.monotonic() - killed
+                if "worker agent exit" not in seen and worker.proc.poll() is not None:
+                    seen["worker agent exit"] = now
+                ready = await http_status(http, leader.probe_url + "/readyz")
+                if "leader unready" not in seen and ready == 503:
+                    seen["leader unready"] = now
+                live = await http_status(http, leader.probe_url + "/livez")
+                if "leader not live" not in seen and live == 503:
+                    seen["leader not live"] = now
+                await asyncio.sleep(0.2)
+            # The leader still says it is healthy, as vLLM does: only the agent can tell.
+            assert await http_status(http, leader.api_url + "/health") == 200
+        return seen
+
+    seen = asyncio.run(scenario())
+    print(f"\nworker rank SIGKILLed: {', '.join(f'{k} {v:.1f}s' for k, v in seen.items())}")
+    assert worker.proc.returncode not in (None, 0), worker.log_tail()
+    assert "leader unready" in seen, leader.log_tail()
+    assert seen["leader unready"] <= READY_OFF_BOUND, seen
+    # Liveness goes once the hung probe is past the stall budget: the container restarts, and
+    # LeaderWorkerSet recreates the group.
+    assert "leader not live" in seen, leader.log_tail()
+    assert seen["leader not live"] <= PROBE_EVERY + PROBE_TIMEOUT + STALL + 10, seen
+
+
+@pytest.mark.timeout(90)
+def test_the_leader_gone_ends_the_workers_rank_with_an_error(fleet: Fleet) -> None:
+    leader, worker = start_pair(fleet, free_port())
+
+    async def scenario() -> float:
+        await leader.wait_ready(30)
+        await worker.wait_ready(30)
+        leader.proc.kill()
+        gone = time.monotonic()
+        code = await worker.wait_exit(30)
+        assert code != 0, worker.log_tail()
+        return time.monotonic() - gone
+
+    after = asyncio.run(scenario())
+    print(f"\nleader killed: worker agent exited after {after:.1f}s")
+    assert "the leader's rendezvous closed" in worker.log_tail(4000)
