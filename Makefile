@@ -56,9 +56,12 @@ unit: install ## Unit tests only (pure core, fast).
 	$(BIN)/pytest tests/unit -q
 
 .PHONY: test
-test: install lint typecheck ## Full suite from a fresh clone: lint, types, unit, engine and integration tests.
+test: install lint typecheck ## Full suite from a fresh clone: lint, types, unit, engine, integration and e2e tests.
 	@$(MAKE) --no-print-directory -j4 test-prereqs
-	$(BIN)/pytest -q --durations=40
+	$(PY) tests/support/lanes.py
+
+# The pytest step runs two sessions side by side (tests/support/lanes.py): the real node's
+# (tests/e2e, tests/images) and the rest. LLMOP_TEST_LANES=serial runs them one after the other.
 
 # Every slow thing the suite needs, built (or reused from ~/.cache/llmop) in the open before pytest
 # starts, and in parallel: the Go builds queue on one lock (on 2 cores they would only slow each

@@ -1,0 +1,193 @@
+"""`make test`'s pytest step: the suite as two pytest sessions side by side, one verdict.
+
+The suite waits far more than it computes (pods starting and draining on the real node, probe
+periods, a five-minute saturation window, controllers' resync periods), so one session after
+another leaves the two cores idle for most of the run. The machine's one real node can serve
+only one session at a time, so the split follows it:
+
+- ``real-node``: ``tests/e2e`` (the real node's own cluster, kubelet, kube-proxy, Prometheus)
+  and ``tests/images`` (image builds and unpacks on the host, kept beside the node's host
+  snapshot test rather than across it);
+- ``rest``: everything else (unit, router, chart, model, gitops, engine with the real-vLLM
+  engines, and the integration tests on their own kwok cluster).
+
+Each lane is a whole pytest session with its own fixtures and clusters (names carry the pid;
+``support.cluster`` already lets sessions share the machine). Each holds the egress guard and
+ends with the ``suite_end`` check, so the two checked windows together cover the whole run.
+
+Output: every line of a lane is printed as it comes, prefixed with the lane's name; each lane's
+full log is also kept under ``.pytest_cache/lanes/``; the end repeats each lane's summary and
+prints one closing line counting both. Exit status: 0 only when both lanes passed.
+
+``LLMOP_TEST_LANES=serial`` runs the lanes one after the other (same sessions, same order),
+for a machine where running them together would only slow both.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LOG_DIR = REPO_ROOT / ".pytest_cache" / "lanes"
+EGRESS_CHECK = (
+    "tests/integration/test_egress_guard.py::test_nothing_left_the_machine_during_the_run"
+)
+REAL_NODE_PATHS = ("tests/e2e", "tests/images")
+SUMMARY_MARK = "= short test summary info ="
+DURATIONS_MARK = "slowest"
+
+
+@dataclass(frozen=True)
+class Lane:
+    name: str
+    args: tuple[str, ...]
+
+
+def lanes(durations: int) -> tuple[Lane, ...]:
+    common = ("-q", f"--durations={durations}")
+    real_node = Lane("real-node", (*common, *REAL_NODE_PATHS, EGRESS_CHECK))
+    rest = Lane("rest", (*common, "tests", *(f"--ignore={p}" for p in REAL_NODE_PATHS)))
+    return real_node, rest
+
+
+@dataclass
+class Outcome:
+    lane: Lane
+    returncode: int
+    seconds: float
+    log: Path
+    junit: Path
+
+    def counts(self) -> tuple[int, int, int]:
+        """(passed, failed, skipped) from the lane's JUnit report; errors count as failed."""
+        try:
+            root = ET.parse(self.junit).getroot()
+        except (OSError, ET.ParseError):
+            return 0, 0, 0
+        suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+        total = failed = skipped = 0
+        for suite in suites:
+            total += int(suite.get("tests", 0))
+            failed += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+            skipped += int(suite.get("skipped", 0))
+        return total - failed - skipped, failed, skipped
+
+
+def _pump(stream: IO[bytes], prefix: str, log: IO[bytes], lock: threading.Lock) -> None:
+    """Copy a lane's output line by line to its log and, prefixed, to our stdout."""
+    for line in iter(stream.readline, b""):
+        log.write(line)
+        with lock:
+            sys.stdout.buffer.write(prefix.encode() + line)
+            sys.stdout.buffer.flush()
+
+
+class Running:
+    def __init__(self, lane: Lane, lock: threading.Lock, log_dir: Path, cwd: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.lane = lane
+        self.log_path = log_dir / f"{lane.name}.log"
+        self.junit = log_dir / f"{lane.name}.xml"
+        self.junit.unlink(missing_ok=True)
+        self.started = time.monotonic()
+        pytest = Path(sys.executable).with_name("pytest")
+        cmd = [
+            str(pytest),
+            *lane.args,
+            f"--junitxml={self.junit}",
+            # Two sessions must not write one cache file at once.
+            "-o",
+            f"cache_dir={log_dir / lane.name}-cache",
+        ]
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        assert self.proc.stdout is not None
+        self._pump = threading.Thread(
+            target=_pump,
+            args=(self.proc.stdout, f"[{lane.name}] ", self._log, lock),
+            daemon=True,
+        )
+        self._pump.start()
+
+    def wait(self) -> Outcome:
+        returncode = self.proc.wait()
+        self._pump.join()
+        self._log.close()
+        return Outcome(
+            self.lane, returncode, time.monotonic() - self.started, self.log_path, self.junit
+        )
+
+
+def _tail(log: Path) -> str:
+    """The lane's slowest tests and short summary (what pytest prints last)."""
+    lines = log.read_text(errors="replace").splitlines()
+    for mark in (DURATIONS_MARK, SUMMARY_MARK):
+        starts = [i for i, line in enumerate(lines) if mark in line and line.startswith("=")]
+        if starts:
+            return "\n".join(lines[starts[0] :])
+    return "\n".join(lines[-20:])
+
+
+def run(
+    selected: tuple[Lane, ...], *, serial: bool, log_dir: Path = LOG_DIR, cwd: Path = REPO_ROOT
+) -> int:
+    lock = threading.Lock()
+    running: list[Running] = []
+    outcomes: list[Outcome] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        for r in running:
+            if r.proc.poll() is None:
+                r.proc.send_signal(signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    started = time.monotonic()
+    if serial:
+        for lane in selected:
+            running = [Running(lane, lock, log_dir, cwd)]
+            outcomes.append(running[0].wait())
+    else:
+        running = [Running(lane, lock, log_dir, cwd) for lane in selected]
+        outcomes = [r.wait() for r in running]
+    for outcome in outcomes:
+        print(
+            f"\n===== lane {outcome.lane.name}: exit {outcome.returncode}, "
+            f"{outcome.seconds:.0f} s (log: {outcome.log}) ====="
+        )
+        print(_tail(outcome.log))
+    passed = failed = skipped = 0
+    for outcome in outcomes:
+        p, f, s = outcome.counts()
+        passed, failed, skipped = passed + p, failed + f, skipped + s
+    worst = max((o.returncode for o in outcomes), default=1)
+    if worst != 0 and failed == 0:
+        failed = 1  # a lane that broke without a report (collection error, crash) still fails
+    mode = "serial" if serial else "side by side"
+    print(f"\nlanes ({mode}): {time.monotonic() - started:.0f} s in all")
+    print(f"suite: {passed} passed, {failed} failed, {skipped} skipped")
+    return 0 if worst == 0 else 1
+
+
+def main() -> int:
+    serial = os.environ.get("LLMOP_TEST_LANES", "").strip().lower() == "serial"
+    return run(lanes(durations=25), serial=serial)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
