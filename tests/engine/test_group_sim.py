@@ -136,3 +136,41 @@ def test_the_leader_gone_ends_the_workers_rank_with_an_error(fleet: Fleet) -> No
     after = asyncio.run(scenario())
     print(f"\nleader killed: worker agent exited after {after:.1f}s")
     assert "the leader's rendezvous closed" in worker.log_tail(4000)
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_worker_takes_the_group_out_of_service(fleet: Fleet) -> None:
+    """A stopped rank (a wedged stage): its process lives and its agent still says ready, so only
+    the leader's deep probe can tell, and does."""
+    leader, worker = start_pair(fleet, free_port())
+
+    async def scenario() -> dict[str, float]:
+        seen: dict[str, float] = {}
+        async with aiohttp.ClientSession() as http:
+            await leader.wait_ready(30)
+            await worker.wait_ready(30)
+            rank_pid = (await status(http, worker))["enginePid"]
+            assert isinstance(rank_pid, int)
+            stopped = time.monotonic()
+            os.kill(rank_pid, signal.SIGSTOP)
+            try:
+                while len(seen) < 2 and time.monotonic() - stopped < 60:
+                    now = time.monotonic() - stopped
+                    ready = await http_status(http, leader.probe_url + "/readyz")
+                    if "leader unready" not in seen and ready == 503:
+                        seen["leader unready"] = now
+                    live = await http_status(http, leader.probe_url + "/livez")
+                    if "leader not live" not in seen and live == 503:
+                        seen["leader not live"] = now
+                    await asyncio.sleep(0.2)
+                assert await http_status(http, worker.probe_url + "/readyz") == 200
+            finally:
+                os.kill(rank_pid, signal.SIGCONT)
+        return seen
+
+    seen = asyncio.run(scenario())
+    print(f"\nworker rank SIGSTOPped: {', '.join(f'{k} {v:.1f}s' for k, v in seen.items())}")
+    assert "leader unready" in seen, leader.log_tail()
+    assert seen["leader unready"] <= READY_OFF_BOUND, seen
+    assert "leader not live" in seen, leader.log_tail()
+    assert "answered no ping" in leader.log_tail(6000)

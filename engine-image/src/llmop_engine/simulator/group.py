@@ -9,12 +9,15 @@ What llmop relies on, and what the simulator therefore models (observed on vLLM 
   TCPStore) and the weights are loaded: connection refused meanwhile, as for a one-pod engine.
 - A headless rank has no HTTP at all; it keeps trying to reach `A:P` until it joins, and exits
   with an error once its leader is gone.
-- When a rank dies while serving, rank 0 does not notice: `/health` stays 200 and `/metrics`
-  answers, but no forward pass completes again (a completion hangs). The simulator's `hang`
-  fault is exactly that, so a lost rank applies it; only a restart of the group heals it.
+- When a rank dies or hangs while serving, rank 0 does not notice: `/health` stays 200 and
+  `/metrics` answers, but no forward pass completes again (a completion hangs). The simulator's
+  `hang` fault is exactly that, so a lost rank applies it; only a restart of the group heals it.
 
 The rendezvous here is a plain TCP line protocol (a rank sends `llmop-sim rank R`, rank 0 answers
 `ok`) on the same port, so the worker agent's reachability check (a bare connect) works unchanged.
+A forward pass needs every stage, so rank 0 pings each rank every second; a rank that closes its
+connection (its process died) or leaves a ping unanswered for `STAGE_TIMEOUT_SECONDS` (stopped,
+wedged) has lost the pipeline.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ HELLO_TIMEOUT_SECONDS = 5.0
 """A connection that names no rank within this is a bare reachability check: closed."""
 RETRY_SECONDS = 0.5
 """A headless rank's pause between tries to reach its leader (pod not up, name not resolvable)."""
+PING = b"ping\n"
+PONG = b"pong\n"
+PING_EVERY_SECONDS = 1.0
+STAGE_TIMEOUT_SECONDS = 3.0
+"""A stage that answers no ping for this long is taken as hung (what a stuck forward pass is)."""
 
 
 @dataclass(frozen=True)
@@ -107,20 +115,34 @@ class Rendezvous:
             log.info("rank %d joined (%d/%d)", rank, len(self.joined) + 1, self.group.nnodes)
             if self.joined >= self.group.worker_ranks:
                 self.all_joined.set()
-            # A rank holds its connection open for as long as it runs.
-            with contextlib.suppress(ConnectionError):
-                while await reader.read(1024):
-                    pass
+            why = await _watch_stage(reader, writer)
             self.joined.discard(rank)
             if self.all_joined.is_set():
                 # Past the distributed init the group is one engine: no stage can be replaced.
-                log.error("rank %d is gone: the pipeline stalls (no forward pass completes)", rank)
+                log.error("rank %d %s: the pipeline stalls (no forward pass completes)", rank, why)
                 self.on_lost(rank)
             else:
-                log.warning("rank %d left before the group formed", rank)
+                log.warning("rank %d %s before the group formed", rank, why)
         finally:
             self._writers.discard(writer)
             writer.close()
+
+
+async def _watch_stage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+    """Ping a joined rank until it is gone or stops answering; says which."""
+    try:
+        while True:
+            writer.write(PING)
+            await writer.drain()
+            try:
+                answer = await asyncio.wait_for(reader.readline(), STAGE_TIMEOUT_SECONDS)
+            except TimeoutError:
+                return f"answered no ping for {STAGE_TIMEOUT_SECONDS:g}s"
+            if answer != PONG:
+                return "is gone"
+            await asyncio.sleep(PING_EVERY_SECONDS)
+    except ConnectionError:
+        return "is gone"
 
 
 async def run_headless(group: GroupConfig, stop: asyncio.Event) -> int:
@@ -154,7 +176,7 @@ async def run_headless(group: GroupConfig, stop: asyncio.Event) -> int:
                 await asyncio.sleep(RETRY_SECONDS)
                 continue
             log.info("joined the group as rank %d", group.node_rank)
-            return await _until_stopped_or_orphaned(reader, stop)
+            return await _until_stopped_or_orphaned(reader, writer, stop)
         except ConnectionError as exc:
             log.warning("lost the leader while joining (%s); retrying", exc)
         finally:
@@ -165,8 +187,10 @@ async def run_headless(group: GroupConfig, stop: asyncio.Event) -> int:
     return 0
 
 
-async def _until_stopped_or_orphaned(reader: asyncio.StreamReader, stop: asyncio.Event) -> int:
-    gone = asyncio.ensure_future(_closed(reader))
+async def _until_stopped_or_orphaned(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stop: asyncio.Event
+) -> int:
+    gone = asyncio.ensure_future(_answer_pings(reader, writer))
     stopped = asyncio.ensure_future(stop.wait())
     done, pending = await asyncio.wait({gone, stopped}, return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
@@ -178,7 +202,10 @@ async def _until_stopped_or_orphaned(reader: asyncio.StreamReader, stop: asyncio
     return 1
 
 
-async def _closed(reader: asyncio.StreamReader) -> None:
+async def _answer_pings(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answer the leader's pings until it closes the connection."""
     with contextlib.suppress(ConnectionError):
-        while await reader.read(1024):
-            pass
+        while line := await reader.readline():
+            if line == PING:
+                writer.write(PONG)
+                await writer.drain()
