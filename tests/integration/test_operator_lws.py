@@ -104,7 +104,22 @@ def test_pipeline_parallel_cr_runs_as_groups_of_pods(
     service = kit.get("v1", "Service", namespace, "multi")
     assert service is not None
     assert service["spec"]["selector"][f"{LABEL}/worker-index"] == "0"
+    assert service["spec"]["clusterIP"] != "None"
     assert pods(kit, namespace, service["spec"]["selector"]).keys() == {"multi-0", "multi-1"}
+    # Each group's pods resolve their leader under a headless Service of the group's own, not
+    # under one named like the API Service (which would leave the address unresolvable).
+    for g in (0, 1):
+        headless = wait_until(
+            lambda g=g: kit.get("v1", "Service", namespace, f"multi-{g}"),
+            timeout=20,
+            what=f"group {g}'s headless Service",
+        )
+        assert headless["spec"]["clusterIP"] == "None"
+        for pod in (group[f"multi-{g}"], group[f"multi-{g}-1"]):
+            assert pod["spec"]["subdomain"] == f"multi-{g}"
+            (engine,) = pod["spec"]["containers"]
+            env = {e["name"]: e.get("value") for e in engine["env"]}
+            assert env["LWS_LEADER_ADDRESS"] == f"multi-{g}.multi-{g}.{namespace}"
 
     # One replica fewer is one group fewer.
     kit.apply_llmd(

@@ -77,7 +77,8 @@ def test_pipeline_parallel_renders_one_lws_and_no_deployment() -> None:
         "type": "RollingUpdate",
         "rollingUpdateConfiguration": {"partition": 0, "maxUnavailable": 1, "maxSurge": 0},
     }
-    assert spec["networkConfig"] == {"subdomainPolicy": "Shared"}
+    # Not Shared: its headless Service would take the name of the API Service (the CR's name).
+    assert spec["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
 
 
 def test_leader_and_worker_are_the_deployment_template_plus_their_role() -> None:

@@ -85,7 +85,10 @@ def render_leader_worker_set(
             "type": "RollingUpdate",
             "rollingUpdateConfiguration": {"partition": 0, "maxUnavailable": 1, "maxSurge": 0},
         },
-        "networkConfig": {"subdomainPolicy": "Shared"},
+        # A headless Service per group, named after its leader pod (`<name>-<g>`): the shared
+        # policy's one headless Service would be named after the LWS, `<name>`, the name the API
+        # Service already has, and with that taken the leader's address never resolves.
+        "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
     }
     return {
         "apiVersion": kinds.LEADER_WORKER_SET.api_version,
