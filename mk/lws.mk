@@ -9,3 +9,9 @@ lws-binaries: ## Build (or reuse from ~/.cache/llmop) the LeaderWorkerSet contro
 
 # cluster.sh starts it in every cluster the tests use: build it in the open, before pytest.
 test-prereqs: lws-binaries
+
+.PHONY: bench-groups
+bench-groups: install cluster-binaries lws-binaries dns-binaries ## Multi-node groups on the real node: llmop vs KServe's group pod spec: Ready, rollout loss, a hung worker (table).
+	$(PY) bench/group_bench.py
+
+bench: bench-groups

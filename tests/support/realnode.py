@@ -287,6 +287,37 @@ KSERVE_STYLE = PodSpecStyle(
 )
 
 
+def _plain_container(image: str, args: list[str], style: PodSpecStyle, gpus: int) -> dict[str, Any]:
+    """The engine container as a rival renders it: the simulator itself is the pod's process."""
+    if style.shutdown_timeout:
+        args = [*args, "--shutdown-timeout", str(style.shutdown_timeout)]
+    limits: dict[str, Any] = {"cpu": ENGINE_CPU, "memory": ENGINE_MEMORY}
+    if gpus:
+        limits["nvidia.com/gpu"] = gpus
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": args,
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "resources": {"limits": limits, "requests": {"cpu": ENGINE_CPU, "memory": ENGINE_MEMORY}},
+    }
+    if style.pre_stop_sleep:
+        container["lifecycle"] = {
+            "preStop": {"exec": {"command": ["sleep", str(style.pre_stop_sleep)]}}
+        }
+    return container
+
+
+def _plain_pod_spec(style: PodSpecStyle, container: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "terminationGracePeriodSeconds": style.grace_seconds,
+        "containers": [container],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "nodeSelector": {"llmop.dev/real-node": "true"},
+    }
+
+
 def plain_engine_deployment(
     namespace: str,
     name: str,
@@ -300,26 +331,8 @@ def plain_engine_deployment(
     `gpus`, each pod requests that many `nvidia.com/gpu` as llmop's engine pods do."""
     labels = {"app": name}
     args = ["simulate", "--model", name, "--port", "8000", *engine_args]
-    if style.shutdown_timeout:
-        args += ["--shutdown-timeout", str(style.shutdown_timeout)]
-    container: dict[str, Any] = {
-        "name": "engine",
-        "image": image,
-        "imagePullPolicy": "IfNotPresent",
-        "args": args,
-        "ports": [{"name": "http", "containerPort": 8000}],
-        "readinessProbe": style.readiness,
-        "resources": {
-            "limits": {"cpu": ENGINE_CPU, "memory": ENGINE_MEMORY},
-            "requests": {"cpu": ENGINE_CPU, "memory": ENGINE_MEMORY},
-        },
-    }
-    if gpus:
-        container["resources"]["limits"]["nvidia.com/gpu"] = gpus
-    if style.pre_stop_sleep:
-        container["lifecycle"] = {
-            "preStop": {"exec": {"command": ["sleep", str(style.pre_stop_sleep)]}}
-        }
+    container = _plain_container(image, args, style, gpus)
+    container["readinessProbe"] = style.readiness
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -328,27 +341,87 @@ def plain_engine_deployment(
             "replicas": 3,
             "selector": {"matchLabels": labels},
             "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "terminationGracePeriodSeconds": style.grace_seconds,
-                    "containers": [container],
-                    "tolerations": [
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "nodeSelector": {"llmop.dev/real-node": "true"},
-                },
+            "template": {"metadata": {"labels": labels}, "spec": _plain_pod_spec(style, container)},
+        },
+    }
+
+
+# KServe LLMInferenceService's multi-node preset (config-llm-worker-data-parallel.yaml; the
+# PP preset of kserve#5315 is the same shape): leader readiness /health 1 s x 2 and liveness
+# /health 10 s x 10, workers without probes, preStop sleep 15 on both, TGPS 60, --shutdown-timeout
+# 15; LWS RecreateGroupOnPodRestart, LeaderCreated, one group at a time.
+KSERVE_GROUP_STYLE = PodSpecStyle(
+    "kserve-llmisvc-style",
+    KSERVE_STYLE.readiness,
+    pre_stop_sleep=15,
+    grace_seconds=60,
+    shutdown_timeout=15,
+)
+KSERVE_LEADER_LIVENESS = {
+    "httpGet": {"path": "/health", "port": 8000},
+    "periodSeconds": 10,
+    "failureThreshold": 10,
+}
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+def plain_group_lws(
+    namespace: str,
+    name: str,
+    image: str,
+    style: PodSpecStyle,
+    engine_args: list[str],
+    *,
+    replicas: int = 2,
+    gpus: int = 1,
+) -> dict[str, Any]:
+    """A LeaderWorkerSet of the simulator in vLLM's `--nnodes 2` roles with no llmop agent,
+    rendered the way `style` does: probes on the leader only, the rank itself as each pod's
+    process. A per-group headless Service, as llmop renders (the rival names its LWS apart from
+    its Service instead; the DNS records are the same)."""
+
+    def template(leader: bool) -> dict[str, Any]:
+        rank = "0" if leader else "$(LWS_WORKER_INDEX)"
+        args = ["simulate", "--model", name, "--port", "8000", *engine_args]
+        args += ["--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", rank]
+        args += ["--master-addr", "$(LWS_LEADER_ADDRESS)", "--distributed-executor-backend", "mp"]
+        container = _plain_container(image, args if leader else [*args, "--headless"], style, gpus)
+        if leader:
+            container["readinessProbe"] = style.readiness
+            container["livenessProbe"] = KSERVE_LEADER_LIVENESS
+        return {"metadata": {"labels": {"app": name}}, "spec": _plain_pod_spec(style, container)}
+
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {"partition": 0, "maxUnavailable": 1, "maxSurge": 0},
+            },
+            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": template(leader=True),
+                "workerTemplate": template(leader=False),
             },
         },
     }
 
 
-def plain_service(namespace: str, name: str) -> dict[str, Any]:
+def plain_service(namespace: str, name: str, *, leaders_only: bool = False) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 8000}]},
+        "spec": {
+            "selector": {"app": name} | ({LWS_WORKER_INDEX_LABEL: "0"} if leaders_only else {}),
+            "ports": [{"name": "http", "port": 8000}],
+        },
     }
 
 
