@@ -234,7 +234,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--settle", type=float, default=5.0)
-    parser.add_argument("--hang-window", type=float, default=120.0)
+    parser.add_argument("--hang-window", type=float, default=300.0)
     parser.add_argument(
         "--only", default="", help="comma-separated: llmop, kserve-llmisvc-style (default both)"
     )
