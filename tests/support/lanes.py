@@ -86,6 +86,7 @@ def _pump(stream: IO[bytes], prefix: str, log: IO[bytes], lock: threading.Lock) 
     """Copy a lane's output line by line to its log and, prefixed, to our stdout."""
     for line in iter(stream.readline, b""):
         log.write(line)
+        log.flush()  # readable while the lane runs, and complete if we are killed
         with lock:
             sys.stdout.buffer.write(prefix.encode() + line)
             sys.stdout.buffer.flush()
