@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 import time
+from dataclasses import dataclass
 
 import aiohttp
 import pytest
@@ -81,21 +82,31 @@ def test_leader_waits_for_its_worker_then_the_pair_serves(fleet: Fleet) -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.timeout(120)
-def test_a_killed_worker_takes_the_group_out_of_service(fleet: Fleet) -> None:
-    leader, worker = start_pair(fleet, free_port())
+@dataclass
+class Watched:
+    seen: dict[str, float]
+    """Seconds after the signal: worker agent exit, leader unready, leader not live."""
+    leader_health: int
+    """The leader engine's own /health at the end (vLLM's stays 200 with a stage gone)."""
+    worker_ready: int
+    """The worker agent's /readyz at the end, before a stopped rank is let go."""
 
-    async def scenario() -> dict[str, float]:
-        seen: dict[str, float] = {}
-        async with aiohttp.ClientSession() as http:
-            await leader.wait_ready(30)
-            await worker.wait_ready(30)
-            rank_pid = (await status(http, worker))["enginePid"]
-            assert isinstance(rank_pid, int)
-            killed = time.monotonic()
-            os.kill(rank_pid, signal.SIGKILL)
-            while len(seen) < 3 and time.monotonic() - killed < 60:
-                now = time.monotonic() - killed
+
+async def signal_the_rank(leader: Replica, worker: Replica, signum: int) -> Watched:
+    """Both ready; `signum` to the worker's rank; watch the leader's probes (60 s at most)."""
+    seen: dict[str, float] = {}
+    async with aiohttp.ClientSession() as http:
+        await leader.wait_ready(30)
+        await worker.wait_ready(30)
+        rank_pid = (await status(http, worker))["enginePid"]
+        assert isinstance(rank_pid, int)
+        sent = time.monotonic()
+        os.kill(rank_pid, signum)
+        try:
+            while time.monotonic() - sent < 60 and not {"leader unready", "leader not live"} <= (
+                seen.keys()
+            ):
+                now = time.monotonic() - sent
                 if "worker agent exit" not in seen and worker.proc.poll() is not None:
                     seen["worker agent exit"] = now
                 ready = await http_status(http, leader.probe_url + "/readyz")
@@ -105,19 +116,51 @@ def test_a_killed_worker_takes_the_group_out_of_service(fleet: Fleet) -> None:
                 if "leader not live" not in seen and live == 503:
                     seen["leader not live"] = now
                 await asyncio.sleep(0.2)
-            # The leader still says it is healthy, as vLLM does: only the agent can tell.
-            assert await http_status(http, leader.api_url + "/health") == 200
-        return seen
+            return Watched(
+                seen,
+                await http_status(http, leader.api_url + "/health"),
+                await http_status(http, worker.probe_url + "/readyz"),
+            )
+        finally:
+            if signum == signal.SIGSTOP:
+                os.kill(rank_pid, signal.SIGCONT)
 
-    seen = asyncio.run(scenario())
-    print(f"\nworker rank SIGKILLed: {', '.join(f'{k} {v:.1f}s' for k, v in seen.items())}")
+
+def _report(what: str, seen: dict[str, float]) -> None:
+    print(f"\nworker rank {what}: {', '.join(f'{k} {v:.1f}s' for k, v in seen.items())}")
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_takes_the_group_out_of_service(fleet: Fleet) -> None:
+    leader, worker = start_pair(fleet, free_port())
+    watched = asyncio.run(signal_the_rank(leader, worker, signal.SIGKILL))
+    seen = watched.seen
+    _report("SIGKILLed", seen)
     assert worker.proc.returncode not in (None, 0), worker.log_tail()
+    assert "worker agent exit" in seen, worker.log_tail()
     assert "leader unready" in seen, leader.log_tail()
     assert seen["leader unready"] <= READY_OFF_BOUND, seen
     # Liveness goes once the hung probe is past the stall budget: the container restarts, and
     # LeaderWorkerSet recreates the group.
     assert "leader not live" in seen, leader.log_tail()
     assert seen["leader not live"] <= PROBE_EVERY + PROBE_TIMEOUT + STALL + 10, seen
+    # The leader still says it is healthy, as vLLM does: only the agent can tell.
+    assert watched.leader_health == 200
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_worker_takes_the_group_out_of_service(fleet: Fleet) -> None:
+    """A stopped rank (a wedged stage): its process lives and its agent still says ready, so only
+    the leader's deep probe can tell, and does."""
+    leader, worker = start_pair(fleet, free_port())
+    watched = asyncio.run(signal_the_rank(leader, worker, signal.SIGSTOP))
+    seen = watched.seen
+    _report("SIGSTOPped", seen)
+    assert watched.worker_ready == 200, worker.log_tail()
+    assert "leader unready" in seen, leader.log_tail()
+    assert seen["leader unready"] <= READY_OFF_BOUND, seen
+    assert "leader not live" in seen, leader.log_tail()
+    assert "answered no ping" in leader.log_tail(6000)
 
 
 @pytest.mark.timeout(90)
@@ -136,41 +179,3 @@ def test_the_leader_gone_ends_the_workers_rank_with_an_error(fleet: Fleet) -> No
     after = asyncio.run(scenario())
     print(f"\nleader killed: worker agent exited after {after:.1f}s")
     assert "the leader's rendezvous closed" in worker.log_tail(4000)
-
-
-@pytest.mark.timeout(120)
-def test_a_hung_worker_takes_the_group_out_of_service(fleet: Fleet) -> None:
-    """A stopped rank (a wedged stage): its process lives and its agent still says ready, so only
-    the leader's deep probe can tell, and does."""
-    leader, worker = start_pair(fleet, free_port())
-
-    async def scenario() -> dict[str, float]:
-        seen: dict[str, float] = {}
-        async with aiohttp.ClientSession() as http:
-            await leader.wait_ready(30)
-            await worker.wait_ready(30)
-            rank_pid = (await status(http, worker))["enginePid"]
-            assert isinstance(rank_pid, int)
-            stopped = time.monotonic()
-            os.kill(rank_pid, signal.SIGSTOP)
-            try:
-                while len(seen) < 2 and time.monotonic() - stopped < 60:
-                    now = time.monotonic() - stopped
-                    ready = await http_status(http, leader.probe_url + "/readyz")
-                    if "leader unready" not in seen and ready == 503:
-                        seen["leader unready"] = now
-                    live = await http_status(http, leader.probe_url + "/livez")
-                    if "leader not live" not in seen and live == 503:
-                        seen["leader not live"] = now
-                    await asyncio.sleep(0.2)
-                assert await http_status(http, worker.probe_url + "/readyz") == 200
-            finally:
-                os.kill(rank_pid, signal.SIGCONT)
-        return seen
-
-    seen = asyncio.run(scenario())
-    print(f"\nworker rank SIGSTOPped: {', '.join(f'{k} {v:.1f}s' for k, v in seen.items())}")
-    assert "leader unready" in seen, leader.log_tail()
-    assert seen["leader unready"] <= READY_OFF_BOUND, seen
-    assert "leader not live" in seen, leader.log_tail()
-    assert "answered no ping" in leader.log_tail(6000)
