@@ -156,7 +156,8 @@ def run(
             if r.proc.poll() is None:
                 r.proc.send_signal(signum)
 
-    signal.signal(signal.SIGINT, forward)
+    # A terminal's Ctrl-C reaches the lanes already (one process group): wait for them to end.
+    signal.signal(signal.SIGINT, lambda _signum, _frame: None)
     signal.signal(signal.SIGTERM, forward)
     started = time.monotonic()
     if serial:
