@@ -163,7 +163,7 @@ install_release() {
   fi
   log "helm install (or upgrade) of helm/llmop as $RELEASE_NAMESPACE/$RELEASE; waiting for its pods"
   release install "$kubeconfig"
-  kctl wait --for=condition=Established "crd/$crd" --timeout=60s >/dev/null
+  "$ROOT/e2e/cluster/crd-established.sh" 60 "crd/$crd" -- "$bin/kubectl" --kubeconfig "$kubeconfig"
   kctl get pods -n "$RELEASE_NAMESPACE" -o wide >&2
   operator_info="Operator: release $RELEASE_NAMESPACE/$RELEASE (kubectl logs -n $RELEASE_NAMESPACE deploy/$RELEASE;
   kubectl get lease -n $RELEASE_NAMESPACE llmop-operator names the leader)"
@@ -177,7 +177,8 @@ start_operator() {
   fi
   log "installing the LLMDeployment CRD (crds/)"
   kctl apply --server-side --force-conflicts --field-manager=llmop-dev -f "$ROOT/crds/" >&2
-  kctl wait --for=condition=Established crd/llmdeployments.serving.llmop.dev --timeout=60s >/dev/null
+  "$ROOT/e2e/cluster/crd-established.sh" 60 crd/llmdeployments.serving.llmop.dev -- \
+    "$bin/kubectl" --kubeconfig "$kubeconfig"
 
   stop_operator
   local liveness metrics

@@ -99,7 +99,7 @@ cmd_up() {
   "${K[@]}" apply --server-side --force-conflicts --field-manager=llmop-lws \
     -f "$bin/config/leaderworkerset.x-k8s.io_leaderworkersets.yaml" \
     -f "$bin/config/disaggregatedset.x-k8s.io_disaggregatedsets.yaml" >/dev/null
-  "${K[@]}" wait --for=condition=Established --timeout="${TIMEOUT}s" "${CRDS[@]}" >/dev/null
+  "$HERE/../cluster/crd-established.sh" "$TIMEOUT" "${CRDS[@]}" -- "${K[@]}"
 
   # A CA of this cluster's own, and the webhook server's certificate for 127.0.0.1.
   local c="$DIR/certs"
