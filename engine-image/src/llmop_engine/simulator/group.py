@@ -28,6 +28,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from llmop_engine.contract import MASTER_ADDR, MASTER_PORT
+
 log = logging.getLogger("llmop_engine.simulator")
 
 HELLO = b"llmop-sim rank "
@@ -50,8 +52,8 @@ class GroupConfig:
     nnodes: int = 1
     node_rank: int = 0
     headless: bool = False
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29501
+    master_addr: str = MASTER_ADDR
+    master_port: int = MASTER_PORT
 
     @property
     def multi_node(self) -> bool:
