@@ -57,18 +57,23 @@ unit: install ## Unit tests only (pure core, fast).
 
 .PHONY: test
 test: install lint typecheck ## Full suite from a fresh clone: lint, types, unit, engine, integration and e2e tests.
-	@$(MAKE) --no-print-directory -j4 test-prereqs
-	$(PY) tests/support/lanes.py
+	@$(MAKE) --no-print-directory -j4 test-prereqs-first
+	$(PY) tests/support/lanes.py --beside '$(MAKE) --no-print-directory test-prereqs-beside'
 
 # The pytest step runs two sessions side by side (tests/support/lanes.py): the real node's
 # (tests/e2e, tests/images) and the rest. LLMOP_TEST_LANES=serial runs them one after the other.
 
-# Every slow thing the suite needs, built (or reused from ~/.cache/llmop) in the open before pytest
-# starts, and in parallel: the Go builds queue on one lock (on 2 cores they would only slow each
-# other) while the vLLM install, the image stand-in's downloads and the next Go set's module
-# downloads overlap them. Each mk/*.mk adds its own prerequisites.
-.PHONY: test-prereqs
-test-prereqs: install
+# Every slow thing the suite needs, built (or reused from ~/.cache/llmop); each mk/*.mk adds its
+# own. test-prereqs-first: what sessions need from their first test, built in the open before
+# pytest starts, in parallel: the Go builds queue on one lock (on 2 cores they would only slow
+# each other) while the vLLM install, the image stand-in's downloads and the next Go set's module
+# downloads overlap them. test-prereqs-beside: what only some tests need; those run last in their
+# session and wait for it (tests/support/metrics.py), so it is built beside the sessions' first
+# tests, at nice 19, on the cores their waiting leaves idle. `make test-prereqs` builds both.
+.PHONY: test-prereqs test-prereqs-first test-prereqs-beside
+test-prereqs: test-prereqs-first test-prereqs-beside
+test-prereqs-first: install
+test-prereqs-beside: install
 
 .PHONY: bench
 bench: install ## Run every benchmark; each prints a table (not timed tests).

@@ -28,4 +28,4 @@ cluster-kubeconfig: ## Print the local cluster's kubeconfig path (use with make 
 
 # The full suite runs the cluster smoke tests: build the binaries first, in the
 # open, so a cold build shows up in the CI log instead of inside pytest.
-test-prereqs: cluster-binaries
+test-prereqs-first: cluster-binaries

@@ -8,4 +8,4 @@ dns-binaries: ## Build (or reuse from ~/.cache/llmop) CoreDNS for the real node'
 	@e2e/cluster/build-dns.sh >/dev/null
 
 # node.sh starts it with every real node: build it in the open, before pytest.
-test-prereqs: dns-binaries
+test-prereqs-first: dns-binaries

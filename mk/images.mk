@@ -70,7 +70,7 @@ images-for-tests:
 	  $(IMAGES_PY) build engine-sim pause; \
 	else echo "images: not root on Linux: tests/images will skip (builds need root)"; fi
 
-test-prereqs: images-for-tests
+test-prereqs-first: images-for-tests
 
 .PHONY: e2e-vllm-pod
 e2e-vllm-pod: install cluster-binaries vllm-cpu ## Real vLLM (CPU) as a pod on the real node: builds engine-cpu (~25 min cold), Ready, completion, rollout, model cache, wake from zero.

@@ -8,7 +8,7 @@ lws-binaries: ## Build (or reuse from ~/.cache/llmop) the LeaderWorkerSet contro
 	@e2e/cluster/build-lws.sh >/dev/null
 
 # cluster.sh starts it in every cluster the tests use: build it in the open, before pytest.
-test-prereqs: lws-binaries
+test-prereqs-first: lws-binaries
 
 .PHONY: bench-groups
 bench-groups: install cluster-binaries lws-binaries dns-binaries ## Multi-node groups on the real node: llmop vs KServe's group pod spec: Ready, rollout loss, a hung worker (table).

@@ -11,9 +11,10 @@ metrics-binaries: ## Build (or reuse from ~/.cache/llmop) prometheus, promtool a
 alert-test: install metrics-binaries ## promtool unit tests of the chart's alerts (rendered from the chart).
 	$(BIN)/pytest -q -p no:cacheprovider tests/chart/test_alert_rules.py tests/chart/test_metrics_config.py
 
-# The promtool tests run in the full suite: build in the open, so a cold build shows in the CI
-# log instead of inside pytest (and CI never skips them).
-test-prereqs: metrics-binaries
+# The full suite needs them only in its `metrics` modules, which run last in each session:
+# `make test` builds them beside the first tests, in the open (`[beside]` lines in the CI log),
+# and those modules wait for that build before they start (CI never skips them).
+test-prereqs-beside: metrics-binaries
 
 .PHONY: bench-autoscale
 bench-autoscale: install cluster-binaries metrics-binaries ## Load step on an autoscaled LLMDeployment: HPA reaction, scale-down loss, pipeline cost (real node; HPA_SYNC=5s, QUEUE_DEPTH_INTERVAL=off|5s, TIMELINE=1).

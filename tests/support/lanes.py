@@ -21,10 +21,17 @@ prints one closing line counting both. Exit status: 0 only when both lanes passe
 
 ``LLMOP_TEST_LANES=serial`` runs the lanes one after the other (same sessions, same order),
 for a machine where running them together would only slow both.
+
+``--beside CMD`` runs a shell command beside the lanes, under ``nice -n 19``: the prerequisites
+only some late tests need (the metrics binaries, ~9 min of Go on 2 cores cold), built on the
+cores the waiting tests leave idle instead of before every test (the tests that need them run
+last and wait for that build: support.metrics). Its output is prefixed ``[beside]``; when it
+fails, so does the run.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -93,22 +100,14 @@ def _pump(stream: IO[bytes], prefix: str, log: IO[bytes], lock: threading.Lock) 
 
 
 class Running:
-    def __init__(self, lane: Lane, lock: threading.Lock, log_dir: Path, cwd: Path) -> None:
+    """A command whose output is logged and printed, prefixed with `name`, as it comes."""
+
+    def __init__(
+        self, name: str, cmd: list[str], lock: threading.Lock, log_dir: Path, cwd: Path
+    ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.lane = lane
-        self.log_path = log_dir / f"{lane.name}.log"
-        self.junit = log_dir / f"{lane.name}.xml"
-        self.junit.unlink(missing_ok=True)
+        self.log_path = log_dir / f"{name}.log"
         self.started = time.monotonic()
-        pytest = Path(sys.executable).with_name("pytest")
-        cmd = [
-            str(pytest),
-            *lane.args,
-            f"--junitxml={self.junit}",
-            # Two sessions must not write one cache file at once.
-            "-o",
-            f"cache_dir={log_dir / lane.name}-cache",
-        ]
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             cmd,
@@ -120,18 +119,37 @@ class Running:
         assert self.proc.stdout is not None
         self._pump = threading.Thread(
             target=_pump,
-            args=(self.proc.stdout, f"[{lane.name}] ", self._log, lock),
+            args=(self.proc.stdout, f"[{name}] ", self._log, lock),
             daemon=True,
         )
         self._pump.start()
 
-    def wait(self) -> Outcome:
+    def wait(self) -> tuple[int, float]:
         returncode = self.proc.wait()
         self._pump.join()
         self._log.close()
-        return Outcome(
-            self.lane, returncode, time.monotonic() - self.started, self.log_path, self.junit
-        )
+        return returncode, time.monotonic() - self.started
+
+
+class RunningLane(Running):
+    def __init__(self, lane: Lane, lock: threading.Lock, log_dir: Path, cwd: Path) -> None:
+        self.lane = lane
+        self.junit = log_dir / f"{lane.name}.xml"
+        self.junit.unlink(missing_ok=True)
+        pytest = Path(sys.executable).with_name("pytest")
+        cmd = [
+            str(pytest),
+            *lane.args,
+            f"--junitxml={self.junit}",
+            # Two sessions must not write one cache file at once.
+            "-o",
+            f"cache_dir={log_dir / lane.name}-cache",
+        ]
+        super().__init__(lane.name, cmd, lock, log_dir, cwd)
+
+    def outcome(self) -> Outcome:
+        returncode, seconds = self.wait()
+        return Outcome(self.lane, returncode, seconds, self.log_path, self.junit)
 
 
 def _tail(log: Path) -> str:
@@ -144,12 +162,29 @@ def _tail(log: Path) -> str:
     return "\n".join(lines[-20:])
 
 
+def _start_beside(command: str, lock: threading.Lock, log_dir: Path, cwd: Path) -> Running:
+    # nice 19: it takes only what the lanes leave idle, so their timing is (nearly) unchanged.
+    return Running("beside", ["nice", "-n", "19", "bash", "-c", command], lock, log_dir, cwd)
+
+
+def _wait_beside(side: Running, command: str | None) -> int:
+    code, seconds = side.wait()
+    print(f"\n===== beside: `{command}`: exit {code}, {seconds:.0f} s (log: {side.log_path}) =====")
+    return code
+
+
 def run(
-    selected: tuple[Lane, ...], *, serial: bool, log_dir: Path = LOG_DIR, cwd: Path = REPO_ROOT
+    selected: tuple[Lane, ...],
+    *,
+    serial: bool,
+    beside: str | None = None,
+    log_dir: Path = LOG_DIR,
+    cwd: Path = REPO_ROOT,
 ) -> int:
     lock = threading.Lock()
     running: list[Running] = []
     outcomes: list[Outcome] = []
+    side: Running | None = None
 
     def forward(signum: int, _frame: object) -> None:
         for r in running:
@@ -160,13 +195,18 @@ def run(
     signal.signal(signal.SIGINT, lambda _signum, _frame: None)
     signal.signal(signal.SIGTERM, forward)
     started = time.monotonic()
+    if beside:
+        side = _start_beside(beside, lock, log_dir, cwd)
     if serial:
         for lane in selected:
-            running = [Running(lane, lock, log_dir, cwd)]
-            outcomes.append(running[0].wait())
+            lane_run = RunningLane(lane, lock, log_dir, cwd)
+            running = [lane_run] if side is None else [lane_run, side]
+            outcomes.append(lane_run.outcome())
     else:
-        running = [Running(lane, lock, log_dir, cwd) for lane in selected]
-        outcomes = [r.wait() for r in running]
+        lane_runs = [RunningLane(lane, lock, log_dir, cwd) for lane in selected]
+        running = [*lane_runs] if side is None else [*lane_runs, side]
+        outcomes = [r.outcome() for r in lane_runs]
+    side_code = 0 if side is None else _wait_beside(side, beside)
     for outcome in outcomes:
         print(
             f"\n===== lane {outcome.lane.name}: exit {outcome.returncode}, "
@@ -177,7 +217,7 @@ def run(
     for outcome in outcomes:
         p, f, s = outcome.counts()
         passed, failed, skipped = passed + p, failed + f, skipped + s
-    worst = max((o.returncode for o in outcomes), default=1)
+    worst = max((*(o.returncode for o in outcomes), side_code), default=1)
     if worst != 0 and failed == 0:
         failed = 1  # a lane that broke without a report (collection error, crash) still fails
     mode = "serial" if serial else "side by side"
@@ -186,9 +226,12 @@ def run(
     return 0 if worst == 0 else 1
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--beside", metavar="CMD", help="shell command run beside the lanes")
+    args = parser.parse_args(argv)
     serial = os.environ.get("LLMOP_TEST_LANES", "").strip().lower() == "serial"
-    return run(lanes(durations=25), serial=serial)
+    return run(lanes(durations=25), serial=serial, beside=args.beside)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ renderer (e2e/metrics/metrics_config.py, loaded from its path: it is a script, n
 how its output reads at the other end (custom metrics values, the HPA's read).
 
 A missing binary is a loud skip on a developer machine that cannot build it, and a failure in CI
-(`CI` set): `make test` builds them in the open first (mk/metrics.mk), so CI never skips these.
+(`CI` set): `make test` builds them beside the suite's first tests (mk/metrics.mk,
+tests/support/lanes.py), and the `metrics` modules run last, after waiting for that build.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from collections.abc import Generator
 from types import ModuleType
 from typing import Any
 
@@ -37,18 +39,32 @@ def _build() -> tuple[pathlib.Path | None, str]:
     return pathlib.Path(res.stdout.strip().splitlines()[-1]), ""
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the binaries before the first test when `metrics` tests were collected: a cold build
-    (~10-20 min on 2 cores) is longer than pytest-timeout allows one test, and belongs in the open.
-    """
-    if session.config.option.collectonly:
-        return
-    if not any(item.get_closest_marker("metrics") for item in session.items):
-        return
-    capture = session.config.pluginmanager.getplugin("capturemanager")
-    uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
-    with uncaptured:
-        _build()
+def _needs_metrics(item: pytest.Item) -> bool:
+    return item.get_closest_marker("metrics") is not None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with a `metrics` test run after the others (whole modules, so their module
+    fixtures are set up once): `make test` builds the binaries beside the session's first tests
+    (tests/support/lanes.py), and only these wait for them. tryfirst: support.egress then still
+    moves the suite_end tests behind everything."""
+    modules = {item.path for item in items if _needs_metrics(item)}
+    items.sort(key=lambda item: item.path in modules)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Before the first `metrics` test: the binaries, built (or waited for, when `make test`
+    builds them beside the session) outside any test's timer. A cold build (~10-20 min on 2
+    cores) is longer than pytest-timeout allows one test, and belongs in the open. tryfirst: this
+    wrapper is outside pytest-timeout's, so the wait is not charged to the test."""
+    if _needs_metrics(item) and not item.config.option.collectonly:
+        capture = item.config.pluginmanager.getplugin("capturemanager")
+        uncaptured = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+        with uncaptured:
+            _build()
+    return (yield)
 
 
 def metrics_bin_dir() -> pathlib.Path:

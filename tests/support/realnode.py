@@ -185,11 +185,16 @@ class RealCluster:
 
 @contextlib.contextmanager
 def operator_on_real_node(
-    tag: str, workdir: Path, extra_env: Mapping[str, str] | None = None
+    tag: str,
+    workdir: Path,
+    extra_env: Mapping[str, str] | None = None,
+    *,
+    metrics: str = "auto",
 ) -> Iterator[RealCluster]:
     """A private cluster with this machine's real node joined, the CRD installed and the
     operator running (its log in `workdir`); all of it gone on exit. Waits for the node while
-    another test or bench session holds it. `tag` marks the cluster's name (e2e, bench)."""
+    another test or bench session holds it. `tag` marks the cluster's name (e2e, bench);
+    `metrics` is cluster.sh's LLMOP_METRICS ("off": started later by start_metrics_pipeline)."""
     # llmop-test-<pid>-…: cluster.sh reaps it if this process dies without cleaning up.
     name = f"llmop-test-{os.getpid()}-{tag}{secrets.token_hex(2)}"
 
@@ -202,7 +207,7 @@ def operator_on_real_node(
     atexit.register(stop)
     operator: OperatorProcess | None = None
     try:
-        cluster = start_cluster(name, owner_pid=os.getpid(), real_node="on")
+        cluster = start_cluster(name, owner_pid=os.getpid(), real_node="on", metrics=metrics)
         install_crd(cluster)
         operator = OperatorProcess(
             operator_kubeconfig_for(cluster, workdir),

@@ -103,3 +103,59 @@ def test_the_default_lanes_split_the_suite_at_the_real_node() -> None:
     # Both sessions end with the egress check, so the two checked windows cover the whole run.
     assert lanes.EGRESS_CHECK in real_node.args
     assert "tests" in rest.args
+
+
+def test_the_beside_command_runs_meanwhile_niced_and_prefixed(
+    project: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The lane's test passes only if the beside command writes its mark while the lane runs.
+    _write(
+        project,
+        "test_meet_beside.py",
+        "import pathlib, time\n"
+        "def test_meet_beside():\n"
+        "    pathlib.Path('one.mark').touch()\n"
+        "    deadline = time.monotonic() + 60\n"
+        "    while not pathlib.Path('two.mark').exists():\n"
+        "        assert time.monotonic() < deadline, 'the beside command never ran meanwhile'\n"
+        "        time.sleep(0.05)\n",
+    )
+    beside = "echo niceness=$(nice); while [ ! -e one.mark ]; do sleep 0.05; done; touch two.mark"
+    selected = (_lane("one", "test_meet_beside.py"),)
+    code = lanes.run(
+        selected,
+        serial=False,
+        beside=beside,
+        log_dir=tmp_path_factory.mktemp("logs"),
+        cwd=project,
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "[beside] niceness=19" in out, out
+    assert f"===== beside: `{beside}`: exit 0, " in out, out
+    assert CLOSING.findall(out) == [("1", "0", "0")], out
+
+
+def test_a_failing_beside_command_fails_the_run(
+    project: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    selected = (_lane("green", "test_green.py"),)
+    code = lanes.run(
+        selected,
+        serial=True,
+        beside="echo cannot build; exit 3",
+        log_dir=tmp_path_factory.mktemp("logs"),
+        cwd=project,
+    )
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "[beside] cannot build" in out, out
+    assert "===== beside: `echo cannot build; exit 3`: exit 3, " in out, out
+    passed, failed, _ = CLOSING.findall(out)[0]
+    assert (passed, failed) == ("2", "1"), "the lane passed; the run still fails"
+
+
+def test_make_test_builds_only_the_first_prerequisites_before_the_lanes() -> None:
+    makefile = (lanes.REPO_ROOT / "Makefile").read_text()
+    assert "-j4 test-prereqs-first\n" in makefile
+    assert "lanes.py --beside '$(MAKE) --no-print-directory test-prereqs-beside'" in makefile
