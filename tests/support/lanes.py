@@ -117,18 +117,22 @@ class Running:
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )
         assert self.proc.stdout is not None
+        self.ended: float | None = None
         self._pump = threading.Thread(
-            target=_pump,
-            args=(self.proc.stdout, f"[{name}] ", self._log, lock),
-            daemon=True,
+            target=self._copy_output, args=(self.proc.stdout, f"[{name}] ", lock), daemon=True
         )
         self._pump.start()
+
+    def _copy_output(self, stream: IO[bytes], prefix: str, lock: threading.Lock) -> None:
+        _pump(stream, prefix, self._log, lock)
+        # Its output closes when it exits: a command waited for late still reports its own time.
+        self.ended = time.monotonic()
 
     def wait(self) -> tuple[int, float]:
         returncode = self.proc.wait()
         self._pump.join()
         self._log.close()
-        return returncode, time.monotonic() - self.started
+        return returncode, (self.ended or time.monotonic()) - self.started
 
 
 class RunningLane(Running):

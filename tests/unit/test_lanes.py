@@ -139,7 +139,8 @@ def test_the_beside_command_runs_meanwhile_niced_and_prefixed(
 def test_a_failing_beside_command_fails_the_run(
     project: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    selected = (_lane("green", "test_green.py"),)
+    _write(project, "test_slow.py", "import time\ndef test_slow():\n    time.sleep(2)\n")
+    selected = (_lane("green", "test_green.py", "test_slow.py"),)
     code = lanes.run(
         selected,
         serial=True,
@@ -150,9 +151,10 @@ def test_a_failing_beside_command_fails_the_run(
     out = capsys.readouterr().out
     assert code == 1, out
     assert "[beside] cannot build" in out, out
-    assert "===== beside: `echo cannot build; exit 3`: exit 3, " in out, out
+    # Its own time (it exits at once), not the time until the lanes were done with.
+    assert "===== beside: `echo cannot build; exit 3`: exit 3, 0 s " in out, out
     passed, failed, _ = CLOSING.findall(out)[0]
-    assert (passed, failed) == ("2", "1"), "the lane passed; the run still fails"
+    assert (passed, failed) == ("3", "1"), "the lane passed; the run still fails"
 
 
 def test_make_test_builds_only_the_first_prerequisites_before_the_lanes() -> None:
