@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -96,9 +95,10 @@ def real_cluster(
 
 
 @pytest.fixture(scope="session")
-def metrics_pipeline(real_cluster: RealCluster) -> Path:
-    """The real cluster's metrics pipeline, started on first use (its state dir)."""
-    return start_metrics_pipeline(real_cluster.cluster)
+def metrics_pipeline(real_cluster: RealCluster) -> None:
+    """The real cluster's metrics pipeline, started on first use (the modules that read it
+    find it beside the kubeconfig)."""
+    start_metrics_pipeline(real_cluster.cluster)
 
 
 @pytest.fixture

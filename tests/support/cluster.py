@@ -196,13 +196,13 @@ def start_cluster(
     return Cluster(kubeconfig=kubeconfig, bin_dir=bin_dir, name=name)
 
 
-def start_metrics_pipeline(cluster: Cluster) -> pathlib.Path:
+def start_metrics_pipeline(cluster: Cluster) -> None:
     """Start the metrics pipeline on a running cluster whose real node is joined (cluster.sh
-    metrics; a no-op when it runs); its state dir (prometheus.addr, logs)."""
+    metrics; a no-op when it runs). cluster.sh keeps each cluster's state in
+    <state dir>/<name>/, beside its kubeconfig."""
     if cluster.name is None:
         raise RuntimeError("the metrics pipeline starts only on a cluster this session owns")
     _run_script("metrics", cluster.name, cluster.kubeconfig.parent.parent, None)
-    return cluster.kubeconfig.parent / "metrics"
 
 
 def stop_cluster(name: str, *, state_dir: pathlib.Path | None = None) -> None:

@@ -171,7 +171,7 @@ def _start_beside(command: str, lock: threading.Lock, log_dir: Path, cwd: Path) 
     return Running("beside", ["nice", "-n", "19", "bash", "-c", command], lock, log_dir, cwd)
 
 
-def _wait_beside(side: Running, command: str | None) -> int:
+def _wait_beside(side: Running, command: str) -> int:
     code, seconds = side.wait()
     print(f"\n===== beside: `{command}`: exit {code}, {seconds:.0f} s (log: {side.log_path}) =====")
     return code
@@ -188,7 +188,6 @@ def run(
     lock = threading.Lock()
     running: list[Running] = []
     outcomes: list[Outcome] = []
-    side: Running | None = None
 
     def forward(signum: int, _frame: object) -> None:
         for r in running:
@@ -199,18 +198,17 @@ def run(
     signal.signal(signal.SIGINT, lambda _signum, _frame: None)
     signal.signal(signal.SIGTERM, forward)
     started = time.monotonic()
-    if beside:
-        side = _start_beside(beside, lock, log_dir, cwd)
+    sides = [_start_beside(beside, lock, log_dir, cwd)] if beside else []
     if serial:
         for lane in selected:
             lane_run = RunningLane(lane, lock, log_dir, cwd)
-            running = [lane_run] if side is None else [lane_run, side]
+            running = [lane_run, *sides]
             outcomes.append(lane_run.outcome())
     else:
         lane_runs = [RunningLane(lane, lock, log_dir, cwd) for lane in selected]
-        running = [*lane_runs] if side is None else [*lane_runs, side]
+        running = [*lane_runs, *sides]
         outcomes = [r.outcome() for r in lane_runs]
-    side_code = 0 if side is None else _wait_beside(side, beside)
+    side_codes = [_wait_beside(side, beside) for side in sides if beside]
     for outcome in outcomes:
         print(
             f"\n===== lane {outcome.lane.name}: exit {outcome.returncode}, "
@@ -221,7 +219,7 @@ def run(
     for outcome in outcomes:
         p, f, s = outcome.counts()
         passed, failed, skipped = passed + p, failed + f, skipped + s
-    worst = max((*(o.returncode for o in outcomes), side_code), default=1)
+    worst = max((*(o.returncode for o in outcomes), *side_codes), default=1)
     if worst != 0 and failed == 0:
         failed = 1  # a lane that broke without a report (collection error, crash) still fails
     mode = "serial" if serial else "side by side"
