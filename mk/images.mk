@@ -73,6 +73,6 @@ images-for-tests:
 test-prereqs-first: images-for-tests
 
 .PHONY: e2e-vllm-pod
-e2e-vllm-pod: install cluster-binaries vllm-cpu ## Real vLLM (CPU) as a pod on the real node: builds engine-cpu (~25 min cold), Ready, completion, rollout, model cache, wake from zero.
+e2e-vllm-pod: install cluster-binaries lws-binaries dns-binaries vllm-cpu ## Real vLLM (CPU) as pods on the real node: builds engine-cpu (~5-25 min cold), Ready, completion, rollout, model cache, wake from zero, a two-pod group (PP 2).
 	$(IMAGES_PY) build engine-cpu pause
 	LLMOP_E2E_VLLM_POD=1 $(BIN)/pytest -q -s tests/e2e/test_vllm_cpu_pod.py

@@ -10,7 +10,8 @@ real LWS controller:
 - a worker pod deleted takes its group out of service (the CR's Ready goes off), LeaderWorkerSet
   recreates the whole group, and it serves again;
 - a rolling update of two groups (one at a time, no surge) under streaming load loses nothing:
-  the other group serves while one drains, and a draining leader's worker outlives its drain.
+  the other group serves while one drains, a draining leader's worker outlives its drain, and
+  no container restarts (the old workers wait for their deletion after their leader went).
 
 The seconds are printed: time to group Ready, to out of service, to serving again, the rollout.
 """
@@ -130,7 +131,16 @@ def test_rolling_update_of_two_groups_under_load_loses_nothing(
     # A new engine flag rolls every pod, a group at a time.
     rc.kit.apply_llmd(ns, name, group_spec(replicas=2, args=["--sim-decode-ms", "21"]))
 
+    restarts: dict[str, tuple[str, int]] = {}
+    """Per pod uid (old and new pods share names): its name and container restarts."""
+
     def rolled() -> bool:
+        for pod in rc.pods(ns, f"{LABEL}/name={name}"):
+            counts = pod["status"].get("containerStatuses") or []
+            restarts[pod["metadata"]["uid"]] = (
+                pod["metadata"]["name"],
+                sum(c.get("restartCount", 0) for c in counts),
+            )
         lws = rc.kit.get(LWS_API, "LeaderWorkerSet", ns, name) or {}
         status = lws.get("status") or {}
         now = group_pods(rc, ns, name)
@@ -149,3 +159,6 @@ def test_rolling_update_of_two_groups_under_load_loses_nothing(
     print(f"\nrolling update of 2 groups (2 pods each) in {rollout:.1f}s: {summary(result)}")
     assert result.total >= 50, summary(result)
     assert result.lost == 0, summary(result)
+    # No container restarted, old pods included: an old worker whose rank ended when its leader
+    # went must wait for its deletion, not restart (a restarted rank joins the next leader).
+    assert not [pod for pod in restarts.values() if pod[1]], restarts

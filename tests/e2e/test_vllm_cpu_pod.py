@@ -11,7 +11,12 @@ CR with `minReplicas: 0` idles to zero engine pods and one request through the r
 
 Cost: the image is ~6 GB (vLLM, torch and its CUDA libraries, which `import torch` needs even on
 CPU); a cold build takes minutes, a warm one is a cache hit. An engine takes ~3.6 GiB and about a
-minute to start; two run at once during the rollout."""
+minute to start; two run at once during the rollout.
+
+And as one multi-node replica (`pipelineParallelSize: 2`): a LeaderWorkerSet group of two engine
+pods, vLLM's own `--nnodes 2` mode (rank 0 serving, rank 1 `--headless`, joined at
+`$(LWS_LEADER_ADDRESS)` through the node's cluster DNS), Ready and answering through the Service;
+its worker pod deleted takes the group out of service, and LeaderWorkerSet recreates it serving."""
 
 from __future__ import annotations
 
@@ -268,3 +273,90 @@ def test_vllm_cpu_engine_wakes_from_zero(
         (pod,) = real_cluster.pods(ns, names.selector_string(name))
         (container,) = pod["spec"]["containers"]
         assert container["image"].split("/")[-1].startswith("engine-cpu:"), container["image"]
+
+
+def test_vllm_cpu_group_serves_and_a_lost_worker_recreates_it(
+    real_cluster: RealCluster,
+    e2e_namespace: str,
+    engine_cpu_image: float,
+    model_claim: str,
+) -> None:
+    """Real vLLM across two pods: one group (leader + headless worker), the tiny model split in
+    two pipeline stages; a completion through the Service; the worker pod deleted → the CR out
+    of service, the group recreated by LeaderWorkerSet, serving again."""
+    ns, name = e2e_namespace, "vllm-group"
+    kit = real_cluster.kit
+    spec = vllm_cpu_spec(model_claim)
+    spec["engine"]["pipelineParallelSize"] = 2
+    applied = time.monotonic()
+    kit.apply_llmd(ns, name, spec)
+    kit.wait_condition(ns, name, "Ready", "True", timeout=START_TIMEOUT + 120)
+    apply_to_ready = time.monotonic() - applied
+    pods = {p["metadata"]["name"]: p for p in real_cluster.pods(ns, names.selector_string(name))}
+    assert pods.keys() == {f"{name}-0", f"{name}-0-1"}, pods.keys()
+    leader, worker = pods[f"{name}-0"], pods[f"{name}-0-1"]
+    assert leader["metadata"]["labels"][names.LABEL_LWS_WORKER_INDEX] == "0"
+    for pod in (leader, worker):
+        assert pod["spec"]["nodeName"] == REAL_NODE
+        (container,) = pod["spec"]["containers"]
+        assert container["image"].split("/")[-1].startswith("engine-cpu:"), container["image"]
+    assert "--headless" in worker["spec"]["containers"][0]["args"]
+
+    url = service_url(real_cluster.cluster, ns, name)
+
+    def answers() -> dict[str, Any]:
+        status, body = post_json(
+            url + "/v1/completions",
+            {"model": name, "prompt": "def main():", "max_tokens": 8, "ignore_eos": True},
+            timeout=120,
+        )
+        assert status == 200, body
+        assert body["usage"]["completion_tokens"] == 8, body
+        return dict(body)
+
+    t0 = time.monotonic()
+    answers()
+    completion_seconds = time.monotonic() - t0
+
+    deleted = time.monotonic()
+    real_cluster.kubectl("delete", "pod", "-n", ns, f"{name}-0-1", "--wait=false")
+
+    def ready_condition() -> str | None:
+        for condition in ((kit.get_llmd(ns, name) or {}).get("status") or {}).get(
+            "conditions"
+        ) or []:
+            if condition["type"] == "Ready":
+                return str(condition["status"])
+        return None
+
+    wait_until(
+        lambda: ready_condition() != "True",
+        timeout=60,
+        interval=0.5,
+        what="the CR out of service after its worker went",
+    )
+    out_of_service = time.monotonic() - deleted
+    first_leader = leader["metadata"]["uid"]
+
+    def recreated() -> bool:
+        now = {
+            p["metadata"]["name"]: p
+            for p in real_cluster.pods(ns, names.selector_string(name))
+            if not p["metadata"].get("deletionTimestamp")
+        }
+        new_leader = now.get(f"{name}-0")
+        return bool(
+            new_leader is not None
+            and new_leader["metadata"]["uid"] != first_leader
+            and f"{name}-0-1" in now
+            and ready_condition() == "True"
+        )
+
+    wait_until(recreated, timeout=START_TIMEOUT + 180, interval=1, what="the group recreated")
+    serving_again = time.monotonic() - deleted
+    answers()
+    print(
+        f"\nvLLM CPU group of 2 pods (PP 2): apply→Ready {apply_to_ready:.1f} s, completion "
+        f"{completion_seconds:.1f} s through the ClusterIP; worker pod deleted: out of service "
+        f"after {out_of_service:.1f} s, recreated and Ready after {serving_again:.1f} s"
+    )

@@ -140,6 +140,31 @@ def test_hang_freezes_progress_and_aborts() -> None:
     asyncio.run(scenario())
 
 
+def test_a_late_stage_holds_every_step_until_it_answers() -> None:
+    """A multi-node group's late rank pauses generation; its answer resumes it (not a hang)."""
+
+    async def scenario() -> None:
+        e = engine()
+        task = asyncio.create_task(e.run())
+        r = e.submit(10, 60)
+        await asyncio.sleep(0.02)
+        e.stage_late(1, True)
+        await asyncio.sleep(0.01)
+        held = e.generation_tokens_total
+        await asyncio.sleep(0.05)
+        assert e.halted()
+        assert e.generation_tokens_total == held
+        assert not r.finished
+        e.stage_late(1, False)
+        assert not e.halted()
+        await finished([r])
+        assert (r.finish_reason, r.generated) == ("length", 60)
+        e.stop()
+        await task
+
+    asyncio.run(scenario())
+
+
 def test_error_fault_finishes_requests_with_reason_error_until_cleared() -> None:
     """The error-rate alert's fault: `finished_reason="error"` in vLLM's success counter."""
 

@@ -67,8 +67,12 @@ def test_drain_keeps_the_rank_until_the_leader_is_gone_or_the_budget_ends() -> N
     assert judge(s, 6.0) == (True, False, Phase.DRAINING)
     assert not worker.may_stop(s, 20.0, drain_started=6.0, budget=50.0)
     assert worker.may_stop(s, 56.0, drain_started=6.0, budget=50.0)
-    gone = poll(s, 21.0, reached=False)
-    assert worker.may_stop(gone, 21.0, drain_started=6.0, budget=50.0)
+    # One failed poll is no proof (this process held up, a connect timed out on resuming).
+    once = poll(s, 21.0, reached=False)
+    assert not worker.may_stop(once, 21.0, drain_started=6.0, budget=50.0)
+    assert not worker.may_stop(poll(once, 22.0, reached=True), 22.0, 6.0, 50.0)
+    gone = poll(once, 22.0, reached=False)
+    assert worker.may_stop(gone, 22.0, drain_started=6.0, budget=50.0)
 
 
 def test_role_row_flag_and_variable() -> None:
@@ -95,3 +99,17 @@ def test_worker_drain_budget_covers_the_leaders_whole_drain() -> None:
         + contract.ENGINE_EXIT_GRACE_SECONDS
     )
     assert drain_budget(s) >= leader_drain
+
+
+def test_a_rank_ended_after_its_leader_went_waits_unready_until_the_stall_budget() -> None:
+    """Orphaned (the leader's pod went first, as on every rollout): no failure, no restart, and
+    so no stale rank joining the next group's leader; liveness only past the stall budget."""
+    s = poll(WorkerState(started_at=0.0), 5.0, reached=True)
+    s = worker.orphan(poll(s, 10.0, reached=False, alive=False), 10.5, exit_code=1)
+    assert judge(s, 11.0) == (True, False, Phase.DRAINING)
+    # Later polls (the process still gone, the leader answering or not) change nothing.
+    s = poll(poll(s, 12.0, reached=True, alive=False), 13.0, reached=False, alive=False)
+    v = worker.verdict(s, 10.5 + STALL - 1, stall_seconds=STALL, load_timeout_seconds=LOAD)
+    assert (v.live, v.ready) == (True, False)
+    assert "waiting for LeaderWorkerSet to delete this pod" in v.reason
+    assert judge(s, 10.5 + STALL + 1) == (False, False, Phase.FAILED)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from llmop_engine.simulator import config
-from llmop_engine.simulator.group import HELLO, GroupConfig, parse_hello
+from llmop_engine.simulator import config, group
+from llmop_engine.simulator.group import HELLO, PING, PONG, GroupConfig, Rendezvous, parse_hello
+from support.harness.replicas import free_port
 
 
 @pytest.mark.parametrize(
@@ -55,3 +58,43 @@ def test_impossible_ranks_are_refused(
     with pytest.raises(SystemExit):
         config.parse(["m", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_a_late_rank_holds_the_pipeline_and_a_gone_one_loses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0's rendezvous: an answer that comes late pauses the pipeline and resumes it (a
+    process held up on a loaded node is not a dead stage); a closed connection is a lost rank."""
+    monkeypatch.setattr(group, "STAGE_LATE_SECONDS", 0.2)
+    monkeypatch.setattr(group, "PING_EVERY_SECONDS", 0.05)
+    events: list[tuple[str, int, bool]] = []
+
+    async def scenario() -> None:
+        port = free_port()
+        rendezvous = Rendezvous(
+            GroupConfig(nnodes=2, master_addr="127.0.0.1", master_port=port),
+            lambda rank: events.append(("lost", rank, True)),
+            lambda rank, late: events.append(("late", rank, late)),
+        )
+        await rendezvous.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(HELLO + b"1\n")
+        assert await reader.readline() == b"ok\n"
+        await asyncio.wait_for(rendezvous.all_joined.wait(), 2)
+        assert await reader.readline() == PING
+        writer.write(PONG)
+        assert await reader.readline() == PING
+        await asyncio.sleep(0.4)  # past the late bound: held
+        assert events == [("late", 1, True)]
+        writer.write(PONG)  # the answer comes after all: going on
+        assert await reader.readline() == PING
+        assert events == [("late", 1, True), ("late", 1, False)]
+        writer.close()
+        for _ in range(50):
+            if ("lost", 1, True) in events:
+                break
+            await asyncio.sleep(0.02)
+        await rendezvous.close()
+
+    asyncio.run(scenario())
+    assert events == [("late", 1, True), ("late", 1, False), ("lost", 1, True)]

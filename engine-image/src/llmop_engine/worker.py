@@ -12,8 +12,17 @@ rendezvous port (`--master-addr`:`--master-port`, the torch TCPStore every rank 
   worker that never became Ready would hold its group unready forever; the Service selects
   leaders only, so a Ready worker never draws traffic. It goes off on the drain.
 - Drain: the worker keeps its rank up while the leader still answers (the leader finishes its
-  in-flight requests, which need every rank), and stops it once the leader is gone or the budget
-  ran out.
+  in-flight requests, which need every rank), and stops it once the leader is gone (two failed
+  polls in a row) or the budget ran out.
+- Orphaned: a rank that ends on its own after its leader went (the leader's port no longer
+  answers) is not a worker failure. On a rollout or a recreate LeaderWorkerSet deletes the
+  leader pod, and the worker StatefulSet, owned by that pod, is deleted only once the leader is
+  gone, so a worker always sees its leader go first. Failing then would restart the container,
+  and a restarted rank dials the same leader address — where the next group's leader is already
+  waiting: it joins it, and takes that new group down when its stale pod is deleted a moment
+  later (measured on the real node). So the agent keeps running without a rank: not ready, live
+  until the stall budget (the deletion comes in seconds; after the budget something is wrong and
+  a restart is the way out).
 """
 
 from __future__ import annotations
@@ -49,7 +58,11 @@ class WorkerState:
     first_reached_at: float | None = None
     unreachable_since: float | None = None
     """The first failed poll after the last answer (None while it answers)."""
+    unreachable_polls: int = 0
+    """Failed polls in a row."""
     draining: bool = False
+    orphaned_at: float | None = None
+    """When the rank ended on its own after its leader went (module docstring)."""
 
 
 def observe(
@@ -64,12 +77,14 @@ def observe(
             reached_at=now,
             first_reached_at=state.first_reached_at or now,
             unreachable_since=None,
+            unreachable_polls=0,
         )
     return replace(
         state,
         process_alive=alive,
         exit_code=exit_code,
         unreachable_since=state.unreachable_since if state.unreachable_since is not None else now,
+        unreachable_polls=state.unreachable_polls + 1,
     )
 
 
@@ -77,10 +92,32 @@ def start_drain(state: WorkerState) -> WorkerState:
     return replace(state, draining=True)
 
 
+def orphan(state: WorkerState, now: float, exit_code: int | None) -> WorkerState:
+    """The rank ended on its own while its leader's port did not answer."""
+    return replace(state, process_alive=False, exit_code=exit_code, orphaned_at=now)
+
+
 def verdict(
     state: WorkerState, now: float, *, stall_seconds: float, load_timeout_seconds: float
 ) -> Verdict:
     """The worker's `/livez` and `/readyz` at `now` (module docstring)."""
+    if state.orphaned_at is not None:
+        waited = now - state.orphaned_at
+        if waited > stall_seconds:
+            return Verdict(
+                phase=Phase.FAILED,
+                live=False,
+                ready=False,
+                reason=f"headless rank ended after its leader went, and this pod was not "
+                f"deleted in {waited:.0f}s (stall budget {stall_seconds:.0f}s)",
+            )
+        return Verdict(
+            phase=Phase.DRAINING,
+            live=True,
+            ready=False,
+            reason=f"headless rank ended after its leader went ({waited:.0f}s ago): waiting for "
+            "LeaderWorkerSet to delete this pod with its group",
+        )
     if not state.process_alive:
         return Verdict(
             phase=Phase.FAILED,
@@ -136,7 +173,13 @@ def verdict(
     )
 
 
+LEADER_GONE_POLLS = 2
+"""Failed polls in a row that end a drain. One is no proof: when this process is held up (seconds,
+on a loaded node) the connect in flight times out the moment it runs again, and stopping the rank
+then would cut the requests the leader is still finishing."""
+
+
 def may_stop(state: WorkerState, now: float, drain_started: float, budget: float) -> bool:
     """During the drain: stop the rank once the leader's port stopped answering (the leader has
     finished or is gone), or the budget ran out."""
-    return state.unreachable_since is not None or now - drain_started >= budget
+    return state.unreachable_polls >= LEADER_GONE_POLLS or now - drain_started >= budget

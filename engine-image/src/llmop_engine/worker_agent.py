@@ -5,8 +5,10 @@ Same probe server, drain socket and signal handling as the leader's agent (`agen
 engine HTTP client, no deep probe and no load gauges: a headless rank has no API, and a worker's
 `llmop_engine_queue_depth` would be counted by the HPA and the router beside its leader's.
 
-Exit code: non-zero exactly when the rank failed: it exited without being asked to (its leader
-died, or it crashed). A rank the agent stopped on the drain exits 0.
+Exit code: non-zero exactly when the rank failed: it exited without being asked to while its
+leader still answered (it crashed). A rank the agent stopped on the drain exits 0, and so does
+the agent of a rank that ended after its leader went: it waits, rank-less, for its pod's
+deletion (`worker`: orphaned) and then exits 0.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ log = logging.getLogger("llmop_engine.worker")
 
 CONNECT_TIMEOUT_SECONDS = 2.0
 """One look at the leader's port; a loaded leader still accepts within milliseconds."""
+LEADER_CHECKS_AFTER_EXIT = 2
+"""Looks at the leader's port once the rank ended on its own, half a second apart: it is gone
+when any fails (a leader that stopped closes its port before the ranks' connections)."""
 
 
 def drain_budget(settings: AgentSettings) -> float:
@@ -156,6 +161,30 @@ class WorkerAgent:
                 log.exception("poll failed")
             await asyncio.sleep(self.settings.poll_interval_seconds)
 
+    async def _leader_answers(self) -> bool:
+        for look in range(LEADER_CHECKS_AFTER_EXIT):
+            if look:
+                await asyncio.sleep(0.5)
+            if not await reachable(self.leader.host, self.leader.port, CONNECT_TIMEOUT_SECONDS):
+                return False
+        return True
+
+    async def _wait_as_orphan(self, code: int | None) -> asyncio.Task[bool]:
+        """The rank ended after its leader went: no restart (a new rank would join the next
+        group's leader), wait for the stop that comes with this pod's deletion; returns its
+        drain."""
+        log.warning(
+            "headless rank exited with code %s after its leader went: not restarting it; "
+            "waiting for this pod to be deleted with its group",
+            code,
+        )
+        self.state = worker.orphan(self.state, time.monotonic(), code)
+        self._after_change()
+        while self.drain_task is None:
+            await asyncio.sleep(self.settings.poll_interval_seconds)
+            self._after_change()
+        return self.drain_task
+
     # -- main -------------------------------------------------------------------------------
 
     async def run(self) -> int:
@@ -177,10 +206,13 @@ class WorkerAgent:
         monitor = asyncio.create_task(self._monitor(), name="monitor")
         try:
             code = await self.supervisor.wait()
-            if self.drain_task is None:
-                log.error("headless rank exited on its own with code %s: failed", code)
-                return code or 1
-            await self.drain_task
+            drain = self.drain_task
+            if drain is None:
+                if await self._leader_answers():
+                    log.error("headless rank exited on its own with code %s: failed", code)
+                    return code or 1
+                drain = await self._wait_as_orphan(code)
+            await drain
             return 0
         finally:
             monitor.cancel()

@@ -9,9 +9,10 @@ token, which keeps three simulators with dozens of streams cheap on a small CPU.
 
 KV blocks for prompt + max_tokens are reserved at admission, so the model never preempts (vLLM
 allocates lazily and preempts under pressure; reserving is the conservative simplification).
-Aborts (client disconnects) take effect at the next step boundary, so a hung engine keeps them, as a
-wedged vLLM engine core does. Prefix caching (on by default, as in vLLM) is `prefix_cache`'s model:
-a request prefills only the tokens after its longest cached prefix.
+Aborts (client disconnects) take effect at the next step boundary, so a hung engine (or one waiting
+for a late pipeline stage) keeps them, as a wedged vLLM engine core does. Prefix caching (on by
+default, as in vLLM) is `prefix_cache`'s model: a request prefills only the tokens after its
+longest cached prefix.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ class BatchEngine:
         self.prefix_cache = (
             PrefixCache(max(1, cfg.num_gpu_blocks - 1)) if cfg.enable_prefix_caching else None
         )
+        self.late_stages: set[int] = set()
+        """Pipeline stages (ranks of a multi-node group) that answer late: no step completes
+        until they answer (`simulator.group`)."""
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -146,6 +150,18 @@ class BatchEngine:
     def notify(self) -> None:
         """Wake the scheduler (fault changed)."""
         self._wake.set()
+
+    def stage_late(self, rank: int, late: bool) -> None:
+        """A pipeline stage stopped answering (True) or answers again (False)."""
+        if late:
+            self.late_stages.add(rank)
+        else:
+            self.late_stages.discard(rank)
+        self._wake.set()
+
+    def halted(self) -> bool:
+        """No step completes: the engine is hung, or waits for a late stage."""
+        return self.faults.mode == "hang" or bool(self.late_stages)
 
     def stop(self) -> None:
         self._stopped = True
@@ -251,9 +267,9 @@ class BatchEngine:
 
     async def run(self) -> None:
         while not self._stopped:
-            if self.faults.mode != "hang":
+            if not self.halted():
                 self._process_aborts()
-            if not self.has_work() or self.faults.mode == "hang" or self.dead:
+            if not self.has_work() or self.halted() or self.dead:
                 if not self.has_work():
                     self._idle.set()
                 self._wake.clear()
@@ -269,7 +285,7 @@ class BatchEngine:
                 await self._wake.wait()
                 continue
             await asyncio.sleep(self.step_seconds(batch, prefill))
-            if self.faults.mode == "hang" or self.dead or self._stopped:
+            if self.halted() or self.dead or self._stopped:
                 continue  # the step never completes
             self._deliver(self.clock(), prefill)
 

@@ -9,15 +9,20 @@ What llmop relies on, and what the simulator therefore models (observed on vLLM 
   TCPStore) and the weights are loaded: connection refused meanwhile, as for a one-pod engine.
 - A headless rank has no HTTP at all; it keeps trying to reach `A:P` until it joins, and exits
   with an error once its leader is gone.
-- When a rank dies or hangs while serving, rank 0 does not notice: `/health` stays 200 and
-  `/metrics` answers, but no forward pass completes again (a completion hangs). The simulator's
-  `hang` fault is exactly that, so a lost rank applies it; only a restart of the group heals it.
+- When a rank dies while serving, rank 0 does not notice: `/health` stays 200 and `/metrics`
+  answers, but no forward pass completes again (a completion hangs). The simulator's `hang` fault
+  is exactly that, so a lost rank applies it; only a restart of the group heals it.
+- A rank that is only late (stopped, wedged, or its process held up on a loaded node) holds every
+  forward pass until it answers, and the pipeline goes on when it does: vLLM's stages wait for
+  each other, they do not give up. So a late rank pauses the scheduler and an answer resumes it.
 
 The rendezvous here is a plain TCP line protocol (a rank sends `llmop-sim rank R`, rank 0 answers
 `ok`) on the same port, so the worker agent's reachability check (a bare connect) works unchanged.
 A forward pass needs every stage, so rank 0 pings each rank every second; a rank that closes its
-connection (its process died) or leaves a ping unanswered for `STAGE_TIMEOUT_SECONDS` (stopped,
-wedged) has lost the pipeline.
+connection (its process died) has lost the pipeline, one that leaves a ping unanswered for
+`STAGE_LATE_SECONDS` holds it until its answer comes. Late is not lost: a process of this 2-core
+machine's pods was once held up for 17 s under load, and taking that for a dead stage hung
+groups whose every process was fine.
 """
 
 from __future__ import annotations
@@ -41,8 +46,9 @@ RETRY_SECONDS = 0.5
 PING = b"ping\n"
 PONG = b"pong\n"
 PING_EVERY_SECONDS = 1.0
-STAGE_TIMEOUT_SECONDS = 3.0
-"""A stage that answers no ping for this long is taken as hung (what a stuck forward pass is)."""
+STAGE_LATE_SECONDS = 3.0
+"""A stage that answers no ping for this long holds the pipeline (no step completes) until it
+answers: what a stopped or wedged rank does to vLLM's forward passes."""
 
 
 @dataclass(frozen=True)
@@ -75,11 +81,20 @@ def parse_hello(line: bytes) -> int | None:
 
 
 class Rendezvous:
-    """Rank 0's side: accept the other ranks, say when all joined, report a rank lost."""
+    """Rank 0's side: accept the other ranks, say when all joined, report a rank late (and
+    back) or lost."""
 
-    def __init__(self, group: GroupConfig, on_lost: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        group: GroupConfig,
+        on_lost: Callable[[int], None],
+        on_late: Callable[[int, bool], None],
+    ) -> None:
         self.group = group
         self.on_lost = on_lost
+        self.on_late = on_late
+        """Called with (rank, True) when a rank stops answering, (rank, False) when it answers
+        again."""
         self.joined: set[int] = set()
         self.all_joined = asyncio.Event()
         self._server: asyncio.Server | None = None
@@ -117,7 +132,7 @@ class Rendezvous:
             log.info("rank %d joined (%d/%d)", rank, len(self.joined) + 1, self.group.nnodes)
             if self.joined >= self.group.worker_ranks:
                 self.all_joined.set()
-            why = await _watch_stage(reader, writer)
+            why = await self._watch_stage(rank, reader, writer)
             self.joined.discard(rank)
             if self.all_joined.is_set():
                 # Past the distributed init the group is one engine: no stage can be replaced.
@@ -129,22 +144,41 @@ class Rendezvous:
             self._writers.discard(writer)
             writer.close()
 
-
-async def _watch_stage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
-    """Ping a joined rank until it is gone or stops answering; says which."""
-    try:
-        while True:
-            writer.write(PING)
-            await writer.drain()
-            try:
-                answer = await asyncio.wait_for(reader.readline(), STAGE_TIMEOUT_SECONDS)
-            except TimeoutError:
-                return f"answered no ping for {STAGE_TIMEOUT_SECONDS:g}s"
-            if answer != PONG:
-                return "is gone"
-            await asyncio.sleep(PING_EVERY_SECONDS)
-    except ConnectionError:
-        return "is gone"
+    async def _watch_stage(
+        self, rank: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> str:
+        """Ping a joined rank until it is gone; a late answer holds the pipeline meanwhile."""
+        late = False
+        try:
+            while True:
+                writer.write(PING)
+                await writer.drain()
+                try:
+                    answer = await asyncio.wait_for(reader.readline(), STAGE_LATE_SECONDS)
+                except TimeoutError:
+                    # Also when this process was held up past the deadline with the answer
+                    # already here (the timer and the read fire in one loop turn): the read
+                    # below then returns it at once, and the pause lasts that one turn.
+                    late = True
+                    log.warning(
+                        "rank %d answered no ping for %gs: the pipeline waits for it",
+                        rank,
+                        STAGE_LATE_SECONDS,
+                    )
+                    self.on_late(rank, True)
+                    answer = await reader.readline()
+                if answer != PONG:
+                    return "is gone"
+                if late:
+                    late = False
+                    log.info("rank %d answers again: the pipeline goes on", rank)
+                    self.on_late(rank, False)
+                await asyncio.sleep(PING_EVERY_SECONDS)
+        except ConnectionError:
+            return "is gone"
+        finally:
+            if late:
+                self.on_late(rank, False)
 
 
 async def run_headless(group: GroupConfig, stop: asyncio.Event) -> int:

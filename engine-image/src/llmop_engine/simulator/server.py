@@ -23,8 +23,8 @@ queued when everything is aborted ends with no choice and no finish reason, as v
 `/health` answers 503, open requests end with an error, and the process exits with code 0.
 
 Multi-node (`--nnodes N`, `simulator.group`): rank 0 waits for the other ranks' rendezvous before
-its load time and hangs (the `hang` fault) when one of them is gone; `--headless` ranks run no
-HTTP server, only their side of the rendezvous.
+its load time, hangs (the `hang` fault) when one of them is gone and completes no step while one
+answers late; `--headless` ranks run no HTTP server, only their side of the rendezvous.
 """
 
 from __future__ import annotations
@@ -543,7 +543,7 @@ class SimServer:
             loop.add_signal_handler(sig, self.stop_event.set)
         if not self.cfg.group.multi_node:
             return await self._load_and_serve()
-        rendezvous = Rendezvous(self.cfg.group, self._rank_lost)
+        rendezvous = Rendezvous(self.cfg.group, self._rank_lost, self.engine.stage_late)
         await rendezvous.start()
         try:
             if not await self._until_group_joined(rendezvous):
