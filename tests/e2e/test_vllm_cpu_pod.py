@@ -275,6 +275,9 @@ def test_vllm_cpu_engine_wakes_from_zero(
         assert container["image"].split("/")[-1].startswith("engine-cpu:"), container["image"]
 
 
+# Two real engines start twice (the group, then its recreate), each pair ~2-4 min on 2 cores,
+# and a cold engine-cpu image's build and import (~10 min) may fall into this test's setup.
+@pytest.mark.timeout(1800)
 def test_vllm_cpu_group_serves_and_a_lost_worker_recreates_it(
     real_cluster: RealCluster,
     e2e_namespace: str,
