@@ -111,6 +111,18 @@ def model_claim(
         delete_model_volume(real_cluster.cluster, pv_name)
 
 
+def complete(url: str, model: str, tokens: int, timeout: float = 60) -> dict[str, Any]:
+    """One completion of exactly `tokens` tokens through `url` (the Service), answered 200."""
+    status, body = post_json(
+        url + "/v1/completions",
+        {"model": model, "prompt": "def main():", "max_tokens": tokens, "ignore_eos": True},
+        timeout=timeout,
+    )
+    assert status == 200, body
+    assert body["usage"]["completion_tokens"] == tokens, body
+    return dict(body)
+
+
 def ready_seconds(pod: dict[str, Any]) -> float:
     """Container start → pod Ready, from the kubelet's own timestamps (whole seconds)."""
     (status,) = pod["status"]["containerStatuses"]
@@ -154,15 +166,9 @@ def test_vllm_cpu_engine_serves_and_rolls_without_loss(
 
     url = service_url(real_cluster.cluster, ns, name)
     t0 = time.monotonic()
-    status, body = post_json(
-        url + "/v1/completions",
-        {"model": name, "prompt": "def main():", "max_tokens": 16, "ignore_eos": True},
-        timeout=60,
-    )
+    body = complete(url, name, 16)
     completion_seconds = time.monotonic() - t0
-    assert status == 200, body
     assert body["model"] == name
-    assert body["usage"]["completion_tokens"] == 16, body
     assert body["choices"][0]["finish_reason"] == "length", body
 
     # The rollout: a spec change that rolls the pod (maxNumSeqs is a vLLM flag), under load.
@@ -224,14 +230,7 @@ def test_vllm_cpu_engine_serves_the_model_the_cache_downloaded(
         weights = [r for r in hub.requests if r.method == "GET" and r.path.endswith(".safetensors")]
         assert len(weights) == 1, weights  # the one shard, fetched once, by the download Job
 
-        url = service_url(real_cluster.cluster, ns, name)
-        status, body = post_json(
-            url + "/v1/completions",
-            {"model": name, "prompt": "def main():", "max_tokens": 16, "ignore_eos": True},
-            timeout=60,
-        )
-        assert status == 200, body
-        assert body["usage"]["completion_tokens"] == 16, body
+        complete(service_url(real_cluster.cluster, ns, name), name, 16)
         print(
             f"\nvLLM CPU pod from the model cache: {repo.total_bytes / 2**20:.1f} MiB from the "
             f"hub stand-in, apply→Ready {apply_to_ready:.1f} s, ready in "
@@ -306,19 +305,8 @@ def test_vllm_cpu_group_serves_and_a_lost_worker_recreates_it(
     assert "--headless" in worker["spec"]["containers"][0]["args"]
 
     url = service_url(real_cluster.cluster, ns, name)
-
-    def answers() -> dict[str, Any]:
-        status, body = post_json(
-            url + "/v1/completions",
-            {"model": name, "prompt": "def main():", "max_tokens": 8, "ignore_eos": True},
-            timeout=120,
-        )
-        assert status == 200, body
-        assert body["usage"]["completion_tokens"] == 8, body
-        return dict(body)
-
     t0 = time.monotonic()
-    answers()
+    complete(url, name, 8, timeout=120)
     completion_seconds = time.monotonic() - t0
 
     deleted = time.monotonic()
@@ -357,7 +345,7 @@ def test_vllm_cpu_group_serves_and_a_lost_worker_recreates_it(
 
     wait_until(recreated, timeout=START_TIMEOUT + 180, interval=1, what="the group recreated")
     serving_again = time.monotonic() - deleted
-    answers()
+    complete(url, name, 8, timeout=120)
     print(
         f"\nvLLM CPU group of 2 pods (PP 2): apply→Ready {apply_to_ready:.1f} s, completion "
         f"{completion_seconds:.1f} s through the ClusterIP; worker pod deleted: out of service "
