@@ -25,9 +25,13 @@ import pytest
 
 from support.cluster import wait_until
 from support.realnode import (
+    LWS_NAME_LABEL,
     BackgroundLoad,
     RealCluster,
+    group_pods,
+    group_recreated,
     post_json,
+    ready_status,
     real_node_spec,
     service_url,
     summary,
@@ -36,7 +40,6 @@ from support.realnode import (
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
-LABEL = "leaderworkerset.sigs.k8s.io"
 CLIENTS = 8
 WARMUP_SECONDS = 5
 SETTLE_SECONDS = 5
@@ -44,13 +47,6 @@ SETTLE_SECONDS = 5
 
 def group_spec(replicas: int, **engine: Any) -> dict[str, Any]:
     return real_node_spec(replicas=replicas, engine={"pipelineParallelSize": 2, **engine})
-
-
-def ready_status(cr: dict[str, Any] | None) -> str | None:
-    for condition in ((cr or {}).get("status") or {}).get("conditions") or []:
-        if condition["type"] == "Ready":
-            return str(condition["status"])
-    return None
 
 
 def completion(rc: RealCluster, namespace: str, name: str) -> dict[str, Any]:
@@ -61,14 +57,6 @@ def completion(rc: RealCluster, namespace: str, name: str) -> dict[str, Any]:
     assert code == 200, body
     assert body["choices"][0]["finish_reason"] == "length", body
     return dict(body)
-
-
-def group_pods(rc: RealCluster, namespace: str, name: str) -> dict[str, dict[str, Any]]:
-    return {
-        p["metadata"]["name"]: p
-        for p in rc.pods(namespace, f"{LABEL}/name={name}")
-        if not p["metadata"].get("deletionTimestamp")
-    }
 
 
 def test_a_group_serves_and_a_lost_worker_recreates_it(
@@ -96,17 +84,12 @@ def test_a_group_serves_and_a_lost_worker_recreates_it(
     )
     out_of_service = time.monotonic() - deleted
 
-    def recreated() -> bool:
-        found = group_pods(rc, ns, name)
-        leader = found.get(f"{name}-0")
-        return bool(
-            leader is not None
-            and leader["metadata"]["uid"] != first_leader_uid
-            and f"{name}-0-1" in found
-            and ready_status(rc.kit.get_llmd(ns, name)) == "True"
-        )
-
-    wait_until(recreated, timeout=240, interval=0.5, what="the group recreated and Ready")
+    wait_until(
+        lambda: group_recreated(rc, ns, name, first_leader_uid),
+        timeout=240,
+        interval=0.5,
+        what="the group recreated and Ready",
+    )
     serving_again = time.monotonic() - deleted
     completion(rc, ns, name)
     print(
@@ -135,7 +118,7 @@ def test_rolling_update_of_two_groups_under_load_loses_nothing(
     """Per pod uid (old and new pods share names): its name and container restarts."""
 
     def rolled() -> bool:
-        for pod in rc.pods(ns, f"{LABEL}/name={name}"):
+        for pod in rc.pods(ns, f"{LWS_NAME_LABEL}={name}"):
             counts = pod["status"].get("containerStatuses") or []
             restarts[pod["metadata"]["uid"]] = (
                 pod["metadata"]["name"],

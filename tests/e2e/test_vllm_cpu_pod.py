@@ -43,8 +43,11 @@ from support.realnode import (
     create_cache_volume,
     create_model_volume,
     delete_model_volume,
+    group_pods,
+    group_recreated,
     import_into_node,
     post_json,
+    ready_status,
     service_url,
     summary,
     vllm_cpu_spec,
@@ -294,7 +297,7 @@ def test_vllm_cpu_group_serves_and_a_lost_worker_recreates_it(
     kit.apply_llmd(ns, name, spec)
     kit.wait_condition(ns, name, "Ready", "True", timeout=START_TIMEOUT + 120)
     apply_to_ready = time.monotonic() - applied
-    pods = {p["metadata"]["name"]: p for p in real_cluster.pods(ns, names.selector_string(name))}
+    pods = group_pods(real_cluster, ns, name)
     assert pods.keys() == {f"{name}-0", f"{name}-0-1"}, pods.keys()
     leader, worker = pods[f"{name}-0"], pods[f"{name}-0-1"]
     assert leader["metadata"]["labels"][names.LABEL_LWS_WORKER_INDEX] == "0"
@@ -312,16 +315,8 @@ def test_vllm_cpu_group_serves_and_a_lost_worker_recreates_it(
     deleted = time.monotonic()
     real_cluster.kubectl("delete", "pod", "-n", ns, f"{name}-0-1", "--wait=false")
 
-    def ready_condition() -> str | None:
-        for condition in ((kit.get_llmd(ns, name) or {}).get("status") or {}).get(
-            "conditions"
-        ) or []:
-            if condition["type"] == "Ready":
-                return str(condition["status"])
-        return None
-
     wait_until(
-        lambda: ready_condition() != "True",
+        lambda: ready_status(kit.get_llmd(ns, name)) != "True",
         timeout=60,
         interval=0.5,
         what="the CR out of service after its worker went",
@@ -329,21 +324,12 @@ def test_vllm_cpu_group_serves_and_a_lost_worker_recreates_it(
     out_of_service = time.monotonic() - deleted
     first_leader = leader["metadata"]["uid"]
 
-    def recreated() -> bool:
-        now = {
-            p["metadata"]["name"]: p
-            for p in real_cluster.pods(ns, names.selector_string(name))
-            if not p["metadata"].get("deletionTimestamp")
-        }
-        new_leader = now.get(f"{name}-0")
-        return bool(
-            new_leader is not None
-            and new_leader["metadata"]["uid"] != first_leader
-            and f"{name}-0-1" in now
-            and ready_condition() == "True"
-        )
-
-    wait_until(recreated, timeout=START_TIMEOUT + 180, interval=1, what="the group recreated")
+    wait_until(
+        lambda: group_recreated(real_cluster, ns, name, first_leader),
+        timeout=START_TIMEOUT + 180,
+        interval=1,
+        what="the group recreated",
+    )
     serving_again = time.monotonic() - deleted
     complete(url, name, 8, timeout=120)
     print(

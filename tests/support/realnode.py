@@ -368,6 +368,7 @@ KSERVE_LEADER_LIVENESS = {
     "failureThreshold": 10,
 }
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 
 
 def plain_group_lws(
@@ -550,6 +551,36 @@ class PodWatch:
                 s.get("restartCount", 0) for s in pod["status"].get("containerStatuses") or []
             )
         return pods
+
+
+def ready_status(cr: dict[str, Any] | None) -> str | None:
+    """The status of an LLMDeployment's Ready condition ("True", "False", ...), None without one."""
+    for condition in ((cr or {}).get("status") or {}).get("conditions") or []:
+        if condition["type"] == "Ready":
+            return str(condition["status"])
+    return None
+
+
+def group_pods(rc: RealCluster, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    """A multi-node CR's pods not being deleted, by name (`<name>-<g>` leaders, `-<g>-<i>`
+    workers)."""
+    return {
+        p["metadata"]["name"]: p
+        for p in rc.pods(namespace, f"{LWS_NAME_LABEL}={name}")
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def group_recreated(rc: RealCluster, namespace: str, name: str, old_leader_uid: str) -> bool:
+    """Group 0 of a two-pod group came back whole: a new leader, its worker, the CR Ready."""
+    found = group_pods(rc, namespace, name)
+    leader = found.get(f"{name}-0")
+    return bool(
+        leader is not None
+        and leader["metadata"]["uid"] != old_leader_uid
+        and f"{name}-0-1" in found
+        and ready_status(rc.kit.get_llmd(namespace, name)) == "True"
+    )
 
 
 def pod_ready(pod: dict[str, Any]) -> bool:

@@ -180,9 +180,9 @@ class WorkerAgent:
         )
         self.state = worker.orphan(self.state, time.monotonic(), code)
         self._after_change()
+        # The monitor keeps polling and publishing the verdict meanwhile.
         while self.drain_task is None:
             await asyncio.sleep(self.settings.poll_interval_seconds)
-            self._after_change()
         return self.drain_task
 
     # -- main -------------------------------------------------------------------------------
