@@ -337,6 +337,13 @@ cmd_up() {
   printf '%s\n' "$config" >"$WORK/kwokctl.yaml"
   k8s_version="$("$bin/kubectl" version --client -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p')"
   log "creating (kubernetes $k8s_version, binaries from $bin)"
+  # kwokctl picks each component's port by scanning down from 32767 for one nothing listens on
+  # yet, so two creates at once (the two test lanes start together) pick the same ports and one
+  # cluster's kubectl talks to the other's API server (seen: "x509: certificate signed by unknown
+  # authority"). Creates take turns; the lock is this shell's alone (fd 7 closed for kwokctl,
+  # whose detached components would otherwise hold it for the cluster's life).
+  exec 7>"$STATE/kwokctl-create.lock"
+  flock 7
   # Every component comes from $bin: kwokctl must never download anything.
   # kubectl is found first on PATH (and KWOK_KUBECTL_BINARY as a fallback).
   # The optional components that it would fetch (metrics-server, prometheus,
@@ -357,11 +364,13 @@ cmd_up() {
     --kubeconfig "$KUBECONFIG_FILE" \
     --disable-qps-limits \
     --timeout "${TIMEOUT}s" \
-    --wait "${TIMEOUT}s" >&2 || {
+    --wait "${TIMEOUT}s" >&2 7>&- || {
+    exec 7>&-
     log "kwokctl create failed"
     teardown
     return 1
   }
+  exec 7>&-
   # kwokctl names the context kwok-<name>; make it the file's default.
   kctl config use-context "kwok-$NAME" >/dev/null
   apply_nodes
