@@ -16,6 +16,12 @@ its Deployment's Available to its Ready (`op lag`: the operator's share), from t
 lastTransitionTime. The operator's CPU time is read from /proc before it stops; `--profile DIR`
 samples it with py-spy (a dev dependency) into DIR.
 
+`--floor` (FLOOR=1) runs no operator: the bench itself applies each CR's Deployment and Service
+(rendered by llmop, owned by the CR) right after the CR, from the same threads, and `status s`
+is when every Deployment's controller had observed it (what the operator's first status waits
+for). What the cluster alone takes to make the same objects on this machine: the floor under
+the operator's figures. CPU and RSS are then empty.
+
 `--router` (ROUTER=1) also runs `llmop-router` against the cluster from before the first CR:
 seconds until its `/v1/models` lists all N, its CPU until then, and then, with nothing sent and
 nothing changing, the router's and the operator's CPU over an idle minute and the router's RSS
@@ -46,8 +52,12 @@ from typing import Any, Self
 
 import yaml
 
+from llmop.api.v1alpha1 import LLMDeployment
+from llmop.config import OperatorConfig
+from llmop.desired import desired_state
 from llmop.kube import Kube, KubeError
-from llmop.names import LABEL_DEPLOYMENT
+from llmop.names import FIELD_MANAGER, LABEL_DEPLOYMENT
+from llmop.plan import owner_reference, with_owner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.readiness import ReadyWatch, watch_objects
@@ -380,6 +390,7 @@ class Progress(WatchThreads):
         group, version = API_VERSION.split("/")
         self._names: dict[str, set[str]] = {
             "deployments": set(),
+            "observed": set(),
             "services": set(),
             "status": set(),
         }
@@ -405,15 +416,24 @@ class Progress(WatchThreads):
             names = self._names
             return len(names["deployments"] & names["services"]), len(names["status"])
 
+    def observed(self) -> int:
+        """Deployments whose controller has observed their current generation."""
+        with self._lock:
+            return len(self._names["observed"])
+
     def _run(self, key: str, func: Any, args: tuple[str, ...]) -> None:
         def on_event(event_type: str, obj: dict[str, Any]) -> None:
             name = obj["metadata"]["name"]
-            written = (obj.get("status") or {}).get("observedGeneration") is not None
+            observed = (obj.get("status") or {}).get("observedGeneration")
+            written = observed is not None
             present = event_type != "DELETED" and (key != "status" or written)
             with self._lock:
                 (self._names[key].add if present else self._names[key].discard)(name)
                 if key == "status" and present:
                     self.first_status.setdefault(name, time.monotonic())
+                if key == "deployments":
+                    seen = present and observed == obj["metadata"].get("generation")
+                    (self._names["observed"].add if seen else self._names["observed"].discard)(name)
 
         watch_objects(func, args, self._stop, on_event)
 
@@ -427,6 +447,7 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
     replicas: int = 0,
     profile: Path | None = None,
     with_router: bool = False,
+    floor: bool = False,
 ) -> Row:
     namespace = f"bench-{count}-{secrets.token_hex(3)}"
     if replicas:
@@ -435,17 +456,17 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
         field_manager="llmop-bench",
     )
-    process, metrics_port = start_operator(log)
+    process, metrics_port = (None, 0) if floor else start_operator(log)
     router = _start_router(log) if with_router else None
     router_cost = None
-    peak = _rss_mib(process.pid)
-    cpu_at_start = cpu_seconds(process.pid)
+    peak = _rss_mib(process.pid) if process is not None else float("nan")
+    cpu_at_start = cpu_seconds(process.pid) if process is not None else 0.0
     watcher = ReadyWatch(namespace, api_client())
     progress = Progress(namespace, api_client()).start()
     if replicas:
         watcher.start()
     sampler = None
-    if profile is not None:
+    if profile is not None and process is not None:
         profile.mkdir(parents=True, exist_ok=True)
         sampler = subprocess.Popen(
             [
@@ -456,6 +477,7 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
                 "--rate",
                 "50",
                 "--nonblocking",
+                "--gil",
                 "--format",
                 "raw",
                 "--output",
@@ -470,7 +492,7 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
 
         def create(index: int) -> None:
             name = f"m{index:04d}"
-            kube.apply(
+            parent = kube.apply(
                 {
                     "apiVersion": API_VERSION,
                     "kind": "LLMDeployment",
@@ -478,8 +500,11 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
                     "spec": _spec(replicas),
                 },
                 field_manager="llmop-bench",
+                want_result=floor,
             )
             applied_at[name] = time.monotonic()
+            if floor:
+                apply_children(kube, parent)
 
         with ThreadPoolExecutor(APPLY_THREADS) as pool:
             list(pool.map(create, range(count)))
@@ -488,7 +513,10 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         while time.monotonic() - started < timeout:
             with_children, with_status = progress.counts()
             now = time.monotonic() - started
-            peak = max(peak, _rss_mib(process.pid))
+            if process is None:
+                with_status = progress.observed()
+            else:
+                peak = max(peak, _rss_mib(process.pid))
             if children_at is None and with_children == count:
                 children_at = now
             if status_at is None and with_status == count:
@@ -500,16 +528,17 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
             time.sleep(0.2)  # counting from the watches is free; polling only reads memory
         if replicas:
             time.sleep(10)  # Ready must hold while nothing changes: count late dips too
-        rss = _rss_mib(process.pid)
-        writes = _metric(metrics_port, "llmop_status_writes_total")
-        cpu = cpu_seconds(process.pid) - cpu_at_start
+        nan = float("nan")
+        rss = _rss_mib(process.pid) if process is not None else nan
+        writes = _metric(metrics_port, "llmop_status_writes_total") if process is not None else nan
+        cpu = cpu_seconds(process.pid) - cpu_at_start if process is not None else nan
         lags = ready_lags(kube, namespace) if replicas else Lags([], [])
         observed_lags = sorted(
             progress.first_status[name] - at
             for name, at in applied_at.items()
             if name in progress.first_status
         )
-        if router is not None:
+        if router is not None and process is not None:
             router_cost = _router_cost(*router, process.pid, count, started)
     finally:
         if router is not None:
@@ -520,11 +549,12 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         if sampler is not None:
             sampler.send_signal(signal.SIGINT)
             sampler.wait(timeout=60)
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        if process is not None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
         kube.delete("v1", "Namespace", None, namespace)
     nan = float("nan")
     return Row(
@@ -547,6 +577,20 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         operator_lag_max=lags.deployment[-1] if lags.deployment else nan,
         router=router_cost,
     )
+
+
+def apply_children(kube: Kube, parent: dict[str, Any]) -> None:
+    """The floor's stand-in for the operator: the CR's Deployment and Service as llmop renders
+    them, owned by the CR, server-side applied as the operator applies them."""
+    desired = desired_state(LLMDeployment.model_validate(parent), RENDER_SETTINGS)
+    assert desired.children is not None
+    assert desired.children.deployment is not None
+    reference = owner_reference(parent)
+    for manifest in (desired.children.deployment, desired.children.service):
+        kube.apply(with_owner(manifest, reference), field_manager=FIELD_MANAGER, want_result=False)
+
+
+RENDER_SETTINGS = OperatorConfig().render_settings()
 
 
 def _median(values: list[float]) -> float:
@@ -589,6 +633,12 @@ def main() -> int:
         help="pods per CR (0: the operator alone; 1: also time to all Ready and Ready flaps)",
     )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy samples into DIR")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        default=os.environ.get("FLOOR", "") not in ("", "0"),
+        help="no operator: the bench applies the children itself (what the cluster alone takes)",
+    )
     parser.add_argument(
         "--router",
         action="store_true",
@@ -638,6 +688,7 @@ def main() -> int:
                 replicas=args.replicas,
                 profile=args.profile,
                 with_router=args.router,
+                floor=args.floor,
             )
             print(_table_line(row, replicas=args.replicas), flush=True)
             wait_namespaces_gone(kube)

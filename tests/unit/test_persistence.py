@@ -89,6 +89,22 @@ def test_the_essence_is_kopfs_without_copying_the_rest_of_the_body() -> None:
     assert ours["metadata"]["labels"] == {"team": "ml"}
 
 
+def test_a_child_has_no_essence_so_kopf_sees_no_change_in_it() -> None:
+    """kopf asks for an essence on every event of every watched kind; only the LLMDeployment has
+    change handlers, so a child's essence (its spec copied) would be built for nothing."""
+    deployment = kopf.Body(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "chat", "namespace": "ns", "uid": "d-1"},
+            "spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "engine"}]}}},
+        }
+    )
+    storage = ProcessDiffBase(PREFIX)
+    assert storage.build(body=deployment) is None
+    assert storage.fetch(body=deployment) is None
+
+
 def test_forget_drops_a_deleted_object() -> None:
     storage = ProcessDiffBase(PREFIX)
     storage.store(body=body(), patch=kopf.Patch(), essence=storage.build(body=body()))

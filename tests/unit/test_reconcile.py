@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from llmop.config import OperatorConfig
 from llmop.hub import HubUnavailableError
 from llmop.kube import RejectedError, TerminatingError
 from llmop.metrics import Metrics
+from llmop.reconcile import first_status
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 API = "serving.llmop.dev/v1alpha1"
@@ -852,6 +853,75 @@ def test_the_fallback_writes_a_deferred_status_the_controller_never_answered(
     observed = rolled_out(kube, ready=1)
     deliver(ctx, kube)
     assert not reconcile.quiet_child_event(ctx, "MODIFIED", observed)
+
+
+def _other_deployment_observed(ctx: reconcile.Context) -> None:
+    """A watch event of another model's Deployment that its controller has observed."""
+    reconcile.note_deployment(
+        ctx,
+        {"metadata": {"name": "other", "generation": 2}, "status": {"observedGeneration": 2}},
+    )
+
+
+def test_the_fallback_waits_longer_while_the_deployment_controller_is_at_work(
+    ctx: reconcile.Context, kube: FakeKube, scheduled: list[tuple[str, str]]
+) -> None:
+    """A burst: the controller observes other Deployments but has not reached this one yet. The
+    fallback runs again later instead of writing "rolling out" (and a RollingOut Event) moments
+    before the controller's status makes it write Ready (and a Ready Event)."""
+    clock = {"now": NOW}
+    ctx.clock = lambda: clock["now"]
+    kube.put(parent(replicas=1))
+    run_parent(ctx, kube)
+    _unobserved(kube)
+    deliver(ctx, kube)
+    # Not a sign of a working controller: a Deployment it has not observed yet.
+    reconcile.note_deployment(ctx, kube.objects["Deployment", "ns", "x"])
+    assert ctx.deployments_observed_at is None
+    _other_deployment_observed(ctx)
+    scheduled.clear()
+    clock["now"] = NOW + timedelta(seconds=first_status.DEFER_SECONDS)
+    _other_deployment_observed(ctx)
+    assert reconcile.write_deferred_status(ctx, "ns", "x") == "skipped"
+    assert scheduled == [("ns", "x")]
+    assert _writes(kube) == []
+    # Its first status comes: one status write, one Event, and the fallback has nothing left.
+    observed = rolled_out(kube, ready=1)
+    deliver(ctx, kube)
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", observed) == "ok"
+    assert _writes(kube) == [("status", "LLMDeployment", "x"), ("event", "Ready", "x")]
+    assert reconcile.write_deferred_status(ctx, "ns", "x") == "skipped"
+
+
+def test_the_fallback_writes_once_the_controller_is_gone_quiet_or_the_wait_is_longest(
+    ctx: reconcile.Context, kube: FakeKube, scheduled: list[tuple[str, str]]
+) -> None:
+    clock = {"now": NOW}
+    ctx.clock = lambda: clock["now"]
+    kube.put(parent(replicas=1))
+    run_parent(ctx, kube)
+    _unobserved(kube)
+    deliver(ctx, kube)
+    # Seen at work, but not within the last DEFER_SECONDS: it may have stopped; write.
+    _other_deployment_observed(ctx)
+    clock["now"] = NOW + timedelta(seconds=first_status.DEFER_SECONDS + 1)
+    assert reconcile.write_deferred_status(ctx, "ns", "x") == "ok"
+    assert conds(kube)["Reconciling"]["reason"] == "RollingOut"
+
+    # A new generation, and a controller at work that never reaches this Deployment: the
+    # fallback waits again only while the whole wait stays within LONGEST_DEFER_SECONDS.
+    _edit_and_reconcile(ctx, kube, 2, replicas=1, engine={"backend": "simulator", "maxNumSeqs": 8})
+    started = clock["now"]
+    waits = 0
+    while True:
+        clock["now"] += timedelta(seconds=first_status.DEFER_SECONDS)
+        _other_deployment_observed(ctx)
+        if reconcile.write_deferred_status(ctx, "ns", "x") != "skipped":
+            break
+        waits += 1
+    assert (clock["now"] - started).total_seconds() <= first_status.LONGEST_DEFER_SECONDS
+    assert waits == first_status.LONGEST_DEFER_SECONDS // first_status.DEFER_SECONDS - 1
+    assert kube.objects["LLMDeployment", "ns", "x"]["status"]["observedGeneration"] == 2
 
 
 def _edit_and_reconcile(

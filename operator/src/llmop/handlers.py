@@ -55,6 +55,7 @@ from llmop.pods import pod_summary
 from llmop.reconcile import (
     Context,
     controller_owner,
+    note_deployment,
     note_group_pod,
     quiet_child_event,
     quiet_pod_event,
@@ -262,6 +263,10 @@ async def child_event(
     a deletion is awaited as it is. A transient API error is only logged: the next event, or the
     parent's own reconcile, tries again."""
     ctx = _context(memo, kwargs)
+    if type != "DELETED" and body.get("kind") == kinds.DEPLOYMENT.kind:
+        # Every event, before the quiet check: the deferred statuses' fallback judges from it
+        # whether the Deployment controller is at work.
+        note_deployment(ctx, body)
     child = child_event_summary(body)
     if quiet_child_event(ctx, type, child):
         return
@@ -306,22 +311,21 @@ async def start_fleet_reader(memo: Any, **_: Any) -> None:
 @kopf.on.startup(id="first-status")
 async def start_deferred_statuses(memo: Any, **_: Any) -> None:
     """Let parent passes defer their status write (`reconcile.first_status`): each deferral
-    runs its fallback `DEFER_SECONDS` later in the refresh pool, one pending run per parent.
+    runs its fallback `DEFER_SECONDS` later in the refresh pool (and again each time the
+    fallback decides to wait longer), one pending run per parent.
     The parent passes run in kopf's threads; the coalescer lives on this event loop."""
     context: Context = memo.context
     loop = asyncio.get_running_loop()
-    deferred = Coalescer(delay=DEFER_SECONDS)
+    deferred = Coalescer()
+
+    def submit(namespace: str, name: str) -> None:
+        key = ("first-status", namespace, name)
+        deferred.submit(memo, key, write_deferred_status, context, namespace, name)
 
     def schedule(namespace: str, name: str) -> None:
-        loop.call_soon_threadsafe(
-            deferred.submit,
-            memo,
-            ("first-status", namespace, name),
-            write_deferred_status,
-            context,
-            namespace,
-            name,
-        )
+        # A timer per call, not a delay per coalesced run: a fallback that decides to wait
+        # longer schedules itself again from its worker, and must wait again, not run at once.
+        loop.call_soon_threadsafe(loop.call_later, DEFER_SECONDS, submit, namespace, name)
 
     context.schedule_status = schedule
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import kopf
 
+from llmop.api.v1alpha1 import KIND
+
 MARKER_SUFFIX = "kopf-managed"
 """kopf's name for the annotation that brands a prefix as a kopf storage's
 (`kopf._cogs.configs.conventions.StorageKeyMarkingConvention`)."""
@@ -37,6 +39,12 @@ class ProcessDiffBase(kopf.DiffBaseStorage):
         self._essences: dict[str, str] = {}
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        if body.get("kind", KIND) != KIND:
+            # kopf builds an essence for every watch event of every kind, children included,
+            # though only the LLMDeployment has change handlers to compare it for: at a
+            # 1,000-CR burst most events are Deployment and Service events, each spec deep-
+            # copied twice for nothing. No essence is no change, and no change is asked for.
+            return None
         source: Any = body
         if not extra_fields:
             # kopf's build deep-copies the whole body, managedFields and status included, only

@@ -28,7 +28,8 @@ GET per event. Two named entry points share one per-parent lock:
   (`llmop.fleet`): re-derive the parent's status only (`note_group_pod` first feeds every pod
   event to the memory of group recreates);
 - `write_deferred_status()` — the fallback of a parent pass's deferred status
-  (`first_status`), run by the handlers' scheduler a few seconds later.
+  (`first_status`), run by the handlers' scheduler a few seconds later (`note_deployment`
+  first feeds every Deployment event to its memory of the Deployment controller at work).
 
 Why the status never flaps: both entry points derive it from the same watch cache of the child
 Deployment, whose entries only move forward in time, and compare with the status this process
@@ -60,6 +61,7 @@ from llmop.reconcile.entry import (
     refresh_status,
     write_deferred_status,
 )
+from llmop.reconcile.first_status import note_deployment
 from llmop.reconcile.groups import note_pod as note_group_pod
 from llmop.reconcile.model_gate import TRIGGER_DOWNLOAD
 from llmop.reconcile.pools import recheck as recheck_pools
@@ -81,6 +83,7 @@ __all__ = [
     "controller_owner",
     "execute",
     "live_children",
+    "note_deployment",
     "note_group_pod",
     "poll_downloads",
     "quiet_child_event",

@@ -184,9 +184,12 @@ class Context:
     """Whether the cluster serves an optional child kind's API (the InferencePool CRD), as
     discovery last said; absent: ask before the next apply."""
 
-    _deferred: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
-    """(uid, generation) per parent whose parent pass left its status write to the Deployment
-    controller's first status (`reconcile.first_status`)."""
+    _deferred: dict[tuple[str, str], tuple[str, int | None, datetime]] = field(default_factory=dict)
+    """(uid, generation, since when) per parent whose parent pass left its status write to the
+    Deployment controller's first status (`reconcile.first_status`)."""
+    deployments_observed_at: datetime | None = None
+    """When a watch event last showed the Deployment controller had observed one of our
+    Deployments (`first_status.note_deployment`): it runs, if perhaps behind."""
     schedule_status: Callable[[str, str], None] | None = None
     """Runs `reconcile.write_deferred_status(ctx, namespace, name)` after
     `first_status.DEFER_SECONDS`, from any thread (installed by the handlers at startup); None:

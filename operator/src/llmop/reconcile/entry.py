@@ -334,13 +334,19 @@ def refresh_status(ctx: Context, namespace: str, name: str, *, trigger: str = TR
 
 def write_deferred_status(ctx: Context, namespace: str, name: str) -> str:
     """The fallback of a parent pass's deferred status (`first_status`): write what the caches
-    say now, unless a status path wrote this generation's status meanwhile."""
+    say now, unless a status path wrote this generation's status meanwhile, or run again later
+    while the Deployment controller is seen at work (`first_status.wait_longer`)."""
     with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(TRIGGER_PARENT) as outcome:
         target = status_target(ctx, namespace, name)
-        if target is None or not first_status.take(ctx, target[0]):
+        if target is None or not first_status.pending(ctx, target[0]):
             outcome.result = RESULT_SKIPPED
             return outcome.result
         body, desired = target
+        if first_status.wait_longer(ctx, body, desired) and ctx.schedule_status is not None:
+            ctx.schedule_status(namespace, name)
+            outcome.result = RESULT_SKIPPED
+            return outcome.result
+        first_status.take(ctx, body)
         outcome.result = guarded(
             ctx, body, lambda: write_derived_status(ctx, body, desired, None, applied=True)
         )
