@@ -863,18 +863,25 @@ def _other_deployment_observed(ctx: reconcile.Context) -> None:
     )
 
 
-def test_the_fallback_waits_longer_while_the_deployment_controller_is_at_work(
-    ctx: reconcile.Context, kube: FakeKube, scheduled: list[tuple[str, str]]
-) -> None:
-    """A burst: the controller observes other Deployments but has not reached this one yet. The
-    fallback runs again later instead of writing "rolling out" (and a RollingOut Event) moments
-    before the controller's status makes it write Ready (and a Ready Event)."""
+def _deferred_on_a_clock(ctx: reconcile.Context, kube: FakeKube) -> dict[str, datetime]:
+    """A created CR whose parent pass deferred its status, its Deployment not yet observed, on
+    a clock the test moves (`clock["now"]`)."""
     clock = {"now": NOW}
     ctx.clock = lambda: clock["now"]
     kube.put(parent(replicas=1))
     run_parent(ctx, kube)
     _unobserved(kube)
     deliver(ctx, kube)
+    return clock
+
+
+def test_the_fallback_waits_longer_while_the_deployment_controller_is_at_work(
+    ctx: reconcile.Context, kube: FakeKube, scheduled: list[tuple[str, str]]
+) -> None:
+    """A burst: the controller observes other Deployments but has not reached this one yet. The
+    fallback runs again later instead of writing "rolling out" (and a RollingOut Event) moments
+    before the controller's status makes it write Ready (and a Ready Event)."""
+    clock = _deferred_on_a_clock(ctx, kube)
     # Not a sign of a working controller: a Deployment it has not observed yet.
     reconcile.note_deployment(ctx, kube.objects["Deployment", "ns", "x"])
     assert ctx.deployments_observed_at is None
@@ -896,12 +903,7 @@ def test_the_fallback_waits_longer_while_the_deployment_controller_is_at_work(
 def test_the_fallback_writes_once_the_controller_is_gone_quiet_or_the_wait_is_longest(
     ctx: reconcile.Context, kube: FakeKube, scheduled: list[tuple[str, str]]
 ) -> None:
-    clock = {"now": NOW}
-    ctx.clock = lambda: clock["now"]
-    kube.put(parent(replicas=1))
-    run_parent(ctx, kube)
-    _unobserved(kube)
-    deliver(ctx, kube)
+    clock = _deferred_on_a_clock(ctx, kube)
     # Seen at work, but not within the last DEFER_SECONDS: it may have stopped; write.
     _other_deployment_observed(ctx)
     clock["now"] = NOW + timedelta(seconds=first_status.DEFER_SECONDS + 1)
