@@ -75,6 +75,8 @@ SERVICE_CIDR = {
     "spec": {"cidrs": ["10.96.0.0/16"]},
 }
 """Room for thousands of ClusterIPs (Kubernetes >= 1.33 adds Service ranges at runtime)."""
+RENDER_SETTINGS = OperatorConfig().render_settings()
+"""What `--floor` renders the children with (the operator's defaults)."""
 
 
 @dataclass
@@ -588,9 +590,6 @@ def apply_children(kube: Kube, parent: dict[str, Any]) -> None:
     reference = owner_reference(parent)
     for manifest in (desired.children.deployment, desired.children.service):
         kube.apply(with_owner(manifest, reference), field_manager=FIELD_MANAGER, want_result=False)
-
-
-RENDER_SETTINGS = OperatorConfig().render_settings()
 
 
 def _median(values: list[float]) -> float:

@@ -86,17 +86,17 @@ def _seconds(since: datetime, now: datetime) -> float:
 
 def wait_longer(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
     """At the fallback: True when it is to run again `DEFER_SECONDS` later instead of writing.
-    So while this generation is still deferred and unobserved, the Deployment controller was
-    seen at work within the last `DEFER_SECONDS` (it will get to this one), and the deferral is
-    younger than `LONGEST_DEFER_SECONDS`."""
-    pending = ctx._deferred.get(key_of(body))
+    That is when this generation is still deferred and unobserved, the Deployment controller
+    was seen at work within the last `DEFER_SECONDS` (it will get to this one), and one more
+    wait keeps the whole deferral within `LONGEST_DEFER_SECONDS`."""
+    deferred = ctx._deferred.get(key_of(body))
     seen = ctx.deployments_observed_at
-    if pending is None or pending[:2] != _generation(body) or seen is None:
+    if deferred is None or deferred[:2] != _generation(body) or seen is None:
         return False
     now = ctx.clock()
     return (
         _seconds(seen, now) < DEFER_SECONDS
-        and _seconds(pending[2], now) + DEFER_SECONDS <= LONGEST_DEFER_SECONDS
+        and _seconds(deferred[2], now) + DEFER_SECONDS <= LONGEST_DEFER_SECONDS
         and problem_of(ctx, body) is None
         and not _observed(ctx, body, desired)
     )
@@ -107,11 +107,11 @@ def held(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
     Deployment controller has not observed the applied Deployment. Once it has (or the parent
     moved on to another generation, or a problem is remembered), the deferral ends."""
     key = key_of(body)
-    pending = ctx._deferred.get(key)
-    if pending is None:
+    deferred = ctx._deferred.get(key)
+    if deferred is None:
         return False
     if (
-        pending[:2] == _generation(body)
+        deferred[:2] == _generation(body)
         and problem_of(ctx, body) is None
         and not _observed(ctx, body, desired)
     ):
@@ -130,5 +130,5 @@ def pending(ctx: Context, body: Mapping[str, Any]) -> bool:
 def take(ctx: Context, body: Mapping[str, Any]) -> bool:
     """End the deferral of `body`'s generation for the fallback: True when it was still
     pending (nothing has written this generation's status since the parent pass)."""
-    pending = ctx._deferred.pop(key_of(body), None)
-    return pending is not None and pending[:2] == _generation(body)
+    deferred = ctx._deferred.pop(key_of(body), None)
+    return deferred is not None and deferred[:2] == _generation(body)
