@@ -84,21 +84,32 @@ def _seconds(since: datetime, now: datetime) -> float:
     return (now - since).total_seconds()
 
 
+def _since(ctx: Context, body: Mapping[str, Any]) -> datetime | None:
+    """When the deferral of `body`'s generation began; None when that generation's status is
+    not deferred (never was, or something wrote it since)."""
+    deferred = ctx._deferred.get(key_of(body))
+    return deferred[2] if deferred is not None and deferred[:2] == _generation(body) else None
+
+
+def _unobserved(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
+    """Still waiting for the Deployment controller: it has not observed the applied Deployment,
+    and no problem is remembered (a problem is written at once)."""
+    return problem_of(ctx, body) is None and not _observed(ctx, body, desired)
+
+
 def wait_longer(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
     """At the fallback: True when it is to run again `DEFER_SECONDS` later instead of writing.
     That is when this generation is still deferred and unobserved, the Deployment controller
     was seen at work within the last `DEFER_SECONDS` (it will get to this one), and one more
     wait keeps the whole deferral within `LONGEST_DEFER_SECONDS`."""
-    deferred = ctx._deferred.get(key_of(body))
-    seen = ctx.deployments_observed_at
-    if deferred is None or deferred[:2] != _generation(body) or seen is None:
+    since, seen = _since(ctx, body), ctx.deployments_observed_at
+    if since is None or seen is None:
         return False
     now = ctx.clock()
     return (
         _seconds(seen, now) < DEFER_SECONDS
-        and _seconds(deferred[2], now) + DEFER_SECONDS <= LONGEST_DEFER_SECONDS
-        and problem_of(ctx, body) is None
-        and not _observed(ctx, body, desired)
+        and _seconds(since, now) + DEFER_SECONDS <= LONGEST_DEFER_SECONDS
+        and _unobserved(ctx, body, desired)
     )
 
 
@@ -107,14 +118,9 @@ def held(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
     Deployment controller has not observed the applied Deployment. Once it has (or the parent
     moved on to another generation, or a problem is remembered), the deferral ends."""
     key = key_of(body)
-    deferred = ctx._deferred.get(key)
-    if deferred is None:
+    if key not in ctx._deferred:
         return False
-    if (
-        deferred[:2] == _generation(body)
-        and problem_of(ctx, body) is None
-        and not _observed(ctx, body, desired)
-    ):
+    if _since(ctx, body) is not None and _unobserved(ctx, body, desired):
         return True
     ctx._deferred.pop(key, None)
     return False
@@ -123,12 +129,12 @@ def held(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
 def pending(ctx: Context, body: Mapping[str, Any]) -> bool:
     """`body`'s generation is still deferred: nothing has written its status since the parent
     pass."""
-    deferred = ctx._deferred.get(key_of(body))
-    return deferred is not None and deferred[:2] == _generation(body)
+    return _since(ctx, body) is not None
 
 
 def take(ctx: Context, body: Mapping[str, Any]) -> bool:
     """End the deferral of `body`'s generation for the fallback: True when it was still
     pending (nothing has written this generation's status since the parent pass)."""
-    deferred = ctx._deferred.pop(key_of(body), None)
-    return deferred is not None and deferred[:2] == _generation(body)
+    was_pending = pending(ctx, body)
+    ctx._deferred.pop(key_of(body), None)
+    return was_pending
