@@ -251,7 +251,19 @@ def test_a_group_recreated_again_and_again_is_reported_as_a_restart_loop(
         if attempt == 1:
             # A kwok group is Ready again within 0.2 s, before the pod events' coalesced status
             # write (1 s); a real engine loads for minutes. The kubelet's pods/status write
-            # makes the new leader one that is still loading.
+            # makes the new leader one that is still loading. It goes in only once kwok has
+            # given the pod its IP and Ready: kwok's pod-ready stage applies to a pod without
+            # an IP, and a write before it would be overwritten (a loaded CI machine is slower
+            # than this test).
+            wait_until(
+                lambda: (
+                    (pods(kit, namespace, leaders).get("loop-0") or {})
+                    .get("status", {})
+                    .get("podIP")
+                ),
+                timeout=20,
+                what="kwok to start group 0's new leader",
+            )
             kit.kube.patch_status(
                 "v1",
                 "Pod",
