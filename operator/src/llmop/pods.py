@@ -25,6 +25,7 @@ from llmop.names import (
     LABEL_LWS_GROUP_INDEX,
     LABEL_LWS_WORKER_INDEX,
 )
+from llmop.observed import shared_strings
 
 REASON_UNSCHEDULABLE = "Unschedulable"
 REASON_IMAGE_PULL = "ImagePullBackOff"
@@ -90,23 +91,27 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
     kept = {k: annotations[k] for k in KEPT_ANNOTATIONS if k in annotations}
     if kept:
         summary_metadata["annotations"] = kept
-    return {
-        "metadata": summary_metadata,
-        "status": {
-            **{k: status[k] for k in ("phase", "podIP") if k in status},
-            "conditions": [
-                c
-                for c in status.get("conditions") or []
-                if c.get("type") in ("PodScheduled", "Ready")
-            ],
-            "containerStatuses": [
-                {k: c[k] for k in keep if k in c} for c in status.get("containerStatuses") or []
-            ],
-            "initContainerStatuses": [
-                {k: c[k] for k in keep if k in c} for c in status.get("initContainerStatuses") or []
-            ],
-        },
-    }
+    summary: dict[str, Any] = shared_strings(
+        {
+            "metadata": summary_metadata,
+            "status": {
+                **{k: status[k] for k in ("phase", "podIP") if k in status},
+                "conditions": [
+                    c
+                    for c in status.get("conditions") or []
+                    if c.get("type") in ("PodScheduled", "Ready")
+                ],
+                "containerStatuses": [
+                    {k: c[k] for k in keep if k in c} for c in status.get("containerStatuses") or []
+                ],
+                "initContainerStatuses": [
+                    {k: c[k] for k in keep if k in c}
+                    for c in status.get("initContainerStatuses") or []
+                ],
+            },
+        }
+    )
+    return summary
 
 
 @dataclass(frozen=True)

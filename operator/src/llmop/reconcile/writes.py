@@ -13,6 +13,7 @@ from llmop.desired import DesiredState
 from llmop.hub import HubUnavailableError
 from llmop.kube import KubeError, RejectedError
 from llmop.metrics import RESULT_ERROR, RESULT_OK, RESULT_STALLED
+from llmop.observed import shared_strings
 from llmop.plan import Apply, ChildPlan, Delete
 from llmop.reconcile import first_status
 from llmop.reconcile.adapter_gate import verdicts_for
@@ -66,7 +67,10 @@ def _write_status(ctx: Context, body: Mapping[str, Any], status: Any) -> None:
     )
     if written is None:
         return
-    ctx._written[namespace, name] = (body["metadata"].get("uid", ""), written.get("status") or {})
+    ctx._written[namespace, name] = (
+        body["metadata"].get("uid", ""),
+        shared_strings(written.get("status") or {}),
+    )
     ctx.metrics.status_writes.inc()
     previous = parse_previous(raw_previous)
     now = ctx.clock()
