@@ -20,7 +20,10 @@ samples it with py-spy (a dev dependency) into DIR.
 (rendered by llmop, owned by the CR) right after the CR, from the same threads, and `status s`
 is when every Deployment's controller had observed it (what the operator's first status waits
 for). What the cluster alone takes to make the same objects on this machine: the floor under
-the operator's figures. CPU and RSS are then empty.
+the operator's figures. CPU and RSS are then empty. `--floor kopf` (FLOOR=kopf) also runs
+`bench/null_operator.py` (llmop's kopf watch layout, handlers that do nothing) and reports its
+CPU and RSS: kopf's own cost for the same watch events, the floor under `llmop run`'s CPU and
+memory; `--floor kopf-no-indexes` leaves the child kinds' indexes out of it.
 
 `--router` (ROUTER=1) also runs `llmop-router` against the cluster from before the first CR:
 seconds until its `/v1/models` lists all N, its CPU until then, and then, with nothing sent and
@@ -204,16 +207,29 @@ def _router_cost(
     )
 
 
-def start_operator(log: Any) -> tuple[subprocess.Popen[bytes], int]:
+FLOORS = ("cluster", "kopf", "kopf-no-indexes")
+"""What `--floor` runs instead of `llmop run`: nothing, or `null_operator.py` (without the
+child indexes)."""
+
+
+def start_operator(log: Any, floor: str = "") -> tuple[subprocess.Popen[bytes], int]:
+    """`llmop run`, or with `floor` "kopf…" the null operator; returns it and its metrics port
+    (0 for the null operator)."""
     liveness, metrics = free_port(), free_port()
-    llmop = Path(sys.executable).with_name("llmop")
+    if floor:
+        command = [sys.executable, str(Path(__file__).with_name("null_operator.py")), str(liveness)]
+        if floor == "kopf-no-indexes":
+            command.append("--no-child-indexes")
+        metrics = 0
+    else:
+        command = [str(Path(sys.executable).with_name("llmop")), "run"]
     env = dict(
         os.environ,
         LLMOP_LIVENESS_PORT=str(liveness),
         LLMOP_METRICS_PORT=str(metrics),
         LLMOP_BIND_ADDRESS="127.0.0.1",
     )
-    process = subprocess.Popen([str(llmop), "run"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -449,7 +465,7 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
     replicas: int = 0,
     profile: Path | None = None,
     with_router: bool = False,
-    floor: bool = False,
+    floor: str = "",
 ) -> Row:
     namespace = f"bench-{count}-{secrets.token_hex(3)}"
     if replicas:
@@ -458,7 +474,7 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
         field_manager="llmop-bench",
     )
-    process, metrics_port = (None, 0) if floor else start_operator(log)
+    process, metrics_port = (None, 0) if floor == "cluster" else start_operator(log, floor)
     router = _start_router(log) if with_router else None
     router_cost = None
     peak = _rss_mib(process.pid) if process is not None else float("nan")
@@ -502,7 +518,7 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
                     "spec": _spec(replicas),
                 },
                 field_manager="llmop-bench",
-                want_result=floor,
+                want_result=bool(floor),
             )
             applied_at[name] = time.monotonic()
             if floor:
@@ -515,9 +531,9 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         while time.monotonic() - started < timeout:
             with_children, with_status = progress.counts()
             now = time.monotonic() - started
-            if process is None:
+            if floor:
                 with_status = progress.observed()
-            else:
+            if process is not None:
                 peak = max(peak, _rss_mib(process.pid))
             if children_at is None and with_children == count:
                 children_at = now
@@ -532,7 +548,7 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
             time.sleep(10)  # Ready must hold while nothing changes: count late dips too
         nan = float("nan")
         rss = _rss_mib(process.pid) if process is not None else nan
-        writes = _metric(metrics_port, "llmop_status_writes_total") if process is not None else nan
+        writes = _metric(metrics_port, "llmop_status_writes_total") if metrics_port else nan
         cpu = cpu_seconds(process.pid) - cpu_at_start if process is not None else nan
         lags = ready_lags(kube, namespace) if replicas else Lags([], [])
         observed_lags = sorted(
@@ -632,11 +648,15 @@ def main() -> int:
         help="pods per CR (0: the operator alone; 1: also time to all Ready and Ready flaps)",
     )
     parser.add_argument("--profile", type=Path, default=None, help="py-spy samples into DIR")
+    floor = os.environ.get("FLOOR", "")
     parser.add_argument(
         "--floor",
-        action="store_true",
-        default=os.environ.get("FLOOR", "") not in ("", "0"),
-        help="no operator: the bench applies the children itself (what the cluster alone takes)",
+        nargs="?",
+        choices=FLOORS,
+        const="cluster",
+        default={"": "", "0": "", "1": "cluster"}.get(floor, floor),
+        help="no llmop: the bench applies the children itself (what the cluster alone takes); "
+        "kopf: and a kopf operator with llmop's watch layout whose handlers do nothing",
     )
     parser.add_argument(
         "--router",

@@ -14,7 +14,7 @@ run: install ## Run the operator against the local cluster (make cluster-up firs
 BENCH_CLUSTER := LLMOP_CLUSTER_NAME=llmop-bench-operator LLMOP_REAL_NODE=off LLMOP_METRICS=off $(CLUSTER_SH)
 
 .PHONY: bench-operator
-bench-operator: install ## Operator benchmark: N CRs at once (N=100,500,1000): time to children + status, RSS (FLOOR=1: the cluster alone, no operator).
+bench-operator: install ## Operator benchmark: N CRs at once (N=100,500,1000): time to children + status, RSS (FLOOR=1: the cluster alone, no operator; FLOOR=kopf: and kopf with no-op handlers).
 	KUBECONFIG=$$($(BENCH_CLUSTER) up | tail -n 1) $(PY) bench/operator_bench.py --counts $(N); \
 	  status=$$?; $(BENCH_CLUSTER) down; exit $$status
 
