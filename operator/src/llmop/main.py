@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -93,6 +94,27 @@ def _configure_logging(config: OperatorConfig) -> None:
         handler.addFilter(quiet)
     # The access log of the liveness endpoint is one line per probe.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+GC_YOUNG_THRESHOLD = 10_000
+"""Allocations between two collections of the youngest generation (CPython's default: 700)."""
+
+
+def tune_garbage_collector() -> None:
+    """Keep the cycle collector off the modules and the burst's short-lived objects.
+
+    Measured at a 1,000-CR burst (gc callbacks, 2026-12-02): with CPython's defaults the
+    collector took 2.7 of the operator's ~14 CPU-s, 2.0 of it in 12 full collections that each
+    walked every object the imports made (87,000: the kubernetes client's models, kopf,
+    pydantic) and every cached one. Freezing what exists at startup takes the imports out of
+    every later collection; a larger youngest generation lets the watch events' decoded bodies
+    die by reference count before a collection promotes them, so full collections become rare
+    (2 instead of 12): 0.9 CPU-s in all. Garbage in reference cycles waits a little longer, a
+    few MiB at most."""
+    gc.collect()
+    gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
 
 
 def refresh_workers(config: OperatorConfig) -> int:
@@ -337,6 +359,7 @@ def run(argv: Sequence[str]) -> int:
         target=_watch_for_crd, args=(memo.context, config, stop), name="crd-check", daemon=True
     ).start()
     settings = build_settings(config)
+    tune_garbage_collector()
     # kopf's pool runs the reconciles; the event handlers' writes take a pool of their own
     # (`handlers._in_worker`), kopf's only as a fallback.
     memo.executor = settings.execution.executor
