@@ -665,6 +665,8 @@ def main() -> int:
         help="also run llmop-router: time to list every CR, its CPU, idle CPU and RSS",
     )
     args = parser.parse_args()
+    if args.floor not in ("", *FLOORS):
+        parser.error(f"FLOOR={floor}: use 1 (or cluster), kopf or kopf-no-indexes")
     counts = [int(n) for n in str(args.counts).split(",") if n.strip()]
     try:
         kube = Kube.connect(pool_size=APPLY_THREADS)
