@@ -52,7 +52,9 @@ def registry(*, child_indexes: bool) -> kopf.OperatorRegistry:
         cause(GROUP, VERSION, PLURAL, id="reconcile", registry=found)(_sync_nothing)
     kopf.on.event(GROUP, VERSION, PLURAL, id=handlers.COUNT_HANDLER_ID, registry=found)(_nothing)
     labels = handlers.MANAGED_LABELS
-    watched = [(kind, f"child-{kind.plural}", f"{kind.plural}-cache") for kind in kinds.WATCHED]
+    watched = [
+        (kind, handlers.child_handler_id(kind), handlers._index_id(kind)) for kind in kinds.WATCHED
+    ]
     for kind, handler_id, index_id in [
         (kinds.POD, handlers.POD_HANDLER_ID, handlers.POD_INDEX),
         *watched,

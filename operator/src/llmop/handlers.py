@@ -76,11 +76,18 @@ PARENT_INDEX = "llmdeployments-cache"
 POD_INDEX = "pods-cache"
 POD_HANDLER_ID = "engine-pods"
 JOB_HANDLER_ID = "model-download-jobs"
+
+
+def child_handler_id(kind: kinds.ChildKind) -> str:
+    """The id of the event handler on `kind`'s objects."""
+    return f"child-{kind.plural}"
+
+
 WATCH_HANDLER_IDS = (
     COUNT_HANDLER_ID,
     POD_HANDLER_ID,
     JOB_HANDLER_ID,
-    *(f"child-{kind.plural}" for kind in kinds.WATCHED),
+    *(child_handler_id(kind) for kind in kinds.WATCHED),
 )
 """Low-level handlers: they run on every watch event."""
 
@@ -283,7 +290,7 @@ async def child_event(
 
 for _kind in kinds.WATCHED:
     kopf.on.event(
-        _kind.api_version, _kind.plural, labels=MANAGED_LABELS, id=f"child-{_kind.plural}"
+        _kind.api_version, _kind.plural, labels=MANAGED_LABELS, id=child_handler_id(_kind)
     )(child_event)
 
 

@@ -94,15 +94,16 @@ def child_summary(body: Mapping[str, Any]) -> dict[str, Any]:
         summary["spec"] = {"replicas": spec["replicas"]} if "replicas" in spec else {}
         summary[SPEC_TEXT] = json.dumps(spec, separators=(",", ":"))
     else:
-        summary["spec"] = dict(spec)
+        summary["spec"] = spec
     if body.get("kind") == "ConfigMap":
         # Its intent is its data (the adapters' ConfigMap): kept, or every event would read
         # as drift.
-        summary["data"] = dict(body.get("data") or {})
+        summary["data"] = body.get("data") or {}
     if body.get("kind") in _STATUS_KEPT_KINDS and body.get("status") is not None:
-        summary["status"] = dict(body["status"])
+        summary["status"] = body["status"]
     elif body.get("kind") == "HorizontalPodAutoscaler":
         summary["status"] = {"conditions": hpa_conditions(body)}
+    # A deep copy: nothing of `body` is shared with the cache.
     result: dict[str, Any] = shared_strings(summary)
     return result
 
@@ -152,9 +153,10 @@ def parent_summary(body: Mapping[str, Any]) -> dict[str, Any]:
         "apiVersion": body.get("apiVersion"),
         "kind": body.get("kind"),
         "metadata": _metadata(metadata),
-        "spec": dict(body.get("spec") or {}),
+        "spec": body.get("spec") or {},
     }
     if body.get("status") is not None:
-        summary["status"] = dict(body["status"])
+        summary["status"] = body["status"]
+    # A deep copy: nothing of `body` is shared with the cache.
     result: dict[str, Any] = shared_strings(summary)
     return result
