@@ -22,12 +22,16 @@ import asyncio
 import sys
 from typing import Any, cast
 
-import kopf
+from llmop import cli
 
-from llmop import handlers, kinds
-from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
-from llmop.config import OperatorConfig
-from llmop.main import _configure_logging, build_settings
+cli.keep_out_unused_libraries()  # as `llmop run` does, before kopf is imported
+
+import kopf  # noqa: E402
+
+from llmop import handlers, kinds  # noqa: E402
+from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION  # noqa: E402
+from llmop.config import OperatorConfig  # noqa: E402
+from llmop.main import _configure_logging, build_settings  # noqa: E402
 
 
 async def _index(namespace: str | None, name: str, **_: Any) -> Any:
@@ -45,8 +49,7 @@ def _sync_nothing(**_: Any) -> None:
 def registry(*, child_indexes: bool) -> kopf.OperatorRegistry:
     """llmop's handler layout, every handler a no-op."""
     found = kopf.OperatorRegistry()
-    # What kopf's default registry has by itself (the kubernetes client is installed).
-    kopf.on.login(registry=found)(kopf.login_via_client)
+    kopf.on.login(id="credentials", registry=found)(handlers.login)
     kopf.index(GROUP, VERSION, PLURAL, id=handlers.PARENT_INDEX, registry=found)(_index)
     for cause in (kopf.on.resume, kopf.on.create, kopf.on.update):
         cause(GROUP, VERSION, PLURAL, id="reconcile", registry=found)(_sync_nothing)

@@ -274,7 +274,7 @@ def test_operator_under_chart_rbac_drives_statuses_argo_cd_classifies(
     cluster = release.cluster
     app_namespace = f"apps-{secrets.token_hex(3)}"
     cluster.kubectl("create", "namespace", app_namespace)
-    kube = Kube(cluster.api_client())
+    kube = Kube.connect(kubeconfig=cluster.kubeconfig)
     operator = OperatorProcess(
         _service_account_kubeconfig(release, tmp_path / "kubeconfig"),
         tmp_path / "operator.log",

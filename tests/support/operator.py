@@ -158,7 +158,7 @@ class Kit:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.kube = Kube(cluster.api_client())
+        self.kube = Kube.connect(kubeconfig=cluster.kubeconfig)
 
     def apply_llmd(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         """Create or update a CR the way `kubectl apply --server-side` would."""

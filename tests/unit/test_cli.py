@@ -136,3 +136,23 @@ def test_bad_input_is_a_clear_error() -> None:
     invalid = llmop("plan", "-f", "-", stdin=manifest("x", {"model": {}}))
     assert invalid.returncode == 2
     assert "model.name" in invalid.stderr
+
+
+def test_run_keeps_the_kubernetes_library_out_and_logs_kopf_in_with_llmops_credentials() -> None:
+    """`llmop run` (before kopf is imported) makes the `kubernetes` package unimportable, so
+    kopf offers none of its client-library logins: its only login is llmop's own."""
+    script = (
+        "import sys\n"
+        "from llmop import cli\n"
+        "cli.keep_out_unused_libraries()\n"
+        "import kopf, llmop.main\n"
+        "from kopf._core.intents.registries import get_default_registry\n"
+        "handlers = get_default_registry()._activities.get_all_handlers()\n"
+        "ids = [h.id for h in handlers if h.activity.value == 'authentication']\n"
+        "print(sys.modules['kubernetes'] is None, sorted(ids))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "True ['credentials']" in result.stdout, result.stdout

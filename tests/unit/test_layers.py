@@ -7,7 +7,7 @@ independent may not import each other even within a layer. Imports inside functi
 
 Operator: api < planner < foundation (periodic among them) < sizing | render < desired < status
           | adapter_status | adapter_preflight | plan | rollout_room | events | preflight
-          < cache_gate < config
+          < cache_gate < credentials < config
           | kube | metrics | hub | engine_client | persistence
           < reconcile < fleet | leader | router_check | pool_check | hub_check | group_check
           | idle_check
@@ -60,6 +60,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.preflight",
     ),
     ("llmop.cache_gate",),
+    ("llmop.credentials",),
     (
         "llmop.config",
         "llmop.kube",

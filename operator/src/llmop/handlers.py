@@ -44,7 +44,17 @@ from typing import Any
 
 import kopf
 
-from llmop import fleet, group_check, hub_check, idle_check, kinds, names, pool_check, router_check
+from llmop import (
+    credentials,
+    fleet,
+    group_check,
+    hub_check,
+    idle_check,
+    kinds,
+    names,
+    pool_check,
+    router_check,
+)
 from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
 from llmop.engine_client import AgentClient
 from llmop.hub import HubUnavailableError
@@ -104,6 +114,33 @@ def _context(memo: Any, indexes: Mapping[str, Any]) -> Context:
         context.pods = indexes[POD_INDEX]
         context.children = {kind: indexes[_index_id(kind)] for kind in kinds.WATCHED}
     return context
+
+
+@kopf.on.login(id="credentials")
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials: the same as `llmop.kube`'s (`llmop.credentials.load`), so kopf's
+    watches and our writes authenticate alike whether or not another client library is
+    installed. kopf logs in again when the API server answers 401."""
+    try:
+        found = credentials.load()
+    except credentials.CredentialsError as error:
+        raise kopf.PermanentError(str(error)) from error
+    return kopf.ConnectionInfo(
+        server=found.server,
+        ca_path=found.ca_file,
+        ca_data=found.ca_data,
+        insecure=found.insecure,
+        username=found.username,
+        password=found.password,
+        scheme="Bearer" if found.token or found.token_file else None,
+        token=found.current_token(),
+        certificate_path=found.cert_file,
+        certificate_data=found.cert_data,
+        private_key_path=found.key_file,
+        private_key_data=found.key_data,
+        default_namespace=found.namespace,
+        expiration=found.expires,
+    )
 
 
 @kopf.index(GROUP, VERSION, PLURAL, id=PARENT_INDEX)

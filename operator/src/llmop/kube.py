@@ -1,28 +1,42 @@
-"""The operator's Kubernetes API gateway: the only module importing `kubernetes`.
+"""The operator's Kubernetes API gateway: the only module that speaks HTTP to the API server.
 
-Plain dicts in, plain dicts out. Server-side apply (`application/apply-patch+yaml`, an explicit
-field manager, `force=true`), delete, read, list, `/status` merge patches and Events. Status-code
-semantics are decided here once: 404 on read/delete/status means "gone"; 400/422 on apply means
-the API server rejected our object (it will not get better by retrying); 403 "namespace is being
-terminated" means the whole namespace is going away; everything else is a transient `KubeError`
-the caller may retry.
+Plain dicts in, plain dicts out, over one urllib3 connection pool (thread-safe: the handlers run
+in threads) opened with `llmop.credentials`. Server-side apply (`application/apply-patch+yaml`,
+an explicit field manager, `force=true`), delete, read, list, `/status` merge patches and Events.
+Status-code semantics are decided here once: 404 on read/delete/status means "gone"; 400/422 on
+apply means the API server rejected our object (it will not get better by retrying); 403
+"namespace is being terminated" means the whole namespace is going away; 401 loads the
+credentials again once (a rotated token, an expired plugin token); everything else is a transient
+`KubeError` the caller may retry.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
+import os
+import ssl
+import tempfile
+import threading
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import urllib3
-from kubernetes import client, config
 
-from llmop import kinds
+from llmop import credentials, kinds
+from llmop.credentials import Credentials, CredentialsError
 
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "llmop"
+
+log = logging.getLogger("llmop.kube")
 
 
 class KubeError(Exception):
@@ -71,35 +85,108 @@ def _message(status: int, data: bytes) -> str:
     return f"HTTP {status}"
 
 
-class Kube:
-    """A thread-safe gateway over one `kubernetes.client.ApiClient` connection pool."""
+TOKEN_FILE_RELOAD_SECONDS = 60.0
+"""How long a token read from a file is used before it is read again (client-go: one minute)."""
+RETRIES = urllib3.Retry(total=3, redirect=0, raise_on_status=False)
+"""Connection failures (a kept-alive connection the API server closed) are tried again; urllib3
+retries reads only for idempotent methods."""
 
-    def __init__(self, api_client: Any, *, timeout: float = 30.0) -> None:
-        self._client = api_client
-        self._timeout = timeout
+
+@dataclass(frozen=True)
+class _Session:
+    """A connection pool and the headers that authenticate on it."""
+
+    pool: urllib3.PoolManager
+    headers: Mapping[str, str]
+    credentials: Credentials
+    token_read_at: float
+
+
+class Kube:
+    """A thread-safe gateway over one connection pool to the API server."""
+
+    def __init__(
+        self,
+        creds: Credentials,
+        *,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        pool_size: int = 16,
+        timeout: float = 30.0,
+    ) -> None:
+        """`kubeconfig`: where renewed credentials come from (None: where `load` finds them)."""
+        self._kubeconfig = kubeconfig
+        self._pool_size = pool_size
+        self._timeout = urllib3.Timeout(total=timeout)
+        self._lock = threading.Lock()
+        try:
+            pool, headers = self._pool(creds), _headers(creds)
+        except CredentialsError as error:
+            raise KubeError(str(error)) from error
+        self._session = _Session(pool, headers, creds, time.monotonic())
 
     @classmethod
-    def connect(cls, *, pool_size: int = 16, timeout: float = 30.0) -> Kube:
-        """In-cluster credentials when running in a pod, else `KUBECONFIG` / ~/.kube/config."""
-        configuration = client.Configuration()
+    def connect(
+        cls,
+        *,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        pool_size: int = 16,
+        timeout: float = 30.0,
+    ) -> Kube:
+        """`kubeconfig`'s current context; by default in-cluster credentials when running in a
+        pod, else `KUBECONFIG` / ~/.kube/config (`llmop.credentials.load`)."""
         try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            try:
-                config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            except (config.ConfigException, OSError) as error:
-                raise KubeError(
-                    f"no cluster credentials (in-cluster or KUBECONFIG): {error}"
-                ) from error
+            creds = credentials.load(kubeconfig)
+        except CredentialsError as error:
+            raise KubeError(str(error)) from error
         # Handlers run in a thread pool; a smaller connection pool would serialize them.
-        configuration.connection_pool_maxsize = pool_size
-        api_client = client.ApiClient(configuration)
-        api_client.user_agent = USER_AGENT
-        return cls(api_client, timeout=timeout)
+        return cls(creds, kubeconfig=kubeconfig, pool_size=pool_size, timeout=timeout)
 
     def close(self) -> None:
         """Release the connection pool."""
-        self._client.close()
+        self._session.pool.clear()
+
+    def _pool(self, creds: Credentials) -> urllib3.PoolManager:
+        tls: dict[str, Any] = {}
+        if creds.server.startswith("https:"):
+            tls["ssl_context"] = _ssl_context(creds)
+            if creds.tls_server_name:
+                tls["server_hostname"] = creds.tls_server_name
+            if creds.insecure:
+                tls.update(cert_reqs="CERT_NONE", assert_hostname=False)
+                # Said once here, not by urllib3 on every request.
+                log.warning(
+                    "not verifying %s's certificate (insecure-skip-tls-verify)", creds.server
+                )
+                urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        return urllib3.PoolManager(num_pools=2, maxsize=self._pool_size, retries=RETRIES, **tls)
+
+    def _current(self, *, refused: bool = False) -> _Session:
+        """The session to use: a token file read again after a minute; the credentials loaded
+        again when they expired or (`refused`) the API server answered 401 to them."""
+        session = self._session
+        creds = session.credentials
+        expired = refused or creds.expired(datetime.now(UTC))
+        if not expired and (
+            creds.token_file is None
+            or time.monotonic() - session.token_read_at < TOKEN_FILE_RELOAD_SECONDS
+        ):
+            return session
+        with self._lock:
+            if self._session is not session:  # another thread renewed it meanwhile
+                return self._session
+            try:
+                if expired:
+                    creds = credentials.load(self._kubeconfig)
+                headers = _headers(creds)
+                pool = session.pool
+                if _tls_material(creds) != _tls_material(session.credentials):
+                    pool = self._pool(creds)
+            except CredentialsError as error:
+                raise KubeError(f"renewing the credentials: {error}") from error
+            self._session = _Session(pool, headers, creds, time.monotonic())
+        if pool is not session.pool:
+            session.pool.clear()
+        return self._session
 
     def _request(
         self,
@@ -111,27 +198,27 @@ class Kube:
         content_type: str | None = None,
         parse: bool = True,
     ) -> tuple[int, Any]:
-        headers = {"Accept": "application/json"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        try:
-            method, url, headers, serialized, _ = self._client.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=list((query or {}).items()),
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = self._client.call_api(
-                method, url, headers, serialized, _request_timeout=self._timeout
-            )
-            data = response.read()
-            status = int(response.status)
-        except client.ApiException as error:
-            status, data = int(error.status or 0), (error.body or "").encode()
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            raise KubeError(f"{method} {path}: {error}") from error
+        url_path = f"{path}?{urlencode(query)}" if query else path
+        payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        session = self._current()
+        for attempt in (1, 2):
+            headers = dict(session.headers)
+            if content_type is not None:
+                headers["Content-Type"] = content_type
+            try:
+                response = session.pool.request(
+                    method,
+                    session.credentials.server.rstrip("/") + url_path,
+                    body=payload,
+                    headers=headers,
+                    timeout=self._timeout,
+                )
+            except (urllib3.exceptions.HTTPError, OSError) as error:
+                raise KubeError(f"{method} {path}: {error}") from error
+            status, data = int(response.status), response.data
+            if status != 401 or attempt == 2 or not session.credentials.renewable:
+                break
+            session = self._current(refused=True)
         if 200 <= status < 300:
             # Decoding a whole object costs more CPU than the request; skip it when unused.
             return status, json.loads(data) if data and parse else None
@@ -318,3 +405,56 @@ class Kube:
             return
         if status >= 300:
             self._raise("POST", path, status, data)
+
+
+def _headers(creds: Credentials) -> dict[str, str]:
+    headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+    token = creds.current_token()
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    elif creds.username is not None:
+        pair = f"{creds.username}:{creds.password or ''}".encode()
+        headers["Authorization"] = f"Basic {base64.b64encode(pair).decode()}"
+    return headers
+
+
+def _tls_material(creds: Credentials) -> tuple[Any, ...]:
+    return (
+        creds.server,
+        creds.ca_file,
+        creds.ca_data,
+        creds.insecure,
+        creds.tls_server_name,
+        creds.cert_file,
+        creds.key_file,
+        creds.cert_data,
+        creds.key_data,
+    )
+
+
+def _ssl_context(creds: Credentials) -> ssl.SSLContext:
+    """Verify the server against the kubeconfig's CA (the system's when it names none); present
+    the client certificate when there is one."""
+    try:
+        context = ssl.create_default_context(cafile=creds.ca_file, cadata=creds.ca_data)
+        if creds.insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if creds.cert_file and creds.key_file:
+            context.load_cert_chain(creds.cert_file, creds.key_file)
+        elif creds.cert_data and creds.key_data:
+            _load_cert_chain_data(context, creds.cert_data, creds.key_data)
+    except (ssl.SSLError, OSError) as error:
+        raise CredentialsError(f"TLS settings for {creds.server}: {error}") from error
+    return context
+
+
+def _load_cert_chain_data(context: ssl.SSLContext, cert: str, key: str) -> None:
+    # ssl loads a chain only from files: a private directory, gone once loaded.
+    with tempfile.TemporaryDirectory(prefix="llmop-tls-") as directory:
+        cert_path, key_path = Path(directory, "tls.crt"), Path(directory, "tls.key")
+        for path, text in ((cert_path, cert), (key_path, key)):
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        context.load_cert_chain(str(cert_path), str(key_path))
