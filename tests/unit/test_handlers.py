@@ -61,6 +61,8 @@ def test_settings_use_our_prefixes_and_server_side_label_filters() -> None:
     assert settings.persistence.diffbase_storage.prefix == "serving.llmop.dev"
     assert settings.execution.max_workers == 7
     assert settings.peering.standalone is True
+    # An idle object worker holds its last event's body: let it go after a second, not five.
+    assert settings.queueing.idle_timeout == main.WORKER_IDLE_SECONDS == 1.0
     selectors = {
         (s.group, s.version, s.any_name): v for s, v in settings.watching.label_selectors.items()
     }

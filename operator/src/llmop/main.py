@@ -47,6 +47,13 @@ runs (`handlers.Coalescer`): a new Deployment's status is written three times wi
 second, and one status write of the parent then says it all."""
 
 
+WORKER_IDLE_SECONDS = 1.0
+"""How long kopf keeps an object's worker after its last event (kopf's default: 5 s). A waiting
+worker still holds the last event it handled, the whole body with its managedFields: at a
+1,000-CR burst the default kept ~20 MiB of them alive at the peak (155-159 → 135-136 MiB,
+docs/benchmarks.md). An event after the second costs one new worker task, not a replay."""
+
+
 def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     """kopf's settings for `config`."""
     settings = kopf.OperatorSettings()
@@ -59,6 +66,7 @@ def build_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     settings.execution.max_workers = config.max_workers
     settings.execution.default_backoff = config.retry_delay_seconds
     settings.watching.chunk_size = WATCH_CHUNK_SIZE
+    settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
     selector = f"{names.LABEL_MANAGED_BY}={names.MANAGED_BY}"
     for kind in (*kinds.WATCHED, *kinds.OBSERVED, kinds.JOB):
         # Without this, kopf would receive every Deployment/Service/Pod in the cluster and
