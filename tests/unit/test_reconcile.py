@@ -19,7 +19,7 @@ from llmop.config import OperatorConfig
 from llmop.hub import HubUnavailableError
 from llmop.kube import RejectedError, TerminatingError
 from llmop.metrics import Metrics
-from llmop.reconcile import first_status
+from llmop.reconcile import caches, first_status
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 API = "serving.llmop.dev/v1alpha1"
@@ -203,6 +203,32 @@ def test_create_applies_children_with_owner_and_writes_status(
     assert conds(kube)["Reconciling"]["reason"] == "RollingOut"
     assert conds(kube)["Ready"]["status"] == "False"
     assert ("event", "RollingOut", "x") in kube.calls
+
+
+def test_the_desired_state_is_planned_once_per_generation_and_kept_packed(
+    ctx: reconcile.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planned: list[int] = []
+    real = caches.desired_state
+
+    def counting(llmd: Any, settings: Any) -> Any:
+        planned.append(llmd.metadata.generation)
+        return real(llmd, settings)
+
+    monkeypatch.setattr(caches, "desired_state", counting)
+    body = parent()
+    first = caches.parse(ctx, body)
+    assert isinstance(ctx._parsed[("ns", "x")].desired, bytes)  # kept pickled, not as objects
+    again = caches.parse(ctx, body)
+    assert again.desired == first.desired
+    assert again.desired is not first.desired  # each caller gets its own copy to change
+    edited = copy.deepcopy(body)
+    edited["metadata"]["generation"] = 2
+    edited["spec"]["replicas"] = 3
+    later = caches.parse(ctx, edited).desired
+    assert later is not None
+    assert later.llmd.spec.replicas == 3
+    assert planned == [1, 2]
 
 
 def test_second_reconcile_writes_no_status(ctx: reconcile.Context, kube: FakeKube) -> None:

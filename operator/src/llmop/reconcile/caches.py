@@ -14,7 +14,7 @@ from llmop.api.v1alpha1 import GROUP, KIND, LLMDeployment
 from llmop.cache_gate import waiting_message
 from llmop.desired import DesiredState, desired_state
 from llmop.kinds import ChildKind
-from llmop.reconcile.context import Context, Parsed
+from llmop.reconcile.context import Context, PackedParse, Parsed
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def parse(ctx: Context, body: Mapping[str, Any]) -> Parsed:
     uid, generation = generation_of(body)
     cached = ctx._parsed.get(key)
     if cached is not None and (cached.uid, cached.generation) == (uid, generation):
-        return cached
+        return cached.unpack()
     try:
         desired: DesiredState | None = desired_state(
             LLMDeployment.model_validate(body), ctx.render_settings
@@ -97,7 +97,7 @@ def parse(ctx: Context, body: Mapping[str, Any]) -> Parsed:
     except ValidationError as invalid:
         desired, error = None, _summary(invalid)
     parsed = Parsed(uid, generation, desired, error)
-    ctx._parsed[key] = parsed
+    ctx._parsed[key] = PackedParse.pack(parsed)
     return parsed
 
 
