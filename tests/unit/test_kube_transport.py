@@ -118,6 +118,14 @@ def test_requests_carry_the_token_the_agent_and_compact_json(plain_server: str, 
     kube.close()
 
 
+def test_a_server_url_with_a_path_keeps_it_in_front_of_every_request(
+    plain_server: str, seen: Seen
+) -> None:
+    kube = Kube(Credentials(server=f"{plain_server}/k8s/clusters/c-1/", token="t"))
+    kube.read("v1", "ConfigMap", "ns", "x")
+    assert seen.requests[0]["path"] == "/k8s/clusters/c-1/api/v1/namespaces/ns/configmaps/x"
+
+
 def test_basic_auth_when_the_kubeconfig_has_a_username(plain_server: str, seen: Seen) -> None:
     Kube(Credentials(server=plain_server, username="admin", password="pw")).read(
         "v1", "ConfigMap", "ns", "x"

@@ -218,7 +218,7 @@ def test_the_desired_state_is_planned_once_per_generation_and_kept_packed(
     monkeypatch.setattr(caches, "desired_state", counting)
     body = parent()
     first = caches.parse(ctx, body)
-    assert isinstance(ctx._parsed[("ns", "x")].desired, bytes)  # kept pickled, not as objects
+    assert isinstance(ctx._parsed[("ns", "x")].planned, bytes)  # kept pickled, not as objects
     again = caches.parse(ctx, body)
     assert again.desired == first.desired
     assert again.desired is not first.desired  # each caller gets its own copy to change

@@ -96,10 +96,19 @@ retries reads only for idempotent methods."""
 class _Session:
     """A connection pool and the headers that authenticate on it."""
 
-    pool: urllib3.PoolManager
+    pool: urllib3.HTTPConnectionPool
     headers: Mapping[str, str]
     credentials: Credentials
     token_read_at: float
+    prefix: str
+    """The server URL's own path (an API proxy's, e.g. `/k8s/clusters/c-1`), or ""."""
+
+    @classmethod
+    def open(
+        cls, pool: urllib3.HTTPConnectionPool, headers: Mapping[str, str], creds: Credentials
+    ) -> _Session:
+        prefix = (urllib3.util.parse_url(creds.server).path or "").rstrip("/")
+        return cls(pool, headers, creds, time.monotonic(), prefix)
 
 
 class Kube:
@@ -122,7 +131,7 @@ class Kube:
             pool, headers = self._pool(creds), _headers(creds)
         except CredentialsError as error:
             raise KubeError(str(error)) from error
-        self._session = _Session(pool, headers, creds, time.monotonic())
+        self._session = _Session.open(pool, headers, creds)
 
     @classmethod
     def connect(
@@ -143,9 +152,11 @@ class Kube:
 
     def close(self) -> None:
         """Release the connection pool."""
-        self._session.pool.clear()
+        self._session.pool.close()
 
-    def _pool(self, creds: Credentials) -> urllib3.PoolManager:
+    def _pool(self, creds: Credentials) -> urllib3.HTTPConnectionPool:
+        # One host: a connection pool of its own, without a PoolManager's per-request URL
+        # parsing and pool lookup (2 % of the operator's CPU at a 1,000-CR burst).
         tls: dict[str, Any] = {}
         if creds.server.startswith("https:"):
             tls["ssl_context"] = _ssl_context(creds)
@@ -158,7 +169,9 @@ class Kube:
                     "not verifying %s's certificate (insecure-skip-tls-verify)", creds.server
                 )
                 urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-        return urllib3.PoolManager(num_pools=2, maxsize=self._pool_size, retries=RETRIES, **tls)
+        return urllib3.connection_from_url(
+            creds.server, maxsize=self._pool_size, retries=RETRIES, timeout=self._timeout, **tls
+        )
 
     def _current(self, *, refused: bool = False) -> _Session:
         """The session to use: a token file read again after a minute; the credentials loaded
@@ -183,9 +196,9 @@ class Kube:
                     pool = self._pool(creds)
             except CredentialsError as error:
                 raise KubeError(f"renewing the credentials: {error}") from error
-            self._session = _Session(pool, headers, creds, time.monotonic())
+            self._session = _Session.open(pool, headers, creds)
         if pool is not session.pool:
-            session.pool.clear()
+            session.pool.close()
         return self._session
 
     def _request(
@@ -206,12 +219,14 @@ class Kube:
             if content_type is not None:
                 headers["Content-Type"] = content_type
             try:
-                response = session.pool.request(
+                response = session.pool.urlopen(
                     method,
-                    session.credentials.server.rstrip("/") + url_path,
+                    session.prefix + url_path,
                     body=payload,
                     headers=headers,
+                    retries=RETRIES,
                     timeout=self._timeout,
+                    redirect=False,
                 )
             except (urllib3.exceptions.HTTPError, OSError) as error:
                 raise KubeError(f"{method} {path}: {error}") from error

@@ -3,6 +3,7 @@ parsed spec (once per generation) and the status as last written."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -88,7 +89,10 @@ def parse(ctx: Context, body: Mapping[str, Any]) -> Parsed:
     uid, generation = generation_of(body)
     cached = ctx._parsed.get(key)
     if cached is not None and (cached.uid, cached.generation) == (uid, generation):
-        return cached.unpack()
+        if cached.planned is None:
+            return cached.unpack(None)
+        with contextlib.suppress(ValidationError):  # else parsed afresh, the error recorded
+            return cached.unpack(LLMDeployment.model_validate(body))
     try:
         desired: DesiredState | None = desired_state(
             LLMDeployment.model_validate(body), ctx.render_settings
