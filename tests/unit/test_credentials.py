@@ -7,7 +7,7 @@ import json
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -222,3 +222,32 @@ def test_the_kubeconfig_may_be_json(tmp_path: Path) -> None:
         "admin",
         "pw",
     )
+
+
+def test_kopf_logs_in_with_the_same_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kopf
+
+    from llmop import handlers
+
+    path = _kubeconfig(
+        tmp_path / "config",
+        cluster={"server": "https://10.0.0.1:6443", "certificate-authority-data": _b64("CA")},
+        user={"token": "secret"},
+        namespace="team-a",
+    )
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    login = cast("Any", handlers.login)  # typed by kopf's decorator as an activity
+    info = login()
+    assert (info.server, info.ca_data, info.scheme, info.token, info.default_namespace) == (
+        "https://10.0.0.1:6443",
+        "CA",
+        "Bearer",
+        "secret",
+        "team-a",
+    )
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    with pytest.raises(kopf.PermanentError, match="no current-context"):
+        login()

@@ -123,6 +123,7 @@ def login(**_: Any) -> kopf.ConnectionInfo:
     installed. kopf logs in again when the API server answers 401."""
     try:
         found = credentials.load()
+        token = found.current_token()
     except credentials.CredentialsError as error:
         raise kopf.PermanentError(str(error)) from error
     return kopf.ConnectionInfo(
@@ -132,8 +133,8 @@ def login(**_: Any) -> kopf.ConnectionInfo:
         insecure=found.insecure,
         username=found.username,
         password=found.password,
-        scheme="Bearer" if found.token or found.token_file else None,
-        token=found.current_token(),
+        scheme="Bearer" if token else None,
+        token=token,
         certificate_path=found.cert_file,
         certificate_data=found.cert_data,
         private_key_path=found.key_file,
