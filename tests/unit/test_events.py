@@ -70,3 +70,25 @@ def test_render_event_refers_to_the_parent() -> None:
     assert len(event["message"]) == 1024
     assert event["firstTimestamp"] == "2026-01-02T00:00:00Z"
     assert event["reportingInstance"] == "pod-1"
+
+
+def test_ready_at_zero_replicas_is_announced_once() -> None:
+    """A model created at zero replicas becomes Ready with reason ScaledToZero: one Event
+    (ScaledToZero), not a Ready Event beside it with the same message."""
+    zero = conditions.merge(
+        [],
+        [
+            Observation("Ready", "True", "ScaledToZero", "Scaled to zero replicas."),
+            Observation("Reconciling", "False", "AsExpected", "as expected"),
+            Observation("Stalled", "False", "AsExpected", "as expected"),
+        ],
+        generation=1,
+        now=NOW,
+    )
+    got = events.transition_events([], zero)
+    assert [(e.type, e.reason, e.message) for e in got] == [
+        ("Normal", "ScaledToZero", "Scaled to zero replicas.")
+    ]
+    serving = conds("True", "False", "False")
+    went = events.transition_events(serving, zero)
+    assert [(e.type, e.reason) for e in went] == [("Normal", "ScaledToZero")]

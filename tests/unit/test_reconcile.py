@@ -561,6 +561,79 @@ def test_deletions_and_busy_parents_go_to_the_worker(
     assert not ctx.locks.busy(("ns", "x"))
 
 
+def test_an_event_that_asks_nothing_of_the_status_is_quiet_while_a_worker_is_busy(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    kube.put(parent(replicas=2))
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+    service = kube.objects["Service", "ns", "x"]
+    with ctx.locks.hold(("ns", "x")):
+        # A Service as applied: no repair, and a Service never feeds the status.
+        assert reconcile.quiet_child_event(ctx, "ADDED", service)
+        service["spec"]["ports"][0]["port"] = 9999
+        deliver(ctx, kube)
+        assert not reconcile.quiet_child_event(ctx, "MODIFIED", service)
+
+
+def test_a_child_found_in_sync_is_compared_again_only_once_it_changed(
+    ctx: reconcile.Context, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deployment = _ready_deployment(ctx, kube)
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "ok"  # found in sync
+    compared: list[str] = []
+    plan_children = reconcile.entry.plan_children
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        compared.append(kwargs["only"].kind)
+        return plan_children(*args, **kwargs)
+
+    monkeypatch.setattr(reconcile.entry, "plan_children", counted)
+    live = kube.objects["Deployment", "ns", "x"]
+
+    # Only its status and resourceVersion moved: not compared again, and still quiet.
+    live["metadata"]["resourceVersion"] = "900"
+    live["status"] = {**live["status"], "observedGeneration": 1}
+    deliver(ctx, kube)
+    assert reconcile.quiet_child_event(ctx, "MODIFIED", live)
+    assert compared == []
+
+    # A label edited by hand (the generation stays): compared, and repaired by the worker.
+    live["metadata"]["labels"] = {**live["metadata"]["labels"], names.LABEL_MANAGED_BY: "me"}
+    deliver(ctx, kube)
+    assert not reconcile.quiet_child_event(ctx, "MODIFIED", live)
+    assert compared == ["Deployment"]
+    assert reconcile.refresh_from_child(ctx, "MODIFIED", live) == "ok"
+    assert ("apply:llmop", "Deployment", "x") in kube.calls
+
+    # The repaired Deployment rolled out, found in sync once more; then its spec edited (the
+    # API server raises the generation): compared again and found drifted.
+    live = rolled_out(kube, ready=1)
+    deliver(ctx, kube)
+    reconcile.refresh_from_child(ctx, "MODIFIED", live)
+    assert reconcile.quiet_child_event(ctx, "MODIFIED", live)
+    compared.clear()
+    assert reconcile.quiet_child_event(ctx, "MODIFIED", live)
+    assert compared == []
+    live = kube.objects["Deployment", "ns", "x"]
+    live["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:1"
+    live["metadata"]["generation"] = 2
+    deliver(ctx, kube)
+    assert not reconcile.quiet_child_event(ctx, "MODIFIED", live)
+    assert compared == ["Deployment"]
+
+    # A new generation of the parent forgets every answer: its intent is another.
+    kube.objects["Deployment", "ns", "x"] = rolled_out(kube, ready=1)
+    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    newer = kube.objects["LLMDeployment", "ns", "x"]
+    newer["metadata"]["generation"] = 2
+    newer["spec"]["replicas"] = 3
+    deliver(ctx, kube)
+    compared.clear()
+    assert not reconcile.quiet_child_event(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    assert compared == ["Deployment"]
+
+
 def test_foreign_initial_and_orphaned_child_events_are_quiet(
     ctx: reconcile.Context, kube: FakeKube
 ) -> None:

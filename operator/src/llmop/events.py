@@ -53,7 +53,10 @@ def transition_events(before: Sequence[Condition], after: Sequence[Condition]) -
         events.append(EventSpec("Normal", "Recovered", "No longer stalled."))
     if (reconciling := _flipped(before, after, conditions.RECONCILING, "True")) is not None:
         events.append(EventSpec("Normal", reconciling.reason, reconciling.message))
-    if (ready := _flipped(before, after, conditions.READY, "True")) is not None:
+    ready = _flipped(before, after, conditions.READY, "True")
+    if ready is not None and ready.reason != conditions.REASON_SCALED_TO_ZERO:
+        # Ready at zero replicas is announced once, by `_zero`'s ScaledToZero (a model created
+        # at zero posted both, with the same message).
         events.append(EventSpec("Normal", "Ready", ready.message))
     if (degraded := _flipped(before, after, conditions.DEGRADED, "True")) is not None:
         events.append(EventSpec("Warning", degraded.reason, degraded.message))

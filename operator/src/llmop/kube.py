@@ -415,7 +415,7 @@ class Kube:
     def create_event(self, event: Mapping[str, Any]) -> None:
         """Post a core/v1 Event; a missing namespace (being deleted) is not an error."""
         path = _path("v1", "Event", event["metadata"]["namespace"])
-        status, data = self._request("POST", path, body=dict(event))
+        status, data = self._request("POST", path, body=dict(event), parse=False)
         if status in (403, 404):
             return
         if status >= 300:

@@ -117,6 +117,15 @@ class PackedParse:
         return Parsed(self.uid, self.generation, desired, self.error)
 
 
+@dataclass(frozen=True)
+class InSync:
+    """One parent's children found in sync with one packed desired state (`reconcile.in_sync`):
+    child kind → the fingerprint of the live child that was compared."""
+
+    packed: PackedParse
+    found: Mapping[ChildKind, tuple[Any, ...]]
+
+
 @dataclass
 class ModelGate:
     """One generation's model pre-flight verdict, the engine children rendered at the resolved
@@ -185,6 +194,8 @@ class Context:
     """The agents' latest readings per parent (written by `llmop.fleet`); a parent absent here
     has not been read by this process yet, and its status keeps what the agents said before."""
     _parsed: dict[tuple[str, str], PackedParse] = field(default_factory=dict)
+    _in_sync: dict[tuple[str, str], InSync] = field(default_factory=dict)
+    """The children each parent's child events last found in sync (`reconcile.in_sync`)."""
     _written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
     _applied: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
     """(uid, generation) each parent's children were last fully applied for, by this process."""
@@ -237,6 +248,7 @@ class Context:
     def forget(self, namespace: str, name: str) -> None:
         """Drop what this process remembers of a deleted parent."""
         self._parsed.pop((namespace, name), None)
+        self._in_sync.pop((namespace, name), None)
         self._written.pop((namespace, name), None)
         self._applied.pop((namespace, name), None)
         self._gates.pop((namespace, name), None)

@@ -15,7 +15,7 @@ from llmop.kinds import ChildKind
 from llmop.kube import KubeError, TerminatingError
 from llmop.metrics import RESULT_OK, RESULT_SKIPPED
 from llmop.plan import ChildPlan, plan_children
-from llmop.reconcile import adapter_gate, first_status, groups, pools, rollouts
+from llmop.reconcile import adapter_gate, first_status, groups, in_sync, pools, rollouts
 from llmop.reconcile.caches import (
     Owner,
     cached_parent,
@@ -219,23 +219,31 @@ def child_work(ctx: Context, event: ChildEvent, body: Mapping[str, Any] | None) 
         or body["metadata"].get("deletionTimestamp")
     ):
         return RESULT_SKIPPED
-    desired = desired_for(ctx, body, parse(ctx, body))
+    live = live_children(ctx, owner.namespace, owner.name, owner.uid)
+    # Only the Deployment feeds the status, and the HPA when it cannot scale.
+    feeds_status = event.kind == kinds.DEPLOYMENT or (
+        event.kind == kinds.HPA and _hpa_news(body, event.hpa)
+    )
+    if in_sync.known(ctx, body, event.kind, live.get(event.kind)):
+        if not feeds_status:
+            return RESULT_SKIPPED
+        found = desired_for(ctx, body, parse(ctx, body))
+        return RESULT_SKIPPED if found is None else ChildWork(body, found, ChildPlan())
+    parsed = parse(ctx, body)
+    desired = desired_for(ctx, body, parsed)
     if desired is None:
         # The parent path owns the status of an unreadable spec, and of a model cache that
         # this process has not yet seen filled.
         return RESULT_SKIPPED
+    from_spec = desired is parsed.desired
     # The ConfigMap as the parent path applied it: a repair never puts back a refused adapter.
     desired = adapter_gate.applied(ctx, body, desired)
-    live = live_children(ctx, owner.namespace, owner.name, owner.uid)
     # The strategy as the parent path decided it: a repair never undoes the counted surge.
     desired = rollout_room.with_strategy(desired, live.get(kinds.DEPLOYMENT))
     plan = plan_children(desired, live, parent=body, only=event.kind)
-    if (
-        not plan
-        and event.kind != kinds.DEPLOYMENT
-        and not (event.kind == kinds.HPA and _hpa_news(body, event.hpa))
-    ):
-        # Only the Deployment feeds the status, and the HPA when it cannot scale.
+    if not plan and from_spec:
+        in_sync.note(ctx, body, event.kind, live.get(event.kind))
+    if not plan and not feeds_status:
         return RESULT_SKIPPED
     edited = live.get(kinds.CONFIG_MAP) if event.kind == kinds.CONFIG_MAP and plan else None
     undone_edit = None if edited is None else str(edited["metadata"].get("resourceVersion"))

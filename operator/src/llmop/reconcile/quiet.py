@@ -23,20 +23,23 @@ from llmop.reconcile.writes import result_of, status_changed
 #
 # Why a "quiet" answer is safe: kopf updates its indexes before it calls the handlers, so the
 # caches already hold this event's object. A worker that takes the parent's lock after the check
-# derives from data at least as new; one that holds or waits for it during the check makes the
-# answer "not quiet", and the event goes to the worker path as before.
+# derives from data at least as new. A worker that holds or waits for it during the check may
+# have read the caches before this event, so its status write may miss this event's news: then
+# an answer that depends on the status is "not quiet", and the event goes to the worker path.
+# An event that asks nothing of the status (a Service in sync) is quiet even then: the worker
+# can only change the intent by parsing a new generation, and a new generation is applied whole.
 
 
 def _quiet(
-    ctx: Context, trigger: str, key: tuple[str, str], decide: Callable[[], str | None]
+    ctx: Context, trigger: str, key: tuple[str, str], decide: Callable[[bool], str | None]
 ) -> bool:
-    """Run `decide` unless a worker is busy with `key`; record its result as a reconcile when
-    it found nothing to write. Any error leaves the event to the worker path, which handles it."""
-    if ctx.locks.busy(key):
-        return False
+    """Run `decide(busy)`, `busy` telling whether a worker holds or waits for `key`; record
+    its result as a reconcile when it found nothing to write. Any error leaves the event to
+    the worker path, which handles it."""
+    busy = ctx.locks.busy(key)
     started = perf_counter()
     try:
-        result = decide()
+        result = decide(busy)
     except Exception:
         return False
     if result is None:
@@ -56,7 +59,8 @@ def quiet_child_event(ctx: Context, event_type: str | None, child: Mapping[str, 
     """True when `refresh_from_child(ctx, event_type, child)` would write nothing — decided
     from the caches, without I/O or blocking — and the event has been recorded as it would
     record it. False when it must run: a child to repair, a status that changed, a deletion
-    (the parent is then read fresh), or a worker busy with this parent."""
+    (the parent is then read fresh), or an event for the status while a worker is busy with
+    this parent."""
     event = child_event(ctx, event_type, child)
     if event is None:
         return True
@@ -64,11 +68,11 @@ def quiet_child_event(ctx: Context, event_type: str | None, child: Mapping[str, 
         return False
     owner = event.owner
 
-    def decide() -> str | None:
+    def decide(busy: bool) -> str | None:
         work = child_work(ctx, event, cached_parent(ctx, owner.namespace, owner.name))
         if isinstance(work, str):
-            return work
-        return None if work.plan else _quiet_result(ctx, work.body, work.desired)
+            return work  # nothing to repair, and nothing for the status
+        return None if work.plan or busy else _quiet_result(ctx, work.body, work.desired)
 
     return _quiet(ctx, TRIGGER_CHILD, (owner.namespace, owner.name), decide)
 
@@ -82,7 +86,9 @@ def quiet_pod_event(ctx: Context, event_type: str | None, pod: Mapping[str, Any]
     if event_type is None or not name:
         return True
 
-    def decide() -> str | None:
+    def decide(busy: bool) -> str | None:
+        if busy:
+            return None
         target = status_target(ctx, namespace, name)
         return RESULT_SKIPPED if target is None else _quiet_result(ctx, *target)
 
