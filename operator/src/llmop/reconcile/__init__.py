@@ -13,7 +13,8 @@ The package, by responsibility (each module's docstring says its job):
   base model is never gated by it);
 - `pools` — the InferencePool's API check, its deletion once unwanted, and its verdict;
 - `groups` — the LeaderWorkerSet's API check, its missing-API stall, and listing it back;
-- `entry` — the entry points below; `quiet` — the event-loop checks.
+- `entry` — the entry points below; `quiet` — the event-loop checks; `in_sync` — the
+  children found in sync with a generation's intent (not compared again until they change).
 
 Called by the kopf handlers (a few lines each) but free of kopf itself: it talks to the API
 through `llmop.kube`, decides with pure functions (`desired`, `plan`, `status`) and reads the
