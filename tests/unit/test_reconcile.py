@@ -222,6 +222,14 @@ def test_the_desired_state_is_planned_once_per_generation_and_kept_packed(
     again = caches.parse(ctx, body)
     assert again.desired == first.desired
     assert again.desired is not first.desired  # each caller gets its own copy to change
+    status_view = caches.parse(ctx, body).desired
+    assert status_view is not None
+    assert first.desired is not None
+    # What the status paths read comes without unpickling the children.
+    assert status_view.template_hash == first.desired.template_hash is not None
+    assert status_view.sizing == first.desired.sizing
+    assert isinstance(status_view._children, bytes)
+    assert status_view.children == first.desired.children
     edited = copy.deepcopy(body)
     edited["metadata"]["generation"] = 2
     edited["spec"]["replicas"] = 3

@@ -7,7 +7,8 @@ render happens in one place: a plan that does not fit renders nothing (no pods a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import pickle
+from typing import Any
 
 from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment
@@ -16,23 +17,75 @@ from llmop.settings import RenderSettings
 from llmop.sizing import SizingResult, plan_for
 
 
-@dataclass(frozen=True)
 class DesiredState:
-    """What one generation of an LLMDeployment should look like."""
+    """What one generation of an LLMDeployment should look like (immutable).
+
+    The rendered children may be held pickled (`packed`, as `reconcile.context.PackedParse`
+    keeps them between events) and are unpickled on first use: a status path reads only the
+    spec, the capacity plan and the template hash, and a Deployment's status events, most of a
+    burst's child events, then never unpickle them (~3 KiB of dicts each)."""
+
+    __slots__ = ("_children", "_template_hash", "llmd", "sizing")
 
     llmd: LLMDeployment
     sizing: SizingResult
-    children: Children | None
-    """None when the capacity plan says the model does not fit: nothing may be created."""
+
+    def __init__(self, llmd: LLMDeployment, sizing: SizingResult, children: Children | None):
+        self.llmd = llmd
+        self.sizing = sizing
+        self._children: Any = children
+        self._template_hash = _template_hash(children)
+
+    @classmethod
+    def packed(
+        cls,
+        llmd: LLMDeployment,
+        sizing: SizingResult,
+        children: bytes,
+        template_hash: str | None,
+    ) -> DesiredState:
+        """A desired state whose children are `children` pickled, with their template hash."""
+        state = cls(llmd, sizing, None)
+        state._children = children
+        state._template_hash = template_hash
+        return state
+
+    @property
+    def children(self) -> Children | None:
+        """None when the capacity plan says the model does not fit: nothing may be created."""
+        if isinstance(self._children, bytes):
+            self._children = pickle.loads(self._children)
+        children: Children | None = self._children
+        return children
 
     @property
     def template_hash(self) -> str | None:
         """The rendered pod template's hash (None when nothing is rendered)."""
-        if self.children is None:
-            return None
-        annotations = self.children.workload["metadata"].get("annotations") or {}
-        value = annotations.get(names.ANNOTATION_TEMPLATE_HASH)
-        return value if isinstance(value, str) else None
+        return self._template_hash
+
+    def with_children(self, children: Children | None) -> DesiredState:
+        """The same desired state with other children."""
+        return DesiredState(self.llmd, self.sizing, children)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DesiredState):
+            return NotImplemented
+        return (self.llmd, self.sizing, self.children) == (other.llmd, other.sizing, other.children)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable parts: as the frozen dataclass had it
+
+    def __repr__(self) -> str:
+        return (
+            f"DesiredState(llmd={self.llmd!r}, sizing={self.sizing!r}, children={self.children!r})"
+        )
+
+
+def _template_hash(children: Children | None) -> str | None:
+    if children is None:
+        return None
+    annotations = children.workload["metadata"].get("annotations") or {}
+    value = annotations.get(names.ANNOTATION_TEMPLATE_HASH)
+    return value if isinstance(value, str) else None
 
 
 def desired_state(

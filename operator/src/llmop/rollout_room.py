@@ -300,6 +300,4 @@ def with_strategy(
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
         },
     }
-    return dataclasses.replace(
-        desired, children=dataclasses.replace(desired.children, deployment=deployment)
-    )
+    return desired.with_children(dataclasses.replace(desired.children, deployment=deployment))

@@ -252,7 +252,7 @@ def applied(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> Des
     if not refused and not pinned:
         return desired
     config_map = render_config_map(desired.llmd, refused=refused, pinned=pinned)
-    return dataclasses.replace(desired, children=dataclasses.replace(children, adapters=config_map))
+    return desired.with_children(dataclasses.replace(children, adapters=config_map))
 
 
 def nudge_pods(

@@ -345,6 +345,12 @@ def write_deferred_status(ctx: Context, namespace: str, name: str) -> str:
     say now, unless a status path wrote this generation's status meanwhile, or run again later
     while the Deployment controller is seen at work (`first_status.wait_longer`)."""
     with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(TRIGGER_PARENT) as outcome:
+        # Pending first: at a burst most fallbacks find the status written meanwhile, and
+        # need not unpack the desired state to say so.
+        cached = cached_parent(ctx, namespace, name)
+        if cached is None or not first_status.pending(ctx, cached):
+            outcome.result = RESULT_SKIPPED
+            return outcome.result
         target = status_target(ctx, namespace, name)
         if target is None or not first_status.pending(ctx, target[0]):
             outcome.result = RESULT_SKIPPED
