@@ -8,7 +8,6 @@ render happens in one place: a plan that does not fit renders nothing (no pods a
 from __future__ import annotations
 
 import pickle
-from typing import Any
 
 from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment
@@ -33,7 +32,7 @@ class DesiredState:
     def __init__(self, llmd: LLMDeployment, sizing: SizingResult, children: Children | None):
         self.llmd = llmd
         self.sizing = sizing
-        self._children: Any = children
+        self._children: Children | bytes | None = children
         self._template_hash = _template_hash(children)
 
     @classmethod
@@ -53,10 +52,12 @@ class DesiredState:
     @property
     def children(self) -> Children | None:
         """None when the capacity plan says the model does not fit: nothing may be created."""
-        if isinstance(self._children, bytes):
-            self._children = pickle.loads(self._children)
-        children: Children | None = self._children
-        return children
+        held = self._children
+        if isinstance(held, bytes):
+            children: Children | None = pickle.loads(held)
+            self._children = children
+            return children
+        return held
 
     @property
     def template_hash(self) -> str | None:
