@@ -42,6 +42,11 @@ from llmop_engine.vllm_metrics import EngineMetrics
 
 log = logging.getLogger("llmop_engine.agent")
 
+STOPPED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGKILL, 128 + signal.SIGINT)
+"""Engine exit codes that mean "ended by the agent's stop" once the agent sent one. 130 (death by
+SIGINT) is vLLM's answer to SIGTERM before it serves: its start-up handler raises
+`KeyboardInterrupt("terminated")`, and Python ends an uncaught one by SIGINT."""
+
 
 def directory_bytes(path: str) -> int:
     """Total size of the files under `path` (download progress of the model cache)."""
@@ -213,9 +218,10 @@ class Agent:
         if outcome.hung:
             log.error("engine was hung when stopped: failed")
             return 1
-        if outcome.killed or engine_code in (128 + signal.SIGTERM, 128 + signal.SIGKILL):
-            # The agent ended it: killed after the grace, or dead of the agent's own SIGTERM
-            # (an engine that installs no handler yet, early in its start). No fault.
+        if outcome.killed or engine_code in STOPPED_CODES:
+            # The agent ended it: killed after the grace, dead of the agent's own SIGTERM (an
+            # engine that installs no handler yet, early in its start), or ended by SIGINT, as
+            # vLLM (and the simulator) answer a SIGTERM while loading. No fault.
             return 0
         return engine_code
 

@@ -61,7 +61,17 @@ class EngineFlag:
     MAX_LORAS: Final = "--max-loras"
     MAX_CPU_LORAS: Final = "--max-cpu-loras"
     MAX_LORA_RANK: Final = "--max-lora-rank"
+    BLOCK_SIZE: Final = "--block-size"
+    """Tokens per KV cache block (vLLM's default 16 where unset)."""
+    NUM_GPU_BLOCKS_OVERRIDE: Final = "--num-gpu-blocks-override"
+    """vLLM's flag that fixes the KV cache's block count instead of profiling GPU memory. The
+    renderer gives it to the simulator only: the blocks of the planned KV cache, so a simulated
+    engine has the capacity its (simulated) GPU would have."""
 
+
+DEFAULT_BLOCK_SIZE: Final = 16
+"""vLLM's default `--block-size` in tokens (CUDA; the CPU build uses 128), the simulator's too:
+the block the renderer counts the planned KV cache in when `engine.args` sets none."""
 
 MASTER_PORT: Final = 29501
 """vLLM's default `--master-port` (0.32): the leader's rendezvous (torch TCPStore)."""

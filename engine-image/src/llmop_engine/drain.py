@@ -7,8 +7,11 @@ from the pod network.
 The sequence (readiness is already off when it runs; the caller flips it first), within one
 budget, `deadline = start + propagation + drain`:
 
-1. An engine that never listened (still loading) has nothing to drain: SIGTERM, and SIGKILL its
-   process tree after `LOADING_STOP_SECONDS` (vLLM ignores SIGTERM while it loads).
+1. An engine that never listened (still loading) has nothing to drain: SIGTERM, which vLLM and
+   the simulator answer by exiting at once (vLLM's start-up handler raises
+   `KeyboardInterrupt("terminated")`: exit by SIGINT, 130), and SIGKILL its process tree after
+   `LOADING_STOP_SECONDS` if it is still there (vLLM 0.32's CPU build was once seen not to exit
+   while it loaded).
 2. Wait for endpoint propagation, so that no Service still routes here.
 3. The agent owns the drain (the engine runs with `--shutdown-timeout 0` and
    `--enable-server-load-tracking`, see `supervisor.engine_command`): the engine keeps serving
@@ -65,7 +68,8 @@ log = logging.getLogger("llmop_engine.drain")
 # After the final SIGTERM, how long the engine gets to exit before its process tree is killed
 # (a contract value: the renderer's grace-period margin counts it).
 EXIT_GRACE_SECONDS = float(contract.ENGINE_EXIT_GRACE_SECONDS)
-# An engine still loading ignores SIGTERM; it holds no requests, so it is killed after this.
+# An engine still loading that has not exited this long after SIGTERM is killed (it holds no
+# requests); vLLM and the simulator normally exit at once.
 LOADING_STOP_SECONDS = 2.0
 # Over budget: how long the EngineCore's aborts get to reach the clients before the API server is
 # stopped too (they take milliseconds; the rest is slack for a loaded node).

@@ -92,14 +92,20 @@ def _template_hash(children: Children | None) -> str | None:
 def desired_state(
     llmd: LLMDeployment, settings: RenderSettings, *, resolved_revision: str | None = None
 ) -> DesiredState:
-    """Plan, then render unless the plan says it cannot fit. `resolved_revision` (the commit
-    the model pre-flight resolved) replaces spec.model.revision in what is rendered, so engine
-    pods serve exactly the commit the cache holds."""
+    """Plan, then render unless the plan says it cannot fit (a simulated engine is given the
+    planned KV cache as its own, so what it reports matches the plan). `resolved_revision` (the
+    commit the model pre-flight resolved) replaces spec.model.revision in what is rendered, so
+    engine pods serve exactly the commit the cache holds."""
     if resolved_revision is not None:
         model = llmd.spec.model.model_copy(update={"revision": resolved_revision})
         llmd = llmd.model_copy(update={"spec": llmd.spec.model_copy(update={"model": model})})
     sizing = plan_for(llmd.spec)
     children = None
     if sizing.fits is not False:
-        children = render_children(llmd, settings, load_timeout_seconds=sizing.load_timeout_seconds)
+        children = render_children(
+            llmd,
+            settings,
+            load_timeout_seconds=sizing.load_timeout_seconds,
+            kv_cache_tokens=None if sizing.plan is None else sizing.plan.kv_cache_tokens,
+        )
     return DesiredState(llmd=llmd, sizing=sizing, children=children)

@@ -3,7 +3,9 @@
 The renderer emits the same flags for both backends, so any other vLLM flag is accepted and ignored
 with a log line rather than rejected. Defaults model a 7-8B model in bf16 on one 80 GB GPU:
 ~20 ms per decode step at batch 1 growing ~0.15 ms per running sequence, 10k prompt tokens/s of
-prefill, 16k KV blocks of 16 tokens.
+prefill, 16k KV blocks of 16 tokens. The operator renders one more flag for the simulator: the KV
+cache its capacity plan computed for the CR's GPU, as `--num-gpu-blocks-override` (blocks of
+`--block-size`), which the simulator then reports and admits requests against.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from llmop_engine.contract import MASTER_ADDR, MASTER_PORT
+from llmop_engine.contract import DEFAULT_BLOCK_SIZE, MASTER_ADDR, MASTER_PORT, EngineFlag
 from llmop_engine.simulator.group import GroupConfig
 
 log = logging.getLogger("llmop_engine.simulator")
@@ -33,7 +35,7 @@ class SimConfig:
     max_num_seqs: int = 256
     max_model_len: int = 8192
     max_num_batched_tokens: int = 8192
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     num_gpu_blocks: int = 16384
     gpu_memory_utilization: float = 0.92
     enable_prefix_caching: bool = True
@@ -75,8 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    p.add_argument(EngineFlag.BLOCK_SIZE, type=int, default=DEFAULT_BLOCK_SIZE)
+    # The KV cache's blocks, as vLLM's flag fixes them. The operator renders it for the simulator
+    # from its capacity plan: the simulated engine holds what its GPU would (a count only: no
+    # memory is allocated per block).
+    p.add_argument(EngineFlag.NUM_GPU_BLOCKS_OVERRIDE, type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     # vLLM's V1 engine caches prefixes unless told not to; the renderer may pass either form.
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -102,7 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="time before the port listens (weights loading)",
     )
-    sim.add_argument("--sim-kv-blocks", type=int, default=None, help="KV cache blocks [16384]")
+    sim.add_argument(
+        "--sim-kv-blocks",
+        type=int,
+        default=None,
+        help="KV cache blocks, over --num-gpu-blocks-override [16384]",
+    )
     sim.add_argument("--sim-decode-ms", type=float, default=20.0, help="decode step at batch 1")
     sim.add_argument(
         "--sim-decode-ms-per-seq",

@@ -12,15 +12,19 @@ Connections like vLLM's under the agent: idle keep-alive connections close after
 `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` seconds (5), and once the agent's drain flag exists
 (`LLMOP_DRAIN_FLAG`) every response says `Connection: close` and its connection closes after it.
 
-Lifecycle like `vllm serve` 0.32 (observed on its CPU build): nothing listens during the simulated
-load time (connection refused), and SIGTERM then is ignored (vLLM does not exit while loading).
-SIGTERM with `--shutdown-timeout 0` aborts open requests at once (`finish_reason: "abort"`) and
-exits. With N > 0 it finishes running and waiting work for up to N seconds while new requests get
-HTTP 500 ("cannot schedule new futures after shutdown"; /health stays 200), then exits. Work left
-at that deadline is never answered: the port closes, open streams get nothing more, and the process
-does not exit while any of them stays open ("Waiting for connections to close"). A stream still
-queued when everything is aborted ends with no choice and no finish reason, as vLLM's. After a crash
-`/health` answers 503, open requests end with an error, and the process exits with code 0.
+Lifecycle like `vllm serve`: nothing listens during the simulated load time (connection refused,
+observed on vLLM 0.32's CPU build). SIGTERM or SIGINT before the server listens (loading, or rank 0
+waiting for its group) ends the process at once, as vLLM's start-up handler does
+(`setup_interrupt_handler` raises `KeyboardInterrupt("terminated")`, which nothing catches): the
+traceback, then Python ends the process by SIGINT (exit status 130; -2 to a parent's `Popen`).
+Once serving, SIGTERM with `--shutdown-timeout 0` aborts open requests at once
+(`finish_reason: "abort"`) and exits. With N > 0 it finishes running and waiting work for up to N
+seconds while new requests get HTTP 500 ("cannot schedule new futures after shutdown"; /health
+stays 200), then exits. Work left at that deadline is never answered: the port closes, open
+streams get nothing more, and the process does not exit while any of them stays open ("Waiting
+for connections to close"). A stream still queued when everything is aborted ends with no choice
+and no finish reason, as vLLM's. After a crash `/health` answers 503, open requests end with an
+error, and the process exits with code 0.
 
 Multi-node (`--nnodes N`, `simulator.group`): rank 0 waits for the other ranks' rendezvous before
 its load time, hangs (the `hang` fault) when one of them is gone and completes no step while one
@@ -39,7 +43,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from aiohttp import web
 
@@ -548,7 +552,7 @@ class SimServer:
         try:
             if not await self._until_group_joined(rendezvous):
                 log.info("stopped while waiting for the group's other ranks")
-                return 0
+                _interrupt_start()
             return await self._load_and_serve()
         finally:
             await rendezvous.close()
@@ -557,11 +561,12 @@ class SimServer:
         loop = asyncio.get_running_loop()
         log.info("loading model %s (simulated, %.1fs)", self.cfg.model, self.cfg.load_seconds)
         # Like vLLM, nothing listens until the weights are loaded: clients get connection refused.
-        # And like vLLM, a SIGTERM meanwhile is not acted on (the loader does not look).
-        await asyncio.sleep(self.cfg.load_seconds)
+        # A SIGTERM meanwhile ends the start, as vLLM's does.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop_event.wait(), self.cfg.load_seconds)
         if self.stop_event.is_set():
-            log.info("ignored a termination signal received while loading")
-            self.stop_event.clear()
+            log.info("stopped while loading")
+            _interrupt_start()
         blocks = self.cfg.num_gpu_blocks
         log.info("GPU KV cache size: %s tokens (simulated)", f"{blocks * self.cfg.block_size:,}")
         engine_task = asyncio.create_task(self.engine.run(), name="sim-scheduler")
@@ -624,6 +629,14 @@ class SimServer:
         log.info("Waiting for connections to close. (CTRL+C to force quit)")
         while self.active_handlers:
             await asyncio.sleep(0.1)
+
+
+def _interrupt_start() -> NoReturn:
+    """A SIGTERM or SIGINT before the server listens, as vLLM 0.33 answers it: its start-up signal
+    handler (`setup_interrupt_handler`, replaced once uvicorn runs) raises
+    `KeyboardInterrupt("terminated")` and nothing catches it, so Python prints the traceback and
+    ends the process by SIGINT. `asyncio.run` cancels the other tasks on the way out."""
+    raise KeyboardInterrupt("terminated")
 
 
 def keep_alive_seconds() -> float:

@@ -80,12 +80,22 @@ class Children:
 
 
 def render_children(
-    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+    llmd: LLMDeployment,
+    settings: RenderSettings,
+    *,
+    load_timeout_seconds: int,
+    kv_cache_tokens: int | None = None,
 ) -> Children:
-    """All children of `llmd` under the operator's `settings`."""
+    """All children of `llmd` under the operator's `settings`; `kv_cache_tokens` is the planned
+    KV cache of one replica (None: no plan), which a simulated engine is given as its own."""
     multi_node = llmd.spec.pipeline_parallel_size > 1
     render_workload = render_leader_worker_set if multi_node else render_deployment
-    workload = render_workload(llmd, settings, load_timeout_seconds=load_timeout_seconds)
+    workload = render_workload(
+        llmd,
+        settings,
+        load_timeout_seconds=load_timeout_seconds,
+        kv_cache_tokens=kv_cache_tokens,
+    )
     return Children(
         deployment=None if multi_node else workload,
         leader_worker_set=workload if multi_node else None,

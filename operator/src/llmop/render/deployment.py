@@ -75,9 +75,17 @@ def pod_template(
     *,
     load_timeout_seconds: int,
     role: PodRole = ONE_POD,
+    kv_cache_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The engine pod template (without the template-hash annotation, which its wrapper adds)."""
-    pod_spec = _pod_spec(llmd, settings, load_timeout_seconds=load_timeout_seconds, role=role)
+    """The engine pod template (without the template-hash annotation, which its wrapper adds).
+    `kv_cache_tokens`: the planned KV cache of one replica (the simulator is given it)."""
+    pod_spec = _pod_spec(
+        llmd,
+        settings,
+        load_timeout_seconds=load_timeout_seconds,
+        role=role,
+        kv_cache_tokens=kv_cache_tokens,
+    )
     pod_metadata: dict[str, Any] = {
         "labels": names.child_labels(llmd.metadata.name),
         "annotations": {
@@ -90,12 +98,21 @@ def pod_template(
 
 
 def render_deployment(
-    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+    llmd: LLMDeployment,
+    settings: RenderSettings,
+    *,
+    load_timeout_seconds: int,
+    kv_cache_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The Deployment. Without `spec.replicas` when autoscaling is on: the HPA owns the count."""
     name = llmd.metadata.name
     spec = llmd.spec
-    template = pod_template(llmd, settings, load_timeout_seconds=load_timeout_seconds)
+    template = pod_template(
+        llmd,
+        settings,
+        load_timeout_seconds=load_timeout_seconds,
+        kv_cache_tokens=kv_cache_tokens,
+    )
     digest = template_hash(template)
     template["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH] = digest
 
@@ -129,7 +146,12 @@ def render_deployment(
 
 
 def _pod_spec(
-    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int, role: PodRole
+    llmd: LLMDeployment,
+    settings: RenderSettings,
+    *,
+    load_timeout_seconds: int,
+    role: PodRole,
+    kv_cache_tokens: int | None,
 ) -> dict[str, Any]:
     spec = llmd.spec
     scheduling = spec.scheduling
@@ -144,7 +166,9 @@ def _pod_spec(
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_engine_container(llmd, settings, load_timeout_seconds, role)],
+        "containers": [
+            _engine_container(llmd, settings, load_timeout_seconds, role, kv_cache_tokens)
+        ],
         "volumes": _volumes(llmd),
     }
     node_selector = dict(sorted(scheduling.node_selector.items()))
@@ -178,7 +202,11 @@ def _pod_spec(
 
 
 def _engine_container(
-    llmd: LLMDeployment, settings: RenderSettings, load_timeout_seconds: int, role: PodRole
+    llmd: LLMDeployment,
+    settings: RenderSettings,
+    load_timeout_seconds: int,
+    role: PodRole,
+    kv_cache_tokens: int | None,
 ) -> dict[str, Any]:
     spec = llmd.spec
     probe_port = {"port": names.PROBE_PORT_NAME}
@@ -191,7 +219,7 @@ def _engine_container(
         "name": names.ENGINE_CONTAINER,
         "image": _image(spec, settings),
         "imagePullPolicy": settings.image_pull_policy,
-        "args": engine_args.agent_args(llmd, role.engine_flags),
+        "args": engine_args.agent_args(llmd, role.engine_flags, kv_cache_tokens=kv_cache_tokens),
         "env": [*role.env, *env, *adapters.hub_env(spec, settings)],
         "ports": ports,
         "resources": _resources(spec, settings),

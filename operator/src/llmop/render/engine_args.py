@@ -1,7 +1,8 @@
 """Pure: the engine command line (vLLM flags) and environment built from the typed spec.
 
 Typed fields come first; `engine.args` last, so a user flag overrides a generated one where vLLM
-takes the last occurrence. The same flags go to the simulator, which models or ignores them.
+takes the last occurrence. The same flags go to the simulator, which models or ignores them, plus
+one of its own: the planned KV cache as `--num-gpu-blocks-override` (`simulated_kv_flags`).
 Every name the agent reads back (its flags, its variables, the vLLM flags it inspects) comes from
 `llmop_engine.contract`, the one module both sides import.
 """
@@ -44,9 +45,12 @@ def served_model_name(llmd: LLMDeployment) -> str:
     return llmd.spec.model.served_name or llmd.metadata.name
 
 
-def engine_flags(llmd: LLMDeployment, role_flags: Sequence[str] = ()) -> list[str]:
+def engine_flags(
+    llmd: LLMDeployment, role_flags: Sequence[str] = (), *, kv_cache_tokens: int | None = None
+) -> list[str]:
     """`vllm serve` arguments: the model, then typed flags (`role_flags` last among them: a
-    multi-node pod's pipeline flags), then the user's `engine.args`."""
+    multi-node pod's pipeline flags), then the user's `engine.args`. `kv_cache_tokens` is the
+    planned KV cache of one replica (None: no plan), which only the simulator is given."""
     spec = llmd.spec
     engine = spec.engine
     flags: list[str] = [model_location(spec.model)]
@@ -75,19 +79,52 @@ def engine_flags(llmd: LLMDeployment, role_flags: Sequence[str] = ()) -> list[st
         speculative = json.dumps(_speculative_config(engine.speculative), separators=(",", ":"))
         flags += ["--speculative-config", speculative]
     flags += adapters.lora_flags(spec)
+    flags += simulated_kv_flags(llmd, kv_cache_tokens)
     # Drain mode: in-flight requests finish within drainSeconds instead of being aborted.
     flags += [EngineFlag.SHUTDOWN_TIMEOUT, str(spec.rollout.drain_seconds)]
     return flags + list(role_flags) + list(engine.args)
 
 
-def agent_args(llmd: LLMDeployment, role_flags: Sequence[str] = ()) -> list[str]:
+def simulated_kv_flags(llmd: LLMDeployment, kv_cache_tokens: int | None) -> list[str]:
+    """The simulator's KV cache: as many blocks as the planned `kv_cache_tokens` fill, so that it
+    reports (in `vllm:cache_config_info`, read back into status.plan.actual) and admits requests
+    against the capacity the planner computed for its GPU, not a fixed default. vLLM's own flag
+    for a fixed block count; never given to vLLM, which profiles its GPU. Blocks of the engine's
+    `--block-size` when `engine.args` sets one (the planner counts in vLLM's default): the
+    tokens then round down by less than a block."""
+    if llmd.spec.engine.backend != "simulator" or not kv_cache_tokens:
+        return []
+    block_size = (
+        _int_flag(llmd.spec.engine.args, EngineFlag.BLOCK_SIZE) or contract.DEFAULT_BLOCK_SIZE
+    )
+    blocks = max(1, kv_cache_tokens // block_size)
+    return [EngineFlag.NUM_GPU_BLOCKS_OVERRIDE, str(blocks)]
+
+
+def _int_flag(args: Sequence[str], flag: str) -> int | None:
+    """The last positive integer value of `--flag N` / `--flag=N` in `args` (vLLM's argparse
+    takes the last occurrence); None when absent or not such a number."""
+    value: str | None = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    if value is None or not value.isdigit() or int(value) < 1:
+        return None
+    return int(value)
+
+
+def agent_args(
+    llmd: LLMDeployment, role_flags: Sequence[str] = (), *, kv_cache_tokens: int | None = None
+) -> list[str]:
     """Container args: the agent's own flags, then `--` and the engine flags."""
     spec = llmd.spec
     return contract.run_args(
         backend=spec.engine.backend,
         api_port=spec.service.port,
         probe_port=names.PROBE_PORT,
-        engine_args=engine_flags(llmd, role_flags),
+        engine_args=engine_flags(llmd, role_flags, kv_cache_tokens=kv_cache_tokens),
     )
 
 

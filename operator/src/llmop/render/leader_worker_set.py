@@ -51,7 +51,11 @@ def _role(llmd: LLMDeployment, *, leader: bool) -> PodRole:
 
 
 def render_leader_worker_set(
-    llmd: LLMDeployment, settings: RenderSettings, *, load_timeout_seconds: int
+    llmd: LLMDeployment,
+    settings: RenderSettings,
+    *,
+    load_timeout_seconds: int,
+    kv_cache_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The LWS. Without `spec.replicas` when autoscaling is on: the HPA owns the group count."""
     spec = llmd.spec
@@ -61,6 +65,7 @@ def render_leader_worker_set(
             settings,
             load_timeout_seconds=load_timeout_seconds,
             role=_role(llmd, leader=role == "leaderTemplate"),
+            kv_cache_tokens=kv_cache_tokens,
         )
         for role in ("leaderTemplate", "workerTemplate")
     }
