@@ -7,6 +7,8 @@
 - The real operator (`llmop run`), authenticated as the chart's ServiceAccount, drives
   LLMDeployments to Ready / progressing / Stalled; the Argo CD health check classifies the live
   objects. With LLMOP_CAPTURE_FIXTURES=1 those objects are written to tests/fixtures/.
+- With `crds.enabled: false` on a cluster whose CRD was installed apart, `helm install --wait`
+  succeeds and the router, as the release's router ServiceAccount, is Ready.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import os
 import secrets
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,8 @@ from llmop.kube import Kube
 from support.cluster import Cluster, wait_until
 from support.helm_release import CRD_NAME, adopt_crd
 from support.manifests import llmd_manifest
-from support.operator import OperatorProcess
+from support.operator import OperatorProcess, install_crd
+from support.router import router_process
 
 pytestmark = pytest.mark.cluster
 
@@ -325,3 +329,58 @@ def test_operator_under_chart_rbac_drives_statuses_argo_cd_classifies(
     finally:
         operator.stop()
         cluster.kubectl("delete", "namespace", app_namespace, "--wait=false", check=False)
+
+
+def test_install_without_the_crd_succeeds_and_its_router_is_ready_on_a_crd_from_elsewhere(
+    kube_cluster: Cluster, tmp_path: Path
+) -> None:
+    """`crds.enabled: false` on a cluster whose CRD was installed apart (`kubectl apply`, as a
+    separate GitOps application would): `helm install --wait` succeeds, the CRD stays as it was,
+    and the router, run as the release's own router ServiceAccount (kwok only pretends that its
+    pods are Ready), is Ready. Without the CRD it stays unready and says why
+    (tests/integration/test_operator_without_crd.py)."""
+    install_crd(kube_cluster)
+    owner = json.loads(kube_cluster.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)[
+        "metadata"
+    ].get("annotations", {})
+    name = f"llmop-nocrd-{secrets.token_hex(3)}"
+    namespace = f"chart-{secrets.token_hex(3)}"
+    kube_cluster.kubectl("create", "namespace", namespace)
+    values = {"crds": {"enabled": False}, "operator": {"watchNamespaces": [namespace]}}
+    with helm.Config(kubeconfig_path=kube_cluster.kubeconfig, namespace=namespace) as config:
+        try:
+            info = config.install(
+                CHART_DIR, name, values, namespace=namespace, wait="watcher", timeout=180
+            )
+            assert info["status"] == "deployed"
+            crd = json.loads(kube_cluster.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
+            assert crd["metadata"].get("annotations", {}) == owner, "not taken by the release"
+            token = kube_cluster.kubectl(
+                "create", "token", f"{name}-router", "-n", namespace, "--duration=1h"
+            ).stdout.strip()
+            config_json = json.loads(
+                kube_cluster.kubectl(
+                    "config", "view", "--raw", "--minify", "--flatten", "-o", "json"
+                ).stdout
+            )
+            config_json["users"][0]["user"] = {"token": token}
+            kubeconfig = tmp_path / "router-kubeconfig"
+            kubeconfig.write_text(json.dumps(config_json))
+            with router_process(
+                kubeconfig, tmp_path / "router.log", ("--namespaces", namespace)
+            ) as url:
+
+                def ready() -> bool:
+                    try:
+                        with urllib.request.urlopen(f"{url}/readyz", timeout=5) as answer:
+                            return bool(answer.status == 200)
+                    except OSError:
+                        return False
+
+                wait_until(ready, timeout=30, interval=0.2, what="the router Ready")
+        finally:
+            try:
+                config.uninstall(name)
+            except helm.HelmError as error:
+                print(f"helm uninstall {name}: {error}", file=sys.stderr)
+            kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -679,6 +679,16 @@ def test_notes_show_how_to_apply_a_sample_and_wait_for_ready() -> None:
     assert "deployment/llmop" in notes
 
 
+def test_notes_without_the_crd_say_to_install_it_and_that_the_router_waits_for_it() -> None:
+    notes = render_files({"crds": {"enabled": False}})["llmop/templates/NOTES.txt"]
+    assert "kubectl apply --server-side -f crds/" in notes
+    assert "router pods stay unready" in notes
+    assert "no restart" in notes
+    alone = render_files({"crds": {"enabled": False}, "router": {"enabled": False}})
+    assert "router pods" not in alone["llmop/templates/NOTES.txt"]
+    assert "crds/" not in render_files()["llmop/templates/NOTES.txt"]
+
+
 def _kind_and_name(doc: dict[str, Any]) -> tuple[str, str]:
     return doc["kind"], doc["metadata"]["name"]
 

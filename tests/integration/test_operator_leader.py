@@ -1,11 +1,16 @@
 """Two `llmop run` processes under the operator's RBAC, against the real API server: one holds
 the `llmop-operator` Lease and reconciles, the other waits as a healthy standby that writes
 nothing; SIGKILL the leader while 100 LLMDeployments are being changed, and the standby takes
-over within the lease, converges every one and leaves no orphan. Prints the failover time."""
+over within the lease, converges every one and leaves no orphan. Prints the failover time.
+
+And one `llmop run` alone (`make dev`, `replicas: 1`) through an API-server outage longer than
+its renew deadline: it loses the Lease, stands by in the same process, takes the Lease again
+once the API server is back and converges every CR changed meanwhile, from fresh caches."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -19,6 +24,7 @@ import pytest
 from support.cluster import wait_until
 from support.manifests import simulator_spec as spec
 from support.operator import OPERATOR_NAMESPACE, OperatorProcess
+from support.outage import Mode, cuttable
 
 if TYPE_CHECKING:
     from support.operator import Kit
@@ -186,3 +192,104 @@ def test_a_stopped_leader_exits_and_hands_over_at_once(
             }
         )
     )
+
+
+OUTAGE_CRS = 10
+OUTAGE_S = float(os.environ.get("LLMOP_TEST_OUTAGE_S", "15"))
+"""How long each outage lasts (at least until the leader has stood down): past the renew
+deadline (10 s); the operator must outlive 60 s (LLMOP_TEST_OUTAGE_S=60 shows it does, the
+same way: a standby waits for as long as it takes)."""
+CONVERGED_AFTER_OUTAGE_BOUND_S = 30.0
+"""From the API server's return to every CR changed meanwhile converged (issue 48)."""
+
+
+def converged(kit: Kit, namespace: str, names: list[str], replicas: int) -> bool:
+    for name in names:
+        obj = kit.get_llmd(namespace, name)
+        deployment = kit.deployment(namespace, name)
+        if obj is None or deployment is None:
+            return False
+        if (obj.get("status") or {}).get("observedGeneration") != obj["metadata"]["generation"]:
+            return False
+        if deployment["spec"].get("replicas") != replicas:
+            return False
+    return True
+
+
+def test_a_lone_operator_outlives_api_server_outages_without_a_restart(
+    operator_kubeconfig: Path, kit: Kit, namespace: str, tmp_path: Path
+) -> None:
+    """One `llmop run` (`make dev`, `replicas: 1`), its link to the API server cut twice while
+    CRs change: first refused (an API server down or restarting), then a black hole (one that
+    hangs: every request runs into its timeout). Each time the leader loses its Lease and
+    stands by; once the API server is back the same process (same pid, never exited) leads
+    again, from fresh caches, and converges the CRs changed during the outage and right after
+    it within 30 s of the return."""
+    with cuttable(operator_kubeconfig, tmp_path / "kubeconfig-cuttable") as (link, kubeconfig):
+        process = OperatorProcess(
+            kubeconfig, tmp_path / "operator.log", extra_env={"POD_NAME": "llmop-solo"}
+        )
+        process.start()
+        try:
+            assert process.process is not None
+            pid = process.process.pid
+            wait_until(lambda: process.metric("llmop_leader") == 1, timeout=60, what="it leads")
+            names = [f"o{i:02d}" for i in range(OUTAGE_CRS)]
+            for name in names:
+                kit.apply_llmd(namespace, name, spec(replicas=1))
+            wait_until(
+                lambda: converged(kit, namespace, names, 1), timeout=60, what="the first round"
+            )
+            measured = []
+            modes: tuple[Mode, ...] = ("refuse", "blackhole")
+            for round_, mode in enumerate(modes, start=2):
+                link.cut(mode)
+                cut = time.monotonic()
+                for name in names[::2]:  # changed as the outage begins
+                    kit.apply_llmd(namespace, name, spec(replicas=round_))
+                wait_until(
+                    lambda: process.metric("llmop_leader") == 0,
+                    timeout=45,
+                    interval=0.2,
+                    what=f"the leader stands down ({mode})",
+                )
+                stood_down = time.monotonic() - cut
+                assert process.process.poll() is None, f"exited:\n{process.log_tail()}"
+                for name in names[1::2]:  # changed while it stands by
+                    kit.apply_llmd(namespace, name, spec(replicas=round_))
+                time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - cut)))
+                assert healthy(process), "a standby is healthy through the outage"
+                link.restore()
+                back = time.monotonic()
+                late = f"late{round_}"  # created right after it
+                kit.apply_llmd(namespace, late, spec(replicas=round_))
+                wait_until(
+                    lambda: converged(kit, namespace, [*names, late], round_),  # noqa: B023
+                    timeout=CONVERGED_AFTER_OUTAGE_BOUND_S + 30,
+                    interval=0.5,
+                    what=f"every CR changed meanwhile converged ({mode})",
+                )
+                after_return = time.monotonic() - back
+                assert process.process.poll() is None, f"exited:\n{process.log_tail()}"
+                assert process.metric("llmop_leader") == 1
+                measured.append(
+                    {
+                        "mode": mode,
+                        "outage_s": round(back - cut, 1),
+                        "stood_down_after_s": round(stood_down, 1),
+                        "converged_after_return_s": round(after_return, 1),
+                        "llmdeployments_changed": len(names) + 1,
+                    }
+                )
+            assert process.process.pid == pid
+            assert lease(kit)["spec"]["holderIdentity"].startswith("llmop-solo_")
+            log = process.log_path.read_text()
+            assert log.count("starting llmop operator") == 1, "the process started once"
+            assert log.count("took the leader Lease") == 3, "three terms"
+            assert log.count("lost the leader Lease: standing by") == 2
+            assert "exiting (code 3)" not in log
+            print("\n" + "\n".join(json.dumps(m) for m in measured))
+            for m in measured:
+                assert m["converged_after_return_s"] < CONVERGED_AFTER_OUTAGE_BOUND_S, m
+        finally:
+            process.stop()

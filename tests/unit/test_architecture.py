@@ -14,8 +14,9 @@ OWNERS = {
     "urllib3": {"kube.py"},
     "aiohttp": {"engine_client.py"},
     "prometheus_client": {"metrics.py"},
-    # The framework: its registrations, its settings, and its storage extension point.
-    "kopf": {"handlers.py", "main.py", "persistence.py"},
+    # The framework: its registrations, its settings, its storage extension point, and the
+    # rescan of a CRD its discovery missed.
+    "kopf": {"handlers.py", "main.py", "persistence.py", "late_crds.py"},
     "huggingface_hub": {"hub.py"},
     "httpx2": {"hub.py"},  # huggingface_hub's HTTP client: its transport errors
 }

@@ -10,6 +10,7 @@ import json
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +35,8 @@ class Seen:
 
     requests: list[dict[str, Any]] = field(default_factory=list)
     accepted: set[str] | None = None
+    release: threading.Event = field(default_factory=threading.Event)
+    """What a request for an object named `hang` waits for before it is answered."""
 
 
 def _serve(seen: Seen, context: ssl.SSLContext | None = None) -> Iterator[str]:
@@ -50,6 +53,8 @@ def _serve(seen: Seen, context: ssl.SSLContext | None = None) -> Iterator[str]:
                 }
             )
             token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            if self.path.endswith("/hang"):
+                seen.release.wait(30)
             if seen.accepted is not None and token not in seen.accepted:
                 self._send(401, {"kind": "Status", "message": "Unauthorized"})
             elif self.path.startswith("/api/v1/namespaces/ns/configmaps/absent"):
@@ -79,6 +84,7 @@ def _serve(seen: Seen, context: ssl.SSLContext | None = None) -> Iterator[str]:
     try:
         yield f"{scheme}://127.0.0.1:{server.server_address[1]}"
     finally:
+        seen.release.set()
         server.shutdown()
         server.server_close()
 
@@ -304,3 +310,66 @@ def test_a_bad_client_key_is_an_error_that_names_the_server(pki: Pki) -> None:
     creds = Credentials(server="https://127.0.0.1:1", cert_data=pki.client_cert, key_data="junk")
     with pytest.raises(KubeError, match=r"TLS settings for https://127.0.0.1:1"):
         Kube(creds)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_a_fenced_client_cuts_the_request_in_flight_and_sends_no_other(
+    tls: bool, request: pytest.FixtureRequest, seen: Seen
+) -> None:
+    """A leader that lost its Lease fences its client (`llmop.main`): a PUT hanging on the API
+    server fails at once instead of at its 30 s deadline, is not sent again (urllib3 retries a
+    PUT whose connection broke), and nothing later leaves the process."""
+    if tls:
+        pki: Pki = request.getfixturevalue("pki")
+        server = request.getfixturevalue("tls_server")
+        creds = Credentials(
+            server=server, ca_data=pki.ca, cert_data=pki.client_cert, key_data=pki.client_key
+        )
+    else:
+        creds = Credentials(server=request.getfixturevalue("plain_server"), token="t")
+    kube = Kube(creds, timeout=30)
+    assert kube.read("v1", "ConfigMap", "ns", "x") is not None  # a pooled, idle connection
+    hanging = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "hang", "namespace": "ns"},
+    }
+    outcome: list[BaseException | None] = []
+
+    def put() -> None:
+        try:
+            kube.replace(hanging)
+            outcome.append(None)
+        except BaseException as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=put, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while len(seen.requests) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [r["method"] for r in seen.requests] == ["GET", "PUT"]
+    started = time.monotonic()
+    kube.fence()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert time.monotonic() - started < 2
+    assert isinstance(outcome[0], KubeError), outcome
+    with pytest.raises(KubeError, match="fenced"):
+        kube.read("v1", "ConfigMap", "ns", "x")
+    seen.release.set()
+    time.sleep(0.2)
+    assert [r["method"] for r in seen.requests] == ["GET", "PUT"], "sent again after the fence"
+    assert kube.fenced
+
+
+def test_a_client_without_retries_gives_up_after_one_timeout(plain_server: str, seen: Seen) -> None:
+    """The leader Lease's client (`main._elector`): a hung API server costs one timeout per
+    request, not four (urllib3 retries a timed-out GET three times), so an attempt to renew
+    ends within its deadline."""
+    kube = Kube(Credentials(server=plain_server, token="t"), timeout=0.5, retry=False)
+    started = time.monotonic()
+    with pytest.raises(KubeError, match="hang"):
+        kube.read("v1", "ConfigMap", "ns", "hang")
+    assert time.monotonic() - started < 1.5
+    assert [r["path"] for r in seen.requests] == ["/api/v1/namespaces/ns/configmaps/hang"]

@@ -10,7 +10,7 @@ Operator: api < planner < foundation (periodic among them) < sizing | render < d
           < cache_gate < credentials < config
           | kube | metrics | hub | engine_client | persistence
           < reconcile < fleet | leader | router_check | pool_check | hub_check | group_check
-          | idle_check
+          | idle_check | late_crds
           < handlers | main < cli
 Engine:   contract < vllm_metrics | simulator < health | connections | settings | download_progress
           | worker | adapters < supervisor | engine_client | agent_metrics | probe_server | drain
@@ -78,6 +78,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.hub_check",
         "llmop.group_check",
         "llmop.idle_check",
+        "llmop.late_crds",
     ),
     ("llmop.handlers", "llmop.main"),
     ("llmop.cli",),

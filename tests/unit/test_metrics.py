@@ -43,6 +43,18 @@ def test_managed_objects_follow_watch_events() -> None:
     assert sample(metrics, "llmop_managed_objects", kind="Deployment") == 1
 
 
+def test_a_leader_that_stands_down_manages_nothing_until_it_counts_again() -> None:
+    """`llmop.main`: a term that lost the Lease forgets what it managed; the next term's watch
+    events count afresh (an object deleted meanwhile is not counted on)."""
+    metrics = Metrics()
+    metrics.observe_object("LLMDeployment", "ns/a", present=True)
+    metrics.observe_object("LLMDeployment", "ns/b", present=True)
+    metrics.forget_objects()
+    assert sample(metrics, "llmop_managed_objects", kind="LLMDeployment") == 0
+    metrics.observe_object("LLMDeployment", "ns/b", present=True)
+    assert sample(metrics, "llmop_managed_objects", kind="LLMDeployment") == 1
+
+
 def test_registries_are_independent() -> None:
     first, second = Metrics(), Metrics()
     first.status_writes.inc()

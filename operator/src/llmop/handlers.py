@@ -27,6 +27,8 @@
 - Startup activities also run `llmop.router_check`, `llmop.pool_check` (the InferencePools
   that wait for their CRDs), `llmop.hub_check` (adapters the Hub could not answer for) and
   `llmop.group_check` (the LeaderWorkerSets, listed instead of watched); cleanup stops them.
+- A startup activity starts `llmop.late_crds` on the `Insights` that `main` hands kopf: a kind
+  whose CRD appeared after kopf last read discovery is served without a restart.
 - One startup activity starts `llmop.fleet`'s agent reader as a task of kopf's event loop (no
   daemon per LLMDeployment: that would add a finalizer); the cleanup activity stops it.
 
@@ -43,6 +45,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import kopf
+from kopf._cogs.structs.references import Insights
 
 from llmop import (
     credentials,
@@ -51,6 +54,7 @@ from llmop import (
     hub_check,
     idle_check,
     kinds,
+    late_crds,
     names,
     pool_check,
     router_check,
@@ -425,6 +429,32 @@ async def stop_hub_check(memo: Any, **_: Any) -> None:
 async def start_pool_check(memo: Any, **_: Any) -> None:
     """Start watching for the InferencePool API while pools wait for it (`llmop.pool_check`)."""
     memo.pool_task = asyncio.create_task(pool_check.run(memo.context), name="llmop-pools")
+
+
+def fresh_insights(memo: Any) -> Insights:
+    """New `Insights` for one `kopf.operator` run, kept on `memo` for `start_late_crds`."""
+    insights = memo.insights = late_crds.new_insights()
+    return insights
+
+
+@kopf.on.startup(id="late-crds")
+async def start_late_crds(memo: Any, settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Start serving kinds whose CRD kopf's own discovery missed (`llmop.late_crds`)."""
+    insights = getattr(memo, "insights", None)
+    if insights is None:  # kopf run without `main` (it made Insights of its own)
+        return
+    context: Context = memo.context
+    served = late_crds.serves(context.kube)
+    registry = kopf.get_default_registry()
+    memo.late_crds_task = asyncio.create_task(
+        late_crds.run(insights, settings, registry, served), name="llmop-late-crds"
+    )
+
+
+@kopf.on.cleanup(id="late-crds-stop")
+async def stop_late_crds(memo: Any, **_: Any) -> None:
+    """Stop the late-CRD check."""
+    await _cancel(getattr(memo, "late_crds_task", None))
 
 
 async def _cancel(task: asyncio.Task[None] | None) -> None:

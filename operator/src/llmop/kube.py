@@ -8,18 +8,24 @@ apply means the API server rejected our object (it will not get better by retryi
 "namespace is being terminated" means the whole namespace is going away; 401 loads the
 credentials again once (a rotated token, an expired plugin token); everything else is a transient
 `KubeError` the caller may retry.
+
+`Kube.fence` cuts a client off the API server for good (a leader that lost its Lease): the
+requests in flight are aborted on their sockets and every later one fails before it is sent.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
+import socket
 import ssl
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -90,6 +96,55 @@ TOKEN_FILE_RELOAD_SECONDS = 60.0
 RETRIES = urllib3.Retry(total=3, redirect=0, raise_on_status=False)
 """Connection failures (a kept-alive connection the API server closed) are tried again; urllib3
 retries reads only for idempotent methods."""
+NO_RETRIES = urllib3.Retry(total=0, redirect=0, raise_on_status=False)
+"""For a client whose every request must end within its timeout (the leader Lease's): with
+RETRIES a GET or PUT to a hung API server times out four times over."""
+
+
+FENCED = "not sent: this client is fenced off the API server (its leadership term ended)"
+
+
+class _Fence:
+    """The connections a client opened, so that `Kube.fence` can shut them, and whether it did.
+    A connection registers once connected; one that connects after the fence is closed at once
+    (urllib3 then retries on its pool, which the fence closed too: the request fails)."""
+
+    def __init__(self) -> None:
+        self.cut = False
+        self._lock = threading.Lock()
+        self._live: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def track(self, connection: Any) -> bool:
+        """Register a connection that just connected; False when the fence is already cut."""
+        with self._lock:
+            if not self.cut:
+                self._live.add(connection)
+            return not self.cut
+
+    def close(self) -> None:
+        """Cut: shut every socket this client opened, whichever thread waits on it."""
+        with self._lock:
+            self.cut = True
+            live = list(self._live)
+        for connection in live:
+            sock = getattr(connection, "sock", None)
+            if isinstance(sock, socket.socket):
+                # The plain socket's shutdown, also under TLS: ssl.SSLSocket.shutdown would
+                # drop the TLS state under a thread still reading through it.
+                with contextlib.suppress(OSError):  # closed meanwhile
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _fenced_connections(base: type[Any], fence: _Fence) -> type[Any]:
+    """`base` (urllib3's connection class of a pool), registering each connection with `fence`."""
+
+    def connect(self: Any) -> None:
+        base.connect(self)
+        if not fence.track(self):
+            self.close()
+            raise ConnectionAbortedError(FENCED)
+
+    return type(f"Fenced{base.__name__}", (base,), {"connect": connect})
 
 
 @dataclass(frozen=True)
@@ -121,12 +176,17 @@ class Kube:
         kubeconfig: str | os.PathLike[str] | None = None,
         pool_size: int = 16,
         timeout: float = 30.0,
+        retry: bool = True,
     ) -> None:
-        """`kubeconfig`: where renewed credentials come from (None: where `load` finds them)."""
+        """`kubeconfig`: where renewed credentials come from (None: where `load` finds them).
+        `retry`: try a request again on a connection failure (False: each request takes at most
+        `timeout`)."""
         self._kubeconfig = kubeconfig
+        self._retries = RETRIES if retry else NO_RETRIES
         self._pool_size = pool_size
         self._timeout = urllib3.Timeout(total=timeout)
         self._lock = threading.Lock()
+        self._fence = _Fence()
         try:
             pool, headers = self._pool(creds), _headers(creds)
         except CredentialsError as error:
@@ -140,6 +200,7 @@ class Kube:
         kubeconfig: str | os.PathLike[str] | None = None,
         pool_size: int = 16,
         timeout: float = 30.0,
+        retry: bool = True,
     ) -> Kube:
         """`kubeconfig`'s current context; by default in-cluster credentials when running in a
         pod, else `KUBECONFIG` / ~/.kube/config (`llmop.credentials.load`)."""
@@ -148,11 +209,24 @@ class Kube:
         except CredentialsError as error:
             raise KubeError(str(error)) from error
         # Handlers run in a thread pool; a smaller connection pool would serialize them.
-        return cls(creds, kubeconfig=kubeconfig, pool_size=pool_size, timeout=timeout)
+        return cls(creds, kubeconfig=kubeconfig, pool_size=pool_size, timeout=timeout, retry=retry)
 
     def close(self) -> None:
         """Release the connection pool."""
         self._session.pool.close()
+
+    def fence(self) -> None:
+        """Cut this client off the API server for good: the requests in flight fail at once on
+        their shut sockets, and every later one fails without being sent (a `KubeError`). For a
+        leader that lost its Lease: nothing its threads still run may write any more."""
+        self._fence.close()
+        with self._lock:
+            session = self._session
+        session.pool.close()
+
+    @property
+    def fenced(self) -> bool:
+        return self._fence.cut
 
     def _pool(self, creds: Credentials) -> urllib3.HTTPConnectionPool:
         # One host: a connection pool of its own, without a PoolManager's per-request URL
@@ -169,9 +243,15 @@ class Kube:
                     "not verifying %s's certificate (insecure-skip-tls-verify)", creds.server
                 )
                 urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-        return urllib3.connection_from_url(
-            creds.server, maxsize=self._pool_size, retries=RETRIES, timeout=self._timeout, **tls
+        pool = urllib3.connection_from_url(
+            creds.server,
+            maxsize=self._pool_size,
+            retries=self._retries,
+            timeout=self._timeout,
+            **tls,
         )
+        pool.ConnectionCls = _fenced_connections(pool.ConnectionCls, self._fence)
+        return pool
 
     def _current(self, *, refused: bool = False) -> _Session:
         """The session to use: a token file read again after a minute; the credentials loaded
@@ -211,6 +291,8 @@ class Kube:
         content_type: str | None = None,
         parse: bool = True,
     ) -> tuple[int, Any]:
+        if self._fence.cut:
+            raise KubeError(f"{method} {path}: {FENCED}")
         url_path = f"{path}?{urlencode(query)}" if query else path
         payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         session = self._current()
@@ -224,7 +306,7 @@ class Kube:
                     session.prefix + url_path,
                     body=payload,
                     headers=headers,
-                    retries=RETRIES,
+                    retries=self._retries,
                     timeout=self._timeout,
                     redirect=False,
                 )

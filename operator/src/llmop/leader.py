@@ -7,7 +7,8 @@ priority both run, and a dead peer is noticed only after 60 s).
   last changed (client-go's observed time, so clock skew between nodes does not matter).
 - The leader renews it every `retry_period`; when no renewal succeeded for `renew_deadline`
   (shorter than the lease), it has lost it and must stop reconciling before the lease runs out
-  and a standby may start: `keep` calls `on_lost` then.
+  and a standby may start: `keep` calls `on_lost` then (`llmop.main` ends the leadership term
+  and the same elector campaigns again: a Lease nobody took meanwhile is its own at once).
 - A leader that stops cleanly releases the Lease (empty holder, 1 s duration), so a rolling
   update hands over in one retry period instead of a whole lease.
 

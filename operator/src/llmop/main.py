@@ -3,6 +3,13 @@
 Reads the config once, builds kopf's settings (our own annotation/finalizer prefixes, the last
 handled spec kept in memory, server-side label filtering of child watches, quiet Event posting,
 worker count), starts the metrics server, and runs kopf with the handlers from `llmop.handlers`.
+
+With leader election the process is a standby until it holds the `llmop-operator` Lease
+(`llmop.leader`), then leads for one term: a kopf run of its own with a fresh memo (`Context`,
+caches, API client), settings and threads. A term that loses the Lease fences its API client and
+cancels kopf at once, waits for its threads and is dropped; the process then stands by again,
+and its next term starts from nothing, as a restarted process would. Only a term that cannot
+be wound down in time (kopf or a handler hung) ends the process, with `LOST_EXIT_CODE`.
 """
 
 from __future__ import annotations
@@ -16,10 +23,10 @@ import signal
 import socket
 import sys
 import threading
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
@@ -214,7 +221,19 @@ LEADER_REQUEST_TIMEOUT_SECONDS = 5.0
 """Deadline of one Lease request: well inside the renew deadline, so one hung request cannot
 outlast it."""
 LOST_EXIT_CODE = 3
-"""The exit code after losing the Lease (Kubernetes restarts the container as a standby)."""
+"""The exit code of a process whose lost leadership term could not be wound down in time: kopf
+still running `_Term.grace` seconds after the loss, or a handler thread still running
+`TERM_DRAIN_SECONDS` after that (a hung handler). A term that winds down in time ends in the
+process, which goes back to standby; one that exits is restarted by Kubernetes as a standby."""
+TERM_DRAIN_SECONDS = 30.0
+"""How long the handler threads of an ended term get to return. Their API calls fail at once
+(the term's client is fenced), so only a Hub request (10 s a call) or a hung handler takes long."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STANDBY_BIND_SECONDS = 5.0
+"""How long a standby tries for the liveness port (kopf's endpoint held it while leading)."""
+
+_exit = os._exit
+"""How a term that cannot be wound down ends the process (tests put a recorder here)."""
 
 
 def lease_namespace(config: OperatorConfig, env: dict[str, str]) -> str:
@@ -243,7 +262,16 @@ def _standby_health(config: OperatorConfig) -> Iterator[None]:
     if not config.liveness_port:
         yield
         return
-    server = ThreadingHTTPServer((config.bind_address, config.liveness_port), _StandbyHealth)
+    address = (config.bind_address, config.liveness_port)
+    deadline = time.monotonic() + STANDBY_BIND_SECONDS
+    while True:
+        try:
+            server = ThreadingHTTPServer(address, _StandbyHealth)
+            break
+        except OSError:  # a term's kopf may still be letting the port go
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     thread = threading.Thread(target=server.serve_forever, name="standby-health", daemon=True)
     thread.start()
     try:
@@ -253,82 +281,276 @@ def _standby_health(config: OperatorConfig) -> Iterator[None]:
         server.server_close()
 
 
-def _wait_for_lease(config: OperatorConfig, elector: LeaderElector) -> bool:
-    """Block until this process leads (True) or SIGINT/SIGTERM asks it to stop (False),
-    serving /healthz meanwhile: a standby is healthy and Ready."""
-    stop = threading.Event()
+def _wait_for_lease(config: OperatorConfig, elector: LeaderElector, stop: threading.Event) -> bool:
+    """Block until this process leads (True) or `stop` is set (False: SIGINT/SIGTERM), serving
+    /healthz meanwhile: a standby is healthy and Ready."""
+    with _standby_health(config):
+        return elector.acquire(stop)
 
-    def stop_waiting(signum: int, _frame: Any) -> None:
-        stop.set()
 
-    previous = {sig: signal.signal(sig, stop_waiting) for sig in (signal.SIGINT, signal.SIGTERM)}
+@contextlib.contextmanager
+def _stop_signals(shutdown: threading.Event) -> Iterator[Callable[[], None]]:
+    """SIGINT/SIGTERM set `shutdown` while no term's kopf has the signals (a standby, a term
+    starting or winding down). Yields what installs the handlers again: asyncio puts the
+    default ones back when a term's event loop closes."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        log.info("%s: stopping", signal.Signals(signum).name)
+        shutdown.set()
+
+    def install() -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, stop)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    install()
     try:
-        with _standby_health(config):
-            return elector.acquire(stop)
+        yield install
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _on_lost(kopf_stop: threading.Event, grace: float) -> None:
-    """Stop reconciling before a standby may start: ask kopf to stop, and end the process
-    if it has not within `grace` seconds (a write still in flight is one a leader sent)."""
-    kopf_stop.set()
-    timer = threading.Timer(grace, lambda: os._exit(LOST_EXIT_CODE))
-    timer.daemon = True
-    timer.start()
+def _elector(config: OperatorConfig, instance: str) -> LeaderElector | None:
+    """This process's candidate for the Lease, kept for its whole life (None with
+    --no-leader-elect)."""
+    if not config.leader_elect:
+        return None
+    return LeaderElector(
+        # Not retried: an attempt that outlasted its timeout fails, and the keeper judges the
+        # renew deadline then (retried four times over, a GET to a hung API server would take
+        # 20 s, past the lease a standby waits out).
+        Kube.connect(pool_size=2, timeout=LEADER_REQUEST_TIMEOUT_SECONDS, retry=False),
+        lease_namespace(config, dict(os.environ)),
+        # Unique per process, as client-go's are: two processes on one host (or a pod
+        # restarted under the same name) are still two candidates. Kept across the process's
+        # terms: a Lease it lost but nobody took is its own again at the next attempt.
+        f"{instance}_{uuid.uuid4().hex[:8]}",
+        timing=Timing(),
+    )
 
 
-@dataclass
-class _Leadership:
-    """This process's part in the leader election (no elector with --no-leader-elect)."""
+class _Term:
+    """One leadership term: a kopf run of its own, with a fresh memo (the `Context` and every
+    cache in it, the API client), settings (kopf's in-process diff base) and threads, all
+    dropped when the term ends. kopf itself keeps nothing between runs (its indexes, object
+    memories and resume state belong to the run), so the next term resumes every object as a
+    restarted process would, from a fresh listing."""
 
-    elector: LeaderElector | None
-    kopf_stop: threading.Event = field(default_factory=threading.Event)
-    """Set when the Lease is lost: kopf stops, and the process exits with LOST_EXIT_CODE."""
-    keeper_stop: threading.Event = field(default_factory=threading.Event)
-
-    @classmethod
-    def take(cls, config: OperatorConfig, instance: str, metrics: Metrics) -> _Leadership | None:
-        """Return once this process may reconcile (keeping the Lease from then on); None when
-        SIGINT/SIGTERM came while it waited as a standby."""
-        if not config.leader_elect:
-            metrics.leader.set(1)
-            return cls(None)
-        timing = Timing()
-        elector = LeaderElector(
-            Kube.connect(pool_size=2, timeout=LEADER_REQUEST_TIMEOUT_SECONDS),
-            lease_namespace(config, dict(os.environ)),
-            # Unique per process, as client-go's are: two processes on one host (or a pod
-            # restarted under the same name) are still two candidates.
-            f"{instance}_{uuid.uuid4().hex[:8]}",
-            timing=timing,
+    def __init__(
+        self,
+        config: OperatorConfig,
+        metrics: Metrics,
+        memo: kopf.Memo,
+        elector: LeaderElector | None,
+        shutdown: threading.Event,
+        *,
+        catch_signals: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`catch_signals`: makes SIGINT/SIGTERM set `shutdown` again once kopf's loop is
+        closed (asyncio then puts the default handlers back)."""
+        self.config = config
+        self.metrics = metrics
+        self.memo = memo
+        self.elector = elector
+        self.shutdown = shutdown
+        self._catch_signals = catch_signals
+        self.settings = build_settings(config)
+        # kopf's pool runs the reconciles; the event handlers' writes take a pool of their own
+        # (`handlers._in_worker`), kopf's only as a fallback.
+        memo.executor = self.settings.execution.executor
+        memo.refresh_executor = ThreadPoolExecutor(
+            refresh_workers(config), thread_name_prefix="llmop-refresh"
         )
-        metrics.leader.set(0)
-        if not _wait_for_lease(config, elector):
-            elector.kube.close()
-            return None
-        leadership = cls(elector)
-        grace = max(1.0, timing.lease_duration - timing.renew_deadline - 2)
-        threading.Thread(
-            target=elector.keep,
-            args=(leadership.keeper_stop, lambda: _on_lost(leadership.kopf_stop, grace)),
-            name="leader-keeper",
-            daemon=True,
-        ).start()
-        metrics.leader.set(1)
-        return leadership
+        # The count handler forgets a deleted object's diff base (kopf never does).
+        memo.diffbase = self.settings.persistence.diffbase_storage
+        timing = elector.timing if elector is not None else Timing()
+        self.grace = max(1.0, timing.lease_duration - timing.renew_deadline - 2)
+        """How long kopf may take to stop once the Lease is lost, before the process exits."""
+        self.kopf_stop = threading.Event()
+        self.lost = threading.Event()
+        self._threads_stop = threading.Event()
+        self._threads = [
+            threading.Thread(
+                target=_poll_downloads_until,
+                args=(self._threads_stop, self.context),
+                name="download-poller",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=_watch_for_crd,
+                args=(self.context, config, self._threads_stop),
+                name="crd-check",
+                daemon=True,
+            ),
+        ]
+        self._lock = threading.Lock()
+        self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
+        self._watchdog: threading.Timer | None = None
+        self._ended = False
 
-    def end(self) -> None:
-        """Stop renewing and hand the Lease over (a clean stop)."""
-        self.keeper_stop.set()
+    @property
+    def context(self) -> Context:
+        context: Context = self.memo.context
+        return context
+
+    def lead(self, liveness: str | None) -> bool:
+        """Reconcile until the term ends; True when it ended because the Lease was lost (then
+        nothing of it runs any more), False on SIGINT/SIGTERM (the Lease released)."""
+        keeper_stop = threading.Event()
         if self.elector is not None:
-            self.elector.release()
-            self.elector.kube.close()
+            threading.Thread(
+                target=self.elector.keep,
+                args=(keeper_stop, self.lose),
+                name="leader-keeper",
+                daemon=True,
+            ).start()
+        self.metrics.leader.set(1)
+        for thread in self._threads:
+            thread.start()
+        try:
+            asyncio.run(self._operate(liveness))
+        finally:
+            self._catch_signals()
+            self.metrics.leader.set(0)
+            self.metrics.forget_objects()
+            keeper_stop.set()
+            self._wind_down()
+            if self.elector is not None and not self.lost.is_set():
+                # Only once nothing of this term can write: the standby may start at once.
+                self.elector.release()
+        return self.lost.is_set()
+
+    def lose(self) -> None:
+        """The Lease is lost (called from the keeper's thread): nothing of this term writes from
+        now on. The API client is fenced (requests in flight are cut, later ones fail unsent)
+        and kopf is cancelled, not asked to finish what it handles; if kopf has not stopped
+        within `grace` (before a standby may lead), the process exits with LOST_EXIT_CODE."""
+        with self._lock:
+            if self._ended:  # too late to matter: the term is being wound down
+                return
+            self.lost.set()
+        self.context.kube.fence()
+        self.kopf_stop.set()
+        with self._lock:
+            running = self._running
+            self._watchdog = threading.Timer(self.grace, self._give_up, ("kopf did not stop",))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+        if running is not None:
+            loop, task = running
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(task.cancel)
+
+    def _signalled(self, sig: signal.Signals) -> None:
+        log.info("%s: stopping", sig.name)
+        self.shutdown.set()
+        self.kopf_stop.set()
+
+    async def _operate(self, liveness: str | None) -> None:
+        loop = asyncio.get_running_loop()
+        # kopf in a task of its own: `lose` cancels that one, and a cancellation that comes
+        # late (kopf ended meanwhile) is then a no-op instead of this run's end.
+        with self._lock:
+            if self.lost.is_set() or self.shutdown.is_set():
+                return
+            kopf_run = asyncio.create_task(self._kopf(liveness), name="llmop-kopf")
+            self._running = (loop, kopf_run)
+        try:
+            await kopf_run
+        except asyncio.CancelledError:
+            if not kopf_run.cancelled() or not self.lost.is_set():
+                raise
+            log.info("kopf stopped: the leader Lease is lost")
+        finally:
+            with self._lock:
+                self._running = None
+            # kopf waits for its stop flag in a thread of the loop's default executor, which
+            # asyncio.run() joins: after a stop by SIGTERM/SIGINT that thread would wait until
+            # the pod is killed, renewing the Lease all along, instead of handing it over.
+            self.kopf_stop.set()
+            client = getattr(self.memo, "fleet_client", None)
+            if self.lost.is_set() and client is not None:
+                # A cancelled kopf runs no cleanup activity; its tasks are cancelled all the
+                # same, but the agent reader's connections would stay open.
+                await client.close()
+
+    async def _kopf(self, liveness: str | None) -> None:
+        """kopf.operator(), which is spawn_tasks + run_tasks: apart, the signal handlers are
+        ours."""
+        loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+        existing = {task for task in asyncio.all_tasks() if task is not current}
+        tasks = await kopf.spawn_tasks(
+            settings=self.settings,
+            clusterwide=self.config.clusterwide,
+            namespaces=self.config.namespaces,
+            standalone=self.config.standalone,
+            peering_name=self.config.peering_name,
+            priority=self.config.priority,
+            liveness_endpoint=liveness,
+            memo=self.memo,
+            # Shared with `llmop.late_crds`: a CRD kopf's discovery missed is served too.
+            insights=handlers.fresh_insights(self.memo),
+            stop_flag=self.kopf_stop,
+            # kopf would name itself after the OS user, which a pod run as a bare UID (the
+            # image's 65532, or OpenShift's random one) has none of: getpwuid() raises.
+            identity=cast("Any", self.context.instance),
+        )
+        if threading.current_thread() is threading.main_thread():
+            # kopf's own would stop it alike, but say nothing of a signal that came with a
+            # lost Lease: the process must then exit, not go back to standby.
+            for sig in STOP_SIGNALS:
+                loop.add_signal_handler(sig, self._signalled, sig)
+        if self.shutdown.is_set():  # a signal before these handlers
+            self.kopf_stop.set()
+        await kopf.run_tasks(tasks, ignored=existing)
+
+    def _wind_down(self) -> None:
+        """After kopf: fence the term's client (also on a clean stop, before the Lease is
+        released), stop its threads and wait for them, bounded, so that nothing of it lives on
+        into the next term."""
+        with self._lock:
+            self._ended = True
+            if self._watchdog is not None:
+                self._watchdog.cancel()  # kopf stopped in time
+        self.context.kube.fence()
+        self._threads_stop.set()
+        executors = (self.settings.execution.executor, self.memo.refresh_executor)
+        drain = threading.Thread(
+            target=lambda: [e.shutdown(wait=True, cancel_futures=True) for e in executors],
+            name="term-drain",
+            daemon=True,
+        )
+        drain.start()
+        deadline = time.monotonic() + TERM_DRAIN_SECONDS
+        for thread in (*self._threads, drain):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.context.kube.close()
+        stuck = [t.name for t in (*self._threads, drain) if t.is_alive()]
+        if stuck:
+            log.error("still running %g s after the term ended: %s", TERM_DRAIN_SECONDS, stuck)
+            if self.lost.is_set():
+                self._give_up("a handler did not return")
+
+    def _give_up(self, why: str) -> None:
+        log.critical(
+            "%s after the leader Lease was lost: exiting (code %d) to be restarted as a standby",
+            why,
+            LOST_EXIT_CODE,
+        )
+        _exit(LOST_EXIT_CODE)
 
 
 def run(argv: Sequence[str]) -> int:
-    """Run the operator until SIGINT/SIGTERM; returns the process exit code."""
+    """Run the operator until SIGINT/SIGTERM; returns the process exit code.
+
+    With leader election the process alternates between standby and leading: each time it
+    takes the Lease, a `_Term` runs kopf with fresh caches; a term that loses the Lease is
+    stopped and dropped, and the process campaigns again (no restart needed)."""
     try:
         config = load(argv, os.environ)
     except ConfigError as error:
@@ -337,7 +559,8 @@ def run(argv: Sequence[str]) -> int:
     _configure_logging(config)
     metrics = Metrics()
     try:
-        memo = _memo(config, metrics)
+        first = _memo(config, metrics)
+        elector = _elector(config, first.context.instance)
     except KubeError as error:
         print(f"llmop run: {error}", file=sys.stderr)
         return 1
@@ -353,64 +576,48 @@ def run(argv: Sequence[str]) -> int:
         "starting llmop operator",
         extra={"namespaces": list(config.namespaces) or "*", "standalone": config.standalone},
     )
-    leadership = _Leadership.take(config, memo.context.instance, metrics)
-    if leadership is None:  # stopped while a standby
-        if server is not None:
-            server.shutdown()
-        return 0
-    stop = threading.Event()
-    poller = threading.Thread(
-        target=_poll_downloads_until, args=(stop, memo.context), name="download-poller", daemon=True
-    )
-    poller.start()
-    threading.Thread(
-        target=_watch_for_crd, args=(memo.context, config, stop), name="crd-check", daemon=True
-    ).start()
-    settings = build_settings(config)
-    tune_garbage_collector()
-    # kopf's pool runs the reconciles; the event handlers' writes take a pool of their own
-    # (`handlers._in_worker`), kopf's only as a fallback.
-    memo.executor = settings.execution.executor
-    memo.refresh_executor = ThreadPoolExecutor(
-        refresh_workers(config), thread_name_prefix="llmop-refresh"
-    )
-    # The count handler forgets a deleted object's diff base (kopf never does).
-    memo.diffbase = settings.persistence.diffbase_storage
-    lost = False
-
-    async def operate() -> None:
-        nonlocal lost
-        try:
-            await kopf.operator(
-                settings=settings,
-                clusterwide=config.clusterwide,
-                namespaces=config.namespaces,
-                standalone=config.standalone,
-                peering_name=config.peering_name,
-                priority=config.priority,
-                liveness_endpoint=liveness,
-                memo=memo,
-                stop_flag=leadership.kopf_stop,
-                # kopf would name itself after the OS user, which a pod run as a bare UID (the
-                # image's 65532, or OpenShift's random one) has none of: getpwuid() raises.
-                identity=cast("Any", memo.context.instance),
-            )
-        finally:
-            lost = leadership.kopf_stop.is_set()
-            # kopf waits for its stop flag in a thread of the loop's default executor, which
-            # asyncio.run() joins: after a stop by SIGTERM/SIGINT that thread would wait until
-            # the pod is killed, renewing the Lease all along, instead of handing it over.
-            leadership.kopf_stop.set()
-
     try:
-        asyncio.run(operate())
+        return _alternate(config, metrics, first, elector, liveness)
     finally:
         metrics.leader.set(0)
-        leadership.end()
-        stop.set()
-        poller.join(timeout=DOWNLOAD_POLL_SECONDS + 1)
-        memo.refresh_executor.shutdown(wait=False, cancel_futures=True)
-        memo.context.kube.close()
+        if elector is not None:
+            elector.kube.close()
         if server is not None:
             server.shutdown()
-    return LOST_EXIT_CODE if lost else 0
+
+
+def _alternate(
+    config: OperatorConfig,
+    metrics: Metrics,
+    memo: kopf.Memo | None,
+    elector: LeaderElector | None,
+    liveness: str | None,
+) -> int:
+    """Stand by and lead, term after term, until SIGINT/SIGTERM; the exit code. `memo` is the
+    first term's (built before anything started, to fail early on bad credentials)."""
+    shutdown = threading.Event()
+    tuned = False
+    metrics.leader.set(0)
+    with _stop_signals(shutdown) as catch_signals:
+        while True:
+            if elector is not None and not _wait_for_lease(config, elector, shutdown):
+                return 0  # stopped while a standby
+            if memo is None:
+                try:
+                    memo = _memo(config, metrics)
+                except KubeError as error:
+                    log.error("cannot lead: %s", error)
+                    return 1
+            term = _Term(config, metrics, memo, elector, shutdown, catch_signals=catch_signals)
+            memo = None
+            if not tuned:
+                tune_garbage_collector()
+                tuned = True
+            lost = term.lead(liveness)
+            if not lost or shutdown.is_set():
+                return 0
+            del term
+            gc.collect()  # the term's caches, before another one fills up
+            log.warning(
+                "lost the leader Lease: standing by; leading again starts from fresh caches"
+            )

@@ -130,6 +130,13 @@ class Metrics:
                 keys.discard(key)
             self.managed.labels(kind).set(len(keys))
 
+    def forget_objects(self) -> None:
+        """Manage nothing any more (a leader that stopped leading)."""
+        with self._lock:
+            for kind in self._seen:
+                self.managed.labels(kind).set(0)
+            self._seen.clear()
+
     def serve(self, port: int, address: str) -> Any:
         """Serve `/metrics` from a daemon thread; returns the server (call `.shutdown()`)."""
         server, _thread = start_http_server(port, addr=address, registry=self.registry)

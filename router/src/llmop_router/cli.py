@@ -12,8 +12,15 @@ from collections.abc import AsyncIterator, Sequence
 import aiohttp
 from aiohttp import web
 
-from llmop_router.discovery import Catalog
-from llmop_router.kube import ENDPOINT_SLICES, LLMDEPLOYMENTS, ApiServer, list_and_watch, wake
+from llmop_router.discovery import Catalog, list_key
+from llmop_router.kube import (
+    ENDPOINT_SLICES,
+    LLMDEPLOYMENTS,
+    ApiServer,
+    Problem,
+    list_and_watch,
+    wake,
+)
 from llmop_router.routes import Backend, RouteTable
 from llmop_router.server import (
     DRAIN_SECONDS,
@@ -85,16 +92,30 @@ def watching(
     app: web.Application, router: Router, api: ApiServer, namespaces: tuple[str, ...]
 ) -> None:
     """Fill the router's table from the watches for as long as the app runs; ready once every
-    list arrived. The same credentials wake CRs at zero."""
+    list arrived (until then `/readyz` says what it waits for: a CRD not installed, say). The
+    same credentials wake CRs at zero."""
     catalog = Catalog(router.table, namespaces)
+
+    def update() -> None:
+        router.ready = catalog.ready
+        router.waiting = catalog.waiting()
 
     def on_llmdeployment(kind: str, obj: dict[str, object]) -> None:
         catalog.on_llmdeployment(kind, obj)
-        router.ready = catalog.ready
+        update()
 
     def on_endpoint_slice(kind: str, obj: dict[str, object]) -> None:
         catalog.on_endpoint_slice(kind, obj)
-        router.ready = catalog.ready
+        update()
+
+    def problem_of(resource: tuple[str, str], namespace: str | None) -> Problem:
+        def problem(message: str | None) -> None:
+            catalog.problem(list_key(resource[1], namespace), message)
+            update()
+
+        return problem
+
+    update()
 
     async def run(_app: web.Application) -> AsyncIterator[None]:
         async with aiohttp.ClientSession() as session:
@@ -108,7 +129,16 @@ def watching(
             scopes: tuple[str | None, ...] = namespaces or (None,)
             watches = ((LLMDEPLOYMENTS, on_llmdeployment), (ENDPOINT_SLICES, on_endpoint_slice))
             tasks = [
-                asyncio.create_task(list_and_watch(session, api, resource, namespace, handler))
+                asyncio.create_task(
+                    list_and_watch(
+                        session,
+                        api,
+                        resource,
+                        namespace,
+                        handler,
+                        problem=problem_of(resource, namespace),
+                    )
+                )
                 for namespace in scopes
                 for resource, handler in watches
             ]

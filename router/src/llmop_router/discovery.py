@@ -140,6 +140,8 @@ class Catalog:
     slices: dict[Key, dict[str, list[str]]] = field(default_factory=dict)
     """Service → EndpointSlice name → its ready endpoints."""
     synced: set[str] = field(default_factory=set)
+    problems: dict[str, str] = field(default_factory=dict)
+    """List → why it cannot be listed now (the CRD not installed, RBAC), as the watch says."""
     _served: dict[Key, list[str]] = field(default_factory=dict)
     """CR → the model names it owns in the table now."""
 
@@ -149,7 +151,7 @@ class Catalog:
             self.claims = {k: c for k, c in self.claims.items() if not _in(k, scope)}
             for item in obj.get("items") or []:
                 self._store_claim(item)
-            self.synced.add(f"llmdeployments/{scope or ''}")
+            self.synced.add(list_key("llmdeployments", scope))
         elif kind == "DELETED":
             self.claims.pop(_key(obj), None)
         else:
@@ -163,7 +165,7 @@ class Catalog:
             self.slices = {k: v for k, v in self.slices.items() if not _in(k, scope)}
             for item in obj.get("items") or []:
                 self._store_slice(item)
-            self.synced.add(f"endpointslices/{scope or ''}")
+            self.synced.add(list_key("endpointslices", scope))
             self._assign_models()
             return
         service = service_of(obj)
@@ -182,9 +184,25 @@ class Catalog:
     @property
     def ready(self) -> bool:
         """Every list arrived (both resources, each watched namespace): the table is complete."""
+        return not self.waiting()
+
+    def waiting(self) -> list[str]:
+        """What readiness waits for, one line per list that has not arrived: why it cannot be
+        listed when the watch knows (`problem`), else that it is being listed."""
         scopes = self.namespaces or ("",)
-        wanted = {f"{r}/{ns}" for r in ("llmdeployments", "endpointslices") for ns in scopes}
-        return self.synced >= wanted
+        wanted = [list_key(r, ns) for r in ("llmdeployments", "endpointslices") for ns in scopes]
+        return [
+            self.problems.get(key) or f"listing {key.rstrip('/')}"
+            for key in wanted
+            if key not in self.synced
+        ]
+
+    def problem(self, key: str, message: str | None) -> None:
+        """Record why the list `key` cannot be listed now (None: it can again)."""
+        if message is None:
+            self.problems.pop(key, None)
+        else:
+            self.problems[key] = message
 
     def endpoints(self, service: Key) -> list[str]:
         return sorted({e for found in self.slices.get(service, {}).values() for e in found})
@@ -211,6 +229,11 @@ class Catalog:
             key = (claim.namespace, claim.name)
             self.table.set(model, claim.namespace, claim.name, self.endpoints(key), claim.wake)
         self._served = served
+
+
+def list_key(resource: str, namespace: str | None) -> str:
+    """The name of one list the table needs: `<resource>/<namespace>` (`<resource>/` for all)."""
+    return f"{resource}/{namespace or ''}"
 
 
 def _in(key: Key, namespace: str | None) -> bool:

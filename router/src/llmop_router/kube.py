@@ -38,10 +38,19 @@ SCALE_GROUPS = {
 """The workloads the router may wake, by resource: the path of their API group."""
 WATCH_TIMEOUT_SECONDS = 300
 RETRY_SECONDS = (0.5, 1, 2, 5, 10)
+UNAVAILABLE_RETRY_SECONDS = 2.0
+"""Between two lists while the API server answers 404 (the CRD is not installed) or 403 (RBAC):
+no back-off, so a CRD or a binding that arrives late is noticed within this."""
+CHART_CRD_HINT = (
+    "install it with the chart (crds.enabled=true) or `kubectl apply --server-side -f crds/` "
+    "from the llmop release"
+)
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[None] | None]
 """Called with ("SYNC", {"items": [...], "namespace": the listed namespace or None for all})
 after each list, then ("ADDED" | "MODIFIED" | "DELETED", object) for each watch event."""
+Problem = Callable[[str | None], None]
+"""Told why the resource cannot be listed (the CRD not installed, RBAC), and None once it can."""
 
 
 def resource_path(resource: tuple[str, str], namespace: str | None) -> str:
@@ -117,27 +126,67 @@ def _material(section: dict[str, Any], name: str) -> str | None:
     return handle.name
 
 
+def unavailable(resource: tuple[str, str], namespace: str | None, status: int) -> str:
+    """Why the API server refuses to list `resource` (404 or 403), and what to do."""
+    group_version, plural = resource
+    group = group_version.removeprefix("/apis/").rpartition("/")[0]
+    where = f"in namespace {namespace}" if namespace else "in every namespace"
+    if status == 404:
+        crd = f"{plural}.{group}"
+        hint = CHART_CRD_HINT if resource == LLMDEPLOYMENTS else "install its CRD"
+        return (
+            f"the API server does not serve {plural} ({group_version.removeprefix('/apis/')}): "
+            f"the CustomResourceDefinition {crd} is not installed, so nothing can be routed "
+            f"(the router is unready until it has listed them once); {hint}"
+        )
+    return (
+        f"forbidden to list {plural} {where} (HTTP {status}): the router's ServiceAccount needs "
+        f"get, list and watch on them (the chart's <release>-router ClusterRole, bound "
+        "cluster-wide or in each of operator.watchNamespaces; the router is unready until it "
+        "has listed them once)"
+    )
+
+
 async def list_and_watch(
     session: aiohttp.ClientSession,
     api: ApiServer,
     resource: tuple[str, str],
     namespace: str | None,
     handler: Handler,
+    *,
+    problem: Problem | None = None,
 ) -> None:
     """Forever: list the resource (in `namespace`, or everywhere), hand the items over, watch
-    from there; relist when the watch breaks. Returns only when cancelled."""
+    from there; relist when the watch breaks. Returns only when cancelled. While the API server
+    answers 404 or 403, says why (log, `problem`) once and lists again every
+    `UNAVAILABLE_RETRY_SECONDS`."""
     path = resource_path(resource, namespace)
     failures = 0
+    reported: str | None = None
     while True:
         try:
             version = await _list(session, api, path, namespace, handler)
             failures = 0
+            if reported is not None:
+                log.info("listed %s: serving it now", path)
+                reported = None
+                if problem is not None:
+                    problem(None)
             await _watch(session, api, path, version, handler)
         except asyncio.CancelledError:
             raise
         except _GoneError:
             log.info("watch of %s expired; listing again", path)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            if isinstance(exc, aiohttp.ClientResponseError) and exc.status in (403, 404):
+                message = unavailable(resource, namespace, exc.status)
+                if message != reported:
+                    log.error("%s", message)
+                    reported = message
+                    if problem is not None:
+                        problem(message)
+                await asyncio.sleep(UNAVAILABLE_RETRY_SECONDS)
+                continue
             delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
             failures += 1
             log.warning("list/watch of %s failed (%s); again in %s s", path, exc, delay)
