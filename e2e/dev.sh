@@ -2,11 +2,15 @@
 # `make dev` / `make dev-down`: the whole stack on the local cluster, from a fresh clone.
 #
 #   up    start (or reuse) the local cluster with its real node (e2e/cluster/node.sh), install
-#         the CRD from crds/, (re)start the operator (`llmop run`, a local process using the
-#         cluster's admin kubeconfig, with the settings the Helm chart gives it by default), apply
-#         the simulator-backend samples from examples/, wait until they are Ready, show them,
-#         and send one completion through the sample's Service (its ClusterIP, via kube-proxy).
+#         the CRD from crds/, start the chart's router as pods (its image built from this
+#         checkout and imported into the node; the chart's router objects in llmop-system),
+#         (re)start the operator (`llmop run`, a local process using the cluster's admin
+#         kubeconfig, with the settings the Helm chart gives it by default), apply the
+#         simulator-backend samples from examples/, wait until they are Ready with no Degraded
+#         condition, show them, and send one completion through the router (the samples'
+#         endpoint) and one through the sample's own Service (its ClusterIP, via kube-proxy).
 #   down  stop the operator (or uninstall the release) and delete the local cluster.
+#   stop  stop the operator and delete the samples and the router objects; keep the cluster.
 #
 # LLMOP_OPERATOR=pod: instead of a local process, the operator is what users install: the chart
 # (helm/llmop, release `llmop` in namespace llmop-system, Pod Security `restricted`) with the
@@ -19,8 +23,9 @@
 # cluster's state directory (~/.cache/llmop/clusters/<name>/), which `down` removes.
 #
 # Environment: VENV (default .venv), LLMOP_OPERATOR (process | pod, default process),
-# LLMOP_DEV_TIMEOUT (seconds to wait for Ready, default 180), and the cluster's own
-# LLMOP_CLUSTER_* variables (e2e/cluster/cluster.sh).
+# LLMOP_DEV_TIMEOUT (seconds to wait for Ready, default 180), LLMOP_DEV_KUBECONFIG (a local
+# cluster that e2e/cluster/cluster.sh already started, used as it is: the e2e test of this
+# script), and the cluster's own LLMOP_CLUSTER_* variables (e2e/cluster/cluster.sh).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,7 +41,11 @@ NODE_CONTAINERD=/run/llmop-node/containerd/containerd.sock
 
 log() { echo "dev: $*" >&2; }
 
-state_dir() { dirname "$("$CLUSTER_SH" kubeconfig)"; }
+cluster_kubeconfig() {
+  if [[ -n "${LLMOP_DEV_KUBECONFIG:-}" ]]; then echo "$LLMOP_DEV_KUBECONFIG"; else "$CLUSTER_SH" kubeconfig; fi
+}
+
+state_dir() { dirname "$(cluster_kubeconfig)"; }
 
 stop_operator() {
   local pidfile
@@ -106,6 +115,60 @@ with helm.Config(kubeconfig_path=kubeconfig, namespace=namespace) as config:
 EOF
 }
 
+# The chart's router objects (templates/router.yaml, default values but the image's pull
+# policy: it is imported, never pulled) as one YAML stream, with Helm's ownership annotations of
+# release llmop, so a later LLMOP_OPERATOR=pod run's `helm install` adopts them.
+router_objects() {
+  "$PY" - "$ROOT/helm/llmop" "$RELEASE" "$RELEASE_NAMESPACE" <<'EOF'
+import sys, yaml
+import helm_python as helm
+chart, name, namespace = sys.argv[1:]
+values = {"router": {"image": {"pullPolicy": "Never"}}}
+out = helm.Chart.load(chart).render(values, name=name, namespace=namespace)
+docs = []
+for path, text in sorted(out.items()):
+    if not path.endswith("/templates/router.yaml"):
+        continue
+    for doc in yaml.safe_load_all(text):
+        if not doc:
+            continue
+        notes = doc["metadata"].setdefault("annotations", {})
+        notes["meta.helm.sh/release-name"] = name
+        notes["meta.helm.sh/release-namespace"] = namespace
+        docs.append(doc)
+if not docs:
+    sys.exit("the chart rendered no router objects (templates/router.yaml)")
+print(yaml.safe_dump_all(docs, sort_keys=False))
+EOF
+}
+
+# The router as pods, as the chart runs them: every routed sample's endpoint names their Service
+# (llmop-router.llmop-system:8080), and they wake models scaled to zero.
+start_router() {
+  log "building (or reusing) the router image; importing it into the node"
+  "$PY" "$ROOT/e2e/images/images.py" import --address "$NODE_CONTAINERD" router >/dev/null
+  release_namespace
+  log "starting the router pods ($RELEASE_NAMESPACE/$RELEASE-router: the chart's router objects)"
+  local existed=0
+  kctl get -n "$RELEASE_NAMESPACE" "deployment/$RELEASE-router" >/dev/null 2>&1 && existed=1
+  router_objects | kctl apply --server-side --force-conflicts --field-manager=llmop-dev -f - >/dev/null
+  # The image may be new under the same tag (this checkout changed): running pods keep the old.
+  ((existed)) && kctl rollout restart -n "$RELEASE_NAMESPACE" "deployment/$RELEASE-router" >/dev/null
+  if ! kctl rollout status -n "$RELEASE_NAMESPACE" "deployment/$RELEASE-router" --timeout=120s >&2; then
+    log "the router pods did not become ready; their state and log:"
+    kctl get pods -n "$RELEASE_NAMESPACE" -o wide >&2 || true
+    kctl logs -n "$RELEASE_NAMESPACE" "deployment/$RELEASE-router" --tail=40 >&2 || true
+    exit 1
+  fi
+}
+
+# The release's namespace, enforcing Pod Security `restricted` as an installation should.
+release_namespace() {
+  kctl create namespace "$RELEASE_NAMESPACE" --dry-run=client -o yaml | kctl apply -f - >/dev/null
+  kctl label --overwrite namespace "$RELEASE_NAMESPACE" \
+    pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/enforce-version=latest >/dev/null
+}
+
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # Simulator-backend samples only (the others need real GPUs and model credentials), one
@@ -126,13 +189,19 @@ EOF
 cmd_up() {
   [[ -x "$PY" ]] || { log "no virtualenv at $VENV: run 'make dev' (it runs 'make install' first)"; exit 1; }
   local start=$SECONDS kubeconfig work bin
-  log "starting the local cluster (the first run builds Kubernetes from source: 20-40 min on 2 cores)"
-  kubeconfig="$("$CLUSTER_SH" up | tail -n 1)"
+  if [[ -n "${LLMOP_DEV_KUBECONFIG:-}" ]]; then
+    log "using the running local cluster of $LLMOP_DEV_KUBECONFIG"
+    kubeconfig="$LLMOP_DEV_KUBECONFIG"
+  else
+    log "starting the local cluster (the first run builds Kubernetes from source: 20-40 min on 2 cores)"
+    kubeconfig="$("$CLUSTER_SH" up | tail -n 1)"
+  fi
   work="$(dirname "$kubeconfig")"
   bin="$(cat "$work/bin-dir")"
   kctl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
-  local operator_info
+  local operator_info real_node=0
+  [[ "$(cat /run/llmop-node/owner 2>/dev/null || true)" == "$(basename "$work")" ]] && real_node=1
   case "$MODE" in
   process) start_operator ;;
   pod) install_release ;;
@@ -151,9 +220,7 @@ install_release() {
     { log "LLMOP_OPERATOR=pod needs the real node, which did not join (see the cluster log above)"; exit 1; }
   log "building (or reusing) the operator and router images; importing them into the node"
   "$PY" "$ROOT/e2e/images/images.py" import --address "$NODE_CONTAINERD" operator router >/dev/null
-  kctl create namespace "$RELEASE_NAMESPACE" --dry-run=client -o yaml | kctl apply -f - >/dev/null
-  kctl label --overwrite namespace "$RELEASE_NAMESPACE" \
-    pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/enforce-version=latest >/dev/null
+  release_namespace
   local crd=llmdeployments.serving.llmop.dev
   if kctl get crd "$crd" >/dev/null 2>&1; then
     # Applied by a process-mode run: Helm adopts it only with the release's ownership metadata.
@@ -181,13 +248,19 @@ start_operator() {
     "$bin/kubectl" --kubeconfig "$kubeconfig"
 
   stop_operator
+  local settings
+  settings="$(chart_env)"
+  if ((real_node)); then
+    start_router
+  else
+    # Without the real node no router pod can run: the samples' endpoint is their own Service.
+    settings="$(grep -v '^LLMOP_ROUTER=' <<<"$settings" || true)"
+  fi
   local liveness metrics
   liveness="$(free_port)"
   metrics="$(free_port)"
   log "starting the operator (log: $work/operator.log)"
   # setsid + nohup: the operator outlives `make dev`; stdin/stdout detached from the terminal.
-  local settings
-  settings="$(chart_env)"
   # One NAME=value word per line, each value quoted by the renderer (shlex.quote). `exec`: the
   # background subshell becomes the operator (setsid does not fork outside a process-group
   # leader), so $! is the operator's PID; without it the pidfile held the subshell's, and
@@ -219,11 +292,15 @@ samples_up() {
     log "applying ${file#"$ROOT/"} ($ns/$name)"
     kctl apply --server-side --field-manager=llmop-dev -f "$file" >/dev/null
   done
-  log "waiting for the LLMDeployments to become Ready (up to ${TIMEOUT}s)"
+  log "waiting for the LLMDeployments to become Ready with no problem reported (up to ${TIMEOUT}s)"
+  local report=()
+  if ((real_node)); then report=(--engines-report); fi
   for line in "${samples[@]}"; do
     read -r file ns name <<<"$line"
-    if ! kctl wait -n "$ns" "llmdeployment/$name" --for=condition=Ready --timeout="${TIMEOUT}s" >/dev/null; then
-      log "$ns/$name is not Ready; its conditions:"
+    # Where the pods really run, their engines' KV capacity must also have been read back.
+    if ! "$PY" "$ROOT/e2e/sample_health.py" --kubeconfig "$kubeconfig" --kubectl "$bin/kubectl" \
+      --timeout "$TIMEOUT" "${report[@]}" "$ns" "$name"; then
+      log "$ns/$name is not healthy; its conditions:"
       kctl get llmdeployment -n "$ns" "$name" \
         -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}' >&2
       exit 1
@@ -231,33 +308,31 @@ samples_up() {
   done
   echo
   kctl get llmd -A
-  local real_node=0 first_ns first_name svc_ip url router_url
-  [[ "$(cat /run/llmop-node/owner 2>/dev/null || true)" == "$(basename "$work")" ]] && real_node=1
+  local first_ns first_name svc_ip url router_url body
   read -r _ first_ns first_name <<<"${samples[0]}"
   svc_ip="$(kctl get service -n "$first_ns" "$first_name" -o jsonpath='{.spec.clusterIP}')"
   url="http://$svc_ip:8000/v1/completions"
+  body="{\"model\": \"$first_name\", \"prompt\": \"Hello\", \"max_tokens\": 12}"
   if ((real_node)); then
     echo
     kctl get pods -n "$first_ns" -l "serving.llmop.dev/deployment=$first_name" -o wide
+    router_url="http://$(kctl get service -n "$RELEASE_NAMESPACE" "$RELEASE-router" -o jsonpath='{.spec.clusterIP}'):8080/v1/completions"
     echo
-    echo "One completion through the Service (ClusterIP $svc_ip, routed by kube-proxy):"
-    local body="{\"model\": \"$first_name\", \"prompt\": \"Hello\", \"max_tokens\": 12}"
+    echo "One completion through the router (the samples' endpoint: one OpenAI API for every LLMDeployment):"
+    echo "\$ curl -sS $router_url -H 'Content-Type: application/json' -d '$body'"
+    local tries=0
+    until curl -sSf "$router_url" -H 'Content-Type: application/json' -d "$body"; do
+      # The router lists a model once its endpoints are ready in the router's own watch.
+      ((++tries < 20)) || { log "the completion through the router failed"; exit 1; }
+      sleep 1
+    done
+    echo
+    echo
+    echo "And one through the sample's own Service (ClusterIP $svc_ip, routed by kube-proxy):"
     echo "\$ curl -sS $url -H 'Content-Type: application/json' -d '$body'"
     curl -sS "$url" -H 'Content-Type: application/json' -d "$body" || { log "the completion failed"; exit 1; }
     echo
-    if [[ "$MODE" == pod ]]; then
-      router_url="http://$(kctl get service -n "$RELEASE_NAMESPACE" "$RELEASE-router" -o jsonpath='{.spec.clusterIP}'):8080/v1/completions"
-      echo
-      echo "And through the router (one OpenAI endpoint for every LLMDeployment):"
-      echo "\$ curl -sS $router_url -H 'Content-Type: application/json' -d '$body'"
-      local tries=0
-      until curl -sSf "$router_url" -H 'Content-Type: application/json' -d "$body"; do
-        # The router lists a model once its endpoints are ready in the router's own watch.
-        ((++tries < 20)) || { log "the completion through the router failed"; exit 1; }
-        sleep 1
-      done
-      echo
-    fi
+    url="$router_url"
   else
     log "WARNING: no real node joined (see the cluster log above): the pods run on kwok's fake"
     log "nodes, which start no containers, so nothing answers requests"
@@ -287,11 +362,31 @@ cmd_down() {
   "$CLUSTER_SH" down
 }
 
+# `stop`: undo `up` but keep the cluster (the e2e test of `make dev` runs `up` on its session's
+# cluster, then this): the operator stopped, the samples and the router objects deleted.
+cmd_stop() {
+  stop_operator
+  local kubeconfig work bin samples line file
+  kubeconfig="$(cluster_kubeconfig)"
+  work="$(dirname "$kubeconfig")"
+  bin="$(cat "$work/bin-dir")"
+  kctl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+  mapfile -t samples < <(simulator_examples)
+  for line in "${samples[@]}"; do
+    read -r file _ <<<"$line"
+    kctl delete --ignore-not-found --wait=false -f "$file" >/dev/null
+  done
+  if [[ -z "$(release status "$kubeconfig")" ]]; then
+    router_objects | kctl delete --ignore-not-found -f - >/dev/null
+  fi
+}
+
 case "${1:-}" in
 up) cmd_up ;;
 down) cmd_down ;;
+stop) cmd_stop ;;
 *)
-  echo "usage: $0 up|down" >&2
+  echo "usage: $0 up|down|stop" >&2
   exit 2
   ;;
 esac

@@ -11,8 +11,8 @@ cluster-binaries: ## Build (or reuse from ~/.cache/llmop) the control-plane, etc
 	@e2e/cluster/build.sh >/dev/null
 
 .PHONY: cluster-up
-cluster-up: ## Start the local cluster with fake GPU nodes (idempotent); prints the kubeconfig path.
-	@$(CLUSTER_SH) up
+cluster-up: install ## Start the local cluster with fake GPU nodes (idempotent); prints the kubeconfig path.
+	@LLMOP_PYTHON=$(abspath $(PY)) $(CLUSTER_SH) up
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local cluster and remove its state.

@@ -7,5 +7,5 @@ dev: install ## Virtualenv, local cluster, CRD, operator, simulator samples; wai
 	@VENV=$(VENV) e2e/dev.sh up
 
 .PHONY: dev-down
-dev-down: ## Stop the dev operator and delete the local cluster.
+dev-down: install ## Stop the dev operator and delete the local cluster.
 	@e2e/dev.sh down
