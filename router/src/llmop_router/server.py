@@ -146,6 +146,8 @@ class Router:
         self._waiters: dict[int, asyncio.Future[Outcome]] = {}
         self._pumps: dict[Key, asyncio.Task[None]] = {}
         self.ready = False
+        self.waiting: list[str] = []
+        """What readiness waits for, in words (`/readyz` says it while unready)."""
         self.draining = False
         """Set on SIGTERM: unready, and every answer closes its connection."""
         self.app_hooks: list[Callable[[web.Application], None]] = []
@@ -206,7 +208,10 @@ class Router:
 
     async def readyz(self, _request: web.Request) -> web.Response:
         ready = self.ready and not self.draining
-        return web.json_response({"ok": ready}, status=200 if ready else 503)
+        body: dict[str, object] = {"ok": ready}
+        if not ready:
+            body["waiting"] = ["draining: stopping"] if self.draining else self.waiting
+        return web.json_response(body, status=200 if ready else 503)
 
     async def metrics_page(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain")
