@@ -21,8 +21,6 @@ import os
 import secrets
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,7 +43,7 @@ from support.operator import (
     install_crd,
     operator_kubeconfig_for,
 )
-from support.router import router_process
+from support.router import get_json, router_process
 
 pytestmark = pytest.mark.cluster
 
@@ -276,16 +274,6 @@ def _take_away_crd(cluster: Cluster, name: str) -> dict[str, Any] | None:
     return crd
 
 
-def _get_json(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status, json.load(answer)
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
-    except OSError:
-        return 0, None
-
-
 def _late_spec(index: int) -> dict[str, Any]:
     if index == 0:
         return simulator_spec(engine={"backend": "simulator", "pipelineParallelSize": 2})
@@ -335,10 +323,10 @@ class Progress:
         for cr in self.kube.list(API_VERSION, "LLMDeployment", LATE_NAMESPACE):
             if cr["metadata"]["name"] not in self.served and self._served(cr):
                 self.served[cr["metadata"]["name"]] = now
-        _, table = _get_json(f"{self.router}/routes")
+        _, table = get_json(f"{self.router}/routes")
         for model in (table or {}).get("models") or {}:
             self.routed.setdefault(model, now)
-        if self.router_ready is None and _get_json(f"{self.router}/readyz")[0] == 200:
+        if self.router_ready is None and get_json(f"{self.router}/readyz")[0] == 200:
             self.router_ready = now
         return set(self.names) <= set(self.served) and set(self.names) <= set(self.routed)
 
@@ -355,7 +343,7 @@ class Progress:
 
 
 def _router_unready_reason(router: str) -> str | None:
-    status, body = _get_json(f"{router}/readyz")
+    status, body = get_json(f"{router}/readyz")
     waiting = " ".join((body or {}).get("waiting") or [])
     return waiting if status == 503 and "is not installed" in waiting else None
 
@@ -417,7 +405,7 @@ def test_a_late_crd_under_load_serves_every_cr_created_right_after_it(
                 )
             assert max(progress.served.values()) <= BOUND_SECONDS, progress.served
             assert max(progress.routed[name] for name in names) <= BOUND_SECONDS, progress.routed
-            assert _get_json(f"{router}/readyz") == (200, {"ok": True})
+            assert get_json(f"{router}/readyz") == (200, {"ok": True})
             assert "is installed: reconciling" in operator.log_path.read_text()
     finally:
         kube.close()

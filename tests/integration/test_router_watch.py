@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from support.cluster import Cluster, wait_until
-from support.router import router_process
+from support.router import get_json, router_process
 
 pytestmark = pytest.mark.cluster
 
@@ -29,16 +29,6 @@ def router(llmop_crd: Cluster, namespace: str, tmp_path: Path) -> Iterator[str]:
         llmop_crd.kubeconfig, tmp_path / "router.log", ("--namespaces", namespace)
     ) as url:
         yield url
-
-
-def get(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status, json.load(answer)
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
-    except OSError:
-        return 0, None
 
 
 def apply(cluster: Cluster, obj: dict[str, Any]) -> None:
@@ -79,7 +69,7 @@ def endpoint_slice(
 
 
 def routes(url: str) -> dict[str, Any] | None:
-    status, body = get(f"{url}/routes")
+    status, body = get_json(f"{url}/routes")
     return body["models"] if status == 200 and body and body["ready"] else None
 
 
@@ -110,11 +100,11 @@ def test_the_table_follows_crs_and_endpoint_slices(
         "10.244.7.21:8000",
         "10.244.7.22:8000",
     ]
-    status, models = get(f"{router}/v1/models")
+    status, models = get_json(f"{router}/v1/models")
     assert status == 200
     listed = {m["id"]: m["owned_by"] for m in models["data"]}
     assert listed == {"alpha": f"{namespace}/alpha", "beta-chat": f"{namespace}/beta"}
-    status, _ = get(f"{router}/readyz")
+    status, _ = get_json(f"{router}/readyz")
     assert status == 200
 
     # One endpoint turns unready, the other starts terminating while still ready: both leave.

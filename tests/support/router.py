@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from support.harness.replicas import free_port
 
@@ -34,3 +38,14 @@ def router_process(
         finally:
             process.terminate()
             process.wait(timeout=15)
+
+
+def get_json(url: str) -> tuple[int, Any]:
+    """GET `url`: (status, decoded JSON body); (0, None) when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+    except OSError:
+        return 0, None
