@@ -78,7 +78,8 @@ def dev_up(real_cluster: RealCluster) -> Iterator[subprocess.CompletedProcess[st
             timeout=180,
             what="the sample's pods gone",
         )
-        rc.kubectl("delete", "namespace", ROUTER_NAMESPACE, "--wait=false", check=False)
+        # The namespace stays: the session's host operator has its ServiceAccount (and Lease)
+        # there, and deleting it would leave that operator with a revoked token (HTTP 401).
         rc.operator.start()
 
 
