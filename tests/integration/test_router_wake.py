@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 
 from integration.test_lws_controller import leader_worker_set
-from integration.test_router_watch import apply, get, llmd, routes
+from integration.test_router_watch import apply, llmd, routes
 from support.cluster import Cluster, wait_until
-from support.router import router_process
+from support.router import get_json, router_process
 
 pytestmark = pytest.mark.cluster
 
@@ -141,7 +141,7 @@ def test_a_scaled_to_zero_cr_is_woken_once_and_a_hand_set_zero_never(
     # The held requests left with their clients: the episode ended. A new one finds the scale
     # at 1 (the pod is still starting) and writes nothing.
     wait_until(
-        lambda: all(m["held"] == 0 for m in get(f"{router}/llmop/activity")[1]["models"]),
+        lambda: all(m["held"] == 0 for m in get_json(f"{router}/llmop/activity")[1]["models"]),
         timeout=10,
         what="no request held",
     )
@@ -156,7 +156,7 @@ def test_a_scaled_to_zero_cr_is_woken_once_and_a_hand_set_zero_never(
     # A hand-set zero: 503 at once, and the Deployment stays as its owner set it.
     assert asyncio.run(send_all(router, "manual", 4)) == [503] * 4
     assert scale_of(cluster, namespace, "manual") == (0, 1)
-    _, activity = get(f"{router}/llmop/activity")
+    _, activity = get_json(f"{router}/llmop/activity")
     seen = {m["name"]: m for m in activity["models"]}
     assert seen.keys() == {"sleepy", "manual"}
     assert all(m["namespace"] == namespace for m in seen.values())
