@@ -73,6 +73,7 @@ DEFAULT_BLOCK_SIZE: Final = 16
 """vLLM's default `--block-size` in tokens (CUDA; the CPU build uses 128), the simulator's too:
 the block the renderer counts the planned KV cache in when `engine.args` sets none."""
 
+
 MASTER_PORT: Final = 29501
 """vLLM's default `--master-port` (0.32): the leader's rendezvous (torch TCPStore)."""
 MASTER_ADDR: Final = "127.0.0.1"
@@ -493,3 +494,16 @@ def drain_flag_path(agent_socket: str) -> str:
 def drain_command() -> list[str]:
     """The preStop exec command."""
     return [ENTRYPOINT, DRAIN]
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of `--flag value` or `--flag=value` in an engine command line: the last one
+    given, as vLLM's argparse takes it (the renderer puts `engine.args` last so that a user's
+    flag wins); None when absent."""
+    value: str | None = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value

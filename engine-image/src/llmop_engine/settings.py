@@ -13,7 +13,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmop_engine import contract
-from llmop_engine.contract import DEFAULTS, SETTINGS, AgentSettings, EngineFlag, Env, Setting
+from llmop_engine.contract import (
+    DEFAULTS,
+    SETTINGS,
+    AgentSettings,
+    EngineFlag,
+    Env,
+    Setting,
+    flag_value,
+)
 
 __all__ = [
     "AgentSettings",
@@ -69,16 +77,6 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
 def _str(env: Mapping[str, str], name: str) -> str | None:
     raw = env.get(name)
     return raw if raw else None
-
-
-def flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of `--flag value` or `--flag=value` in an engine command line, if present."""
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg[len(flag) + 1 :]
-    return None
 
 
 def has_flag(args: Sequence[str], flag: str) -> bool:

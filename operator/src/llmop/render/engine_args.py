@@ -102,14 +102,9 @@ def simulated_kv_flags(llmd: LLMDeployment, kv_cache_tokens: int | None) -> list
 
 
 def _int_flag(args: Sequence[str], flag: str) -> int | None:
-    """The last positive integer value of `--flag N` / `--flag=N` in `args` (vLLM's argparse
-    takes the last occurrence); None when absent or not such a number."""
-    value: str | None = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1 :]
+    """The positive integer value of `flag` in `args` (`contract.flag_value`: the last one, as
+    vLLM takes it); None when absent or not such a number."""
+    value = contract.flag_value(args, flag)
     if value is None or not value.isdigit() or int(value) < 1:
         return None
     return int(value)
