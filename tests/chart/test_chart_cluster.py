@@ -32,7 +32,7 @@ from gitops.argocd_lua import FIXTURES, health
 from llmop.kube import Kube
 from support.cluster import Cluster, wait_until
 from support.helm_release import CRD_NAME, adopt_crd
-from support.manifests import llmd_manifest
+from support.manifests import llmd_manifest, open_crd
 from support.operator import OperatorProcess, install_crd
 from support.router import router_process
 
@@ -45,33 +45,7 @@ CAPTURE = os.environ.get("LLMOP_CAPTURE_FIXTURES", "") == "1"
 
 
 def _stub_crd(kind: str) -> dict[str, Any]:
-    plural = kind.lower() + "s"
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {
-            "name": f"{plural}.monitoring.coreos.com",
-            "labels": {"llmop.dev/test-stub": "true"},
-        },
-        "spec": {
-            "group": "monitoring.coreos.com",
-            "scope": "Namespaced",
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": True,
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return open_crd("monitoring.coreos.com", kind, labels={"llmop.dev/test-stub": "true"})
 
 
 @pytest.fixture(scope="module")

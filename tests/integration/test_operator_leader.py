@@ -111,20 +111,13 @@ def test_standby_takes_over_a_killed_leader_under_load(
     assert lease(kit)["spec"]["holderIdentity"].startswith("llmop-b_")
     assert lease(kit)["spec"]["leaseTransitions"] >= 1
 
-    def converged() -> bool:
-        for name in names:
-            obj = kit.get_llmd(namespace, name)
-            deployment = kit.deployment(namespace, name)
-            if obj is None or deployment is None:
-                return False
-            if (obj.get("status") or {}).get("observedGeneration") != obj["metadata"]["generation"]:
-                return False
-            if deployment["spec"].get("replicas") != 2:
-                return False
-        return True
-
     started = time.monotonic()
-    wait_until(converged, timeout=180, interval=1, what=f"all {N} converged after the failover")
+    wait_until(
+        lambda: converged(kit, namespace, names, 2),
+        timeout=180,
+        interval=1,
+        what=f"all {N} converged after the failover",
+    )
     converge = time.monotonic() - started
     deployments = kit.kube.list("apps/v1", "Deployment", namespace)
     parents = {o["metadata"]["uid"] for o in kit.kube.list(*LLMD, namespace)}
@@ -204,6 +197,7 @@ CONVERGED_AFTER_OUTAGE_BOUND_S = 30.0
 
 
 def converged(kit: Kit, namespace: str, names: list[str], replicas: int) -> bool:
+    """Every CR's status is for its generation and its Deployment asks for `replicas`."""
     for name in names:
         obj = kit.get_llmd(namespace, name)
         deployment = kit.deployment(namespace, name)

@@ -30,7 +30,7 @@ import yaml
 
 from llmop.kube import Kube, KubeError
 from support.cluster import Cluster, start_cluster, stop_cluster, wait_until
-from support.manifests import llmd_manifest, simulator_spec
+from support.manifests import llmd_manifest, open_crd, simulator_spec
 from support.operator import (
     API_VERSION,
     CRD_FILE,
@@ -42,6 +42,7 @@ from support.operator import (
     conditions,
     install_crd,
     operator_kubeconfig_for,
+    token_kubeconfig,
 )
 from support.router import get_json, router_process
 
@@ -88,16 +89,9 @@ def _kubeconfig_without_crd_watch(cluster: Cluster, directory: Path) -> Path:
         objects.append(doc)
     listed = {"apiVersion": "v1", "kind": "List", "items": objects}
     cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(listed))
-    token = cluster.kubectl(
-        "create", "token", NO_CRD_WATCH, "-n", OPERATOR_NAMESPACE, "--duration=1h"
-    ).stdout.strip()
-    config = json.loads(
-        cluster.kubectl("config", "view", "--raw", "--minify", "--flatten", "-o", "json").stdout
+    return token_kubeconfig(
+        cluster, NO_CRD_WATCH, directory / "kubeconfig-no-crd-watch", duration="1h"
     )
-    config["users"][0]["user"] = {"token": token}
-    path = directory / "kubeconfig-no-crd-watch"
-    path.write_text(json.dumps(config))
-    return path
 
 
 def test_missing_crd_is_reported_and_served_once_it_appears(
@@ -192,30 +186,7 @@ LATE_NAMESPACE = "late"
 
 def _load_crd(index: int) -> dict[str, Any]:
     """A CRD of a group of its own: one more discovery update, one more kopf rescan."""
-    group, kind = f"g{index}.load.llmop.test", f"Load{index}"
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{kind.lower()}s.{group}"},
-        "spec": {
-            "group": group,
-            "scope": "Namespaced",
-            "names": {"kind": kind, "plural": f"{kind.lower()}s", "singular": kind.lower()},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": True,
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return open_crd(f"g{index}.load.llmop.test", f"Load{index}")
 
 
 class Burst:

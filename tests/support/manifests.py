@@ -28,3 +28,32 @@ def llmd_manifest(namespace: str, name: str, spec: dict[str, Any]) -> dict[str, 
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }
+
+
+def open_crd(group: str, kind: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A namespaced CustomResourceDefinition `<kind>s.<group>` (v1) whose schema accepts any
+    object: a stand-in for a CRD the test needs to exist, not to check."""
+    plural = f"{kind.lower()}s"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}", **({"labels": labels} if labels else {})},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }

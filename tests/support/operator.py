@@ -217,13 +217,20 @@ def operator_kubeconfig_for(cluster: Cluster, directory: Path) -> Path:
     """A kubeconfig that authenticates as the operator's ServiceAccount from deploy/rbac.yaml."""
     cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(RBAC_FILE))
+    return token_kubeconfig(cluster, OPERATOR_SERVICE_ACCOUNT, directory / "kubeconfig")
+
+
+def token_kubeconfig(
+    cluster: Cluster, service_account: str, path: Path, duration: str = "4h"
+) -> Path:
+    """Write to `path` the cluster's kubeconfig authenticating as `service_account` (in the
+    operator's namespace) with a fresh token; returns `path`."""
     token = cluster.kubectl(
-        "create", "token", OPERATOR_SERVICE_ACCOUNT, "-n", OPERATOR_NAMESPACE, "--duration=4h"
+        "create", "token", service_account, "-n", OPERATOR_NAMESPACE, f"--duration={duration}"
     ).stdout.strip()
     config = json.loads(
         cluster.kubectl("config", "view", "--raw", "--minify", "--flatten", "-o", "json").stdout
     )
     config["users"][0]["user"] = {"token": token}
-    path = directory / "kubeconfig"
     path.write_text(json.dumps(config))
     return path
