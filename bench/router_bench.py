@@ -5,7 +5,8 @@ engine), `passthrough` (client → a bare aiohttp streaming proxy: same HTTP sta
 no parsing, no routing) and `router` (client → `llmop-router`: reads the body, parses it, hashes
 the conversation head, picks a pod). The engine is a fixed-pace SSE server (16 chunks 20 ms
 apart), so the only thing that differs between rows is the hop. Each path runs C concurrent
-streaming clients for D seconds, each request a 2 KiB system prompt plus its own question.
+streaming clients for D seconds, each request a 2 KiB system prompt plus its own question; the
+paths take turns, `--repeat` rounds of them (3), and each figure is the median over the rounds.
 Goals (issue 25): router p50 ≤ direct p50 + 2 ms, router p99 ≤ 1.25 times passthrough p99.
 
 Routing quality (`--only workloads`): three simulator replicas (vLLM's prefix cache modelled, each
@@ -22,11 +23,13 @@ both are offered exactly 3 requests/s and TTFT compares at equal load; the reque
 shows a path that fell behind) and `system-prompts` (many one-turn users over a few long
 system prompts; `system-prompts, 8 req/s` paced the same way, a request per user every 4 s).
 `--workload NAME` runs only the named workloads. Reported: prefix-cache hit rate (the engines'
-own counters), TTFT, and the time-averaged max/mean of in-flight requests per replica. Prints
-Markdown tables; not a timed test.
+own counters), mean, p90 and p99 TTFT, the mean in flight per replica (running + waiting, from
+the engines' metrics every 0.5 s), and the busiest replica's in-flight over the mean: averaged
+over every sample with anything in flight, and over the samples where the mean is at least
+`LOADED` (with the share of samples that were). Prints Markdown tables; not a timed test.
 
     python bench/router_bench.py [--only overhead|workloads] [--workload NAME]... [--streams 50,200]
-        [--seconds 15]
+        [--seconds 15] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -118,6 +121,8 @@ class Result:
     errors: int
     hop_cpu: float | None = None
     """CPU seconds the proxy in between (passthrough or router) spent on this row."""
+    round: int = 0
+    """Which round of `--repeat` measured it."""
 
     def quantile(self, q: float) -> float:
         if len(self.ttfts) < 2:
@@ -309,8 +314,15 @@ async def engine_metrics(client: aiohttp.ClientSession, address: str) -> dict[st
     return {m.group(1).decode(): float(m.group(2)) for m in METRIC.finditer(body)}
 
 
-async def sample_balance(addresses: list[str], stop: asyncio.Event, ratios: list[float]) -> None:
-    """Every 0.5 s: max over replicas of (running + waiting) divided by the mean."""
+LOADED = 4.0
+"""The balance that counts (issue 48: the busiest replica at most 1.3 times the mean) is taken
+where the mean is at least this many in flight: below it one request more is a large ratio."""
+
+
+async def sample_balance(
+    addresses: list[str], stop: asyncio.Event, samples: list[tuple[float, float]]
+) -> None:
+    """Every 0.5 s: the busiest replica's and the mean replica's running + waiting."""
     async with aiohttp.ClientSession() as client:
         while not stop.is_set():
             loads = []
@@ -319,9 +331,7 @@ async def sample_balance(addresses: list[str], stop: asyncio.Event, ratios: list
                 loads.append(
                     m.get("vllm:num_requests_running", 0) + m.get("vllm:num_requests_waiting", 0)
                 )
-            mean = sum(loads) / len(loads)
-            if mean > 0:
-                ratios.append(max(loads) / mean)
+            samples.append((max(loads), sum(loads) / len(loads)))
             await asyncio.sleep(0.5)
 
 
@@ -333,8 +343,16 @@ class QualityRow:
     failed: int
     hit_rate: float
     mean_ttft: float
+    p90_ttft: float
     p99_ttft: float
+    mean_in_flight: float
+    """Per replica, averaged over the samples."""
     balance: float
+    """Busiest over mean, averaged over the samples with anything in flight."""
+    balance_loaded: float
+    """The same over the samples with a mean of at least `LOADED` (nan: none)."""
+    loaded_share: float
+    """The share of samples with a mean of at least `LOADED`."""
 
 
 async def measure(
@@ -345,8 +363,8 @@ async def measure(
     rng = random.Random(7)
     pick = (lambda: router) if path == "router" else (lambda: rng.choice(engines))
     stop = asyncio.Event()
-    ratios: list[float] = []
-    sampler = asyncio.create_task(sample_balance(engines, stop, ratios))
+    samples: list[tuple[float, float]] = []
+    sampler = asyncio.create_task(sample_balance(engines, stop, samples))
     served = await drive(workload, pick, seconds)
     stop.set()
     await sampler
@@ -358,15 +376,22 @@ async def measure(
 
     queries = delta("vllm:prefix_cache_queries_total")
     ttfts = sorted(served.ttfts)
+    ratios = [busiest / mean for busiest, mean in samples if mean > 0]
+    loaded = [busiest / mean for busiest, mean in samples if mean >= LOADED]
+    nan = float("nan")
     return QualityRow(
         workload.name,
         path,
         len(ttfts) + served.failed,
         served.failed,
         delta("vllm:prefix_cache_hits_total") / queries if queries else 0.0,
-        statistics.fmean(ttfts) if ttfts else float("nan"),
-        ttfts[int(0.99 * (len(ttfts) - 1))] if ttfts else float("nan"),
-        statistics.fmean(ratios) if ratios else float("nan"),
+        statistics.fmean(ttfts) if ttfts else nan,
+        ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else nan,
+        ttfts[int(0.99 * (len(ttfts) - 1))] if ttfts else nan,
+        statistics.fmean(mean for _, mean in samples) if samples else nan,
+        statistics.fmean(ratios) if ratios else nan,
+        statistics.fmean(loaded) if loaded else nan,
+        len(loaded) / len(samples) if samples else 0.0,
     )
 
 
@@ -413,15 +438,30 @@ def report_quality(rows: list[QualityRow], seconds: float) -> None:
         f"{PREFILL_TOKENS_PER_S} tokens/s, {MAX_TOKENS} output tokens, {seconds:.0f} s per row\n"
     )
     header = (
-        "workload | path | requests | failed | prefix hit % | mean TTFT ms | p99 TTFT ms | "
-        "max/mean in-flight"
+        "workload | path | requests | failed | prefix hit % | mean TTFT ms | p90 TTFT ms | "
+        f"p99 TTFT ms | mean in flight | max/mean in flight | max/mean where mean ≥ {LOADED:.0f} "
+        "(share of time)"
     )
     print(f"| {header} |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r.workload} | {r.path} | {r.requests} | {r.failed} | {r.hit_rate * 100:.1f} | "
-            f"{r.mean_ttft * 1000:.0f} | {r.p99_ttft * 1000:.0f} | {r.balance:.2f} |"
+            f"{r.mean_ttft * 1000:.0f} | {r.p90_ttft * 1000:.0f} | {r.p99_ttft * 1000:.0f} | "
+            f"{r.mean_in_flight:.1f} | {r.balance:.2f} | {r.balance_loaded:.2f} "
+            f"({r.loaded_share * 100:.0f} %) |"
+        )
+    by = {(r.workload, r.path): r for r in rows}
+    print()
+    for workload in dict.fromkeys(r.workload for r in rows):
+        service, router = by.get((workload, "service")), by.get((workload, "router"))
+        if service is None or router is None:
+            continue
+        print(
+            f"- {workload}: router/service mean TTFT {router.mean_ttft / service.mean_ttft:.2f}x, "
+            f"p90 {router.p90_ttft / service.p90_ttft:.2f}x, hit rate "
+            f"{router.hit_rate * 100:.1f} vs {service.hit_rate * 100:.1f} %, requests "
+            f"{router.requests} vs {service.requests}"
         )
 
 
@@ -466,6 +506,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--streams", default="50,200")
     parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="overhead: rounds of every path (each figure the median over them) [3]",
+    )
     parser.add_argument("--only", choices=("overhead", "workloads"), default=None)
     parser.add_argument(
         "--workload",
@@ -521,13 +567,15 @@ def main() -> None:
         hop = {"direct": None, "passthrough": processes[1].pid, "router": processes[2].pid}
         results: list[Result] = []
         uvloop.install()
-        for streams in (int(s) for s in args.streams.split(",")):
-            for path, address in paths.items():
-                pid = hop[path]
-                cpu_before = cpu_seconds(pid) if pid else 0.0
-                result = asyncio.run(load(address, path, streams, args.seconds))
-                result.hop_cpu = cpu_seconds(pid) - cpu_before if pid else None
-                results.append(result)
+        for round_ in range(max(1, args.repeat)):
+            for streams in (int(s) for s in args.streams.split(",")):
+                for path, address in paths.items():
+                    pid = hop[path]
+                    cpu_before = cpu_seconds(pid) if pid else 0.0
+                    result = asyncio.run(load(address, path, streams, args.seconds))
+                    result.hop_cpu = cpu_seconds(pid) - cpu_before if pid else None
+                    result.round = round_
+                    results.append(result)
     finally:
         stop_all(processes)
         os.unlink(table_file)
@@ -535,10 +583,13 @@ def main() -> None:
 
 
 def report(results: list[Result], seconds: float) -> None:
+    """One row per path and streams, each figure the median over the rounds; the added p50 and
+    the p99 ratio are taken within each round (against that round's direct and passthrough)."""
+    rounds = sorted({r.round for r in results})
     print(
         f"\nrouter bench: {CHUNKS} chunks {CHUNK_GAP * 1000:.0f} ms apart per answer, "
-        f"{seconds:.0f} s per row, {os.cpu_count()} CPUs, engine, proxy and clients on this "
-        "machine\n"
+        f"{seconds:.0f} s per row, median of {len(rounds)} rounds, {os.cpu_count()} CPUs, "
+        "engine, proxy and clients on this machine\n"
     )
     columns = (
         "path | streams | requests | errors | TTFT p50 ms | TTFT p99 ms | p50 added vs direct ms | "
@@ -546,27 +597,36 @@ def report(results: list[Result], seconds: float) -> None:
     )
     print(f"| {columns} |")
     print("|---|---|---|---|---|---|---|---|")
-    by = {(r.path, r.streams): r for r in results}
-    for r in results:
-        direct = by[("direct", r.streams)]
-        added = (r.quantile(0.5) - direct.quantile(0.5)) * 1000
-        cpu = "-" if r.hop_cpu is None else f"{r.hop_cpu * 1000 / max(1, len(r.ttfts)):.2f}"
+    by = {(r.path, r.streams, r.round): r for r in results}
+    rows = dict.fromkeys((r.path, r.streams) for r in results)
+    median = statistics.median
+
+    def added(r: Result) -> float:
+        return (r.quantile(0.5) - by[("direct", r.streams, r.round)].quantile(0.5)) * 1000
+
+    for path, streams in rows:
+        runs = [by[(path, streams, n)] for n in rounds]
+        cpus = [r.hop_cpu * 1000 / max(1, len(r.ttfts)) for r in runs if r.hop_cpu is not None]
+        cpu = f"{median(cpus):.2f}" if cpus else "-"
         print(
-            f"| {r.path} | {r.streams} | {len(r.ttfts)} | {r.errors} | "
-            f"{r.quantile(0.5) * 1000:.2f} | {r.quantile(0.99) * 1000:.2f} | {added:+.2f} | {cpu} |"
+            f"| {path} | {streams} | {median(len(r.ttfts) for r in runs):.0f} | "
+            f"{median(r.errors for r in runs):.0f} | "
+            f"{median(r.quantile(0.5) for r in runs) * 1000:.2f} | "
+            f"{median(r.quantile(0.99) for r in runs) * 1000:.2f} | "
+            f"{median(added(r) for r in runs):+.2f} | {cpu} |"
         )
     print()
     for streams in sorted({r.streams for r in results}):
-        router, bare, direct = (
-            by[("router", streams)],
-            by[("passthrough", streams)],
-            by[("direct", streams)],
-        )
-        added = (router.quantile(0.5) - direct.quantile(0.5)) * 1000
-        ratio = router.quantile(0.99) / bare.quantile(0.99)
+        adds = [added(by[("router", streams, n)]) for n in rounds]
+        ratios = [
+            by[("router", streams, n)].quantile(0.99)
+            / by[("passthrough", streams, n)].quantile(0.99)
+            for n in rounds
+        ]
         print(
-            f"- {streams} streams: router adds {added:.2f} ms to p50 TTFT (goal ≤ 2), "
-            f"p99 {ratio:.2f}x the bare passthrough's (goal ≤ 1.25)"
+            f"- {streams} streams: router adds {median(adds):.2f} ms to p50 TTFT (goal ≤ 2; "
+            f"rounds {', '.join(f'{a:.2f}' for a in adds)}), p99 {median(ratios):.2f}x the bare "
+            f"passthrough's (goal ≤ 1.25; rounds {', '.join(f'{x:.2f}' for x in ratios)})"
         )
 
 

@@ -28,14 +28,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-
-import aiohttp
 
 # The harness and the real-engine helpers are test code (tests/), shipped in no image.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -43,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import router_bench
 from engine import real_vllm
 from router_bench import (
+    QualityRow,
     Workload,
-    drive,
-    engine_metrics,
+    measure,
     start_router,
     stop_all,
     text,
@@ -69,44 +65,6 @@ ENGINE_ARGS = [
 ENGINE_START_TIMEOUT_S = 300.0
 
 
-@dataclass
-class Row:
-    path: str
-    requests: int
-    failed: int
-    hit_rate: float
-    mean_ttft: float
-    p90_ttft: float
-
-
-async def _hits(addresses: list[str]) -> tuple[float, float]:
-    async with aiohttp.ClientSession() as client:
-        metrics = [await engine_metrics(client, a) for a in addresses]
-    hits = sum(m.get("vllm:prefix_cache_hits_total", 0.0) for m in metrics)
-    queries = sum(m.get("vllm:prefix_cache_queries_total", 0.0) for m in metrics)
-    return hits, queries
-
-
-async def _measure(
-    path: str, workload: Workload, engines: list[str], router: str, seconds: float
-) -> Row:
-    hits_before, queries_before = await _hits(engines)
-    rng = random.Random(7)
-    pick = (lambda: router) if path == "router" else (lambda: rng.choice(engines))
-    served = await drive(workload, pick, seconds)
-    hits_after, queries_after = await _hits(engines)
-    queries = queries_after - queries_before
-    ttfts = sorted(served.ttfts)
-    return Row(
-        path,
-        len(ttfts) + served.failed,
-        served.failed,
-        (hits_after - hits_before) / queries if queries else 0.0,
-        statistics.fmean(ttfts) if ttfts else float("nan"),
-        ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else float("nan"),
-    )
-
-
 def _start_engines(venv: Path, model: Path, logs: Path) -> list[real_vllm.Engine]:
     engines = [real_vllm.start(venv, model, logs, engine_args=ENGINE_ARGS) for _ in range(REPLICAS)]
 
@@ -123,7 +81,7 @@ def _start_engines(venv: Path, model: Path, logs: Path) -> list[real_vllm.Engine
     return engines
 
 
-def run_path(path: str, workload: Workload, seconds: float, venv: Path, model: Path) -> Row:
+def run_path(path: str, workload: Workload, seconds: float, venv: Path, model: Path) -> QualityRow:
     with tempfile.TemporaryDirectory(prefix="router-vllm-bench-") as logs:
         engines = _start_engines(venv, model, Path(logs))
         addresses = [f"127.0.0.1:{e.api_port}" for e in engines]
@@ -131,7 +89,7 @@ def run_path(path: str, workload: Workload, seconds: float, venv: Path, model: P
         try:
             wait_listening(router_port)
             return asyncio.run(
-                _measure(path, workload, addresses, f"127.0.0.1:{router_port}", seconds)
+                measure(workload, path, addresses, f"127.0.0.1:{router_port}", seconds)
             )
         finally:
             stop_all([router])
@@ -163,7 +121,7 @@ def main() -> int:
         turns=args.turns,
         pace_seconds=args.pace,
     )
-    rows: list[tuple[int, Row]] = []
+    rows: list[tuple[int, QualityRow]] = []
     started = time.monotonic()
     for run in range(1, args.runs + 1):
         for path in ("service", "router"):
@@ -182,7 +140,7 @@ def main() -> int:
             f"| {run} | {r.path} | {r.requests} | {r.failed} | {r.hit_rate * 100:.1f} | "
             f"{r.mean_ttft * 1000:.0f} | {r.p90_ttft * 1000:.0f} |"
         )
-    by_run: dict[int, dict[str, Row]] = {}
+    by_run: dict[int, dict[str, QualityRow]] = {}
     for run, r in rows:
         by_run.setdefault(run, {})[r.path] = r
     for run, paths in sorted(by_run.items()):

@@ -2,7 +2,8 @@
 streaming protocol, with faults on demand) behind a real router, driven by a real client.
 What it proves: chunks pass as the engine writes them; a failure before the first byte is
 retried once on another pod; a client that goes away cancels the engine's request; headers
-pass; admin routes and unknown models are refused; a conversation stays on one pod."""
+pass; admin routes and unknown models are refused; a conversation stays on one pod; a pod's
+queued prefill counts a request until its first byte."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class FakeEngine:
     name: str
     chunks: int = 3
     status: int = 200
+    first_delay: float = 0.0
+    """Seconds between the response headers and the first event (a prefill)."""
     seen: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
     finished: int = 0
@@ -43,6 +46,7 @@ class FakeEngine:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         try:
+            await asyncio.sleep(self.first_delay)
             for i in range(self.chunks):
                 event = {"engine": self.name, "i": i}
                 await response.write(f"data: {json.dumps(event)}\n\n".encode())
@@ -156,6 +160,9 @@ def test_a_refused_pod_is_retried_once_on_another() -> None:
                     await a.read()
             exposition = r.router.metrics.exposition().decode()
             assert len(r.engines[0].seen) == 8
+            # The refused attempts left nothing queued on the dead pod.
+            assert not r.router.table.queued
+            assert not r.router.table.in_flight
         assert 'llmop_router_routed_total{reason="retry"}' in exposition
         assert "llmop_router_upstream_errors_total" in exposition
 
@@ -171,6 +178,31 @@ def test_a_draining_pod_answering_503_is_retried_on_another() -> None:
             draining, healthy = r.engines
         assert len(healthy.seen) == 8
         assert 0 < len(draining.seen) < 8
+
+    run(body)
+
+
+def test_a_request_is_queued_on_its_pod_until_its_first_byte() -> None:
+    """The router's load per pod: in flight until the answer ends, and the prompt as queued
+    prefill until the answer's first byte (headers alone do not count: an engine sends them
+    before it prefills)."""
+
+    async def body() -> None:
+        question = "q" * 1_000
+        async with rig(FakeEngine("a", chunks=3, first_delay=0.5)) as r:
+            table, pod = r.router.table, r.engines[0].address
+            async with r.post("/v1/chat/completions", chat_body(question)) as answer:
+                assert answer.status == 200
+                assert (table.queued[pod], table.in_flight[pod]) == (len(question), 1)
+                await answer.content.readany()
+                assert (table.queued[pod], table.in_flight[pod]) == (0, 1)
+                await answer.read()
+            for _ in range(50):
+                if not table.in_flight:
+                    break
+                await asyncio.sleep(0.02)
+            assert not table.queued
+            assert not table.in_flight
 
     run(body)
 

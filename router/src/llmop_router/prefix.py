@@ -12,6 +12,12 @@ The key is one 64-bit hash of the model and the head's first `MAX_HEAD_CHARS` ch
 of per-block hashes, as llm-d's approximate prefix index keeps, would only matter to a scorer that
 matches partial prefixes; one hash costs a tenth of it). No tokenizer: characters are a stable
 stand-in for tokens (about 4 per token) and cost nothing to compute.
+
+Beside the key, the body gives the request's `Prefill`: how many characters of prompt it brings
+in all, and how many of them come after the conversation's last answer. The pod that served the
+turns before holds their prompt in its prefix cache and prefills only the second; any other pod
+prefills the whole. The ring (`ring.pick`) weighs that against the prefill already queued on
+each pod.
 """
 
 from __future__ import annotations
@@ -29,6 +35,21 @@ PROMPT_HEAD_CHARS = 1024
 
 
 @dataclass(frozen=True)
+class Prefill:
+    """The prompt a request brings, in characters of text (about 4 a token; a token id counts 4):
+    what a pod has to prefill for it, depending on what that pod's prefix cache holds."""
+
+    total: int = 0
+    """All of it: what a pod that holds none of the conversation prefills."""
+    new: int = 0
+    """From the last assistant message on (the last answer and what follows it; all of it when
+    there is no answer yet): what the pod that served the turns before prefills."""
+
+
+NO_PREFILL = Prefill()
+
+
+@dataclass(frozen=True)
 class RoutingInfo:
     """What the router reads from a request body."""
 
@@ -38,6 +59,8 @@ class RoutingInfo:
     """The routing key (None: no text to route by; route by load alone)."""
     stream: bool = False
     """`stream: true`: the answer is SSE (a held request then gets heartbeats)."""
+    prefill: Prefill = NO_PREFILL
+    """The prompt's size, whole and after the last answer."""
 
 
 def hash_bytes(data: bytes) -> int:
@@ -71,12 +94,47 @@ def prompt_head(prompt: Any) -> str:
     return ""
 
 
+def text_chars(value: Any, depth: int = 0) -> int:
+    """Characters of text in a message's `content`, a prompt or an input: strings, lists of them,
+    content parts (`{"type": "text", "text": …}`), token ids (4 characters each)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return 4
+    if depth >= 3:
+        return 0
+    if isinstance(value, list):
+        return sum(text_chars(item, depth + 1) for item in value)
+    if isinstance(value, Mapping):
+        return text_chars(value.get("content", value.get("text")), depth + 1)
+    return 0
+
+
+def messages_prefill(messages: Sequence[Any]) -> Prefill:
+    """The prefill of a chat request: every message's text, and the text from the last assistant
+    message on."""
+    total = new = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        size = len(content) if isinstance(content, str) else text_chars(content)
+        if message.get("role") == "assistant":
+            new = 0
+        total += size
+        new += size
+    return Prefill(total, new)
+
+
 def routing_info(body: bytes) -> RoutingInfo:
     """The model and the routing key of a request body; a body that is not a JSON object routes
     by load alone (the engine answers it with its own error)."""
     try:
         parsed = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # RecursionError: JSON nested deeper than the parser's stack (`[[[[…`).
         return RoutingInfo(None, None)
     if not isinstance(parsed, dict):
         return RoutingInfo(None, None)
@@ -85,7 +143,11 @@ def routing_info(body: bytes) -> RoutingInfo:
     messages = parsed.get("messages")
     if isinstance(messages, list) and messages:
         head = conversation_head(messages)
+        prefill = messages_prefill(messages)
     else:
-        head = prompt_head(parsed.get("prompt", parsed.get("input")))
+        prompt = parsed.get("prompt", parsed.get("input"))
+        head = prompt_head(prompt)
+        size = text_chars(prompt)
+        prefill = Prefill(size, size)
     key = head_key(head, model or "") if head else None
-    return RoutingInfo(model, key, parsed.get("stream") is True)
+    return RoutingInfo(model, key, parsed.get("stream") is True, prefill)

@@ -1,6 +1,7 @@
 """The routing table: which engine pods serve each model name, with each model's ring and the
-router's in-flight count per pod. Written by the watch (or a static file), read by the proxy;
-both run on one event loop, so no locks."""
+router's load per pod (requests in flight, and the prompt it sent there that has had no first
+byte back). Written by the watch (or a static file), read by the proxy; both run on one event
+loop, so no locks."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from llmop_router.hold import DEFAULT_CONCURRENCY, ScaleToZero
+from llmop_router.prefix import NO_PREFILL, Prefill
 from llmop_router.ring import Pick, Ring, pick
 
 
@@ -37,10 +39,14 @@ class Backend:
 
 @dataclass
 class RouteTable:
-    """Model name → backend, plus the in-flight requests per endpoint (`ip:port`)."""
+    """Model name → backend, plus the load per endpoint (`ip:port`)."""
 
     backends: dict[str, Backend] = field(default_factory=dict)
     in_flight: Counter[str] = field(default_factory=Counter)
+    """Requests being proxied to each endpoint."""
+    queued: Counter[str] = field(default_factory=Counter)
+    """Characters of prompt sent to each endpoint by requests that have had no first byte back
+    (`Pick.prefill_on`): the prefill the engine still has to do before they answer."""
 
     def set(
         self,
@@ -66,9 +72,9 @@ class RouteTable:
     def models(self) -> list[str]:
         return sorted(self.backends)
 
-    def choose(self, model: str, key: int | None) -> Pick | None:
+    def choose(self, model: str, key: int | None, prefill: Prefill = NO_PREFILL) -> Pick | None:
         """The endpoints to try for a request, best first; None when the model is unknown."""
         backend = self.backends.get(model)
         if backend is None:
             return None
-        return pick(backend.ring, key, self.in_flight)
+        return pick(backend.ring, key, self.in_flight, self.queued, prefill)

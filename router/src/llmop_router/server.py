@@ -271,7 +271,7 @@ class Router:
             return self._answered(
                 "", error(400, "the request body has no `model`", "BadRequestError")
             )
-        choice = self.table.choose(info.model, info.key)
+        choice = self.table.choose(info.model, info.key, info.prefill)
         if choice is None:
             message = (
                 f"model {info.model!r} is not served here; GET {MODELS_ROUTE} lists the models"
@@ -290,7 +290,7 @@ class Router:
                 return prepared
             if outcome.kind != "go":
                 return await self._finish(info.model, prepared, self._hold_error(outcome, backend))
-            choice = self.table.choose(info.model, info.key)
+            choice = self.table.choose(info.model, info.key, info.prefill)
         if choice is None or not choice.order:
             message = (
                 f"no ready replica of LLMDeployment {backend.namespace}/{backend.name} "
@@ -311,7 +311,14 @@ class Router:
                 if attempt == 0:
                     self.metrics.routing_seconds.observe(time.perf_counter() - started)
                 answered = await self._attempt(
-                    request, endpoint, url_tail, headers, body, prepared=prepared, last=last
+                    request,
+                    endpoint,
+                    url_tail,
+                    headers,
+                    body,
+                    prepared=prepared,
+                    last=last,
+                    prefill=choice.prefill_on(endpoint),
                 )
                 if answered is not None:
                     self.metrics.count_request(info.model, answered.status)
@@ -509,12 +516,23 @@ class Router:
         *,
         prepared: web.StreamResponse | None,
         last: bool,
+        prefill: int = 0,
     ) -> web.StreamResponse | None:
         """Send to one pod and relay its answer; None when it failed before its first byte and
-        another pod may be tried."""
+        another pod may be tried. The pod counts the request in flight until it ends, and its
+        `prefill` (prompt characters) as queued until the answer's first byte."""
         assert self._session is not None
         table = self.table
         table.in_flight[endpoint] += 1
+        table.queued[endpoint] += prefill
+        unanswered = [prefill]
+
+        def first_byte() -> None:
+            if unanswered:
+                table.queued[endpoint] -= unanswered.pop()
+                if table.queued[endpoint] <= 0:
+                    del table.queued[endpoint]
+
         try:
             try:
                 upstream = await self._session.request(
@@ -534,8 +552,9 @@ class Router:
                     # A draining engine (or one going unready): the next pod answers instead.
                     self.metrics.upstream_errors.labels("503").inc()
                     return None
-                return await self._relay(request, upstream, prepared)
+                return await self._relay(request, upstream, prepared, first_byte)
         finally:
+            first_byte()
             table.in_flight[endpoint] -= 1
             if table.in_flight[endpoint] <= 0:
                 del table.in_flight[endpoint]
@@ -545,9 +564,10 @@ class Router:
         request: web.Request,
         upstream: aiohttp.ClientResponse,
         prepared: web.StreamResponse | None = None,
+        first_byte: Callable[[], None] = lambda: None,
     ) -> web.StreamResponse:
         if prepared is not None:
-            return await self._relay_into(prepared, upstream)
+            return await self._relay_into(prepared, upstream, first_byte)
         response = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
@@ -563,6 +583,7 @@ class Router:
         await response.prepare(request)
         try:
             async for chunk in upstream.content.iter_any():
+                first_byte()
                 await response.write(chunk)
             await response.write_eof()
         except ConnectionResetError:
@@ -572,7 +593,10 @@ class Router:
         return response
 
     async def _relay_into(
-        self, prepared: web.StreamResponse, upstream: aiohttp.ClientResponse
+        self,
+        prepared: web.StreamResponse,
+        upstream: aiohttp.ClientResponse,
+        first_byte: Callable[[], None] = lambda: None,
     ) -> web.StreamResponse:
         """The engine's answer into a held stream whose 200 headers (and heartbeats) went out:
         its events as they come, or its error as one SSE error event."""
@@ -593,6 +617,7 @@ class Router:
                 await prepared.write(b"event: error\ndata: " + body + b"\n\n")
             else:
                 async for chunk in upstream.content.iter_any():
+                    first_byte()
                     await prepared.write(chunk)
             await prepared.write_eof()
         except ConnectionResetError:
