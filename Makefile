@@ -43,7 +43,7 @@ typecheck: install ## Type-check (mypy strict, pydantic plugin).
 
 .PHONY: generate
 generate: install ## Regenerate the CRD, the chart's CRD template, the API reference and deploy/llmop.yaml.
-	$(PY) -m llmop.crdgen
+	$(PY) -m llmop.crdgen_io
 	$(PY) deploy/generate.py
 
 .PHONY: verify

@@ -1,5 +1,5 @@
 """Agent-reading benchmark: what one round of `GET /status` over N engine agents costs the
-operator (`llmop.engine_client.AgentClient`, the code `llmop.fleet` runs). Not a test: prints a
+operator (`llmop.pod_client.AgentClient`, the code `llmop.fleet` runs). Not a test: prints a
 table.
 
     python bench/fleet_bench.py --agents 100 --rounds 20
@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from llmop.engine_client import AgentClient, Target
 from llmop.fleet import READS_PER_SECOND, period
+from llmop.pod_client import AgentClient, Target
 
 ROOT = Path(__file__).resolve().parents[1]
 

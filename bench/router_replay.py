@@ -42,11 +42,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import router_bench
 from llmop_engine.simulator.batching import BatchEngine
-from llmop_engine.simulator.config import SimConfig
 from llmop_engine.simulator.faults import FaultState
 from llmop_engine.simulator.metrics import SimMetrics
 from llmop_engine.simulator.prefix_cache import chat_text, prompt_blocks
 from llmop_engine.simulator.server import estimate_tokens, token_text
+from llmop_engine.simulator.sim_config import SimConfig
 from llmop_router.prefix import routing_info
 from llmop_router.ring import Ring, pick
 from router_bench import KV_BLOCKS, MAX_TOKENS, PREFILL_TOKENS_PER_S, REPLICAS, Workload, text

@@ -501,8 +501,8 @@ def _engine_metric_names() -> set[str]:
     from llmop.metrics import Metrics
     from llmop_engine.agent_metrics import AgentMetrics
     from llmop_engine.health import Phase, Verdict
-    from llmop_engine.simulator.config import SimConfig
     from llmop_engine.simulator.metrics import SimMetrics
+    from llmop_engine.simulator.sim_config import SimConfig
     from llmop_engine.vllm_metrics import EngineMetrics
 
     sim = SimMetrics(SimConfig())

@@ -203,9 +203,9 @@ def test_deadline_stops_a_slow_download(hub: HubStandin, tmp_path: Path) -> None
 def test_operator_reads_progress_from_the_running_downloader(
     hub: HubStandin, tmp_path: Path
 ) -> None:
-    """The operator's read path (`llmop.engine_client`) against the downloader's real
+    """The operator's read path (`llmop.pod_client`) against the downloader's real
     `GET /progress`, turned into status.model.download."""
-    from llmop import engine_client
+    from llmop import pod_client
     from llmop.render import model_cache
 
     port = free_port()
@@ -215,7 +215,7 @@ def test_operator_reads_progress_from_the_running_downloader(
         deadline = time.monotonic() + 30
         seen = None
         while time.monotonic() < deadline and proc.poll() is None:
-            report = engine_client.read_progress("127.0.0.1", port, timeout=1)
+            report = pod_client.read_progress("127.0.0.1", port, timeout=1)
             if report and report.get("phase") == "downloading" and report.get("bytesDone"):
                 seen = report
                 break
@@ -228,4 +228,4 @@ def test_operator_reads_progress_from_the_running_downloader(
         assert status.summary.startswith("Downloading ")
     finally:
         assert proc.wait(60) == 0
-    assert engine_client.read_progress("127.0.0.1", port, timeout=1) is None  # gone: None
+    assert pod_client.read_progress("127.0.0.1", port, timeout=1) is None  # gone: None

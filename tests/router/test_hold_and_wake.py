@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from llmop_router.app import Router, serve
 from llmop_router.hold import PHASE_REQUESTED, ScaleToZero
 from llmop_router.routes import Backend, RouteTable, Wake
-from llmop_router.server import Router, serve
 from router.test_proxy import FakeEngine, chat_body, engines, run, serving
 
 HEARTBEAT = 0.2

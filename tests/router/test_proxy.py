@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from llmop_router.app import Router
 from llmop_router.routes import RouteTable
-from llmop_router.server import Router
 
 CHUNK_GAP = 0.2
 

@@ -269,12 +269,12 @@ def test_no_hub_adapters_ask_nothing_and_deletion_forgets(
     kube.put(parent(adapters=[LOCAL], model={"name": "pvc://models/qwen"}))
     run_parent(ctx, kube)
     assert scripted.asked == []
-    assert ctx._adapter_gates == {}
+    assert ctx.recall(("ns", "x")).adapter_gates is None
     edit(kube, adapters=[SQL])
     run_parent(ctx, kube)
-    assert ("ns", "x") in ctx._adapter_gates
+    assert ctx.recall(("ns", "x")).adapter_gates is not None
     ctx.forget("ns", "x")
-    assert ctx._adapter_gates == {}
+    assert ctx.recall(("ns", "x")).adapter_gates is None
 
 
 def test_an_accepted_adapter_keeps_its_commit_across_generations_a_refused_one_is_asked_again(

@@ -11,7 +11,7 @@ import pytest
 from llmop import cache_gate, conditions, preflight
 from llmop.api.v1alpha1 import LLMDeployment
 from llmop.settings import RenderSettings
-from llmop.status import derive_status, parse_previous
+from llmop.status import Observed, derive_status, parse_previous
 
 SHA = "b" * 40
 OK = preflight.Verdict(ok=True, resolved_revision=SHA, total_bytes=1 << 30)
@@ -133,17 +133,11 @@ def test_progress_shows_while_downloading_and_in_ready() -> None:
     # "Creating the engine Deployment.".
     llmd = LLMDeployment.model_validate(parent({"size": "2Gi"}))
     status = derive_status(
-        name="chat",
-        namespace="ml",
-        generation=1,
-        previous=parse_previous(None),
-        spec=llmd.spec,
-        sizing=None,
-        deployment=None,
+        Observed("chat", "ml", generation=1, previous=parse_previous(None), waiting=message),
+        llmd.spec,
+        None,
         template_hash=None,
-        problem=None,
         now=datetime(2026, 1, 1, tzinfo=UTC),
-        waiting=message,
     )
     found = {c.type: c for c in status.conditions}
     assert found["Ready"].reason == conditions.REASON_DOWNLOADING_MODEL

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from llmop import conditions, events
+from llmop import conditions, events, kinds
 from llmop.agents import AgentReading, parse_status
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentStatus
 from llmop.pods import RECENT_RESTART, degraded_issue
 from llmop.sizing import plan_for
-from llmop.status import derive_status
+from llmop.status import Observed, derive_status
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 HASH = "abc123"
@@ -82,19 +82,17 @@ def derive(
     now: datetime = NOW,
 ) -> LLMDeploymentStatus:
     resource = ld()
-    return derive_status(
-        name="x",
-        namespace="ns",
+    observed = Observed(
+        "x",
+        "ns",
         generation=4,
         previous=previous or LLMDeploymentStatus(),
-        spec=resource.spec,
-        sizing=plan_for(resource.spec),
-        deployment=ROLLED_OUT,
-        template_hash=HASH,
-        problem=None,
-        now=now,
+        children={kinds.DEPLOYMENT: ROLLED_OUT},
         pods=pods,
         fleet=fleet,
+    )
+    return derive_status(
+        observed, resource.spec, plan_for(resource.spec), template_hash=HASH, now=now
     )
 
 
@@ -235,20 +233,19 @@ def test_actual_capacity_is_shown_even_without_a_plan() -> None:
         }
     )
     common: dict[str, Any] = {
-        "name": "x",
-        "namespace": "ns",
         "generation": 4,
-        "previous": LLMDeploymentStatus(),
-        "spec": resource.spec,
-        "sizing": plan_for(resource.spec),
-        "deployment": ROLLED_OUT,
-        "template_hash": HASH,
-        "problem": None,
-        "now": NOW,
+        "children": {kinds.DEPLOYMENT: ROLLED_OUT},
         "pods": [pod("x-1")],
     }
-    assert derive_status(**common).plan is None
-    read = derive_status(**common, fleet=[agent("x-1", kvCacheCapacityTokens=262144)])
+    sizing = plan_for(resource.spec)
+
+    def derived(observed: Observed) -> LLMDeploymentStatus:
+        return derive_status(observed, resource.spec, sizing, template_hash=HASH, now=NOW)
+
+    assert derived(Observed("x", "ns", **common)).plan is None
+    read = derived(
+        Observed("x", "ns", **common, fleet=[agent("x-1", kvCacheCapacityTokens=262144)])
+    )
     assert read.plan is not None
     assert read.plan.actual is not None
     assert read.plan.actual.kv_cache_tokens == 262144

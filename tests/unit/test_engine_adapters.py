@@ -1,6 +1,6 @@
-"""The agent's pure LoRA adapter rules (`llmop_engine.adapters`), by tables: the adapters file,
-the state machine, failure classification and backoff, the plan (removal order included), and
-the readiness gate."""
+"""The agent's pure LoRA adapter rules (`llmop_engine.adapter_rules`), by tables: the adapters
+file, the state machine, failure classification and backoff, the plan (removal order included),
+and the readiness gate."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from llmop_engine import adapters as a
-from llmop_engine.adapters import AdapterState, DeleteFiles, Desired, Fetch, Load, Unload
+from llmop_engine import adapter_rules as a
+from llmop_engine.adapter_rules import AdapterState, DeleteFiles, Desired, Fetch, Load, Unload
 from llmop_engine.contract import ADAPTER_STORE, AdapterStatusKey
 
 SHARED = "/models/llmop-adapters"

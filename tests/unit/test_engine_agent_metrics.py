@@ -7,9 +7,9 @@ import time
 from llmop_engine import health
 from llmop_engine.agent import Agent
 from llmop_engine.agent_metrics import AgentMetrics
+from llmop_engine.agent_settings import AgentSettings
 from llmop_engine.drain import DrainOutcome
 from llmop_engine.health import Observation, Phase, Reach, Verdict
-from llmop_engine.settings import AgentSettings
 from llmop_engine.vllm_metrics import EngineMetrics
 
 READY = Verdict(phase=Phase.READY, live=True, ready=True, reason="ok")

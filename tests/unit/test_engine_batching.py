@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from llmop_engine.simulator.batching import BatchEngine, RequestTooLongError, SimRequest
-from llmop_engine.simulator.config import SimConfig, parse
 from llmop_engine.simulator.faults import FaultError, FaultState
 from llmop_engine.simulator.metrics import SimMetrics
+from llmop_engine.simulator.sim_config import SimConfig, parse
 
 FAST = SimConfig(
     decode_ms=2.0,

@@ -15,7 +15,7 @@ from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
 from llmop.render import RenderSettings, render_children
 from llmop.render.engine_args import spec_value
 from llmop_engine import contract, health
-from llmop_engine.settings import AgentSettings, parse_run_args
+from llmop_engine.agent_settings import AgentSettings, parse_run_args
 from llmop_engine.supervisor import engine_command, engine_port
 
 SETTINGS = RenderSettings(vllm_image="engine:1", simulator_image="sim:1")

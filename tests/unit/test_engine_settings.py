@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmop_engine.settings import SettingsError, add_agent_flags, from_env_and_flags
+from llmop_engine.agent_settings import SettingsError, add_agent_flags, from_env_and_flags
 from llmop_engine.supervisor import engine_command, engine_env, engine_port, exit_status
 
 

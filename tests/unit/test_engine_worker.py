@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from llmop_engine import contract, worker
+from llmop_engine.agent_settings import parse_run_args
 from llmop_engine.health import Phase
-from llmop_engine.settings import parse_run_args
 from llmop_engine.worker import Rendezvous, WorkerState
 from llmop_engine.worker_agent import drain_budget
 

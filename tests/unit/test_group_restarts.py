@@ -15,7 +15,7 @@ from typing import Any, cast
 import kopf
 import pytest
 
-from llmop import conditions, handlers, names, reconcile
+from llmop import conditions, handlers, kinds, names, reconcile
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentStatus
 from llmop.config import OperatorConfig
 from llmop.group_restarts import (
@@ -42,7 +42,7 @@ from llmop.pods import (
     worst_of,
 )
 from llmop.reconcile.groups import note_pod, restarts_of
-from llmop.status import derive_status
+from llmop.status import Observed, derive_status
 
 NOW = datetime(2026, 11, 27, 12, 0, 0, tzinfo=UTC)
 REVISION = "rev-a"
@@ -415,20 +415,16 @@ def derive(
     histories: dict[int, GroupHistory], pods: list[dict[str, Any]], *, ready: int, pipeline: int = 2
 ) -> LLMDeploymentStatus:
     spec = llmd(pipeline).spec
-    return derive_status(
-        name="big",
-        namespace="ns",
+    workload = kinds.LEADER_WORKER_SET if pipeline > 1 else kinds.DEPLOYMENT
+    observed = Observed(
+        "big",
+        "ns",
         generation=1,
-        previous=LLMDeploymentStatus(),
-        spec=spec,
-        sizing=None,
-        deployment=lws(ready),
-        template_hash=None,
-        problem=None,
-        now=NOW,
+        children={workload: lws(ready)},
         pods=pods,
         group_restarts=histories,
     )
+    return derive_status(observed, spec, None, template_hash=None, now=NOW)
 
 
 def condition(status: LLMDeploymentStatus, type_: str) -> tuple[str, str, str]:

@@ -17,6 +17,7 @@ import kopf
 import pytest
 
 from llmop import handlers, kinds, main
+from llmop.coalescer import COALESCE_SECONDS, Coalescer
 from llmop.config import OperatorConfig
 from llmop.kube import Kube
 from llmop.metrics import Metrics
@@ -202,7 +203,7 @@ def test_events_within_the_delay_make_one_refresh_with_the_newest() -> None:
     (at 1,000 CRs with pods: 2,472 status writes instead of 2,984)."""
     runs: list[int] = []
 
-    async def go(coalescer: handlers.Coalescer, memo: Any) -> None:
+    async def go(coalescer: Coalescer, memo: Any) -> None:
         for version in range(1, 6):
             coalescer.submit(memo, "k", runs.append, version)
             await asyncio.sleep(0.01)
@@ -210,7 +211,7 @@ def test_events_within_the_delay_make_one_refresh_with_the_newest() -> None:
         await coalescer.idle()
 
     with ThreadPoolExecutor(1) as pool:
-        asyncio.run(go(handlers.Coalescer(delay=0.3), SimpleNamespace(executor=pool)))
+        asyncio.run(go(Coalescer(delay=0.3), SimpleNamespace(executor=pool)))
     assert runs == [5]
 
 
@@ -224,7 +225,7 @@ def test_a_waiting_event_does_not_keep_kopf_s_cause_alive() -> None:
     class Cause:
         pass
 
-    async def go(coalescer: handlers.Coalescer, memo: Any) -> None:
+    async def go(coalescer: Coalescer, memo: Any) -> None:
         cause = Cause()
 
         def handler(value: Cause) -> None:  # as kopf runs one: a copied context, a var set
@@ -241,7 +242,7 @@ def test_a_waiting_event_does_not_keep_kopf_s_cause_alive() -> None:
         assert not alive, "the waiting run kept the handler's context (and its cause) alive"
 
     with ThreadPoolExecutor(1) as pool:
-        asyncio.run(go(handlers.Coalescer(), SimpleNamespace(executor=pool)))
+        asyncio.run(go(Coalescer(), SimpleNamespace(executor=pool)))
 
 
 def test_every_object_s_copy_of_the_memo_shares_one_coalescer(
@@ -252,7 +253,7 @@ def test_every_object_s_copy_of_the_memo_shares_one_coalescer(
     monkeypatch.setattr(Kube, "connect", staticmethod(lambda **_: SimpleNamespace()))
     memo = main._memo(OperatorConfig(), Metrics())
     assert handlers._coalescer(copy.copy(memo)) is handlers._coalescer(copy.copy(memo))
-    assert memo.coalescer.delay == main.COALESCE_SECONDS > 0
+    assert memo.coalescer.delay == COALESCE_SECONDS > 0
 
 
 def test_a_queued_child_event_keeps_only_what_the_worker_reads() -> None:

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Collection
+from types import SimpleNamespace
 from typing import Any
 
 import kopf
 import pytest
 from kopf._cogs.structs.references import Insights
 
-from llmop import handlers, kinds, late_crds
+from llmop import kinds, late_crds, main
+from llmop.config import OperatorConfig
+from llmop.kube import Kube
+from llmop.metrics import Metrics
 
 LLMD = kinds.LLMDEPLOYMENT
 
@@ -193,9 +198,18 @@ def _watching_handlers() -> list[Any]:
     ]
 
 
-def test_main_hands_kopf_the_insights_the_check_uses() -> None:
-    memo = kopf.Memo()
-    insights = handlers.fresh_insights(memo)
-    assert isinstance(insights, Insights)
-    assert memo.insights is insights
-    assert handlers.fresh_insights(memo) is not insights, "one per kopf.operator run"
+def test_main_hands_kopf_the_insights_the_check_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each leadership term makes new `Insights`, hands them to kopf and gives the same ones,
+    with its settings and kopf's registry, to the late-CRD row of `llmop.runnables`."""
+    monkeypatch.setattr(Kube, "connect", staticmethod(lambda **_: SimpleNamespace()))
+    config = OperatorConfig()
+    terms = [
+        main._Term(config, Metrics(), main._memo(config, Metrics()), None, threading.Event())
+        for _ in range(2)
+    ]
+    for term in terms:
+        assert isinstance(term.insights, Insights)
+        assert term.runnables.kopf == late_crds.KopfRun(
+            term.insights, term.settings, kopf.get_default_registry()
+        )
+    assert terms[0].insights is not terms[1].insights, "one per kopf.operator run"

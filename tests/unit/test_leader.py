@@ -16,7 +16,7 @@ import kopf
 import pytest
 
 from llmop import kube as kube_module
-from llmop import main
+from llmop import main, runnables
 from llmop.kube import KubeError
 from llmop.leader import LeaderElector, Timing, lease_object
 
@@ -236,7 +236,7 @@ class TermKube:
         self.closed = True
 
     def serves(self, api_version: str, plural: str) -> bool:
-        return True  # the CRD is installed: `_watch_for_crd` has nothing to say
+        return True  # the CRD is installed: `llmop.crd_check` has nothing to say
 
 
 class ScriptedElector:
@@ -408,3 +408,67 @@ def test_a_handler_still_running_after_the_drain_ends_the_process_with_the_old_c
 
     assert _run(seen, elector, monkeypatch) == 0
     assert seen["exits"] == [main.LOST_EXIT_CODE]
+
+
+def test_each_term_runs_its_own_loops_and_a_lost_term_stops_them_first(
+    faked_process: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background loops (`llmop.runnables`) run once per term, on that term's `Context`:
+    term 1 loses the Lease, and its task is cancelled and its thread has returned before term
+    2 starts fresh ones, which SIGTERM stops in turn; a row the config disables never runs."""
+    seen = faked_process
+    running = [threading.Event(), threading.Event()]
+    events: list[tuple[str, Any]] = []
+
+    async def task(term: runnables.Term) -> None:
+        events.append(("task started", term.context))
+        try:
+            await asyncio.Event().wait()
+        finally:
+            events.append(("task stopped", term.context))
+
+    def thread(term: runnables.Term, stop: threading.Event) -> None:
+        events.append(("thread started", term.context))
+        stop.wait()
+        events.append(("thread stopped", term.context))
+
+    def disabled(term: runnables.Term) -> Any:
+        events.append(("disabled row made", term.context))
+
+    monkeypatch.setattr(
+        runnables,
+        "TABLE",
+        (
+            runnables.Runnable("task", task),
+            runnables.Runnable("off", disabled, lambda config: not config.leader_elect),
+            runnables.Runnable("thread", lambda term: lambda stop: thread(term, stop)),
+        ),
+    )
+
+    async def spawn_tasks(**kwargs: Any) -> list[Any]:
+        seen["spawned"].append(kwargs)
+        return []
+
+    async def run_tasks(tasks: Any, ignored: Any) -> None:
+        term = len(seen["spawned"])
+        stop = seen["spawned"][-1]["stop_flag"]
+        while len(events) < 2 * term:  # this term's loops have started
+            await asyncio.sleep(0.01)
+        running[term - 1].set()
+        if term == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
+
+    monkeypatch.setattr(kopf, "spawn_tasks", spawn_tasks)
+    monkeypatch.setattr(kopf, "run_tasks", run_tasks)
+    elector = ScriptedElector(terms=3, lose_in={1}, kopf_running=running)
+
+    assert _run(seen, elector, monkeypatch) == 0
+
+    first, second = (kwargs["memo"].context for kwargs in seen["spawned"])
+    assert first is not second
+    assert [ctx for _, ctx in events] == [first] * 4 + [second] * 4, "one term after the other"
+    started, stopped = {"task started", "thread started"}, {"task stopped", "thread stopped"}
+    for term in (events[:4], events[4:]):
+        assert {what for what, _ in term[:2]} == started
+        assert {what for what, _ in term[2:]} == stopped

@@ -218,7 +218,9 @@ def test_the_desired_state_is_planned_once_per_generation_and_kept_packed(
     monkeypatch.setattr(caches, "desired_state", counting)
     body = parent()
     first = caches.parse(ctx, body)
-    assert isinstance(ctx._parsed[("ns", "x")].planned, bytes)  # kept pickled, not as objects
+    packed = ctx.recall(("ns", "x")).parsed
+    assert packed is not None
+    assert isinstance(packed.planned, bytes)  # kept pickled, not as objects
     again = caches.parse(ctx, body)
     assert again.desired == first.desired
     assert again.desired is not first.desired  # each caller gets its own copy to change
@@ -418,11 +420,13 @@ def test_parent_parsed_once_per_generation(ctx: reconcile.Context, kube: FakeKub
     kube.put(parent())
     run_parent(ctx, kube)
     deliver(ctx, kube)
-    first = ctx._parsed["ns", "x"]
+    first = ctx.recall(("ns", "x")).parsed
+    assert first is not None
     reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
-    assert ctx._parsed["ns", "x"] is first
-    ctx.forget("ns", "x")
-    assert ("ns", "x") not in ctx._parsed
+    assert ctx.recall(("ns", "x")).parsed is first
+    ctx.forget("ns", "x")  # one record per parent: forgetting it drops every memory at once
+    assert ("ns", "x") not in dict(ctx.memories())
+    assert ctx.recall(("ns", "x")).parsed is None
 
 
 def test_keyed_locks_serialize_one_key_not_others_and_clean_up() -> None:

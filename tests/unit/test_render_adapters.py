@@ -14,7 +14,7 @@ from llmop.plan import plan_children
 from llmop.render import RenderSettings, render_children
 from llmop.render import adapters as render_adapters
 from llmop_engine import contract
-from llmop_engine.settings import parse_run_args
+from llmop_engine.agent_settings import parse_run_args
 
 SETTINGS = RenderSettings()
 SQL = {"name": "sql", "source": "hf://acme/sql-lora", "revision": "a" * 40}

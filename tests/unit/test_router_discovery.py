@@ -219,7 +219,7 @@ def at_zero(reason: str = "ScaledToZero", status: str = "True") -> dict[str, Any
                 "engine": {"pipelineParallelSize": 2, "maxNumSeqs": 8},
                 "autoscaling": {"minReplicas": 0, "scaleToZero": {"holdTimeoutSeconds": 30}},
             },
-            at_zero(),
+            {**at_zero(), "plan": {"maxNumSeqs": 8}},
             Wake(
                 scaled_to_zero=True,
                 settings=ScaleToZero(hold_timeout_seconds=30),

@@ -17,10 +17,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from llmop_router import kube
+from llmop_router.app import Router
 from llmop_router.cli import watching
 from llmop_router.discovery import Catalog
 from llmop_router.routes import RouteTable
-from llmop_router.server import Router
 
 LIST_PATH = "/apis/serving.llmop.dev/v1alpha1/llmdeployments"
 SLICES_PATH = "/apis/discovery.k8s.io/v1/endpointslices"

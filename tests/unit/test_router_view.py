@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 from test_status import HASH, NOW, ROLLED_OUT, conds, deployment, ld
 
+from llmop import kinds
 from llmop.api.v1alpha1 import LLMDeploymentStatus
 from llmop.config import ConfigError, load
 from llmop.router_view import RouterRef, RouterView, deployment_ready
 from llmop.sizing import plan_for
-from llmop.status import derive_status
+from llmop.status import Observed, derive_status
 
 REF = RouterRef("llmop-system", "llmop-router", 8080)
 OWN = "http://x.ns.svc:8000/v1"
@@ -20,18 +21,15 @@ OWN = "http://x.ns.svc:8000/v1"
 
 def derive(view: RouterView | None, **spec: Any) -> LLMDeploymentStatus:
     resource = ld(replicas=2, **spec)
-    return derive_status(
-        name="x",
-        namespace="ns",
+    observed = Observed(
+        "x",
+        "ns",
         generation=resource.metadata.generation,
-        previous=LLMDeploymentStatus(),
-        spec=resource.spec,
-        sizing=plan_for(resource.spec),
-        deployment=deployment(status=ROLLED_OUT),
-        template_hash=HASH,
-        problem=None,
-        now=NOW,
+        children={kinds.DEPLOYMENT: deployment(status=ROLLED_OUT)},
         router=view,
+    )
+    return derive_status(
+        observed, resource.spec, plan_for(resource.spec), template_hash=HASH, now=NOW
     )
 
 

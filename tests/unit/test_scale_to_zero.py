@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from llmop import conditions, events, idle_check
+from llmop import conditions, events, idle_check, kinds
 from llmop.agents import AgentReading
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentStatus
 from llmop.idle import Activity, decide, parse_activity
 from llmop.render.autoscaling import render_hpa
 from llmop.router_view import RouterRef, RouterView
 from llmop.sizing import plan_for
-from llmop.status import derive_status
+from llmop.status import Observed, derive_status
 
 KEY = ("ns", "m")
 T0 = 1_000_000.0
@@ -144,18 +144,16 @@ def derive(
     now: datetime,
     router: RouterView | None = ROUTER,
 ) -> LLMDeploymentStatus:
-    return derive_status(
-        name="m",
-        namespace="ns",
+    observed = Observed(
+        "m",
+        "ns",
         generation=1,
         previous=previous,
-        spec=resource.spec,
-        sizing=plan_for(resource.spec),
-        deployment=dep,
-        template_hash=None,
-        problem=None,
-        now=now,
+        children={kinds.DEPLOYMENT: dep},
         router=router,
+    )
+    return derive_status(
+        observed, resource.spec, plan_for(resource.spec), template_hash=None, now=now
     )
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from llmop_engine.simulator import config, group
+from llmop_engine.simulator import group, sim_config
 from llmop_engine.simulator.group import HELLO, PING, PONG, GroupConfig, Rendezvous, parse_hello
 from support.harness.replicas import free_port
 
@@ -26,17 +26,17 @@ def test_parse_hello(line: bytes, rank: int | None) -> None:
 
 
 def test_one_node_by_default() -> None:
-    cfg = config.parse(["m"])
+    cfg = sim_config.parse(["m"])
     assert cfg.group == GroupConfig()
     assert not cfg.group.multi_node
 
 
 def test_the_renderers_leader_and_worker_flags() -> None:
     flags = ["--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", "0"]
-    leader = config.parse(["m", *flags, "--master-addr", "llm-0.llm.ns"])
+    leader = sim_config.parse(["m", *flags, "--master-addr", "llm-0.llm.ns"])
     assert leader.group == GroupConfig(nnodes=2, node_rank=0, master_addr="llm-0.llm.ns")
     assert leader.group.worker_ranks == frozenset({1})
-    worker = config.parse(
+    worker = sim_config.parse(
         ["m", "--nnodes", "4", "--node-rank", "3", "--headless", "--master-port", "29600"]
     )
     assert worker.group.headless
@@ -56,7 +56,7 @@ def test_impossible_ranks_are_refused(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
-        config.parse(["m", *argv])
+        sim_config.parse(["m", *argv])
     assert message in capsys.readouterr().err
 
 

@@ -23,9 +23,9 @@ from llmop.desired import desired_state
 from llmop.planner.capacity import BLOCK_SIZE
 from llmop.render import RenderSettings, render_children
 from llmop_engine import contract
+from llmop_engine.agent_settings import parse_run_args
 from llmop_engine.contract import EngineFlag
-from llmop_engine.settings import parse_run_args
-from llmop_engine.simulator import config
+from llmop_engine.simulator import sim_config
 from llmop_engine.simulator.batching import BatchEngine
 from llmop_engine.simulator.faults import FaultState
 from llmop_engine.simulator.metrics import SimMetrics
@@ -59,15 +59,15 @@ def container_args(llmd: LLMDeployment) -> list[str]:
     return args
 
 
-def simulated(args: list[str]) -> config.SimConfig:
+def simulated(args: list[str]) -> sim_config.SimConfig:
     """The simulator's configuration from the rendered container args, through the agent."""
     assert args[0] == "run"
     command = engine_command(parse_run_args(args[1:], {}), python="python")
     assert command[:4] == ["python", "-m", "llmop_engine", "simulate"]
-    return config.parse(command[4:])
+    return sim_config.parse(command[4:])
 
 
-def reported_tokens(cfg: config.SimConfig) -> int | None:
+def reported_tokens(cfg: sim_config.SimConfig) -> int | None:
     """The KV capacity the agent reads from the simulator's `/metrics`."""
     text = SimMetrics(cfg).render(0, 0, 0.0).decode()
     return parse_metrics(text).kv_capacity_tokens
@@ -97,7 +97,7 @@ def test_every_example_reports_exactly_its_planned_kv_cache(path: Path) -> None:
 
 
 def test_the_renderer_counts_in_the_planners_block() -> None:
-    assert contract.DEFAULT_BLOCK_SIZE == BLOCK_SIZE == config.SimConfig().block_size
+    assert contract.DEFAULT_BLOCK_SIZE == BLOCK_SIZE == sim_config.SimConfig().block_size
 
 
 def test_the_sample_no_longer_falls_short() -> None:
@@ -172,7 +172,7 @@ def test_render_without_a_plan_is_unchanged() -> None:
 def test_a_huge_kv_cache_costs_no_memory() -> None:
     """The block count is a number: the simulator allocates nothing per block (an H200's plan is
     millions of tokens)."""
-    cfg = config.parse(["--num-gpu-blocks-override", str(10**9)])
+    cfg = sim_config.parse(["--num-gpu-blocks-override", str(10**9)])
     tracemalloc.start()
     try:
         engine = BatchEngine(cfg, SimMetrics(cfg), FaultState(mode="none"))

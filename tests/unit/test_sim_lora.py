@@ -16,15 +16,15 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from llmop_engine import adapters, health
+from llmop_engine import adapter_rules, health
 from llmop_engine.adapter_loader import AdapterLoader
 from llmop_engine.agent import Agent
 from llmop_engine.contract import LORA_RUNTIME_ENV, AgentSettings
 from llmop_engine.download import fetch_snapshot
 from llmop_engine.engine_client import EngineClient
 from llmop_engine.health import Observation, ProbeResult, Reach
-from llmop_engine.simulator.config import SimConfig, parse
 from llmop_engine.simulator.server import SimServer
+from llmop_engine.simulator.sim_config import SimConfig, parse
 from support.hub_standin import HubRepo, HubStandin
 
 MODEL = "sim-model"
@@ -489,7 +489,7 @@ def test_the_agent_is_not_ready_before_its_adapters_and_stays_ready_after(
     assert agent.status()["adapters"] == [
         {"name": "a1", "phase": "Pending", "message": None, "revision": None, "rank": None}
     ]
-    loader.states["a1"] = adapters.loaded(loader.states["a1"])
+    loader.states["a1"] = adapter_rules.loaded(loader.states["a1"])
     assert agent.verdict().ready
     assert 'llmop_engine_adapter_loaded{adapter="a1"} 1.0' in agent.metrics_text().decode()
 

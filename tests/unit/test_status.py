@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
+from llmop import kinds
 from llmop import status as status_mod
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentStatus
 from llmop.sizing import plan_for
-from llmop.status import Problem, derive_invalid_status, derive_status, status_patch
+from llmop.status import Observed, Problem, derive_invalid_status, derive_status, status_patch
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 HASH = "abc123"
@@ -58,17 +59,16 @@ def derive(
     problem: Problem | None = None,
     previous: LLMDeploymentStatus | None = None,
 ) -> LLMDeploymentStatus:
-    return derive_status(
-        name=resource.metadata.name,
-        namespace="ns",
+    observed = Observed(
+        resource.metadata.name,
+        "ns",
         generation=resource.metadata.generation,
         previous=previous or LLMDeploymentStatus(),
-        spec=resource.spec,
-        sizing=plan_for(resource.spec),
-        deployment=dep,
-        template_hash=HASH,
+        children={kinds.DEPLOYMENT: dep},
         problem=problem,
-        now=NOW,
+    )
+    return derive_status(
+        observed, resource.spec, plan_for(resource.spec), template_hash=HASH, now=NOW
     )
 
 
@@ -249,16 +249,18 @@ def test_unchanged_status_is_not_written_and_transition_time_is_kept() -> None:
     # The API server stores 80.0 as 80; that must not count as a change.
     assert stored["plan"]["gpuMemoryGiB"] == pytest.approx(79.18, abs=1)
     stored["plan"]["gpuMemoryGiB"] = float(stored["plan"]["gpuMemoryGiB"])
-    later = derive_status(
-        name="x",
-        namespace="ns",
+    observed = Observed(
+        "x",
+        "ns",
         generation=4,
         previous=status_mod.parse_previous(stored),
-        spec=ld(replicas=2).spec,
-        sizing=plan_for(ld(replicas=2).spec),
-        deployment=deployment(status=ROLLED_OUT),
+        children={kinds.DEPLOYMENT: deployment(status=ROLLED_OUT)},
+    )
+    later = derive_status(
+        observed,
+        ld(replicas=2).spec,
+        plan_for(ld(replicas=2).spec),
         template_hash=HASH,
-        problem=None,
         now=datetime(2030, 1, 1, tzinfo=UTC),
     )
     assert status_patch(stored, later) is None
@@ -332,18 +334,14 @@ def _autoscaled_status(
 ) -> LLMDeploymentStatus:
     """The status of autoscaled `resource` with its Deployment at `dep_status` and an HPA
     reporting `conditions`."""
-    return derive_status(
-        name="x",
-        namespace="ns",
+    observed = Observed(
+        "x",
+        "ns",
         generation=4,
-        previous=LLMDeploymentStatus(),
-        spec=resource.spec,
-        sizing=plan_for(resource.spec),
-        deployment=deployment(status=dep_status),
-        template_hash=HASH,
-        problem=None,
-        now=NOW,
-        hpa=hpa(*conditions),
+        children={kinds.DEPLOYMENT: deployment(status=dep_status), kinds.HPA: hpa(*conditions)},
+    )
+    return derive_status(
+        observed, resource.spec, plan_for(resource.spec), template_hash=HASH, now=NOW
     )
 
 

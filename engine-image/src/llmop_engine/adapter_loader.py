@@ -1,10 +1,10 @@
-"""The agent's LoRA adapter loader: the I/O half of `adapters` (which decides everything).
+"""The agent's LoRA adapter loader: the I/O half of `adapter_rules` (which decides everything).
 
 It follows `<adapters_dir>/adapters.json`, the ConfigMap the operator mounts as a directory. The
 kubelet replaces the file through a symlink swap (no inotify event on the path itself), so the
 loader re-reads it every pass and acts only when the content changed. Each pass, once the engine
-answers `/health`: read what the engine has registered (`GET /v1/models`), let `adapters.plan`
-decide, and carry the actions out:
+answers `/health`: read what the engine has registered (`GET /v1/models`), let
+`adapter_rules.plan` decide, and carry the actions out:
 
 - fetch a Hub adapter at its pinned revision into the store with the downloader's own code
   (`download.fetch_snapshot`: `huggingface_hub`'s cache, safe for several pods fetching into one
@@ -31,13 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from llmop_engine import adapters
-from llmop_engine.adapters import AdapterState, Desired
+from llmop_engine import adapter_rules
+from llmop_engine.adapter_rules import AdapterState, Desired
 from llmop_engine.contract import ADAPTERS_FILE, AgentSettings
 from llmop_engine.download import classify, fetch_snapshot, remove_orphans
 from llmop_engine.engine_client import EngineClient
 
-log = logging.getLogger("llmop_engine.adapters")
+log = logging.getLogger("llmop_engine.adapter_loader")
 
 FILE_POLL_SECONDS = 2.0
 """Longest time between two passes (file read, `/v1/models`); a finished fetch wakes one early."""
@@ -69,7 +69,7 @@ class AdapterLoader:
             raise ValueError("the adapter loader needs adapters_dir")
         self.file = Path(settings.adapters_dir) / ADAPTERS_FILE
         self.store = settings.adapter_store
-        self.shared_store = adapters.store_is_shared(self.store)
+        self.shared_store = adapter_rules.store_is_shared(self.store)
         self.ready_timeout = settings.adapter_ready_timeout_seconds
         self.interval = min(FILE_POLL_SECONDS, settings.poll_interval_seconds)
         self.client = client
@@ -85,7 +85,7 @@ class AdapterLoader:
     # -- views ---------------------------------------------------------------------------------
 
     def gate_reason(self, *, ever_ready: bool, healthy_since: float | None) -> str | None:
-        return adapters.gate_reason(
+        return adapter_rules.gate_reason(
             self.desired,
             self.states,
             ever_ready=ever_ready,
@@ -95,10 +95,10 @@ class AdapterLoader:
         )
 
     def statuses(self) -> list[dict[str, object]]:
-        return adapters.status_entries(self.desired or (), self.states)
+        return adapter_rules.status_entries(self.desired or (), self.states)
 
     def loaded(self) -> dict[str, bool]:
-        return adapters.loaded_flags(self.desired or (), self.states)
+        return adapter_rules.loaded_flags(self.desired or (), self.states)
 
     # -- the desired set -----------------------------------------------------------------------
 
@@ -116,8 +116,8 @@ class AdapterLoader:
             return
         self._text = text
         try:
-            desired = adapters.parse_desired(text)
-        except adapters.AdaptersFileError as exc:
+            desired = adapter_rules.parse_desired(text)
+        except adapter_rules.AdaptersFileError as exc:
             kept = "none" if self.desired is None else len(self.desired)
             log.error("%s is invalid; keeping the %s adapters it had: %s", self.file, kept, exc)
             if self.desired is None:
@@ -130,7 +130,7 @@ class AdapterLoader:
             log.info("desired adapters: %s", ", ".join(d.name for d in desired) or "none")
         self.desired = desired
         old = self.states
-        self.states = adapters.sync(old, desired)
+        self.states = adapter_rules.sync(old, desired)
         for name in old.keys() - self.states.keys():
             log.info("adapter %s: no longer desired", name)
         for name, state in self.states.items():
@@ -147,7 +147,7 @@ class AdapterLoader:
         if registered is None:
             return  # no answer: nothing is known, so nothing is done
         stored = () if self.shared_store else await asyncio.to_thread(self._stored)
-        actions = adapters.plan(
+        actions = adapter_rules.plan(
             self.desired,
             self.states,
             registered,
@@ -164,20 +164,20 @@ class AdapterLoader:
         for action in actions:
             await self._do(action)
 
-    async def _do(self, action: adapters.Action) -> None:
-        if isinstance(action, adapters.Unload):
+    async def _do(self, action: adapter_rules.Action) -> None:
+        if isinstance(action, adapter_rules.Unload):
             answer = await self.client.unload_lora(action.name, LOAD_TIMEOUT_SECONDS)
             if answer.ok or answer.status == 404:  # 404: already gone
                 log.info("adapter %s: unloaded (%s)", action.name, action.reason)
             else:
                 log.warning("adapter %s: unload failed: %s", action.name, answer.message)
-        elif isinstance(action, adapters.Fetch):
+        elif isinstance(action, adapter_rules.Fetch):
             state = self.states[action.name]
-            self._set(adapters.fetching(state))
+            self._set(adapter_rules.fetching(state))
             self._fetches[action.name] = asyncio.create_task(
                 self._fetch(state.desired), name=f"fetch-{action.name}"
             )
-        elif isinstance(action, adapters.Load):
+        elif isinstance(action, adapter_rules.Load):
             await self._load(action)
         else:
             folder = Path(self.store) / action.folder
@@ -195,12 +195,12 @@ class AdapterLoader:
             deterministic = not classify(exc)
             self._settle_fetch(
                 desired,
-                lambda s: adapters.failed(
+                lambda s: adapter_rules.failed(
                     s, message, deterministic=deterministic, now=self.clock()
                 ),
             )
         else:
-            self._settle_fetch(desired, lambda s: adapters.fetched(s, str(path)))
+            self._settle_fetch(desired, lambda s: adapter_rules.fetched(s, str(path)))
         finally:
             self._fetches.pop(desired.name, None)
             self._wake.set()
@@ -213,21 +213,23 @@ class AdapterLoader:
         if state is not None and state.desired == desired and state.phase == "Fetching":
             self._set(change(state))
 
-    async def _load(self, action: adapters.Load) -> None:
+    async def _load(self, action: adapter_rules.Load) -> None:
         state = self.states[action.name]
         rank = await asyncio.to_thread(_read_rank, Path(action.path))
         why = None if action.reason == "desired" else f"loading: {action.reason}"
-        self._set(adapters.loading(state, rank, why))
+        self._set(adapter_rules.loading(state, rank, why))
         answer = await self.client.load_lora(
             action.name, action.path, inplace=action.inplace, timeout=LOAD_TIMEOUT_SECONDS
         )
         state = self.states[action.name]
         if answer.ok:
-            self._set(adapters.loaded(state))
+            self._set(adapter_rules.loaded(state))
             return
-        deterministic = adapters.load_failure_is_deterministic(answer.status, answer.message)
+        deterministic = adapter_rules.load_failure_is_deterministic(answer.status, answer.message)
         message = answer.message if answer.status is not None else f"engine: {answer.message}"
-        self._set(adapters.failed(state, message, deterministic=deterministic, now=self.clock()))
+        self._set(
+            adapter_rules.failed(state, message, deterministic=deterministic, now=self.clock())
+        )
 
     def _stored(self) -> list[str]:
         try:
@@ -282,7 +284,7 @@ class AdapterLoader:
 
 def _read_rank(path: Path) -> int | None:
     try:
-        return adapters.rank_of((path / "adapter_config.json").read_text(encoding="utf-8"))
+        return adapter_rules.rank_of((path / "adapter_config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
         return None
 

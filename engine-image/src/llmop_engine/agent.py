@@ -3,7 +3,7 @@
 All judgement lives in `health` (pure); this module only gathers observations on a timer, starts
 one-token probes when `health.deep_probe_due` says so, and turns SIGTERM / preStop into the drain
 sequence. With `adapters_dir` set it also runs the LoRA adapter loader (`adapter_loader`), whose
-gate holds the first readiness back until the desired adapters are loaded (`adapters`).
+gate holds the first readiness back until the desired adapters are loaded (`adapter_rules`).
 
 Exit code: non-zero exactly when the engine failed. vLLM exits 0 after its EngineCore died, so an
 engine that exits without being asked to, or that reported itself dead (/health 503), makes the
@@ -23,12 +23,12 @@ import time
 from llmop_engine import connections, health
 from llmop_engine.adapter_loader import AdapterLoader
 from llmop_engine.agent_metrics import AgentMetrics
+from llmop_engine.agent_settings import AgentSettings, flag_value
 from llmop_engine.contract import EngineFlag, drain_flag_path
 from llmop_engine.drain import DrainOutcome, Load, drain_sequence, stop_hung
 from llmop_engine.engine_client import EngineClient
 from llmop_engine.health import Observation, Phase, Policy, Reach, Verdict
 from llmop_engine.probe_server import start as start_servers
-from llmop_engine.settings import AgentSettings, flag_value
 from llmop_engine.supervisor import (
     FORWARDED,
     Supervisor,

@@ -30,7 +30,7 @@ def _setup_logging(name: str) -> None:
 
 def _run(argv: Sequence[str]) -> int:
     from llmop_engine.agent import run as run_agent
-    from llmop_engine.settings import parse_run_args
+    from llmop_engine.agent_settings import parse_run_args
 
     settings = parse_run_args(argv, os.environ)
     _setup_logging("agent")
@@ -42,8 +42,8 @@ def _run(argv: Sequence[str]) -> int:
 
 
 def _drain(argv: Sequence[str]) -> int:
+    from llmop_engine.agent_settings import socket_path
     from llmop_engine.drain import request_drain
-    from llmop_engine.settings import socket_path
 
     parser = argparse.ArgumentParser(
         prog="llmop-engine drain",
@@ -60,13 +60,13 @@ def _drain(argv: Sequence[str]) -> int:
 
 
 def _simulate(argv: Sequence[str]) -> int:
-    from llmop_engine.simulator import config, server
+    from llmop_engine.simulator import server, sim_config
 
     if any(a in ("-h", "--help") for a in argv):
-        config.build_parser().print_help()
+        sim_config.build_parser().print_help()
         return 0
     _setup_logging("simulator")
-    return server.run(config.parse(argv))
+    return server.run(sim_config.parse(argv))
 
 
 def _download(argv: Sequence[str]) -> int:

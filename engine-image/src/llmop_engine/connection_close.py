@@ -14,7 +14,7 @@ processes), and the flag must be readable by all of them without a port on the p
 Checking it costs one `stat` per response on the pod's memory volume until it is seen, nothing
 after (a drain is never undone).
 
-`CloseOnDrain` is a pure ASGI middleware for `vllm serve --middleware` (uvicorn with httptools or
+`CloseOnDrain` is a plain ASGI middleware for `vllm serve --middleware` (uvicorn with httptools or
 h11 both close the connection after a response carrying `Connection: close`); the simulator uses
 `DrainFlag` directly. Standard library only: vLLM's interpreter imports it.
 """

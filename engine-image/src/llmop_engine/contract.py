@@ -1,16 +1,16 @@
 """The operator ↔ engine-agent contract: command line, environment, ports, paths and defaults.
 
 The operator's renderer (`llmop.render.engine_args`) writes a container's `args` and `env` from
-these names; the agent (`llmop_engine.settings`) reads them back with the same names. The model
-downloader's contract lives here too: the Job's command line (`llmop.render.model_cache` writes
-it, `llmop_engine.download` parses it), its exit codes (the Job's failure policy), and the keys
-of its `GET /progress` answer (`llmop_engine.download_progress` writes them, the operator reads
-them into status.model.download). Both sides
-import this module and nothing else of each other, so a renamed variable or flag cannot drift
-apart silently. It is stdlib-only and free of I/O: the simulator image ships only
-`llmop_engine`, and the operator imports this one module from it. `docs/engine-contract.md`
-describes the same contract for humans; `tests/unit/test_engine_contract.py` renders a real
-Deployment and feeds its args and env through the agent's own parser.
+these names; the agent (`llmop_engine.agent_settings`) reads them back with the same names. The
+model downloader's contract lives here too: the Job's command line (`llmop.render.model_cache`
+writes it, `llmop_engine.download` parses it), its exit codes (the Job's failure policy), and the
+keys of its `GET /progress` answer (`llmop_engine.download_progress` writes them, the operator
+reads them into status.model.download). Both sides import this module and nothing else of each
+other, so a renamed variable or flag cannot drift apart silently. It is stdlib-only and free of
+I/O: the simulator image ships only `llmop_engine`, and the operator imports this one module from
+it. `docs/engine-contract.md` describes the same contract for humans;
+`tests/unit/test_engine_contract.py` renders a real Deployment and feeds its args and env through
+the agent's own parser.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from llmop_engine import contract
+from llmop_engine.agent_settings import AgentSettings, flag_value, has_flag
 from llmop_engine.contract import EngineFlag, Env
-from llmop_engine.settings import AgentSettings, flag_value, has_flag
 
 log = logging.getLogger("llmop_engine.supervisor")
 

@@ -30,9 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from llmop_engine.contract import MASTER_ADDR, MASTER_PORT, EngineFlag
+from llmop_engine.contract import MASTER_ADDR, MASTER_PORT, EngineFlag, flag_value
 from llmop_engine.health import Phase, Verdict
-from llmop_engine.settings import flag_value
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ import time
 
 from llmop_engine import worker
 from llmop_engine.agent_metrics import AgentMetrics
+from llmop_engine.agent_settings import AgentSettings
 from llmop_engine.contract import ENGINE_EXIT_GRACE_SECONDS
 from llmop_engine.engine_client import reachable
 from llmop_engine.health import Verdict
 from llmop_engine.probe_server import start as start_servers
-from llmop_engine.settings import AgentSettings
 from llmop_engine.supervisor import FORWARDED, Supervisor, engine_command, engine_env
 
 log = logging.getLogger("llmop_engine.worker")

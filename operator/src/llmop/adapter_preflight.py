@@ -40,7 +40,7 @@ from typing import Any
 from llmop.api.v1alpha1 import AdapterSpec, AdapterStatus, LLMDeploymentSpec
 from llmop.preflight import HubFailure, is_commit
 from llmop.render.adapters import Refusal, hub_repo, lora_slots
-from llmop.render.engine_args import pvc_claim
+from llmop.render.model_source import pvc_claim
 
 REASON_NOT_FOUND = "AdapterNotFound"
 REASON_ACCESS_DENIED = "AdapterAccessDenied"

@@ -1,6 +1,6 @@
 """Pure: what the engine agents' `GET /status` answers mean for the operator.
 
-`llmop.engine_client` fetches the JSON; this module turns it into an `AgentReading` (the few
+`llmop.pod_client` fetches the JSON; this module turns it into an `AgentReading` (the few
 fields the operator acts on: load, KV capacity, deep probe, phase) and decides from readings:
 
 - the KV cache the engines actually have (`actual_kv_tokens`) and how far it falls short of the

@@ -15,8 +15,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llmop.api.v1alpha1 import Condition, ConditionStatus
+from llmop_router import contract as router_contract
 
-READY = "Ready"
+READY = router_contract.READY
 RECONCILING = "Reconciling"
 STALLED = "Stalled"
 CAPACITY_PLANNED = "CapacityPlanned"
@@ -26,7 +27,7 @@ TYPES = (READY, RECONCILING, STALLED, CAPACITY_PLANNED, DEGRADED)
 
 # Reasons (CamelCase, machine-readable). Planner reasons come from llmop.sizing.
 REASON_ALL_REPLICAS_READY = "AllReplicasReady"
-REASON_SCALED_TO_ZERO = "ScaledToZero"
+REASON_SCALED_TO_ZERO = router_contract.REASON_SCALED_TO_ZERO
 REASON_CREATING = "Creating"
 REASON_DOWNLOADING_MODEL = "DownloadingModel"
 """The engine children wait for the model cache to fill (spec.model.cache)."""

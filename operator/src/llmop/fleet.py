@@ -3,9 +3,9 @@
 One asyncio task (started by the handlers at operator startup) loops:
 
 1. the targets: every engine pod in the watch cache that runs and has an IP (not a GET);
-2. one round of `GET /status` through `llmop.engine_client` (bounded concurrency, timeouts);
+2. one round of `GET /status` through `llmop.pod_client` (bounded concurrency, timeouts);
 3. in a worker thread (the Kubernetes client is synchronous): per LLMDeployment, store the
-   readings in `Context.fleet` and re-derive its status when what the status shows of them
+   readings in `ParentMemory.fleet` and re-derive its status when what the status shows of them
    changed (KV capacity, deep probes, readiness, adapters) or while it is Degraded (a restart
    ages out); then set each pod's `controller.kubernetes.io/pod-deletion-cost` to its load where
    it moved materially (`llmop.agents.cost_changed`), at most `MAX_COST_PATCHES` per round.
@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llmop import conditions, kinds, names
 from llmop.agents import AgentReading, cost_changed, deletion_cost
-from llmop.engine_client import AgentClient, ReadResult, Target
 from llmop.kube import KubeError
+from llmop.periodic import run_rounds
+from llmop.pod_client import AgentClient, ReadResult, Target
 from llmop.pods import DELETION_COST_ANNOTATION, replica_pods
 from llmop.reconcile import TRIGGER_FLEET, Context, refresh_status
 
@@ -101,12 +102,13 @@ def apply_round(
         if reading is not None:
             by_parent.setdefault((pod.target.namespace, pod.target.parent), []).append(reading)
     refreshed = 0
-    for key in set(by_parent) | set(ctx.fleet):
+    read_before = {key for key, memory in ctx.memories() if memory.fleet is not None}
+    for key in set(by_parent) | read_before:
         readings = tuple(sorted(by_parent.get(key, ()), key=lambda r: r.pod))
-        before = ctx.fleet.get(key)
+        before = ctx.recall(key).fleet
         # A parent whose pods are all gone keeps an empty reading (scaled to zero: nothing
         # reported); `Context.forget` drops it with the parent.
-        ctx.fleet[key] = readings
+        _keep(ctx, key, readings)
         if before is None or _shown(before) != _shown(readings) or _degraded(ctx, key):
             try:
                 refresh_status(ctx, *key, trigger=TRIGGER_FLEET)
@@ -114,6 +116,10 @@ def apply_round(
             except KubeError as error:
                 log.warning("could not refresh %s/%s: %s", *key, error)
     return refreshed, _write_costs(ctx, pods, result)
+
+
+def _keep(ctx: Context, key: tuple[str, str], readings: tuple[AgentReading, ...]) -> None:
+    ctx.update(key, lambda memory: replace(memory, fleet=readings))
 
 
 def _write_costs(ctx: Context, pods: list[_Pod], result: ReadResult) -> int:
@@ -160,16 +166,15 @@ async def read_round(ctx: Context, client: AgentClient) -> tuple[int, ReadResult
 async def run(ctx: Context, client: AgentClient, *, interval: float) -> None:
     """Read the fleet every `period(...)` seconds until cancelled; the first round waits one
     interval, so a (re)starting operator resumes its parents without reading any agent."""
-    loop = asyncio.get_running_loop()
-    wait = interval
-    while True:
-        await asyncio.sleep(wait)
-        started = loop.time()
-        try:
-            count, _ = await read_round(ctx, client)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("reading the engine agents failed")
-            count = 0
-        wait = max(0.0, period(count, interval) - (loop.time() - started))
+
+    async def round() -> int:
+        count, _ = await read_round(ctx, client)
+        return count
+
+    await run_rounds(
+        round,
+        every=lambda count: period(count or 0, interval),
+        first_wait=interval,
+        log=log,
+        failure="reading the engine agents failed",
+    )

@@ -17,20 +17,17 @@
   per-object queues: under a 1,000-CR burst that lag, not any cache, was the operator's memory.
   The event handlers decide from the caches in the event loop (`reconcile.quiet_child_event`,
   `quiet_pod_event`: no I/O, no blocking) and send only events that lead to a write to the pool,
-  coalesced per object (`Coalescer`) so that a handler never waits on the pool and kopf's queue
-  of that object drains at once.
+  coalesced per object (`llmop.coalescer`) so that a handler never waits on the pool and kopf's
+  queue of that object drains at once.
 
 - kopf's memory of the last handled spec is kept in this process (`llmop.persistence`), not on
   the object; the count handler drops a deleted object's entry.
 - A startup activity lets the parent passes defer their status write to the Deployment
   controller's first status (`reconcile.first_status`), with a fallback run on this loop.
-- Startup activities also run `llmop.router_check`, `llmop.pool_check` (the InferencePools
-  that wait for their CRDs), `llmop.hub_check` (adapters the Hub could not answer for) and
-  `llmop.group_check` (the LeaderWorkerSets, listed instead of watched); cleanup stops them.
-- A startup activity starts `llmop.late_crds` on the `Insights` that `main` hands kopf: a kind
-  whose CRD appeared after kopf last read discovery is served without a restart.
-- One startup activity starts `llmop.fleet`'s agent reader as a task of kopf's event loop (no
-  daemon per LLMDeployment: that would add a finalizer); the cleanup activity stops it.
+- The background loops (the agent reader, the router, pool, Hub, group and idle checks, the
+  late-CRD check...) are no handlers: `main` starts and stops them with each leadership term
+  (`llmop.runnables`), as tasks of kopf's event loop (no daemon per LLMDeployment: that would
+  add a finalizer) or threads.
 
 Handlers return None so kopf writes no handler results into the status.
 """
@@ -38,29 +35,15 @@ Handlers return None so kopf writes no handler results into the status.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import logging
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from kopf._cogs.structs.references import Insights
 
-from llmop import (
-    credentials,
-    fleet,
-    group_check,
-    hub_check,
-    idle_check,
-    kinds,
-    late_crds,
-    names,
-    pool_check,
-    router_check,
-)
+from llmop import credentials, kinds, names
 from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
-from llmop.engine_client import AgentClient
+from llmop.coalescer import Coalescer, in_worker
 from llmop.hub import HubUnavailableError
 from llmop.kube import KubeError
 from llmop.observed import child_event_summary, child_summary, parent_summary
@@ -172,67 +155,6 @@ async def index_pod(
     return None if not parent else {(namespace or "", parent): pod_summary(body)}
 
 
-async def _in_worker(memo: Any, function: Callable[..., Any], *args: Any) -> Any:
-    """Run a blocking step of an event handler in the refresh pool that `main` put in the memo.
-
-    Not in kopf's pool, where the reconciles run: under a burst that pool is a FIFO of hundreds
-    of reconciles, each a few API calls, and a CR whose pods were ready waited behind all of
-    them for its Ready (45 s at 1,000 CRs with pods). A refresh is a status write or a repair,
-    so a few threads of its own keep it prompt. Falls back to kopf's pool (`memo.executor`)."""
-    executor = getattr(memo, "refresh_executor", None) or getattr(memo, "executor", None)
-    return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
-
-
-class Coalescer:
-    """At most one pending worker run per key: a later event for the key replaces the arguments
-    of the run still waiting for a thread, and the handler returns at once.
-
-    Why: a watch event whose handler awaits a worker holds up every later event of its object in
-    kopf's per-object queue, each fully decoded, and under a burst the thread pool is a long FIFO
-    of reconciles blocked on the API server. The refreshes decide from the caches when they run,
-    so only the newest event of a key matters; coalescing keeps one entry per key in memory
-    instead of a queue of bodies, and one pool item instead of many. Runs on kopf's event loop
-    only (no locking)."""
-
-    def __init__(self, delay: float = 0.0) -> None:
-        self.delay = delay
-        self._waiting: dict[Hashable, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
-        self._drains: dict[Hashable, asyncio.Task[None]] = {}
-
-    def submit(self, memo: Any, key: Hashable, function: Callable[..., Any], *args: Any) -> None:
-        """Run `function(*args)` in the pool soon, unless a later submit for `key` replaces it
-        before a thread takes it."""
-        self._waiting[key] = (function, args)
-        if key not in self._drains:
-            # An empty context: a task inherits its creator's, and inside a handler that holds
-            # kopf's cause, the whole decoded watch event, until the task ends. Under a burst
-            # that kept ~1,900 raw events alive behind the thread pool's queue.
-            self._drains[key] = asyncio.create_task(
-                self._drain(memo, key), context=contextvars.Context()
-            )
-
-    async def _drain(self, memo: Any, key: Hashable) -> None:
-        try:
-            if self.delay:
-                await asyncio.sleep(self.delay)
-            while key in self._waiting:
-                function, args = self._waiting.pop(key)
-                try:
-                    await _in_worker(memo, function, *args)
-                except KubeError as error:
-                    # The next event, or the parent's own reconcile, tries again.
-                    log.warning("could not process an event of %s: %s", key, error)
-                except Exception:
-                    log.exception("processing an event of %s failed", key)
-        finally:
-            del self._drains[key]
-
-    async def idle(self) -> None:
-        """Wait until nothing is pending (the tests wait on it)."""
-        while self._drains:
-            await asyncio.gather(*self._drains.values(), return_exceptions=True)
-
-
 def _coalescer(memo: Any) -> Coalescer:
     """The operator's one coalescer. kopf hands each object a shallow copy of the operator's
     memo, so it must exist before the first copy (`main` puts it there); one made later would
@@ -322,7 +244,7 @@ async def child_event(
     if type == "DELETED":
         # Never replaced by a later event: a deletion reads the parent fresh and recreates.
         try:
-            await _in_worker(memo, refresh_from_child, ctx, type, child)
+            await in_worker(memo, refresh_from_child, ctx, type, child)
         except KubeError as error:
             logger.warning(f"Could not process a {body.get('kind')} event: {error}")
         return
@@ -341,20 +263,6 @@ def reconciles_probe(memo: Any, **_: Any) -> int:
     """Liveness payload: parents currently being reconciled (cheap, never fails)."""
     context: Context = memo.context
     return len(context.locks)
-
-
-@kopf.on.startup(id="fleet-reader")
-async def start_fleet_reader(memo: Any, **_: Any) -> None:
-    """Start reading the engine agents (unless configured off)."""
-    context: Context = memo.context
-    interval = context.config.agent_read_interval_seconds
-    if interval <= 0:
-        return
-    client = AgentClient(concurrency=context.config.agent_read_concurrency)
-    memo.fleet_client = client
-    memo.fleet_task = asyncio.create_task(
-        fleet.run(context, client, interval=interval), name="llmop-fleet-reader"
-    )
 
 
 @kopf.on.startup(id="first-status")
@@ -377,110 +285,3 @@ async def start_deferred_statuses(memo: Any, **_: Any) -> None:
         loop.call_soon_threadsafe(loop.call_later, DEFER_SECONDS, submit, namespace, name)
 
     context.schedule_status = schedule
-
-
-@kopf.on.startup(id="router-check")
-async def start_router_check(memo: Any, **_: Any) -> None:
-    """Start checking the installed router (when the chart names one)."""
-    context: Context = memo.context
-    if context.router is not None:
-        memo.router_task = asyncio.create_task(router_check.run(context), name="llmop-router")
-
-
-@kopf.on.startup(id="idle-check")
-async def start_idle_check(memo: Any, **_: Any) -> None:
-    """Start taking idle models to zero (`llmop.idle_check`; only with a router to wake them)."""
-    context: Context = memo.context
-    if context.router is not None:
-        memo.idle_task = asyncio.create_task(idle_check.run(context), name="llmop-idle")
-
-
-@kopf.on.cleanup(id="idle-check-stop")
-async def stop_idle_check(memo: Any, **_: Any) -> None:
-    """Stop the idle check."""
-    await _cancel(getattr(memo, "idle_task", None))
-
-
-@kopf.on.startup(id="group-check")
-async def start_group_check(memo: Any, **_: Any) -> None:
-    """Start reading the LeaderWorkerSets back (`llmop.group_check`)."""
-    memo.group_task = asyncio.create_task(group_check.run(memo.context), name="llmop-groups")
-
-
-@kopf.on.cleanup(id="group-check-stop")
-async def stop_group_check(memo: Any, **_: Any) -> None:
-    """Stop reading the LeaderWorkerSets back."""
-    await _cancel(getattr(memo, "group_task", None))
-
-
-@kopf.on.startup(id="hub-check")
-async def start_hub_check(memo: Any, **_: Any) -> None:
-    """Start asking the Hub again about adapters it could not answer for (`llmop.hub_check`)."""
-    memo.hub_task = asyncio.create_task(hub_check.run(memo.context), name="llmop-hub")
-
-
-@kopf.on.cleanup(id="hub-check-stop")
-async def stop_hub_check(memo: Any, **_: Any) -> None:
-    """Stop re-checking adapters at the Hub."""
-    await _cancel(getattr(memo, "hub_task", None))
-
-
-@kopf.on.startup(id="pool-check")
-async def start_pool_check(memo: Any, **_: Any) -> None:
-    """Start watching for the InferencePool API while pools wait for it (`llmop.pool_check`)."""
-    memo.pool_task = asyncio.create_task(pool_check.run(memo.context), name="llmop-pools")
-
-
-def fresh_insights(memo: Any) -> Insights:
-    """New `Insights` for one `kopf.operator` run, kept on `memo` for `start_late_crds`."""
-    insights = memo.insights = late_crds.new_insights()
-    return insights
-
-
-@kopf.on.startup(id="late-crds")
-async def start_late_crds(memo: Any, settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Start serving kinds whose CRD kopf's own discovery missed (`llmop.late_crds`)."""
-    insights = getattr(memo, "insights", None)
-    if insights is None:  # kopf run without `main` (it made Insights of its own)
-        return
-    context: Context = memo.context
-    served = late_crds.serves(context.kube)
-    registry = kopf.get_default_registry()
-    memo.late_crds_task = asyncio.create_task(
-        late_crds.run(insights, settings, registry, served), name="llmop-late-crds"
-    )
-
-
-@kopf.on.cleanup(id="late-crds-stop")
-async def stop_late_crds(memo: Any, **_: Any) -> None:
-    """Stop the late-CRD check."""
-    await _cancel(getattr(memo, "late_crds_task", None))
-
-
-async def _cancel(task: asyncio.Task[None] | None) -> None:
-    """Cancel a startup activity's task and wait for it to end."""
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-@kopf.on.cleanup(id="router-check-stop")
-async def stop_router_check(memo: Any, **_: Any) -> None:
-    """Stop checking the router."""
-    await _cancel(getattr(memo, "router_task", None))
-
-
-@kopf.on.cleanup(id="pool-check-stop")
-async def stop_pool_check(memo: Any, **_: Any) -> None:
-    """Stop watching for the InferencePool API."""
-    await _cancel(getattr(memo, "pool_task", None))
-
-
-@kopf.on.cleanup(id="fleet-reader-stop")
-async def stop_fleet_reader(memo: Any, **_: Any) -> None:
-    """Stop the agent reader and close its connections."""
-    await _cancel(getattr(memo, "fleet_task", None))
-    client = getattr(memo, "fleet_client", None)
-    if client is not None:
-        await client.close()

@@ -3,7 +3,7 @@ been idle long enough for the operator to take its engine workload to 0.
 
 Inputs are what `llmop.idle_check` read: every ready router pod's `GET /llmop/activity` (the
 router's in-flight and held requests per CR, and when the newest one arrived), the agents'
-latest queue readings (`Context.fleet`), and since when the CR has served (its Ready
+latest queue readings (`ParentMemory.fleet`), and since when the CR has served (its Ready
 condition's transition time, so a model just rolled out or woken gets its full idle period even
 when no request ever came). Anything unknown is "not idle": an unread router pod or agent may
 be serving, and waking costs a model load.
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmop.agents import AgentReading
+from llmop_router.contract import ActivityKey
 
 Key = tuple[str, str]
 """(namespace, name) of an LLMDeployment."""
@@ -46,19 +47,19 @@ def _count(value: Any) -> int:
 
 def parse_activity(payload: Any) -> dict[Key, Activity] | None:
     """A router pod's `/llmop/activity` JSON by CR; None when it is not that shape."""
-    if not isinstance(payload, Mapping) or not isinstance(payload.get("models"), list):
+    if not isinstance(payload, Mapping) or not isinstance(payload.get(ActivityKey.MODELS), list):
         return None
     result: dict[Key, Activity] = {}
-    for entry in payload["models"]:
+    for entry in payload[ActivityKey.MODELS]:
         if not isinstance(entry, Mapping):
             continue
-        namespace, name = entry.get("namespace"), entry.get("name")
+        namespace, name = entry.get(ActivityKey.NAMESPACE), entry.get(ActivityKey.NAME)
         if not isinstance(namespace, str) or not isinstance(name, str):
             continue
-        last = entry.get("lastRequestUnix")
+        last = entry.get(ActivityKey.LAST_REQUEST_UNIX)
         result[(namespace, name)] = Activity(
-            in_flight=_count(entry.get("inFlight")),
-            held=_count(entry.get("held")),
+            in_flight=_count(entry.get(ActivityKey.IN_FLIGHT)),
+            held=_count(entry.get(ActivityKey.HELD)),
             last_request_unix=float(last) if isinstance(last, int | float) else None,
         )
     return result

@@ -7,8 +7,8 @@ every `CHECK_SECONDS`:
    whose Ready condition is True with `AllReplicasReady` (serving, not rolling out or waking);
    every other CR costs one dictionary lookup and no request;
 2. with at least one candidate: the router's ready pods (one label-filtered list) and each
-   one's `GET /llmop/activity` (`llmop.engine_client`), plus the agents' latest queue readings
-   the fleet reader keeps (`Context.fleet`);
+   one's `GET /llmop/activity` (`llmop.pod_client`), plus the agents' latest queue readings
+   the fleet reader keeps (`ParentMemory.fleet`);
 3. `llmop.idle.decide` per candidate; for an idle one, the router pods are read again just
    before the write (a request may have arrived meanwhile) and, still idle, the workload's
    scale subresource is set to 0 — the Deployment, or the LeaderWorkerSet of a multi-node CR.
@@ -27,17 +27,20 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from llmop import conditions, engine_client, idle, kinds
+from llmop import conditions, idle, kinds, pod_client
 from llmop.idle import Activity, Key
 from llmop.kube import KubeError
+from llmop.periodic import run_rounds
 from llmop.reconcile import TRIGGER_FLEET, Context, refresh_status
+from llmop_router import contract
+from llmop_router.contract import Spec
 
 log = logging.getLogger("llmop.idle_check")
 
 CHECK_SECONDS = 10.0
 """Between two idle checks: scale to zero is measured in minutes (idleSeconds ≥ 10)."""
-ROUTER_POD_LABEL = "app.kubernetes.io/name=llmop-router"
-DEFAULT_IDLE_SECONDS = 300
+ROUTER_POD_LABEL = contract.ROUTER_POD_SELECTOR
+DEFAULT_IDLE_SECONDS = contract.DEFAULT_IDLE_SECONDS
 
 
 def _spec(body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -48,11 +51,11 @@ def _spec(body: Mapping[str, Any]) -> Mapping[str, Any]:
 def _idle_seconds(body: Mapping[str, Any]) -> int | None:
     """`scaleToZero.idleSeconds` of a CR that may scale to zero, else None (raw JSON: the
     API server validated it; an unparsable one keeps the model up)."""
-    autoscaling = _spec(body).get("autoscaling")
-    if not isinstance(autoscaling, Mapping) or autoscaling.get("minReplicas") != 0:
+    autoscaling = _spec(body).get(Spec.AUTOSCALING)
+    if not isinstance(autoscaling, Mapping) or autoscaling.get(Spec.MIN_REPLICAS) != 0:
         return None
-    settings = autoscaling.get("scaleToZero")
-    value = settings.get("idleSeconds") if isinstance(settings, Mapping) else None
+    settings = autoscaling.get(Spec.SCALE_TO_ZERO)
+    value = settings.get(Spec.IDLE_SECONDS) if isinstance(settings, Mapping) else None
     return value if isinstance(value, int) else DEFAULT_IDLE_SECONDS
 
 
@@ -105,16 +108,14 @@ def _router_pods(ctx: Context) -> list[str]:
 async def _activity(ctx: Context, ips: list[str]) -> list[Mapping[Key, Activity] | None]:
     assert ctx.router is not None
     port = ctx.router.ref.port
-    payloads = await asyncio.gather(*(engine_client.read_router_activity(ip, port) for ip in ips))
+    payloads = await asyncio.gather(*(pod_client.read_router_activity(ip, port) for ip in ips))
     return [idle.parse_activity(payload) for payload in payloads]
 
 
 def _scale_to_zero(ctx: Context, key: Key, body: Mapping[str, Any]) -> bool:
-    engine = _spec(body).get("engine")
-    pipeline = engine.get("pipelineParallelSize") if isinstance(engine, Mapping) else None
-    kind = (
-        kinds.LEADER_WORKER_SET if isinstance(pipeline, int) and pipeline > 1 else kinds.DEPLOYMENT
-    )
+    engine = _spec(body).get(Spec.ENGINE)
+    pipeline = engine.get(Spec.PIPELINE_PARALLEL_SIZE) if isinstance(engine, Mapping) else None
+    kind = kinds.workload_of_resource(contract.workload_resource(pipeline))
     return ctx.kube.scale(kind.api_version, kind.kind, key[0], key[1], 0)
 
 
@@ -131,7 +132,7 @@ def _verdict(
         idle_seconds=seconds,
         serving_since_unix=serving_since(body),
         routers=routers,
-        readings=ctx.fleet.get(key),
+        readings=ctx.recall(key).fleet,
     )
 
 
@@ -163,12 +164,11 @@ async def check_once(ctx: Context) -> list[Key]:
 
 
 async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:
-    """Check every `interval` seconds until cancelled."""
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            await check_once(ctx)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("the scale-to-zero idle check failed")
+    """Check every `interval` seconds, the first time after one interval, until cancelled."""
+    await run_rounds(
+        lambda: check_once(ctx),
+        every=interval,
+        first_wait=interval,
+        log=log,
+        failure="the scale-to-zero idle check failed",
+    )

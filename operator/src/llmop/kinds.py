@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmop.api.v1alpha1 import API_VERSION, KIND, PLURAL
+from llmop_router import contract
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,13 @@ SERVICE = ChildKind("v1", "Service", "services")
 CONFIG_MAP = ChildKind("v1", "ConfigMap", "configmaps", optional=True, name_suffix="-adapters")
 """The desired LoRA adapters (`<name>-adapters`), mounted by the engine pods while LoRA is on:
 applied before the workload, so a pod never waits for its mount; deleted when LoRA turns off."""
-DEPLOYMENT = ChildKind("apps/v1", "Deployment", "deployments", read=True, workload=True)
+DEPLOYMENT = ChildKind(
+    contract.WORKLOAD_API_VERSIONS[contract.DEPLOYMENTS],
+    "Deployment",
+    contract.DEPLOYMENTS,
+    read=True,
+    workload=True,
+)
 PDB = ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", optional=True)
 HPA = ChildKind(
     "autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", optional=True
@@ -85,9 +92,9 @@ absent, and kopf warns forever about a watched kind nobody serves); the parent p
 exists from status.inferencePool, which is what makes removing the field delete it."""
 
 LEADER_WORKER_SET = ChildKind(
-    "leaderworkerset.x-k8s.io/v1",
+    contract.WORKLOAD_API_VERSIONS[contract.LEADER_WORKER_SETS],
     "LeaderWorkerSet",
-    "leaderworkersets",
+    contract.LEADER_WORKER_SETS,
     watched=False,
     listed=True,
     workload=True,
@@ -97,6 +104,12 @@ Deployment. Not watched (the LWS CRD may be absent, and a kopf index of an unser
 hold every handler back): `llmop.group_check` lists them while the cluster serves the API."""
 WORKLOADS: tuple[ChildKind, ...] = (DEPLOYMENT, LEADER_WORKER_SET)
 """The two workload kinds; a spec wants exactly one."""
+
+
+def workload_of_resource(resource: str) -> ChildKind:
+    """The workload kind of a resource name (`llmop_router.contract.workload_resource`)."""
+    return next(kind for kind in WORKLOADS if kind.plural == resource)
+
 
 PVC = ChildKind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", watched=False, read=True)
 """The model cache claim (spec.model.cache): applied when the operator creates it, read for the

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 
 from kopf import OperatorRegistry, OperatorSettings
 from kopf._cogs.clients import scanning
@@ -33,6 +34,7 @@ from kopf._core.reactor import observation
 
 from llmop import kinds
 from llmop.kube import Kube
+from llmop.periodic import run_rounds
 
 log = logging.getLogger("llmop.late_crds")
 
@@ -125,26 +127,36 @@ async def run(
 ) -> None:
     """Check every `interval` seconds, from kopf's first discovery on, until cancelled."""
     await insights.ready_resources.wait()
-    wanted = list(wanted)
-    failing = False
-    while True:
-        try:
-            for kind in await check(insights, settings, registry, served, wanted):
-                log.warning(
-                    "kopf does not watch %s %s although the cluster serves them: not rescanned "
-                    "again",
-                    kind.api_version,
-                    kind.plural,
-                )
-                wanted.remove(kind)
-            failing = False
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # the next round tries again; said once per streak
-            if not failing:
-                log.warning("checking API discovery for a late CRD failed: %s", error)
-            failing = True
-        await asyncio.sleep(interval)
+    still_wanted = list(wanted)
+
+    async def round() -> None:
+        for kind in await check(insights, settings, registry, served, still_wanted):
+            log.warning(
+                "kopf does not watch %s %s although the cluster serves them: not rescanned again",
+                kind.api_version,
+                kind.plural,
+            )
+            still_wanted.remove(kind)
+
+    # A failure is said once per streak: the next round tries again.
+    await run_rounds(
+        round,
+        every=interval,
+        log=log,
+        failure="checking API discovery for a late CRD failed",
+        expected=(Exception,),
+        repeat_failures=False,
+    )
+
+
+@dataclass(frozen=True)
+class KopfRun:
+    """What the check needs of one `kopf.operator` run: the `Insights` handed to it (one per
+    run: `new_insights`), its settings and its registry."""
+
+    insights: Insights
+    settings: OperatorSettings
+    registry: OperatorRegistry
 
 
 def serves(kube: Kube) -> Served:

@@ -28,12 +28,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llmop import kinds
+from llmop.config import OperatorConfig
 from llmop.kube import Kube, KubeError
 
 log = logging.getLogger("llmop.leader")
 
 LEASE_NAME = "llmop-operator"
 CONFLICT = 409
+
+
+def lease_namespace(config: OperatorConfig, env: Mapping[str, str]) -> str:
+    """The operator's own namespace (the pod's), else the first watched one, else `default`."""
+    return env.get("POD_NAMESPACE") or next(iter(config.namespaces), "") or "default"
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,11 @@ handled spec kept in memory, server-side label filtering of child watches, quiet
 worker count), starts the metrics server, and runs kopf with the handlers from `llmop.handlers`.
 
 With leader election the process is a standby until it holds the `llmop-operator` Lease
-(`llmop.leader`), then leads for one term: a kopf run of its own with a fresh memo (`Context`,
-caches, API client), settings and threads. A term that loses the Lease fences its API client and
-cancels kopf at once, waits for its threads and is dropped; the process then stands by again,
+(`llmop.leader`, `llmop.standby`), then leads for one term: a kopf run of its own with a fresh
+memo (`Context`, caches, API client), settings and background loops (`llmop.runnables`, started
+before kopf and stopped after it). A term that loses the Lease fences its API client and cancels
+kopf at once, stops its loops, waits for its threads and is dropped; the process then stands by
+again,
 and its next term starts from nothing, as a restarted process would. Only a term that cannot
 be wound down in time (kopf or a handler hung) ends the process, with `LOST_EXIT_CODE`.
 """
@@ -27,31 +29,24 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
 import kopf
 
-from llmop import events, handlers, kinds, names
+from llmop import handlers, kinds, late_crds, names, runnables, standby
+from llmop.coalescer import COALESCE_SECONDS, Coalescer
 from llmop.config import ConfigError, OperatorConfig, load
 from llmop.kube import Kube, KubeError
-from llmop.leader import LEASE_NAME, LeaderElector, Timing
+from llmop.leader import LeaderElector, Timing, lease_namespace
 from llmop.metrics import Metrics
 from llmop.persistence import ProcessDiffBase, QuietProgressStorage
-from llmop.reconcile import Context, poll_downloads
-
-DOWNLOAD_POLL_SECONDS = 5.0
-"""How often a running model download's progress is read into the status."""
+from llmop.reconcile import Context
 
 log = logging.getLogger("llmop.main")
 
 FINALIZER = f"{names.KOPF_PREFIX}/finalizer"
 """Never added (no delete handlers, timers or daemons), but named ours in case kopf needs one."""
 WATCH_CHUNK_SIZE = 500
-COALESCE_SECONDS = 1.0
-"""How long a child or pod event waits for later ones of the same object before its refresh
-runs (`handlers.Coalescer`): a new Deployment's status is written three times within about a
-second, and one status write of the parent then says it all."""
 
 
 WORKER_IDLE_SECONDS = 1.0
@@ -151,70 +146,7 @@ def _memo(config: OperatorConfig, metrics: Metrics) -> kopf.Memo:
         instance=os.environ.get("POD_NAME") or socket.gethostname(),
     )
     # Shared by every object's copy of the memo: one pending worker run per key, operator-wide.
-    return kopf.Memo(context=context, coalescer=handlers.Coalescer(delay=COALESCE_SECONDS))
-
-
-def _poll_downloads_until(stop: threading.Event, context: Context) -> None:
-    """A plain thread, not a kopf timer: kopf timers on a resource add a finalizer to it."""
-    while not stop.wait(DOWNLOAD_POLL_SECONDS):
-        try:
-            poll_downloads(context)
-        except Exception:  # a poller that dies would freeze every progress bar
-            log.exception("download progress poll failed")
-
-
-CRD_POLL_SECONDS = 5.0
-"""How often a leader started without the CRD looks for it (kopf serves it by itself once it
-exists; this only says so)."""
-CRD_NAME = f"{kinds.LLMDEPLOYMENT.plural}.{kinds.LLMDEPLOYMENT.group}"
-MISSING_CRD = (
-    f"the CustomResourceDefinition {CRD_NAME} is not installed, so no LLMDeployment can be "
-    "served: install it with the chart (helm upgrade <release> helm/llmop --set crds.enabled=true) "
-    "or `kubectl apply --server-side -f crds/` from the llmop release; reconciling starts as "
-    "soon as it exists"
-)
-
-
-def _operator_object(kube: Kube, config: OperatorConfig) -> dict[str, Any] | None:
-    """What an operator-level Event is about: this process's pod, as the downward API names it
-    (POD_NAME, POD_UID: the operator may not read pods by name), else its leader Lease."""
-    namespace = lease_namespace(config, dict(os.environ))
-    pod, uid = os.environ.get("POD_NAME"), os.environ.get("POD_UID")
-    if pod and uid:
-        metadata = {"name": pod, "namespace": namespace, "uid": uid}
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata}
-    if config.leader_elect:
-        return kube.read(kinds.LEASE.api_version, kinds.LEASE.kind, namespace, LEASE_NAME)
-    return None
-
-
-def _watch_for_crd(context: Context, config: OperatorConfig, stop: threading.Event) -> None:
-    """Say which CRD is missing and how to install it (log and a Warning Event), then say when
-    it appears. A thread, so a missing CRD never keeps the process from running (or Ready)."""
-    kube = context.kube
-    try:
-        if kube.serves(kinds.LLMDEPLOYMENT.api_version, kinds.LLMDEPLOYMENT.plural):
-            return
-    except KubeError as error:
-        log.warning("could not check for the CRD %s: %s", CRD_NAME, error)
-        return
-    log.error(MISSING_CRD)
-    try:
-        involved = _operator_object(kube, config)
-        if involved is not None:
-            spec = events.EventSpec("Warning", "CRDMissing", MISSING_CRD)
-            kube.create_event(
-                events.render_event(involved, spec, now=context.clock(), instance=context.instance)
-            )
-    except KubeError as error:  # with watchNamespaces, its own namespace may not be granted
-        log.warning("could not post the CRDMissing Event: %s", error)
-    while not stop.wait(CRD_POLL_SECONDS):
-        try:
-            if kube.serves(kinds.LLMDEPLOYMENT.api_version, kinds.LLMDEPLOYMENT.plural):
-                log.info("the CustomResourceDefinition %s is installed: reconciling", CRD_NAME)
-                return
-        except KubeError as error:
-            log.warning("could not check for the CRD %s: %s", CRD_NAME, error)
+    return kopf.Memo(context=context, coalescer=Coalescer(delay=COALESCE_SECONDS))
 
 
 LEADER_REQUEST_TIMEOUT_SECONDS = 5.0
@@ -229,63 +161,8 @@ TERM_DRAIN_SECONDS = 30.0
 """How long the handler threads of an ended term get to return. Their API calls fail at once
 (the term's client is fenced), so only a Hub request (10 s a call) or a hung handler takes long."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-STANDBY_BIND_SECONDS = 5.0
-"""How long a standby tries for the liveness port (kopf's endpoint held it while leading)."""
-
 _exit = os._exit
 """How a term that cannot be wound down ends the process (tests put a recorder here)."""
-
-
-def lease_namespace(config: OperatorConfig, env: dict[str, str]) -> str:
-    """The operator's own namespace (the pod's), else the first watched one, else `default`."""
-    return env.get("POD_NAMESPACE") or next(iter(config.namespaces), "") or "default"
-
-
-class _StandbyHealth(BaseHTTPRequestHandler):
-    """/healthz of a standby: the process is up and trying for the Lease (kopf's own endpoint
-    takes the port over once this process leads)."""
-
-    def do_GET(self) -> None:
-        body = b"standby\n" if self.path == "/healthz" else b"not found\n"
-        self.send_response(200 if self.path == "/healthz" else 404)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # one line per probe otherwise
-        return
-
-
-@contextlib.contextmanager
-def _standby_health(config: OperatorConfig) -> Iterator[None]:
-    if not config.liveness_port:
-        yield
-        return
-    address = (config.bind_address, config.liveness_port)
-    deadline = time.monotonic() + STANDBY_BIND_SECONDS
-    while True:
-        try:
-            server = ThreadingHTTPServer(address, _StandbyHealth)
-            break
-        except OSError:  # a term's kopf may still be letting the port go
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-    thread = threading.Thread(target=server.serve_forever, name="standby-health", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def _wait_for_lease(config: OperatorConfig, elector: LeaderElector, stop: threading.Event) -> bool:
-    """Block until this process leads (True) or `stop` is set (False: SIGINT/SIGTERM), serving
-    /healthz meanwhile: a standby is healthy and Ready."""
-    with _standby_health(config):
-        return elector.acquire(stop)
 
 
 @contextlib.contextmanager
@@ -335,10 +212,10 @@ def _elector(config: OperatorConfig, instance: str) -> LeaderElector | None:
 
 class _Term:
     """One leadership term: a kopf run of its own, with a fresh memo (the `Context` and every
-    cache in it, the API client), settings (kopf's in-process diff base) and threads, all
-    dropped when the term ends. kopf itself keeps nothing between runs (its indexes, object
-    memories and resume state belong to the run), so the next term resumes every object as a
-    restarted process would, from a fresh listing."""
+    cache in it, the API client), settings (kopf's in-process diff base) and background loops
+    (`llmop.runnables`), all dropped when the term ends. kopf itself keeps nothing between
+    runs (its indexes, object memories and resume state belong to the run), so the next term
+    resumes every object as a restarted process would, from a fresh listing."""
 
     def __init__(
         self,
@@ -372,21 +249,14 @@ class _Term:
         """How long kopf may take to stop once the Lease is lost, before the process exits."""
         self.kopf_stop = threading.Event()
         self.lost = threading.Event()
-        self._threads_stop = threading.Event()
-        self._threads = [
-            threading.Thread(
-                target=_poll_downloads_until,
-                args=(self._threads_stop, self.context),
-                name="download-poller",
-                daemon=True,
-            ),
-            threading.Thread(
-                target=_watch_for_crd,
-                args=(self.context, config, self._threads_stop),
-                name="crd-check",
-                daemon=True,
-            ),
-        ]
+        # Handed to kopf, and shared with `llmop.late_crds`: a CRD kopf's discovery missed is
+        # served too.
+        self.insights = late_crds.new_insights()
+        self.runnables = runnables.Term(
+            self.context,
+            late_crds.KopfRun(self.insights, self.settings, kopf.get_default_registry()),
+        )
+        self._started: runnables.Started | None = None
         self._lock = threading.Lock()
         self._running: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
         self._watchdog: threading.Timer | None = None
@@ -409,8 +279,6 @@ class _Term:
                 daemon=True,
             ).start()
         self.metrics.leader.set(1)
-        for thread in self._threads:
-            thread.start()
         try:
             asyncio.run(self._operate(liveness))
         finally:
@@ -472,11 +340,8 @@ class _Term:
             # asyncio.run() joins: after a stop by SIGTERM/SIGINT that thread would wait until
             # the pod is killed, renewing the Lease all along, instead of handing it over.
             self.kopf_stop.set()
-            client = getattr(self.memo, "fleet_client", None)
-            if self.lost.is_set() and client is not None:
-                # A cancelled kopf runs no cleanup activity; its tasks are cancelled all the
-                # same, but the agent reader's connections would stay open.
-                await client.close()
+            if self._started is not None:
+                await self._started.stop()
 
     async def _kopf(self, liveness: str | None) -> None:
         """kopf.operator(), which is spawn_tasks + run_tasks: apart, the signal handlers are
@@ -493,13 +358,17 @@ class _Term:
             priority=self.config.priority,
             liveness_endpoint=liveness,
             memo=self.memo,
-            # Shared with `llmop.late_crds`: a CRD kopf's discovery missed is served too.
-            insights=handlers.fresh_insights(self.memo),
+            insights=self.insights,
             stop_flag=self.kopf_stop,
             # kopf would name itself after the OS user, which a pod run as a bare UID (the
             # image's 65532, or OpenShift's random one) has none of: getpwuid() raises.
             identity=cast("Any", self.context.instance),
         )
+        # The loops' tasks inherit the context kopf's setup gave this task (its credentials
+        # vault: the late-CRD check calls kopf's API client). Not kopf's to wait for or cancel
+        # when it stops (it would wait 5 s for them): `_operate` stops them.
+        self._started = started = runnables.start(self.runnables)
+        existing |= set(started.tasks.values())
         if threading.current_thread() is threading.main_thread():
             # kopf's own would stop it alike, but say nothing of a signal that came with a
             # lost Lease: the process must then exit, not go back to standby.
@@ -510,15 +379,16 @@ class _Term:
         await kopf.run_tasks(tasks, ignored=existing)
 
     def _wind_down(self) -> None:
-        """After kopf: fence the term's client (also on a clean stop, before the Lease is
-        released), stop its threads and wait for them, bounded, so that nothing of it lives on
-        into the next term."""
+        """After kopf and the term's loops: fence the term's client (also on a clean stop,
+        before the Lease is released), wait for the loops' threads and the handlers', bounded,
+        so that nothing of it lives on into the next term."""
         with self._lock:
             self._ended = True
             if self._watchdog is not None:
                 self._watchdog.cancel()  # kopf stopped in time
         self.context.kube.fence()
-        self._threads_stop.set()
+        if self._started is not None:
+            self._started.signal()
         executors = (self.settings.execution.executor, self.memo.refresh_executor)
         drain = threading.Thread(
             target=lambda: [e.shutdown(wait=True, cancel_futures=True) for e in executors],
@@ -527,10 +397,10 @@ class _Term:
         )
         drain.start()
         deadline = time.monotonic() + TERM_DRAIN_SECONDS
-        for thread in (*self._threads, drain):
-            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [] if self._started is None else self._started.join(deadline)
+        drain.join(max(0.0, deadline - time.monotonic()))
         self.context.kube.close()
-        stuck = [t.name for t in (*self._threads, drain) if t.is_alive()]
+        stuck += [drain.name] if drain.is_alive() else []
         if stuck:
             log.error("still running %g s after the term ended: %s", TERM_DRAIN_SECONDS, stuck)
             if self.lost.is_set():
@@ -600,7 +470,7 @@ def _alternate(
     metrics.leader.set(0)
     with _stop_signals(shutdown) as catch_signals:
         while True:
-            if elector is not None and not _wait_for_lease(config, elector, shutdown):
+            if elector is not None and not standby.wait_for_lease(config, elector, shutdown):
                 return 0  # stopped while a standby
             if memo is None:
                 try:

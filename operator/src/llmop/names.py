@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llmop.api.v1alpha1 import GROUP
 from llmop_engine import contract
+from llmop_router import contract as router_contract
 
 FIELD_MANAGER = "llmop"
 """Server-side apply field manager for everything the operator owns."""
@@ -45,7 +46,7 @@ ENGINE_CONTAINER = "engine"
 PROBE_PORT = contract.PROBE_PORT
 """The agent's probe port: the engine contract's, never a second literal."""
 PROBE_PORT_NAME = "probe"
-API_PORT_NAME = "http"
+API_PORT_NAME = router_contract.API_PORT_NAME
 METRICS_PATH = contract.METRICS_PATH
 QUEUE_DEPTH_METRIC = contract.QUEUE_DEPTH_METRIC
 """Per-pod gauge of waiting requests the HPA scales on (exposed by prometheus-adapter)."""

@@ -14,6 +14,7 @@ import logging
 
 from llmop import kinds
 from llmop.kube import KubeError
+from llmop.periodic import run_rounds
 from llmop.reconcile import TRIGGER_FLEET, Context, refresh_status
 from llmop.router_view import RouterView, deployment_ready
 
@@ -62,14 +63,11 @@ def refresh_all(ctx: Context, keys: list[tuple[str, str]]) -> int:
 
 async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:
     """Check the router every `interval` seconds until cancelled."""
-    while True:
-        try:
-            if await asyncio.to_thread(check, ctx):
-                # The watch cache is read here, on the event loop that updates it.
-                keys = [key for key, cached in list(ctx.parents.items()) if list(cached or ())]
-                await asyncio.to_thread(refresh_all, ctx, keys)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("checking the router failed")
-        await asyncio.sleep(interval)
+
+    async def round() -> None:
+        if await asyncio.to_thread(check, ctx):
+            # The watch cache is read here, on the event loop that updates it.
+            keys = [key for key, cached in list(ctx.parents.items()) if list(cached or ())]
+            await asyncio.to_thread(refresh_all, ctx, keys)
+
+    await run_rounds(round, every=interval, log=log, failure="checking the router failed")

@@ -18,6 +18,7 @@ from typing import Any
 
 from llmop import conditions
 from llmop.pods import PodIssue
+from llmop_router import contract as router_contract
 
 _REF = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)/([a-z0-9]([-a-z0-9]*[a-z0-9])?):([0-9]{1,5})$")
 
@@ -77,6 +78,6 @@ def router_issue(router: RouterView | None, routed: bool, own: str) -> PodIssue 
         conditions.REASON_ROUTER_UNAVAILABLE,
         f"The router {router.ref} has no ready pod: requests to {router.ref.endpoint} fail. "
         f"Check `kubectl get pods -n {router.ref.namespace} -l "
-        f"app.kubernetes.io/name=llmop-router`; the model's own Service {own} still serves it.",
+        f"{router_contract.ROUTER_POD_SELECTOR}`; the model's own Service {own} still serves it.",
         "",
     )

@@ -8,10 +8,10 @@ budget from the model's size.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmop.api.v1alpha1 import LLMDeploymentSpec, PlanStatus
-from llmop.cpu import cpu_engine, cpu_kv_cache_gib
+from llmop.cpu_engine import cpu_engine, cpu_kv_cache_gib
 from llmop.planner import (
     CapacityPlan,
     CpuPlanRequest,
@@ -48,6 +48,8 @@ class SizingResult:
     message: str
     gpu_memory_gib: float | None
     load_timeout_seconds: int
+    max_num_seqs: int | None = None
+    """The batch the engine runs with (`effective_max_num_seqs`); None: unknown."""
 
     @property
     def fits(self) -> bool | None:
@@ -55,9 +57,9 @@ class SizingResult:
         return None if self.plan is None else self.plan.fits
 
     def plan_status(self) -> PlanStatus | None:
-        """The `status.plan` stanza."""
+        """The `status.plan` stanza (without a plan, only the engine's batch when known)."""
         if self.plan is None:
-            return None
+            return None if self.max_num_seqs is None else PlanStatus(max_num_seqs=self.max_num_seqs)
         plan = self.plan
         return PlanStatus(
             gpu_memory_gib=self.gpu_memory_gib,
@@ -66,6 +68,7 @@ class SizingResult:
             kv_cache_tokens=plan.kv_cache_tokens,
             max_model_len=plan.max_model_len,
             max_concurrency=round(plan.max_concurrency, 2),
+            max_num_seqs=self.max_num_seqs,
             fits=plan.fits,
         )
 
@@ -105,8 +108,26 @@ def load_timeout_seconds(weights_gib_total: float | None) -> int:
     return BASE_LOAD_SECONDS + math.ceil(weights_gib_total * LOAD_SECONDS_PER_GIB)
 
 
+def effective_max_num_seqs(spec: LLMDeploymentSpec, plan: CapacityPlan | None) -> int | None:
+    """`--max-num-seqs` as the engine gets it: the last one in `engine.args` (the renderer puts
+    them after the typed flags; vLLM takes the last), else `engine.maxNumSeqs`, else vLLM's
+    default for the GPU the plan was made for; None when none of these is known."""
+    value = contract.flag_value(spec.engine.args, "--max-num-seqs")
+    if value is not None and value.isdigit() and int(value) > 0:
+        return int(value)
+    if spec.engine.max_num_seqs is not None:
+        return spec.engine.max_num_seqs
+    return None if plan is None else plan.max_num_seqs
+
+
 def plan_for(spec: LLMDeploymentSpec) -> SizingResult:
-    """Plan one replica of `spec`; explain when the facts to plan are missing."""
+    """Plan one replica of `spec`; explain when the facts to plan are missing. The result
+    carries the engine's effective `max_num_seqs` (what llmop-router reads in status.plan)."""
+    result = _plan_for(spec)
+    return replace(result, max_num_seqs=effective_max_num_seqs(spec, result.plan))
+
+
+def _plan_for(spec: LLMDeploymentSpec) -> SizingResult:
     architecture = architecture_for(spec)
     gpu_memory = gpu_memory_for(spec)
     if cpu_engine(spec):

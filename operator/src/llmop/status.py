@@ -16,8 +16,8 @@ read them, both keep what the previous status said, so an operator restart write
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +37,7 @@ from llmop.api.v1alpha1 import (
 )
 from llmop.conditions import Observation
 from llmop.group_restarts import GroupHistory, group_issue
+from llmop.kinds import ChildKind
 from llmop.pods import PodIssue, degraded_issue, replica_pods, worst_issue, worst_of
 from llmop.render.adapters import refusals
 from llmop.router_view import RouterView, endpoint, router_issue
@@ -49,6 +50,44 @@ class Problem:
 
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One parent as one status write sees it, gathered once (`reconcile.writes.observe`) and
+    handed whole to `derive_status`: who it is, its live children and pods, the agents'
+    readings, the status as last written (parsed once), and the verdicts the status carries."""
+
+    name: str
+    namespace: str
+    generation: int | None = None
+    previous: LLMDeploymentStatus = field(default_factory=LLMDeploymentStatus)
+    """The status as last written, parsed (`parse_previous`)."""
+    stored: Any = None
+    """The same status as stored (JSON), which `status_patch` compares the new one with."""
+    children: Mapping[ChildKind, Mapping[str, Any] | None] = field(default_factory=dict)
+    """The live children by kind (the workload: the spec's Deployment or LeaderWorkerSet)."""
+    pods: Sequence[Mapping[str, Any]] = ()
+    fleet: Sequence[AgentReading] | None = None
+    """The agents' latest readings; None when this process has not read them yet."""
+    problem: Problem | None = None
+    """The caller's own stall reason (a child the API server rejected, or one remembered);
+    planner and rollout problems are found by `derive_status`."""
+    waiting: str | None = None
+    """What the engine Deployment waits for before it is created (the model download), said by
+    Ready and Reconciling instead of "Creating"."""
+    router: RouterView | None = None
+    """The installed router (None: none), whose URL is a routed CR's endpoint and whose lack of
+    a ready pod makes it Degraded."""
+    inference_pool: str | None = None
+    """The InferencePool the operator made (`llmop.pool_view`)."""
+    pool_issue: PodIssue | None = None
+    """Why the operator cannot make a wanted InferencePool."""
+    adapter_verdicts: Mapping[str, AdapterVerdict | None] = field(default_factory=dict)
+    """The Hub pre-flight's verdicts on the hf:// adapters (`llmop.adapter_preflight`; absent:
+    none reached yet)."""
+    group_restarts: Mapping[int, GroupHistory] = field(default_factory=dict)
+    """What this process saw of each multi-node group's recreates (`llmop.group_restarts`)."""
 
 
 @dataclass(frozen=True)
@@ -266,43 +305,27 @@ def _observe(
 
 
 def derive_status(
-    *,
-    name: str,
-    namespace: str,
-    generation: int | None,
-    previous: LLMDeploymentStatus,
+    observed: Observed,
     spec: LLMDeploymentSpec,
     sizing: SizingResult | None,
-    deployment: Mapping[str, Any] | None,
+    *,
     template_hash: str | None,
-    problem: Problem | None,
     now: datetime,
-    pods: Iterable[Mapping[str, Any]] = (),
-    fleet: Sequence[AgentReading] | None = None,
-    hpa: Mapping[str, Any] | None = None,
-    waiting: str | None = None,
-    router: RouterView | None = None,
-    inference_pool: str | None = None,
-    pool_issue: PodIssue | None = None,
-    adapter_verdicts: Mapping[str, AdapterVerdict | None] | None = None,
-    group_restarts: Mapping[int, GroupHistory] | None = None,
 ) -> LLMDeploymentStatus:
-    """The whole status of a parsed LLMDeployment. `problem` is the caller's own stall reason
-    (a child the API server rejected); planner and rollout problems are found here. `fleet` is
-    the agents' latest readings, None when this process has not read them yet; `hpa` the live
-    HorizontalPodAutoscaler, whose conditions say when it cannot scale; `waiting` what the engine
-    Deployment waits for before it is created (the model download), said by Ready and
-    Reconciling instead of "Creating"; `router` the installed router (None: none), whose URL is
-    a routed CR's endpoint and whose lack of a ready pod makes it Degraded; `inference_pool` the
-    InferencePool the operator made and `pool_issue` why it cannot make a wanted one
-    (`llmop.pool_view`); `adapter_verdicts` the Hub pre-flight's verdicts on the hf://
-    adapters (`llmop.adapter_preflight`; absent: none reached yet); `group_restarts` what this
-    process saw of each multi-node group's recreates (`llmop.group_restarts`)."""
-    pods = list(pods)
+    """The whole status of a parsed LLMDeployment (`spec`, its capacity plan `sizing` and its
+    rendered pod template's hash) from what one write observed. The live workload is the
+    LeaderWorkerSet for a multi-node spec, else the Deployment; the live HPA counts only for an
+    autoscaled spec, whose conditions say when it cannot scale."""
+    name, namespace, previous = observed.name, observed.namespace, observed.previous
+    generation, pods, fleet = observed.generation, list(observed.pods), observed.fleet
+    router = observed.router
+    multi_node = spec.pipeline_parallel_size > 1
+    deployment = observed.children.get(kinds.LEADER_WORKER_SET if multi_node else kinds.DEPLOYMENT)
+    hpa = observed.children.get(kinds.HPA) if spec.autoscaling is not None else None
     own_endpoint = names.service_endpoint(name, namespace, spec.service.port)
     routed = spec.router.enabled
     rollout = observe_rollout(deployment, spec, template_hash=template_hash)
-    problem = problem or find_problem(sizing, rollout) or _needs_router(spec, router)
+    problem = observed.problem or find_problem(sizing, rollout) or _needs_router(spec, router)
     plan = None if sizing is None else sizing.plan_status()
     actual = _actual(previous, fleet)
     if sizing is not None and actual is not None:
@@ -312,7 +335,7 @@ def derive_status(
         None if plan is None else plan.kv_cache_tokens,
         None if actual is None else actual.kv_cache_tokens,
     )
-    groups = group_issue(group_restarts or {}, pods, size=spec.pipeline_parallel_size, now=now)
+    groups = group_issue(observed.group_restarts, pods, size=spec.pipeline_parallel_size, now=now)
     observations = observe_conditions(
         rollout,
         problem,
@@ -322,12 +345,12 @@ def derive_status(
             _degraded_issue(previous, pods, fleet, now, groups)
             or autoscaler_issue(hpa, rollout.ready)
             or router_issue(router, routed, own_endpoint)
-            or pool_issue
+            or observed.pool_issue
         ),
         shortfall=shortfall,
-        waiting=waiting,
+        waiting=observed.waiting,
     )
-    adapters = _adapters(name, namespace, spec, pods, fleet, verdicts=adapter_verdicts or {})
+    adapters = _adapters(name, namespace, spec, pods, fleet, verdicts=observed.adapter_verdicts)
     adapters_condition = adapter_status.adapters_ready(adapters)
     if adapters_condition is not None:
         observations.append(adapters_condition)
@@ -344,7 +367,7 @@ def derive_status(
         ),
         plan=plan,
         startup=_startup(previous, replica_pods(pods), fleet),
-        inference_pool=inference_pool,
+        inference_pool=observed.inference_pool,
         scale_to_zero=scale_to_zero_status(previous, spec, rollout, now),
         adapters=adapters,
         adapters_summary=adapter_status.summary(adapters),

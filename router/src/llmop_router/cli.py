@@ -12,6 +12,13 @@ from collections.abc import AsyncIterator, Sequence
 import aiohttp
 from aiohttp import web
 
+from llmop_router.app import (
+    DRAIN_SECONDS,
+    SHUTDOWN_DELAY_SECONDS,
+    Router,
+    serve,
+    static_table,
+)
 from llmop_router.discovery import Catalog, list_key
 from llmop_router.kube import (
     ENDPOINT_SLICES,
@@ -22,13 +29,6 @@ from llmop_router.kube import (
     wake,
 )
 from llmop_router.routes import Backend, RouteTable
-from llmop_router.server import (
-    DRAIN_SECONDS,
-    SHUTDOWN_DELAY_SECONDS,
-    Router,
-    serve,
-    static_table,
-)
 
 DEFAULT_PORT = 8080
 

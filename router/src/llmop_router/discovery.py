@@ -15,10 +15,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmop_router import contract
+from llmop_router.contract import Spec, Status
 from llmop_router.hold import DEFAULT_CONCURRENCY, ScaleToZero
 from llmop_router.routes import RouteTable, Wake
 
-API_PORT_NAME = "http"
+API_PORT_NAME = contract.API_PORT_NAME
 """The engine Service's API port name (the operator's renderer names it so)."""
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
@@ -47,25 +49,26 @@ class Claim:
 def wake_of(llmd: Mapping[str, Any]) -> Wake:
     """Whether a CR is at zero by the operator's word (Ready, reason `ScaledToZero`, and
     autoscaled with `minReplicas: 0`), its scale-to-zero settings, which workload to wake and how
-    many requests a pod takes at once."""
+    many requests a pod takes at once (`status.plan.maxNumSeqs`, as the operator planned the
+    engine)."""
     spec = llmd.get("spec") or {}
-    engine = spec.get("engine") or {}
+    engine = spec.get(Spec.ENGINE) or {}
+    status = llmd.get("status") or {}
     # A fixed `spec.replicas: 0` also reads Ready/ScaledToZero; only the autoscaled floor of 0
     # is the operator's to leave, so only that one may be woken.
-    opted_in = (spec.get("autoscaling") or {}).get("minReplicas") == 0
-    conditions = (llmd.get("status") or {}).get("conditions") or []
-    ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
-    pipeline = engine.get("pipelineParallelSize")
-    seqs = engine.get("maxNumSeqs")
+    opted_in = (spec.get(Spec.AUTOSCALING) or {}).get(Spec.MIN_REPLICAS) == 0
+    conditions = status.get(Status.CONDITIONS) or []
+    ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == contract.READY), {})
+    seqs = (status.get(Status.PLAN) or {}).get(Status.MAX_NUM_SEQS)
     return Wake(
         scaled_to_zero=opted_in
         and ready.get("status") == "True"
-        and ready.get("reason") == "ScaledToZero",
+        and ready.get("reason") == contract.REASON_SCALED_TO_ZERO,
         settings=ScaleToZero.of(spec),
-        workload="leaderworkersets"
-        if isinstance(pipeline, int) and pipeline > 1
-        else "deployments",
-        concurrency=seqs if isinstance(seqs, int) and seqs > 0 else DEFAULT_CONCURRENCY,
+        workload=contract.workload_resource(engine.get(Spec.PIPELINE_PARALLEL_SIZE)),
+        concurrency=seqs
+        if isinstance(seqs, int) and not isinstance(seqs, bool) and seqs > 0
+        else DEFAULT_CONCURRENCY,
     )
 
 
@@ -73,17 +76,17 @@ def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
     """The model a CR asks the router to serve, or None (routing off, or no name yet)."""
     meta = llmd.get("metadata") or {}
     spec = llmd.get("spec") or {}
-    router = spec.get("router") or {}
-    if router.get("enabled") is False:
+    router = spec.get(Spec.ROUTER) or {}
+    if router.get(Spec.ENABLED) is False:
         return None
     namespace, name = meta.get("namespace"), meta.get("name")
     if not namespace or not name:
         return None
-    model = (spec.get("model") or {}).get("servedName") or name
+    model = (spec.get(Spec.MODEL) or {}).get(Spec.SERVED_NAME) or name
     adapters = tuple(
-        str(a["name"])
-        for a in spec.get("adapters") or []
-        if isinstance(a, Mapping) and isinstance(a.get("name"), str)
+        str(a[Spec.ADAPTER_NAME])
+        for a in spec.get(Spec.ADAPTERS) or []
+        if isinstance(a, Mapping) and isinstance(a.get(Spec.ADAPTER_NAME), str)
     )
     created = meta.get("creationTimestamp") or ""
     return Claim(namespace, name, model, created, wake_of(llmd), adapters)
@@ -151,7 +154,7 @@ class Catalog:
             self.claims = {k: c for k, c in self.claims.items() if not _in(k, scope)}
             for item in obj.get("items") or []:
                 self._store_claim(item)
-            self.synced.add(list_key("llmdeployments", scope))
+            self.synced.add(list_key(contract.PLURAL, scope))
         elif kind == "DELETED":
             self.claims.pop(_key(obj), None)
         else:
@@ -190,7 +193,7 @@ class Catalog:
         """What readiness waits for, one line per list that has not arrived: why it cannot be
         listed when the watch knows (`problem`), else that it is being listed."""
         scopes = self.namespaces or ("",)
-        wanted = [list_key(r, ns) for r in ("llmdeployments", "endpointslices") for ns in scopes]
+        wanted = [list_key(r, ns) for r in (contract.PLURAL, "endpointslices") for ns in scopes]
         return [
             self.problems.get(key) or f"listing {key.rstrip('/')}"
             for key in wanted

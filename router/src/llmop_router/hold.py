@@ -5,9 +5,10 @@ wakes the CR. Per CR one *episode*: a FIFO of held requests, each with its deadl
 (`holdTimeoutSeconds` after arrival), at most `maxPendingRequests` of them (the next is refused),
 and one wake however many requests arrive. When endpoints are ready the queue is released in
 arrival order at the engines' concurrency: each ready endpoint takes at most `concurrency`
-requests in flight through this router (`spec.engine.maxNumSeqs`, vLLM's own batch limit, 256
-when unset), so a cold pod gets one full batch at once rather than the whole queue. The episode
-ends when its queue is empty; the next request at zero starts a new one (and a new wake).
+requests in flight through this router (`status.plan.maxNumSeqs`, the engine's batch limit as
+the operator rendered it; 256 when absent), so a cold pod gets one full batch at once rather
+than the whole queue. The episode ends when its queue is empty; the next request at zero starts
+a new one (and a new wake).
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_IDLE_SECONDS = 300.0
-DEFAULT_HOLD_TIMEOUT_SECONDS = 300.0
-DEFAULT_MAX_PENDING_REQUESTS = 1000
-DEFAULT_CONCURRENCY = 256
-"""vLLM's default `--max-num-seqs` on datacenter GPUs: the batch a ready pod takes at once."""
+from llmop_router import contract
+from llmop_router.contract import Spec
+
+DEFAULT_IDLE_SECONDS = float(contract.DEFAULT_IDLE_SECONDS)
+DEFAULT_HOLD_TIMEOUT_SECONDS = float(contract.DEFAULT_HOLD_TIMEOUT_SECONDS)
+DEFAULT_MAX_PENDING_REQUESTS = contract.DEFAULT_MAX_PENDING_REQUESTS
+DEFAULT_CONCURRENCY = contract.DEFAULT_MAX_NUM_SEQS
+"""The batch a ready pod takes at once when the CR's status does not say (`status.plan
+.maxNumSeqs`)."""
 
 PHASE_WAKING = "waking: requesting the scale"
 PHASE_REQUESTED = "waking: scale requested, no ready replica yet"
@@ -42,8 +47,8 @@ class ScaleToZero:
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> ScaleToZero:
         """From a CR's spec (plain JSON); absent or malformed fields take the defaults."""
-        autoscaling = spec.get("autoscaling") or {}
-        raw = autoscaling.get("scaleToZero") or {} if isinstance(autoscaling, Mapping) else {}
+        autoscaling = spec.get(Spec.AUTOSCALING) or {}
+        raw = autoscaling.get(Spec.SCALE_TO_ZERO) or {} if isinstance(autoscaling, Mapping) else {}
         raw = raw if isinstance(raw, Mapping) else {}
 
         def number(name: str, default: float) -> float:
@@ -53,9 +58,11 @@ class ScaleToZero:
             return float(value)
 
         return cls(
-            idle_seconds=number("idleSeconds", DEFAULT_IDLE_SECONDS),
-            hold_timeout_seconds=number("holdTimeoutSeconds", DEFAULT_HOLD_TIMEOUT_SECONDS),
-            max_pending_requests=int(number("maxPendingRequests", DEFAULT_MAX_PENDING_REQUESTS)),
+            idle_seconds=number(Spec.IDLE_SECONDS, DEFAULT_IDLE_SECONDS),
+            hold_timeout_seconds=number(Spec.HOLD_TIMEOUT_SECONDS, DEFAULT_HOLD_TIMEOUT_SECONDS),
+            max_pending_requests=int(
+                number(Spec.MAX_PENDING_REQUESTS, DEFAULT_MAX_PENDING_REQUESTS)
+            ),
         )
 
 

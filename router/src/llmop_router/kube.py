@@ -24,18 +24,14 @@ from typing import Any
 import aiohttp
 import yaml
 
+from llmop_router import contract
 from llmop_router.hold import PHASE_REQUESTED
 
 log = logging.getLogger("llmop_router.kube")
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-LLMDEPLOYMENTS = ("/apis/serving.llmop.dev/v1alpha1", "llmdeployments")
+LLMDEPLOYMENTS = (contract.GROUP_VERSION_PATH, contract.PLURAL)
 ENDPOINT_SLICES = ("/apis/discovery.k8s.io/v1", "endpointslices")
-SCALE_GROUPS = {
-    "deployments": "/apis/apps/v1",
-    "leaderworkersets": "/apis/leaderworkerset.x-k8s.io/v1",
-}
-"""The workloads the router may wake, by resource: the path of their API group."""
 WATCH_TIMEOUT_SECONDS = 300
 RETRY_SECONDS = (0.5, 1, 2, 5, 10)
 UNAVAILABLE_RETRY_SECONDS = 2.0
@@ -273,7 +269,7 @@ async def wake(
     the phase a held request waits in. The patch carries the resourceVersion read with the
     scale, so a change in between (the operator's, a person's) makes it fail with 409 instead
     of being overwritten. Raises on any other failure (the caller retries)."""
-    path = f"{SCALE_GROUPS[resource]}/namespaces/{namespace}/{resource}/{name}/scale"
+    path = contract.scale_path(resource, namespace, name)
     async with session.get(
         api.host + path, headers=api.auth_headers(), ssl=api.ssl_context
     ) as answer:

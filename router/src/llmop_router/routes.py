@@ -1,7 +1,11 @@
 """The routing table: which engine pods serve each model name, with each model's ring and the
 router's load per pod (requests in flight, and the prompt it sent there that has had no first
 byte back). Written by the watch (or a static file), read by the proxy; both run on one event
-loop, so no locks."""
+loop, so no locks.
+
+`in_flight` is the router's one count of requests being proxied: the ring's load reads it per
+pod, the activity report per CR (each pod's requests are counted for the CR they were sent
+for) and the in-flight gauge in total."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from llmop_router.hold import DEFAULT_CONCURRENCY, ScaleToZero
+from llmop_router.hold import DEFAULT_CONCURRENCY, Key, ScaleToZero
 from llmop_router.prefix import NO_PREFILL, Prefill
 from llmop_router.ring import Pick, Ring, pick
 
@@ -24,7 +28,7 @@ class Wake:
     workload: str = "deployments"
     """The scale subresource's resource: `deployments` or `leaderworkersets` (PP > 1)."""
     concurrency: int = DEFAULT_CONCURRENCY
-    """Requests in flight per engine pod when releasing held ones (`spec.engine.maxNumSeqs`)."""
+    """Requests in flight per engine pod when releasing held ones (`status.plan.maxNumSeqs`)."""
 
 
 @dataclass
@@ -37,16 +41,26 @@ class Backend:
     wake: Wake = field(default_factory=Wake)
 
 
+@dataclass(frozen=True)
+class Choice:
+    """A request's backend and the endpoints to try for it (`RouteTable.choose`)."""
+
+    backend: Backend
+    pick: Pick
+
+
 @dataclass
 class RouteTable:
     """Model name → backend, plus the load per endpoint (`ip:port`)."""
 
     backends: dict[str, Backend] = field(default_factory=dict)
     in_flight: Counter[str] = field(default_factory=Counter)
-    """Requests being proxied to each endpoint."""
+    """Requests being proxied to each endpoint: the router's one in-flight count."""
     queued: Counter[str] = field(default_factory=Counter)
     """Characters of prompt sent to each endpoint by requests that have had no first byte back
     (`Pick.prefill_on`): the prefill the engine still has to do before they answer."""
+    _sent_for: dict[str, Key] = field(default_factory=dict)
+    """Endpoint with requests in flight → the CR they were sent for."""
 
     def set(
         self,
@@ -72,9 +86,42 @@ class RouteTable:
     def models(self) -> list[str]:
         return sorted(self.backends)
 
-    def choose(self, model: str, key: int | None, prefill: Prefill = NO_PREFILL) -> Pick | None:
-        """The endpoints to try for a request, best first; None when the model is unknown."""
+    def choose(self, model: str, key: int | None, prefill: Prefill = NO_PREFILL) -> Choice | None:
+        """The model's backend and the endpoints to try for a request, best first; None when
+        the model is unknown."""
         backend = self.backends.get(model)
         if backend is None:
             return None
-        return pick(backend.ring, key, self.in_flight, self.queued, prefill)
+        return Choice(backend, pick(backend.ring, key, self.in_flight, self.queued, prefill))
+
+    def start(self, endpoint: str, cr: Key, prefill: int = 0) -> None:
+        """A request for `cr` goes to `endpoint`: in flight there until `end`, its `prefill`
+        (prompt characters) queued until `answered`."""
+        self.in_flight[endpoint] += 1
+        self.queued[endpoint] += prefill
+        self._sent_for[endpoint] = cr
+
+    def answered(self, endpoint: str, prefill: int) -> None:
+        """The request's first byte came back: its prefill is done."""
+        self.queued[endpoint] -= prefill
+        if self.queued[endpoint] <= 0:
+            del self.queued[endpoint]
+
+    def end(self, endpoint: str) -> None:
+        """The request to `endpoint` ended (answered, failed or cancelled)."""
+        self.in_flight[endpoint] -= 1
+        if self.in_flight[endpoint] <= 0:
+            del self.in_flight[endpoint]
+            self._sent_for.pop(endpoint, None)
+
+    def in_flight_by_cr(self) -> Counter[Key]:
+        """Requests being proxied, per CR they were sent for."""
+        found: Counter[Key] = Counter()
+        for endpoint, count in self.in_flight.items():
+            cr = self._sent_for.get(endpoint)
+            if cr is not None:
+                found[cr] += count
+        return found
+
+    def total_in_flight(self) -> int:
+        return sum(self.in_flight.values())

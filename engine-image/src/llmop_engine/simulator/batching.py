@@ -26,10 +26,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmop_engine.simulator.config import SimConfig
 from llmop_engine.simulator.faults import FaultState
 from llmop_engine.simulator.metrics import SimMetrics
 from llmop_engine.simulator.prefix_cache import PrefixCache, cached_tokens
+from llmop_engine.simulator.sim_config import SimConfig
 
 
 class RequestTooLongError(ValueError):

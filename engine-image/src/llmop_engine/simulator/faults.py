@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmop_engine.simulator.config import FAULTS
+from llmop_engine.simulator.sim_config import FAULTS
 
 
 class FaultError(ValueError):

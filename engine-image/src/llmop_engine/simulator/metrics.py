@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from llmop_engine.simulator.config import SimConfig
+from llmop_engine.simulator.sim_config import SimConfig
 
 TTFT_BUCKETS = (
     0.001,

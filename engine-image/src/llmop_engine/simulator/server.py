@@ -55,12 +55,12 @@ from llmop_engine.contract import (
     Env,
 )
 from llmop_engine.simulator.batching import BatchEngine, RequestTooLongError, SimRequest
-from llmop_engine.simulator.config import SimConfig
 from llmop_engine.simulator.faults import FaultError, FaultState
 from llmop_engine.simulator.group import Rendezvous, run_headless
 from llmop_engine.simulator.lora import Answer, LoraRegistry, runtime_updating_allowed, text_shift
 from llmop_engine.simulator.metrics import SimMetrics
 from llmop_engine.simulator.prefix_cache import chat_text, prompt_blocks
+from llmop_engine.simulator.sim_config import SimConfig
 
 log = logging.getLogger("llmop_engine.simulator")
 

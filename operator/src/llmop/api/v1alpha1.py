@@ -14,12 +14,13 @@ from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
 from llmop_engine import contract
+from llmop_router import contract as router_contract
 
-GROUP = "serving.llmop.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "LLMDeployment"
-PLURAL = "llmdeployments"
+GROUP = router_contract.GROUP
+VERSION = router_contract.VERSION
+API_VERSION = router_contract.API_VERSION
+KIND = router_contract.KIND
+PLURAL = router_contract.PLURAL
 SINGULAR = "llmdeployment"
 SHORT_NAMES = ("llmd",)
 CATEGORIES = ("llmop",)
@@ -482,12 +483,16 @@ class ScaleToZeroSpec(ApiModel):
     """Idle models release their pods; llmop-router holds the first request after and wakes
     the model (docs/router.md)."""
 
-    idle_seconds: int = Field(default=300, ge=10, le=86400)
+    idle_seconds: int = Field(default=router_contract.DEFAULT_IDLE_SECONDS, ge=10, le=86400)
     """Seconds with nothing held or in flight at the router and nothing queued or running at
     the engines before the operator scales the engine workload to 0."""
-    hold_timeout_seconds: int = Field(default=300, ge=1, le=3600)
+    hold_timeout_seconds: int = Field(
+        default=router_contract.DEFAULT_HOLD_TIMEOUT_SECONDS, ge=1, le=3600
+    )
     """How long the router holds a request for a model at zero before it answers 504."""
-    max_pending_requests: int = Field(default=1000, ge=1, le=100000)
+    max_pending_requests: int = Field(
+        default=router_contract.DEFAULT_MAX_PENDING_REQUESTS, ge=1, le=100000
+    )
     """Requests the router holds per router pod for a model at zero; the next one gets 429
     with Retry-After."""
 
@@ -904,6 +909,10 @@ class PlanStatus(ApiModel):
     """Effective maximum sequence length."""
     max_concurrency: float | None = None
     """Sequences of maxModelLen tokens that fit in the KV cache at once."""
+    max_num_seqs: int | None = None
+    """Sequences the engine runs at once (`--max-num-seqs` as the engine gets it: set in
+    spec.engine, else vLLM's default for the GPU); llmop-router releases held requests to each
+    replica up to it."""
     fits: bool | None = None
     """Whether the model fits with these settings."""
     actual: ActualCapacity | None = None

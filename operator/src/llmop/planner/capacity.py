@@ -145,6 +145,9 @@ class CapacityPlan:
     shortfall_gib_per_gpu: float = 0.0
     """When it does not fit for memory: what each GPU lacks for the weights, overhead and one
     sequence of max_model_len (0 when it fits)."""
+    max_num_seqs: int | None = None
+    """The batch the engine runs with: the request's, else vLLM's default for the GPU (None:
+    not planned for, the CPU engine)."""
 
 
 def _batch_defaults(request: PlanRequest) -> tuple[int, int]:
@@ -347,6 +350,7 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
         shortfall_gib_per_gpu=(
             0.0 if reason in (REASON_FITS, REASON_INVALID_TP, REASON_INVALID_PP) else shortfall
         ),
+        max_num_seqs=max_num_seqs,
     )
 
 

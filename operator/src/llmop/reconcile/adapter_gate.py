@@ -1,8 +1,8 @@
 """The adapter pre-flight on the parent path: ask the Hub about each hf:// adapter whose source,
-revision or token changed (`hub.adapter_probe`), remember the answers in `ctx._adapter_gates`,
-and hand every path the verdicts (`adapter_preflight.judge`) — the ConfigMap without the refused
-adapters and with the accepted ones pinned to their commit (`applied`), and status
-(`verdicts_for`, read by `writes`).
+revision or token changed (`hub.adapter_probe`), remember the answers in the parent's
+`ParentMemory.adapter_gates`, and hand every path the verdicts (`adapter_preflight.judge`) — the
+ConfigMap without the refused adapters and with the accepted ones pinned to their commit
+(`applied`), and status (`verdicts_for`, read by `writes`).
 
 Adapters never gate the engine children: a refusal only keeps that adapter from the pods, and a
 Hub that cannot be reached leaves the adapter unjudged (the pods get it as declared) until a
@@ -86,8 +86,10 @@ def due_for_hub(ctx: Context) -> list[tuple[str, str]]:
     now = ctx.clock()
     return [
         key
-        for key, gates in list(ctx._adapter_gates.items())
-        if gates.unreachable_at is not None and now - gates.unreachable_at >= UNREACHABLE_RETRY
+        for key, memory in ctx.memories()
+        if (gates := memory.adapter_gates) is not None
+        and gates.unreachable_at is not None
+        and now - gates.unreachable_at >= UNREACHABLE_RETRY
     ]
 
 
@@ -104,11 +106,12 @@ def check(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> None:
     key = key_of(body)
     wanted = [a for a in llmd.spec.adapters if hub_repo(a) is not None]
     if not wanted:
-        ctx._adapter_gates.pop(key, None)
+        ctx.update(key, lambda memory: dataclasses.replace(memory, adapter_gates=None))
         return
-    gates = ctx._adapter_gates.get(key)
+    gates = ctx.recall(key).adapter_gates
     if gates is None or gates.uid != parsed.uid:
-        gates = ctx._adapter_gates[key] = AdapterGates(parsed.uid, parsed.generation)
+        gates = started = AdapterGates(parsed.uid, parsed.generation)
+        ctx.update(key, lambda memory: dataclasses.replace(memory, adapter_gates=started))
     new_generation = gates.generation != parsed.generation
     gates.generation = parsed.generation
     now = ctx.clock()
@@ -227,7 +230,7 @@ def verdicts_for(
 ) -> dict[str, AdapterVerdict | None]:
     """The verdict of each hf:// adapter of `spec`, from what the parent path's pre-flight
     remembered for this parent (None: not judged; empty when never asked). No I/O."""
-    gates = ctx._adapter_gates.get(key_of(body))
+    gates = ctx.recall(key_of(body)).adapter_gates
     if gates is None or gates.uid != body["metadata"].get("uid"):
         return {}
     token_secret = _token_secret(spec)

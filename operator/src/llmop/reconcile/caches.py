@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -87,7 +87,7 @@ def parse(ctx: Context, body: Mapping[str, Any]) -> Parsed:
     """The parent's desired state, computed once per generation."""
     key = key_of(body)
     uid, generation = generation_of(body)
-    cached = ctx._parsed.get(key)
+    cached = ctx.recall(key).parsed
     if cached is not None and (cached.uid, cached.generation) == (uid, generation):
         if cached.planned is None:
             return cached.unpack(None)
@@ -101,14 +101,15 @@ def parse(ctx: Context, body: Mapping[str, Any]) -> Parsed:
     except ValidationError as invalid:
         desired, error = None, _summary(invalid)
     parsed = Parsed(uid, generation, desired, error)
-    ctx._parsed[key] = PackedParse.pack(parsed)
+    packed = PackedParse.pack(parsed)
+    ctx.update(key, lambda memory: replace(memory, parsed=packed))
     return parsed
 
 
 def previous_status(ctx: Context, body: Mapping[str, Any]) -> Any:
     """The status as last written: this process's own write when the body predates it (the
     operator is the only status writer, and a watch event may lag behind its own patch)."""
-    written = ctx._written.get(key_of(body))
+    written = ctx.recall(key_of(body)).written
     if written is not None and written[0] == body["metadata"].get("uid"):
         return written[1]
     return body.get("status")
@@ -117,7 +118,7 @@ def previous_status(ctx: Context, body: Mapping[str, Any]) -> Any:
 def waiting_for_model(ctx: Context, body: Mapping[str, Any]) -> str | None:
     """Ready's and Reconciling's message while this generation's engine children wait for the
     model cache to fill (None when they do not)."""
-    gate = ctx._gates.get(key_of(body))
+    gate = ctx.recall(key_of(body)).model_gate
     if gate is None or (gate.uid, gate.generation) != generation_of(body):
         return None
     return waiting_message(gate.status.download)

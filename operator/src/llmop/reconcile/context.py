@@ -1,6 +1,7 @@
 """The reconcile's context: the per-parent locks, the watch caches handed in by the handlers,
-and what this process remembers between events (parsed specs, its own status writes, applied
-generations, model gates, downloads, agent readings, found problems)."""
+and what this process remembers of each parent between events (parsed specs, its own status
+writes, applied generations, model gates, downloads, agent readings, found problems), one
+`ParentMemory` record per parent."""
 
 from __future__ import annotations
 
@@ -185,6 +186,49 @@ class Found:
     child: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ParentMemory:
+    """Everything this process remembers of one parent between events, in one record: replaced
+    whole by `Context.update`, dropped whole by `Context.forget`. (The model and adapter gates
+    it holds are updated in place by their owners, under the parent's lock.)"""
+
+    parsed: PackedParse | None = None
+    """The last generation parsed and planned (`caches.parse`)."""
+    in_sync: InSync | None = None
+    """The children the child events last found in sync (`reconcile.in_sync`)."""
+    written: tuple[str, dict[str, Any]] | None = None
+    """(uid, the status) as this process last wrote it (`caches.previous_status`)."""
+    applied: tuple[str, int | None] | None = None
+    """(uid, generation) the children were last fully applied for, by this process."""
+    model_gate: ModelGate | None = None
+    """The model pre-flight with spec.model.cache, once per generation (`reconcile.model_gate`)."""
+    adapter_gates: AdapterGates | None = None
+    """The adapter pre-flight with hf:// adapters: asked on the parent path only, read by every
+    path (`reconcile.adapter_gate`)."""
+    downloading: bool = False
+    """The download Job runs: `poll_downloads` refreshes its progress."""
+    fleet: tuple[AgentReading, ...] | None = None
+    """The agents' latest readings (written by `llmop.fleet`); None: not read by this process
+    yet, and the status keeps what the agents said before."""
+    problem: Found | None = None
+    """The last problem found: every status path carries it until a new generation or a parent
+    pass that applied every child (`reconcile.problems`)."""
+    pool: PoolVerdict | None = None
+    """The InferencePool verdict of the last parent pass (`reconcile.pools`); only for parents
+    that want a pool or had one."""
+    group_restarts: tuple[str, Mapping[int, GroupHistory]] | None = None
+    """Per multi-node parent: (its uid, group index → what this process saw of the group: its
+    leader, its recreates within the window, the last exit), fed by every engine pod event
+    (`reconcile.groups.note_pod`) in kopf's event loop."""
+    deferred: tuple[str, int | None, datetime] | None = None
+    """(uid, generation, since when) when the parent pass left its status write to the
+    Deployment controller's first status (`reconcile.first_status`)."""
+
+
+NOTHING = ParentMemory()
+"""The record of a parent this process remembers nothing of."""
+
+
 @dataclass
 class Context:
     """Everything a reconcile needs, built once at startup (kopf's memo carries it)."""
@@ -202,46 +246,15 @@ class Context:
     """Watch cache of the LLMDeployments: (namespace, name) → the parent."""
     pods: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]] = field(default_factory=dict)
     """Watch cache of the engine pods: (namespace, parent name) → their summaries (llmop.pods)."""
-    fleet: dict[tuple[str, str], tuple[AgentReading, ...]] = field(default_factory=dict)
-    """The agents' latest readings per parent (written by `llmop.fleet`); a parent absent here
-    has not been read by this process yet, and its status keeps what the agents said before."""
-    _parsed: dict[tuple[str, str], PackedParse] = field(default_factory=dict)
-    _in_sync: dict[tuple[str, str], InSync] = field(default_factory=dict)
-    """The children each parent's child events last found in sync (`reconcile.in_sync`)."""
-    _written: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
-    _applied: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
-    """(uid, generation) each parent's children were last fully applied for, by this process."""
-    _gates: dict[tuple[str, str], ModelGate] = field(default_factory=dict)
-    """The model pre-flight of each parent with spec.model.cache, once per generation."""
-    _adapter_gates: dict[tuple[str, str], AdapterGates] = field(default_factory=dict)
-    """The adapter pre-flight of each parent with hf:// adapters: asked on the parent path
-    only, read by every path (`reconcile.adapter_gate`)."""
-    downloading: set[tuple[str, str]] = field(default_factory=set)
-    """Parents whose download Job runs: `poll_downloads` refreshes their progress."""
-    _problems: dict[tuple[str, str], Found] = field(default_factory=dict)
-    """The last problem found per parent: every status path carries it until a new generation
-    or a parent pass that applied every child (`remember`, `problem_of`, `clear_problem`)."""
-
-    _pools: dict[tuple[str, str], PoolVerdict] = field(default_factory=dict)
-    """The InferencePool verdict of each parent's last parent pass (`reconcile.pools`); only
-    for parents that want a pool or had one."""
+    _memory: dict[tuple[str, str], ParentMemory] = field(default_factory=dict, repr=False)
+    """What this process remembers of each parent (`recall`, `update`, `forget`)."""
+    _memory_guard: threading.Lock = field(default_factory=threading.Lock, repr=False)
     groups: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]] = field(default_factory=dict)
     """The LeaderWorkerSets we own as `llmop.group_check` last listed them: (namespace, parent
     name) → their summaries (`llmop.observed`); replaced whole at each listing."""
-    _group_restarts: dict[tuple[str, str], tuple[str, Mapping[int, GroupHistory]]] = field(
-        default_factory=dict
-    )
-    """Per multi-node parent: (its uid, group index → what this process saw of the group: its
-    leader, its recreates within the window, the last exit), fed by every engine pod event
-    (`reconcile.groups.note_pod`). Written only by kopf's event loop, and each entry replaced
-    whole (never changed in place), so the workers that derive status read it without a lock."""
     served: dict[ChildKind, bool] = field(default_factory=dict)
     """Whether the cluster serves an optional child kind's API (the InferencePool CRD), as
     discovery last said; absent: ask before the next apply."""
-
-    _deferred: dict[tuple[str, str], tuple[str, int | None, datetime]] = field(default_factory=dict)
-    """(uid, generation, since when) per parent whose parent pass left its status write to the
-    Deployment controller's first status (`reconcile.first_status`)."""
     deployments_observed_at: datetime | None = None
     """When a watch event last showed the Deployment controller had observed one of our
     Deployments (`first_status.note_deployment`): it runs, if perhaps behind."""
@@ -257,20 +270,29 @@ class Context:
         self.render_settings = self.config.render_settings()
         self.router = None if self.config.router is None else RouterView(self.config.router)
 
+    def recall(self, key: tuple[str, str]) -> ParentMemory:
+        """What this process remembers of the parent `key` (an empty record when nothing)."""
+        return self._memory.get(key, NOTHING)
+
+    def update(self, key: tuple[str, str], change: Callable[[ParentMemory], ParentMemory]) -> None:
+        """Replace the parent's record by `change(record)` (e.g. `lambda m: replace(m, x=…)`),
+        atomically: the records are written from worker threads and kopf's event loop alike.
+        `change` runs under a lock, so it must be quick and must not call `update` itself."""
+        with self._memory_guard:
+            memory = change(self._memory.get(key, NOTHING))
+            if memory == NOTHING:  # nothing left to remember (and a forgotten parent stays so)
+                self._memory.pop(key, None)
+            else:
+                self._memory[key] = memory
+
+    def memories(self) -> list[tuple[tuple[str, str], ParentMemory]]:
+        """Every parent's record, as a snapshot (for the checks that look across parents)."""
+        return list(self._memory.items())
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop what this process remembers of a deleted parent."""
-        self._parsed.pop((namespace, name), None)
-        self._in_sync.pop((namespace, name), None)
-        self._written.pop((namespace, name), None)
-        self._applied.pop((namespace, name), None)
-        self._gates.pop((namespace, name), None)
-        self._adapter_gates.pop((namespace, name), None)
-        self.downloading.discard((namespace, name))
-        self.fleet.pop((namespace, name), None)
-        self._problems.pop((namespace, name), None)
-        self._pools.pop((namespace, name), None)
-        self._group_restarts.pop((namespace, name), None)
-        self._deferred.pop((namespace, name), None)
+        with self._memory_guard:
+            self._memory.pop((namespace, name), None)
 
 
 _log = logging.getLogger("llmop.reconcile.context")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llmop import conditions, kinds, names, rollout_room
@@ -75,7 +75,7 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
         live[kinds.DEPLOYMENT] = fresh if one_owned([fresh] if fresh else [], uid) else None
     # kopf may run the create handler of one generation twice (under load its own annotation
     # patch can arrive after the next event): what this process already applied is only repaired.
-    done = ctx._applied.get((namespace, name)) == (uid, parsed.generation)
+    done = ctx.recall((namespace, name)).applied == (uid, parsed.generation)
     desired = rollouts.decided(ctx, body, desired, live.get(kinds.DEPLOYMENT))
     unserved = pools.prepare(ctx, body, desired, live)
     plan = plan_children(desired, live, parent=body, repair=done, unserved=unserved)
@@ -87,7 +87,8 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
             groups.forget_served(ctx)
         raise
     if problem is None:
-        ctx._applied[namespace, name] = (uid, parsed.generation)
+        done_for = (uid, parsed.generation)
+        ctx.update((namespace, name), lambda memory: replace(memory, applied=done_for))
         clear_problem(ctx, body, plan, repair=done)
         adapter_gate.nudge_pods(ctx, body, plan)
         if not done:
@@ -382,10 +383,10 @@ def refresh_from_job(ctx: Context, event_type: str | None, job: Mapping[str, Any
 def poll_downloads(ctx: Context) -> None:
     """Refresh the status of every parent whose download runs (progress, rate, ETA): the Job
     emits no event while bytes flow. Called every few seconds by the operator's poller."""
-    for namespace, name in sorted(ctx.downloading.copy()):  # copy: handlers add meanwhile
+    for namespace, name in sorted(key for key, memory in ctx.memories() if memory.downloading):
         body = cached_parent(ctx, namespace, name)
         if body is None:
-            ctx.downloading.discard((namespace, name))
+            ctx.update((namespace, name), lambda memory: replace(memory, downloading=False))
             continue
         try:
             reconcile_parent(ctx, body, trigger=TRIGGER_DOWNLOAD)

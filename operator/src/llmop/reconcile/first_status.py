@@ -24,11 +24,13 @@ written at once as before."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from llmop import kinds
 from llmop.desired import DesiredState
+from llmop.kinds import ChildKind
 from llmop.reconcile.caches import key_of, live_children
 from llmop.reconcile.context import Context
 from llmop.reconcile.problems import problem_of
@@ -46,10 +48,17 @@ def _generation(body: Mapping[str, Any]) -> tuple[str, int | None]:
     return str(metadata.get("uid") or ""), metadata.get("generation")
 
 
-def _observed(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
-    """The cached Deployment is the one the parent pass applied, seen by its controller."""
-    namespace, name = key_of(body)
-    deployment = live_children(ctx, namespace, name, body["metadata"]["uid"]).get(kinds.DEPLOYMENT)
+def _observed(
+    ctx: Context,
+    body: Mapping[str, Any],
+    desired: DesiredState,
+    live: Mapping[ChildKind, Any] | None = None,
+) -> bool:
+    """The cached Deployment is the one the parent pass applied, seen by its controller
+    (`live`: the children as the caller listed them; else listed here)."""
+    if live is None:
+        live = live_children(ctx, *key_of(body), body["metadata"]["uid"])
+    deployment = live.get(kinds.DEPLOYMENT)
     rollout = observe_rollout(deployment, desired.llmd.spec, template_hash=desired.template_hash)
     return rollout.exists and rollout.current_generation_observed and rollout.template_current
 
@@ -66,7 +75,8 @@ def defer(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
     ):
         return False
     namespace, name = key_of(body)
-    ctx._deferred[namespace, name] = (*_generation(body), ctx.clock())
+    deferred = (*_generation(body), ctx.clock())
+    ctx.update((namespace, name), lambda memory: replace(memory, deferred=deferred))
     ctx.schedule_status(namespace, name)
     return True
 
@@ -87,14 +97,19 @@ def _seconds(since: datetime, now: datetime) -> float:
 def _since(ctx: Context, body: Mapping[str, Any]) -> datetime | None:
     """When the deferral of `body`'s generation began; None when that generation's status is
     not deferred (never was, or something wrote it since)."""
-    deferred = ctx._deferred.get(key_of(body))
+    deferred = ctx.recall(key_of(body)).deferred
     return deferred[2] if deferred is not None and deferred[:2] == _generation(body) else None
 
 
-def _unobserved(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
+def _unobserved(
+    ctx: Context,
+    body: Mapping[str, Any],
+    desired: DesiredState,
+    live: Mapping[ChildKind, Any] | None = None,
+) -> bool:
     """Still waiting for the Deployment controller: it has not observed the applied Deployment,
     and no problem is remembered (a problem is written at once)."""
-    return problem_of(ctx, body) is None and not _observed(ctx, body, desired)
+    return problem_of(ctx, body) is None and not _observed(ctx, body, desired, live)
 
 
 def wait_longer(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
@@ -113,16 +128,19 @@ def wait_longer(ctx: Context, body: Mapping[str, Any], desired: DesiredState) ->
     )
 
 
-def held(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
+def held(
+    ctx: Context, body: Mapping[str, Any], desired: DesiredState, live: Mapping[ChildKind, Any]
+) -> bool:
     """A status path is to write nothing yet: this generation's status was deferred and the
-    Deployment controller has not observed the applied Deployment. Once it has (or the parent
-    moved on to another generation, or a problem is remembered), the deferral ends."""
+    Deployment controller has not observed the applied Deployment (in `live`, the children as
+    the status path listed them). Once it has (or the parent moved on to another generation,
+    or a problem is remembered), the deferral ends."""
     key = key_of(body)
-    if key not in ctx._deferred:
+    if ctx.recall(key).deferred is None:
         return False
-    if _since(ctx, body) is not None and _unobserved(ctx, body, desired):
+    if _since(ctx, body) is not None and _unobserved(ctx, body, desired, live):
         return True
-    ctx._deferred.pop(key, None)
+    _end(ctx, key)
     return False
 
 
@@ -136,5 +154,9 @@ def take(ctx: Context, body: Mapping[str, Any]) -> bool:
     """End the deferral of `body`'s generation for the fallback: True when it was still
     pending (nothing has written this generation's status since the parent pass)."""
     was_pending = pending(ctx, body)
-    ctx._deferred.pop(key_of(body), None)
+    _end(ctx, key_of(body))
     return was_pending
+
+
+def _end(ctx: Context, key: tuple[str, str]) -> None:
+    ctx.update(key, lambda memory: replace(memory, deferred=None))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from llmop import conditions, group_restarts, kinds, names
@@ -64,8 +65,9 @@ def waiting(ctx: Context) -> list[tuple[str, str]]:
     """Parents stalled for want of the LeaderWorkerSet API."""
     return sorted(
         key
-        for key, found in list(ctx._problems.items())
-        if found.problem.reason == conditions.REASON_LWS_MISSING
+        for key, memory in ctx.memories()
+        if memory.problem is not None
+        and memory.problem.problem.reason == conditions.REASON_LWS_MISSING
     )
 
 
@@ -154,7 +156,7 @@ def note_pod(ctx: Context, event_type: str | None, pod: Mapping[str, Any]) -> No
         return
     uid = str(parent["metadata"].get("uid") or "")
     now = ctx.clock()
-    known_uid, before = ctx._group_restarts.get(key, ("", {}))
+    known_uid, before = ctx.recall(key).group_restarts or ("", {})
     histories: dict[int, GroupHistory] = dict(before) if known_uid == uid else {}
     earlier = histories.get(index)
     seen = group_restarts.observe(earlier, pod, now)
@@ -175,13 +177,11 @@ def note_pod(ctx: Context, event_type: str | None, pod: Mapping[str, Any]) -> No
         if wanted is not None and index >= wanted:
             histories.pop(index, None)
     # Replaced whole, pruned: the workers deriving status read it without a lock.
-    ctx._group_restarts[key] = (
-        uid,
-        {i: group_restarts.prune(h, now) for i, h in histories.items()},
-    )
+    kept = (uid, {i: group_restarts.prune(h, now) for i, h in histories.items()})
+    ctx.update(key, lambda memory: replace(memory, group_restarts=kept))
 
 
 def restarts_of(ctx: Context, namespace: str, name: str, uid: str) -> Mapping[int, GroupHistory]:
     """The group histories of the parent `uid` (empty for any other parent of that name)."""
-    known_uid, histories = ctx._group_restarts.get((namespace, name), ("", {}))
+    known_uid, histories = ctx.recall((namespace, name)).group_restarts or ("", {})
     return histories if known_uid == uid else {}

@@ -21,6 +21,7 @@ any order are true statements; the worst a race does is cost one check.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from llmop import kinds
@@ -51,7 +52,7 @@ def fingerprint(kind: ChildKind, live: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def _current(ctx: Context, body: Mapping[str, Any]) -> PackedParse | None:
     """The packed desired state of `body`'s generation, if this process parsed it."""
-    packed = ctx._parsed.get(key_of(body))
+    packed = ctx.recall(key_of(body)).parsed
     if packed is None or (packed.uid, packed.generation) != generation_of(body):
         return None
     return packed
@@ -64,7 +65,7 @@ def known(
     the desired state of `body`'s generation, and is unchanged in all the check reads."""
     if live is None:
         return False
-    entry = ctx._in_sync.get(key_of(body))
+    entry = ctx.recall(key_of(body)).in_sync
     if entry is None or entry.packed is not _current(ctx, body):
         return False
     remembered = entry.found.get(kind)
@@ -80,7 +81,8 @@ def note(
     if live is None or packed is None or packed.planned is None or kind in NOT_REMEMBERED:
         return
     key = key_of(body)
-    entry = ctx._in_sync.get(key)
+    entry = ctx.recall(key).in_sync
     found = dict(entry.found) if entry is not None and entry.packed is packed else {}
     found[kind] = fingerprint(kind, live)
-    ctx._in_sync[key] = InSync(packed, found)
+    noted = InSync(packed, found)
+    ctx.update(key, lambda memory: replace(memory, in_sync=noted))

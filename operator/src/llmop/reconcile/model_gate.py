@@ -6,9 +6,10 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from llmop import engine_client, events, hub, kinds, preflight
+from llmop import events, hub, kinds, pod_client, preflight
 from llmop.api.v1alpha1 import LLMDeployment, ModelStatus
 from llmop.cache_gate import plan_gate
 from llmop.desired import DesiredState, desired_state
@@ -113,7 +114,7 @@ def _download_progress(ctx: Context, namespace: str, job_name: str) -> Any:
     for pod in pods:
         status = pod.get("status") or {}
         if status.get("phase") == "Running" and status.get("podIP"):
-            return engine_client.read_progress(status["podIP"])
+            return pod_client.read_progress(status["podIP"])
     return None
 
 
@@ -124,7 +125,7 @@ def _gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> ModelGate:
     assert parsed.desired is not None
     llmd = parsed.desired.llmd
     key = key_of(body)
-    gate = ctx._gates.get(key)
+    gate = ctx.recall(key).model_gate
     if gate is not None and (gate.uid, gate.generation) == (parsed.uid, parsed.generation):
         return gate
     if (
@@ -136,7 +137,8 @@ def _gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> ModelGate:
         gate = ModelGate(parsed.uid, parsed.generation, gate.model, gate.verdict, gate.status)
     else:
         gate = _preflight(ctx, body, llmd)
-    ctx._gates[key] = gate
+    kept = gate
+    ctx.update(key, lambda memory: replace(memory, model_gate=kept))
     return gate
 
 
@@ -169,10 +171,8 @@ def run_gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> DesiredSt
         gate.applied = True
         job = _read_job(ctx, key[0], llmd, plan.revision or "")
         plan = plan_gate(llmd, body, settings, gate.verdict, job=job, progress=None, applied=True)
-    if plan.downloading:
-        ctx.downloading.add(key)
-    else:
-        ctx.downloading.discard(key)
+    downloading = plan.downloading
+    ctx.update(key, lambda memory: replace(memory, downloading=downloading))
     if plan.download is not None:
         gate.status = gate.status.model_copy(update={"download": plan.download})
     if plan.outcome == "stall":
@@ -193,7 +193,7 @@ def desired_for(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> Desire
     gate's (None until this process saw the cache filled: the parent path decides then)."""
     if parsed.desired is None or parsed.desired.llmd.spec.model.cache is None:
         return parsed.desired
-    gate = ctx._gates.get(key_of(body))
+    gate = ctx.recall(key_of(body)).model_gate
     if gate is None or (gate.uid, gate.generation) != (parsed.uid, parsed.generation):
         return None
     return gate.desired

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from llmop import kinds
@@ -43,7 +44,7 @@ def forget_served(ctx: Context) -> None:
 
 def recorded(ctx: Context, body: Mapping[str, Any]) -> bool:
     """A pool this operator made may exist: this process's verdict, else the stored status."""
-    verdict = ctx._pools.get(key_of(body))
+    verdict = ctx.recall(key_of(body)).pool
     if verdict is not None and verdict.uid == body["metadata"].get("uid"):
         return verdict.applied
     stored = previous_status(ctx, body)
@@ -75,16 +76,19 @@ def settle(ctx: Context, body: Mapping[str, Any], desired: DesiredState, *, unse
     want = wanted(desired)
     if desired.children is None or not (want or recorded(ctx, body)):
         return
-    ctx._pools[key_of(body)] = PoolVerdict(
+    verdict = PoolVerdict(
         uid=str(body["metadata"].get("uid") or ""),
         applied=want and not unserved,
         unavailable=want and unserved,
     )
+    ctx.update(key_of(body), lambda memory: replace(memory, pool=verdict))
 
 
 def waiting(ctx: Context) -> list[tuple[str, str]]:
     """Parents whose wanted pool waits for the InferencePool API."""
-    return sorted(key for key, verdict in list(ctx._pools.items()) if verdict.unavailable)
+    return sorted(
+        key for key, memory in ctx.memories() if memory.pool is not None and memory.pool.unavailable
+    )
 
 
 def recheck(ctx: Context) -> list[tuple[str, str]]:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from llmop import conditions, events, kinds, pool_view
 from llmop.api.v1alpha1 import LLMDeploymentStatus, ModelStatus
 from llmop.desired import DesiredState
 from llmop.hub import HubUnavailableError
+from llmop.kinds import ChildKind
 from llmop.kube import KubeError, RejectedError
 from llmop.metrics import RESULT_ERROR, RESULT_OK, RESULT_STALLED
 from llmop.observed import shared_strings
@@ -21,7 +24,14 @@ from llmop.reconcile.caches import key_of, live_children, previous_status, waiti
 from llmop.reconcile.context import Context
 from llmop.reconcile.groups import restarts_of
 from llmop.reconcile.problems import problem_of, remember
-from llmop.status import Problem, derive_invalid_status, derive_status, parse_previous, status_patch
+from llmop.status import (
+    Observed,
+    Problem,
+    derive_invalid_status,
+    derive_status,
+    parse_previous,
+    status_patch,
+)
 
 log = logging.getLogger("llmop.reconcile.writes")
 
@@ -54,11 +64,13 @@ def _apply(ctx: Context, step: Apply) -> None:
     ctx.metrics.child_writes.labels(step.kind, "apply").inc()
 
 
-def _write_status(ctx: Context, body: Mapping[str, Any], status: Any) -> None:
-    """Write `status` when it differs from the last one, then post transition Events."""
-    raw_previous = previous_status(ctx, body)
-    status = _with_model_status(ctx, body, status, raw_previous)
-    patch = status_patch(raw_previous, status)
+def _write_status(
+    ctx: Context, body: Mapping[str, Any], status: LLMDeploymentStatus, observed: Observed
+) -> None:
+    """Write `status` when it differs from the last one (`observed.stored`), then post
+    transition Events."""
+    status = _with_model_status(ctx, body, status, observed.stored)
+    patch = status_patch(observed.stored, status)
     if patch is None:
         return
     namespace, name = key_of(body)
@@ -67,12 +79,10 @@ def _write_status(ctx: Context, body: Mapping[str, Any], status: Any) -> None:
     )
     if written is None:
         return
-    ctx._written[namespace, name] = (
-        body["metadata"].get("uid", ""),
-        shared_strings(written.get("status") or {}),
-    )
+    kept = (body["metadata"].get("uid", ""), shared_strings(written.get("status") or {}))
+    ctx.update((namespace, name), lambda memory: replace(memory, written=kept))
     ctx.metrics.status_writes.inc()
-    previous = parse_previous(raw_previous)
+    previous = observed.previous
     now = ctx.clock()
     wanted = events.transition_events(previous.conditions, status.conditions)
     wanted += events.adapter_events(previous.adapters, status.adapters)
@@ -88,7 +98,7 @@ def _with_model_status(
 ) -> LLMDeploymentStatus:
     """`status` with status.model: this process's pre-flight, else the stored one (a restarted
     operator keeps it until its own pre-flight runs)."""
-    gate = ctx._gates.get(key_of(body))
+    gate = ctx.recall(key_of(body)).model_gate
     if gate is not None and gate.uid == body["metadata"].get("uid"):
         return status.model_copy(update={"model": gate.status})
     stored = raw_previous.get("model") if isinstance(raw_previous, Mapping) else None
@@ -97,17 +107,25 @@ def _with_model_status(
     return status
 
 
+def _previous(ctx: Context, body: Mapping[str, Any]) -> Observed:
+    """The parent's identity and its status as last written, parsed once; nothing else."""
+    namespace, name = key_of(body)
+    stored = previous_status(ctx, body)
+    return Observed(name, namespace, previous=parse_previous(stored), stored=stored)
+
+
 def write_stalled(ctx: Context, body: Mapping[str, Any], problem: Problem) -> str:
     namespace, name = key_of(body)
     remember(ctx, body, problem)
+    observed = _previous(ctx, body)
     status = derive_invalid_status(
         name=name,
         generation=body["metadata"].get("generation"),
-        previous=parse_previous(previous_status(ctx, body)),
+        previous=observed.previous,
         problem=problem,
         now=ctx.clock(),
     )
-    _write_status(ctx, body, status)
+    _write_status(ctx, body, status, observed)
     log.warning("%s/%s stalled: %s: %s", namespace, name, problem.reason, problem.message)
     return RESULT_STALLED
 
@@ -116,72 +134,82 @@ JUST_APPLIED: Mapping[str, Any] = {"metadata": {"generation": 1}}
 """How a Deployment looks right after its first apply, before any controller saw it."""
 
 
-def _derived_status(
+def observe(
     ctx: Context,
     body: Mapping[str, Any],
     desired: DesiredState,
     problem: Problem | None,
+    live: Mapping[ChildKind, Any],
     *,
     applied: bool = False,
-) -> LLMDeploymentStatus:
-    """The status derived from the watch cache of the Deployment (no I/O).
+) -> Observed:
+    """What one status write derives from, gathered once from the caches and this process's
+    memory (no I/O): `live` (the children as `live_children` listed them for this write), the
+    pods, the agents' readings, the status as last written, and the verdicts — `problem`, else
+    the one remembered; the model download waited for; the pool's, the adapters'; the groups'
+    restarts.
 
-    A Deployment this reconcile just applied but the cache has not delivered yet is read as
+    A workload this reconcile just applied but the cache has not delivered yet is read as
     freshly created (not yet observed: rolling out) rather than missing — what its own watch
     event will say a moment later, so that event needs no second status write. It can never
     read as Ready."""
     namespace, name = key_of(body)
-    if problem is None:
-        problem = problem_of(ctx, body)
-    live = live_children(ctx, namespace, name, body["metadata"]["uid"])
+    uid = str(body["metadata"].get("uid") or "")
     spec = desired.llmd.spec
     # The workload the spec wants: the other kind, while it waits to be deleted after a
     # pipelineParallelSize switch, says nothing about the new one.
-    multi_node = spec.pipeline_parallel_size > 1
-    deployment = live.get(kinds.LEADER_WORKER_SET if multi_node else kinds.DEPLOYMENT)
-    if deployment is None and applied:
-        deployment = JUST_APPLIED
-    previous = parse_previous(previous_status(ctx, body))
+    workload = kinds.LEADER_WORKER_SET if spec.pipeline_parallel_size > 1 else kinds.DEPLOYMENT
+    children = dict(live)
+    if children.get(workload) is None and applied:
+        children[workload] = JUST_APPLIED
+    stored = previous_status(ctx, body)
+    previous = parse_previous(stored)
+    memory = ctx.recall((namespace, name))
     inference_pool, pool_issue = pool_view.pool_state(
-        name=name,
-        namespace=namespace,
-        uid=str(body["metadata"].get("uid") or ""),
-        spec=spec,
-        previous=previous,
-        verdict=ctx._pools.get((namespace, name)),
+        name=name, namespace=namespace, uid=uid, spec=spec, previous=previous, verdict=memory.pool
     )
-    return derive_status(
+    return Observed(
         name=name,
         namespace=namespace,
         generation=desired.llmd.metadata.generation,
         previous=previous,
-        spec=spec,
-        sizing=desired.sizing,
-        deployment=deployment,
-        template_hash=desired.template_hash,
-        problem=problem,
-        now=ctx.clock(),
+        stored=stored,
+        children=children,
         pods=list(ctx.pods.get((namespace, name)) or ()),
-        fleet=ctx.fleet.get((namespace, name)),
-        hpa=live.get(kinds.HPA) if spec.autoscaling is not None else None,
+        fleet=memory.fleet,
+        problem=problem if problem is not None else problem_of(ctx, body),
         waiting=waiting_for_model(ctx, body),
         router=ctx.router,
         inference_pool=inference_pool,
         pool_issue=pool_issue,
         adapter_verdicts=verdicts_for(ctx, body, spec),
-        group_restarts=restarts_of(ctx, namespace, name, str(body["metadata"].get("uid") or "")),
+        group_restarts=restarts_of(ctx, namespace, name, uid),
     )
+
+
+def _derive(observed: Observed, desired: DesiredState, now: datetime) -> LLMDeploymentStatus:
+    return derive_status(
+        observed,
+        desired.llmd.spec,
+        desired.sizing,
+        template_hash=desired.template_hash,
+        now=now,
+    )
+
+
+def _live(ctx: Context, body: Mapping[str, Any]) -> dict[ChildKind, Any]:
+    return live_children(ctx, *key_of(body), body["metadata"]["uid"])
 
 
 def status_changed(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
     """`write_derived_status(ctx, body, desired, None)` would write (decided without I/O)."""
-    if first_status.held(ctx, body, desired):
+    live = _live(ctx, body)
+    if first_status.held(ctx, body, desired, live):
         return False
-    status = _derived_status(ctx, body, desired, None)
-    raw_previous = previous_status(ctx, body)
-    return (
-        status_patch(raw_previous, _with_model_status(ctx, body, status, raw_previous)) is not None
-    )
+    observed = observe(ctx, body, desired, None, live)
+    status = _derive(observed, desired, ctx.clock())
+    stored = observed.stored
+    return status_patch(stored, _with_model_status(ctx, body, status, stored)) is not None
 
 
 def write_derived_status(
@@ -192,12 +220,15 @@ def write_derived_status(
     *,
     applied: bool = False,
 ) -> str:
-    """Derive the status from the watch cache of the Deployment (`_derived_status`, which
-    carries a remembered problem) and write it if it changed; nothing while the parent pass's
-    deferred status waits for the Deployment controller (`first_status.held`)."""
-    if problem is None and first_status.held(ctx, body, desired):
+    """Derive the status from the watch caches (`observe`: the children listed once, the
+    previous status parsed once, a remembered problem carried) and write it if it changed;
+    nothing while the parent pass's deferred status waits for the Deployment controller
+    (`first_status.held`)."""
+    live = _live(ctx, body)
+    if problem is None and first_status.held(ctx, body, desired, live):
         return result_of(ctx, body, desired, None)
-    _write_status(ctx, body, _derived_status(ctx, body, desired, problem, applied=applied))
+    observed = observe(ctx, body, desired, problem, live, applied=applied)
+    _write_status(ctx, body, _derive(observed, desired, ctx.clock()), observed)
     return result_of(ctx, body, desired, problem)
 
 

@@ -19,8 +19,9 @@ from typing import Any
 
 from llmop import kinds, names
 from llmop.api.v1alpha1 import AdapterSpec, LLMDeployment, LLMDeploymentSpec, LoraSpec
-from llmop.render import engine_args, model_cache
+from llmop.render import model_cache
 from llmop.render.metadata import child_metadata
+from llmop.render.model_source import PVC_SCHEME, pvc_claim
 from llmop.settings import RenderSettings
 from llmop_engine import contract
 from llmop_engine.contract import AdapterKey, EngineFlag
@@ -125,17 +126,15 @@ def pod_path(llmd: LLMDeployment, adapter: AdapterSpec) -> str | Refusal | None:
     """Where a pvc:// adapter's folder is inside an engine pod (None for hf:// adapters, which
     the agent fetches), or why it cannot be reached: the claim must be one the pods mount —
     the model's own (pvc:// model) or the model cache's."""
-    if not adapter.source.startswith(engine_args.PVC_SCHEME):
+    if not adapter.source.startswith(PVC_SCHEME):
         return None
-    claim, _, path = adapter.source[len(engine_args.PVC_SCHEME) :].partition("/")
+    claim, _, path = adapter.source[len(PVC_SCHEME) :].partition("/")
     path = path.strip("/")
-    if claim == engine_args.pvc_claim(llmd.spec.model):
+    if claim == pvc_claim(llmd.spec.model):
         return f"{names.PVC_MOUNT_ROOT}/{claim}/{path}"
     if claim == model_cache.cache_claim(llmd):
         return f"{names.MODEL_CACHE_PATH}/{path}"
-    mounted = [
-        c for c in (engine_args.pvc_claim(llmd.spec.model), model_cache.cache_claim(llmd)) if c
-    ]
+    mounted = [c for c in (pvc_claim(llmd.spec.model), model_cache.cache_claim(llmd)) if c]
     return Refusal(
         REASON_CLAIM_NOT_MOUNTED,
         f"spec.adapters[{adapter.name}].source: the engine pods do not mount claim {claim!r}"

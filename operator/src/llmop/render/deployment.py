@@ -10,10 +10,11 @@ from typing import Any
 
 from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
-from llmop.cpu import cpu_engine
+from llmop.cpu_engine import cpu_engine
 from llmop.render import adapters, engine_args, model_cache
 from llmop.render.hashing import template_hash
 from llmop.render.metadata import child_metadata
+from llmop.render.model_source import pvc_claim
 from llmop.settings import RenderSettings
 from llmop_engine import contract
 
@@ -303,7 +304,7 @@ def _volumes(llmd: LLMDeployment) -> list[dict[str, Any]]:
     adapters_volume = adapters.volume(llmd)
     if adapters_volume is not None:
         volumes.append(adapters_volume)
-    claim = engine_args.pvc_claim(spec.model)
+    claim = pvc_claim(spec.model)
     if claim is not None:
         volumes.append(
             {"name": "model-pvc", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
@@ -328,7 +329,7 @@ def _volume_mounts(llmd: LLMDeployment) -> list[dict[str, Any]]:
     adapters_mount = adapters.volume_mount(llmd)
     if adapters_mount is not None:
         mounts.append(adapters_mount)
-    claim = engine_args.pvc_claim(llmd.spec.model)
+    claim = pvc_claim(llmd.spec.model)
     if claim is not None:
         mounts.append(
             {

@@ -16,28 +16,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from llmop import names
-from llmop.api.v1alpha1 import LLMDeployment, ModelSpec, SpeculativeSpec
-from llmop.cpu import cpu_kv_cache_gib
+from llmop.api.v1alpha1 import LLMDeployment, SpeculativeSpec
+from llmop.cpu_engine import cpu_kv_cache_gib
 from llmop.render import adapters
+from llmop.render.model_source import PVC_SCHEME, model_location
 from llmop_engine import contract
 from llmop_engine.contract import EngineFlag, Env
-
-PVC_SCHEME = "pvc://"
-
-
-def model_location(model: ModelSpec) -> str:
-    """What vLLM loads: the repo id, or the path where the claim is mounted."""
-    if model.name.startswith(PVC_SCHEME):
-        claim, _, path = model.name[len(PVC_SCHEME) :].partition("/")
-        return f"{names.PVC_MOUNT_ROOT}/{claim}/{path}".rstrip("/")
-    return model.name
-
-
-def pvc_claim(model: ModelSpec) -> str | None:
-    """The PersistentVolumeClaim holding the weights, when the model lives on one."""
-    if model.name.startswith(PVC_SCHEME):
-        return model.name[len(PVC_SCHEME) :].partition("/")[0]
-    return None
 
 
 def served_model_name(llmd: LLMDeployment) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from llmop import kinds, names
 from llmop.api.v1alpha1 import DownloadStatus, LLMDeployment, ModelCacheSpec
-from llmop.cpu import cpu_engine
+from llmop.cpu_engine import cpu_engine
 from llmop.render.metadata import child_metadata
 from llmop.settings import RenderSettings
 from llmop_engine import contract

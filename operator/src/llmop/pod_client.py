@@ -28,15 +28,16 @@ import aiohttp
 
 from llmop.agents import AgentReading, parse_status
 from llmop_engine import contract
+from llmop_router import contract as router_contract
 
-log = logging.getLogger("llmop.engine_client")
+log = logging.getLogger("llmop.pod_client")
 
 DEFAULT_TIMEOUT_SECONDS = 2.0
 """The agent answers `/status` from memory in well under a millisecond; two seconds is a hung
 agent or an unreachable pod, not a slow one."""
 DEFAULT_CONCURRENCY = 32
 PROGRESS_PATH = contract.PROGRESS_PATH
-ROUTER_ACTIVITY_PATH = "/llmop/activity"
+ROUTER_ACTIVITY_PATH = router_contract.ACTIVITY_PATH
 """llmop-router's per-CR traffic (in flight, held, newest request), read for scale to zero."""
 
 

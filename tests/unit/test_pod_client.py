@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from llmop import fleet
-from llmop.engine_client import AgentClient, ReadResult, Target
+from llmop.pod_client import AgentClient, ReadResult, Target
 from support.standin_agents import agent_status, standin_agents
 
 

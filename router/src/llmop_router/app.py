@@ -1,0 +1,318 @@
+"""The router's HTTP server: an OpenAI endpoint for every routed model, streaming without
+buffering, plus health, metrics, the table and the activity the operator reads.
+
+A request's body is read once (requests are small next to their answers) and parsed only for
+`model` and the routing key; the table picks its pods, a CR at zero holds it
+(`scale_to_zero`), the proxy sends it and relays the answer (`proxy`). Engine admin routes never
+pass (403).
+
+`serve` runs it until SIGTERM, then stops without refusing anyone: unready and still serving for
+a delay (the Service's proxies drop the terminating pod meanwhile), then no new connections while
+the answers in flight finish. The exception is requests held for a CR at zero: they are answered
+503 with `Retry-After` at once (the client's retry reaches another router pod, which holds it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from llmop_router import contract
+from llmop_router.answers import error, send_error_event
+from llmop_router.contract import ActivityKey
+from llmop_router.hold import Holding, Key
+from llmop_router.metrics import RouterMetrics
+from llmop_router.prefix import routing_info
+from llmop_router.proxy import Proxy
+from llmop_router.routes import RouteTable
+from llmop_router.scale_to_zero import HEARTBEAT_SECONDS, Holder, Waker
+
+log = logging.getLogger("llmop_router.app")
+
+INFERENCE_ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+)
+"""What passes to the engines; every other `/v1/…` route (e.g. `/v1/load_lora_adapter`) is 403."""
+MODELS_ROUTE = "/v1/models"
+ACTIVITY_ROUTE = contract.ACTIVITY_PATH
+"""Per CR: requests in flight, held, and the newest arrival (the operator's idle check)."""
+ROUTES_ROUTE = "/routes"
+"""The table as the router sees it (model → CR, endpoints, in-flight): for debugging routing."""
+RETRY_AFTER_SECONDS = "5"
+SHUTDOWN_DELAY_SECONDS = 5.0
+"""How long the router keeps serving, unready, after SIGTERM: kube-proxy (and any load balancer)
+drops a terminating endpoint only after the EndpointSlice update reaches it, and until then new
+connections still arrive (docs/router.md, "Router pods")."""
+DRAIN_SECONDS = 60.0
+"""After the delay, how long answers in flight may take to finish before they are cut."""
+
+
+class Router:
+    """The router over a `RouteTable` (filled by the watch or a static file)."""
+
+    def __init__(
+        self,
+        table: RouteTable,
+        metrics: RouterMetrics | None = None,
+        *,
+        connect_timeout: float = 5.0,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        waker: Waker | None = None,
+    ) -> None:
+        self.table = table
+        self.metrics = metrics or RouterMetrics()
+        self.metrics.in_flight.set_function(table.total_in_flight)
+        self.proxy = Proxy(
+            table, self.metrics, connect_timeout=connect_timeout, draining=lambda: self.draining
+        )
+        self.holder = Holder(table, self.metrics, heartbeat=heartbeat, waker=waker)
+        self.last_request: dict[Key, float] = {}
+        """Per CR this router has seen a request for: when the newest one arrived (Unix)."""
+        self.ready = False
+        self.waiting: list[str] = []
+        """What readiness waits for, in words (`/readyz` says it while unready)."""
+        self.draining = False
+        """Set on SIGTERM: unready, and every answer closes its connection."""
+        self.app_hooks: list[Callable[[web.Application], None]] = []
+        """Called with the app before it runs (the watch attaches itself here)."""
+
+    @property
+    def holding(self) -> Holding:
+        """The held requests' queues."""
+        return self.holder.queues
+
+    @property
+    def waker(self) -> Waker | None:
+        return self.holder.waker
+
+    @waker.setter
+    def waker(self, waker: Waker | None) -> None:
+        self.holder.waker = waker
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        await self.proxy.open()
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        self.holder.close()
+        await self.proxy.close()
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=64 * 1024 * 1024, middlewares=[self._close_when_draining]
+        )
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        app.router.add_get(MODELS_ROUTE, self.list_models)
+        for route in INFERENCE_ROUTES:
+            app.router.add_post(route, self.route)
+        app.router.add_route("*", "/v1/{rest:.*}", self.refuse)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_page)
+        app.router.add_get(ROUTES_ROUTE, self.list_routes)
+        app.router.add_get(ACTIVITY_ROUTE, self.list_activity)
+        for hook in self.app_hooks:
+            hook(app)
+        return app
+
+    def stop_holding(self) -> None:
+        """Answer every held request 503 (this pod stops; the client's retry goes elsewhere)."""
+        self.holder.stop()
+
+    @web.middleware
+    async def _close_when_draining(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        response = await handler(request)
+        if self.draining and not response.prepared:
+            response.force_close()
+        return response
+
+    # -- small routes ---------------------------------------------------------------------
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        ready = self.ready and not self.draining
+        body: dict[str, object] = {"ok": ready}
+        if not ready:
+            body["waiting"] = ["draining: stopping"] if self.draining else self.waiting
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def metrics_page(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), content_type="text/plain")
+
+    async def list_models(self, _request: web.Request) -> web.Response:
+        data = [
+            {
+                "id": model,
+                "object": "model",
+                "owned_by": f"{backend.namespace}/{backend.name}",
+            }
+            for model, backend in sorted(self.table.backends.items())
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def list_routes(self, _request: web.Request) -> web.Response:
+        routes = {
+            model: {
+                "namespace": backend.namespace,
+                "name": backend.name,
+                "endpoints": {e: self.table.in_flight.get(e, 0) for e in backend.ring.endpoints},
+                "scaledToZero": backend.wake.scaled_to_zero,
+                "held": self.holding.held((backend.namespace, backend.name)),
+            }
+            for model, backend in sorted(self.table.backends.items())
+        }
+        return web.json_response({"ready": self.ready, "models": routes})
+
+    async def list_activity(self, _request: web.Request) -> web.Response:
+        in_flight = self.table.in_flight_by_cr()
+        models = [
+            {
+                ActivityKey.NAMESPACE: key[0],
+                ActivityKey.NAME: key[1],
+                ActivityKey.IN_FLIGHT: in_flight[key],
+                ActivityKey.HELD: self.holding.held(key),
+                ActivityKey.LAST_REQUEST_UNIX: last,
+            }
+            for key, last in sorted(self.last_request.items())
+        ]
+        return web.json_response({ActivityKey.MODELS: models})
+
+    async def refuse(self, request: web.Request) -> web.Response:
+        return error(
+            403,
+            f"{request.method} {request.path} is not routed: only the inference routes "
+            f"({', '.join(INFERENCE_ROUTES)}) and GET {MODELS_ROUTE} pass the router",
+            "PermissionDeniedError",
+        )
+
+    # -- an inference request -------------------------------------------------------------
+
+    async def route(self, request: web.Request) -> web.StreamResponse:
+        """Read, pick, hold while the CR is at zero, then proxy."""
+        started = time.perf_counter()
+        body = await request.read()
+        info = routing_info(body)
+        if info.model is None:
+            return self._answered(
+                "", error(400, "the request body has no `model`", "BadRequestError")
+            )
+        choice = self.table.choose(info.model, info.key, info.prefill)
+        if choice is None:
+            message = (
+                f"model {info.model!r} is not served here; GET {MODELS_ROUTE} lists the models"
+            )
+            return self._answered(info.model, error(404, message, "NotFoundError"))
+        backend = choice.backend
+        key = (backend.namespace, backend.name)
+        self.last_request[key] = time.time()
+        prepared: web.StreamResponse | None = None
+        if not self.draining and self.holder.should_hold(key, backend, bool(choice.pick.order)):
+            outcome, prepared = await self.holder.hold(request, info, backend, key)
+            if outcome.kind == "gone" and prepared is not None:
+                # The client went away between heartbeats: it has left the queue.
+                self.metrics.client_disconnects.inc()
+                return prepared
+            if outcome.kind != "go":
+                refusal = self.holder.refusal(outcome, backend)
+                return await self._finish(info.model, prepared, refusal)
+            choice = self.table.choose(info.model, info.key, info.prefill)
+        if choice is None or not choice.pick.order:
+            message = (
+                f"no ready replica of LLMDeployment {backend.namespace}/{backend.name} "
+                f"(model {info.model!r})"
+            )
+            retry = {"Retry-After": RETRY_AFTER_SECONDS}
+            refusal = error(503, message, "ServiceUnavailableError", retry)
+            return await self._finish(info.model, prepared, refusal)
+        answered = await self.proxy.forward(
+            request, body, choice, key, started=started, prepared=prepared
+        )
+        if answered is not None:
+            self.metrics.count_request(info.model, answered.status)
+            return answered
+        message = f"every replica tried for model {info.model!r} failed before answering"
+        return await self._finish(info.model, prepared, error(502, message, "BadGatewayError"))
+
+    def _answered(self, model: str, response: web.Response) -> web.Response:
+        self.metrics.count_request(model, response.status)
+        return response
+
+    async def _finish(
+        self, model: str, prepared: web.StreamResponse | None, response: web.Response
+    ) -> web.StreamResponse:
+        """Answer with an error: as itself, or as an SSE error event once a held stream's 200
+        headers were sent."""
+        self.metrics.count_request(model, response.status)
+        if prepared is None:
+            return response
+        if not await send_error_event(prepared, response):
+            self.metrics.client_disconnects.inc()
+        return prepared
+
+
+async def serve(
+    router: Router,
+    host: str,
+    port: int,
+    *,
+    shutdown_delay: float = SHUTDOWN_DELAY_SECONDS,
+    drain: float = DRAIN_SECONDS,
+    stop: asyncio.Event | None = None,
+    listening: Callable[[int], None] = lambda _port: None,
+) -> None:
+    """Serve until SIGTERM or SIGINT (or `stop` is set), then drain: unready and still serving
+    for `shutdown_delay` seconds, then the listener closes and answers in flight get up to
+    `drain` seconds to finish. `listening` is told the bound port (`port` 0: any free one)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    # Handler cancellation on: a client that goes away cancels its upstream request at once.
+    runner = web.AppRunner(
+        router.app(), handler_cancellation=True, access_log=None, shutdown_timeout=drain
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        listening(runner.addresses[0][1])
+        await stop.wait()
+        router.draining = True
+        router.stop_holding()
+        log.info("stopping: unready, serving %.1f s more, then draining", shutdown_delay)
+        await asyncio.sleep(shutdown_delay)
+        in_flight = router.table.total_in_flight()
+        log.info("no new connections; %d answers in flight get %.0f s to finish", in_flight, drain)
+    finally:
+        await runner.cleanup()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+def static_table(path: str) -> RouteTable:
+    """A table from a JSON file `{"models": {name: {"namespace", "name", "endpoints"}}}`
+    (development and tests; in a cluster the watch fills the table)."""
+    with open(path, encoding="utf-8") as handle:
+        document: Any = json.load(handle)
+    table = RouteTable()
+    for model, entry in document.get("models", {}).items():
+        table.set(model, entry["namespace"], entry["name"], entry["endpoints"])
+    return table

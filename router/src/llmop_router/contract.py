@@ -1,0 +1,138 @@
+"""The router ↔ operator contract: the API's names, the CR fields the router reads, the engine
+Service's port, the router pods' label, the scale subresources, the scale-to-zero defaults and
+the activity route with its JSON keys.
+
+The operator writes what the router reads (the CRD, a CR's status, the engine Service) and
+reads what the router writes (`GET /llmop/activity`); both sides take the names from here, so a
+renamed key or a changed default cannot drift apart silently. The operator imports this module
+and nothing else of the router (as it imports `llmop_engine.contract` of the engine); the router
+imports nothing of the operator. It is stdlib-only and free of I/O: the router image ships only
+`llmop_router`, and the operator's image keeps this one module of it.
+`tests/unit/test_router_contract.py` renders children and derives a status with the operator's
+own functions and feeds them through the router's discovery, and the router's activity answer
+through the operator's parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+# --- The API ------------------------------------------------------------------------------------
+
+GROUP: Final = "serving.llmop.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "LLMDeployment"
+PLURAL: Final = "llmdeployments"
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+"""The CustomResourceDefinition's name (the router says it when the CRD is not installed)."""
+GROUP_VERSION_PATH: Final = f"/apis/{GROUP}/{VERSION}"
+"""The API server path of the group version (the router lists and watches under it)."""
+
+READY: Final = "Ready"
+"""The condition type whose reason says a CR is at zero."""
+REASON_SCALED_TO_ZERO: Final = "ScaledToZero"
+"""`Ready` True with this reason: the operator took the workload to 0 (or a fixed 0)."""
+
+
+class Spec:
+    """The CR's spec keys the router reads (camelCase, as the API serves them)."""
+
+    ROUTER: Final = "router"
+    ENABLED: Final = "enabled"
+    """`spec.router.enabled`: false keeps the CR out of the router."""
+    MODEL: Final = "model"
+    SERVED_NAME: Final = "servedName"
+    """`spec.model.servedName`: the model name, else the CR's own name."""
+    ADAPTERS: Final = "adapters"
+    ADAPTER_NAME: Final = "name"
+    """`spec.adapters[].name`: each LoRA adapter is a model name of its own."""
+    AUTOSCALING: Final = "autoscaling"
+    MIN_REPLICAS: Final = "minReplicas"
+    """`spec.autoscaling.minReplicas: 0`: the operator may take the CR to zero, the router wakes
+    it."""
+    SCALE_TO_ZERO: Final = "scaleToZero"
+    IDLE_SECONDS: Final = "idleSeconds"
+    HOLD_TIMEOUT_SECONDS: Final = "holdTimeoutSeconds"
+    MAX_PENDING_REQUESTS: Final = "maxPendingRequests"
+    ENGINE: Final = "engine"
+    PIPELINE_PARALLEL_SIZE: Final = "pipelineParallelSize"
+    """`spec.engine.pipelineParallelSize` above 1: the workload is a LeaderWorkerSet."""
+
+
+class Status:
+    """The CR's status keys the router reads."""
+
+    CONDITIONS: Final = "conditions"
+    PLAN: Final = "plan"
+    MAX_NUM_SEQS: Final = "maxNumSeqs"
+    """`status.plan.maxNumSeqs`: the sequences the engine runs at once (`--max-num-seqs` as the
+    engine really gets it: set, or vLLM's default for the GPU); the router releases held
+    requests to each pod up to it."""
+
+
+# --- Scale to zero ------------------------------------------------------------------------------
+
+DEFAULT_IDLE_SECONDS: Final = 300
+"""`scaleToZero.idleSeconds` when unset."""
+DEFAULT_HOLD_TIMEOUT_SECONDS: Final = 300
+"""`scaleToZero.holdTimeoutSeconds` when unset."""
+DEFAULT_MAX_PENDING_REQUESTS: Final = 1000
+"""`scaleToZero.maxPendingRequests` when unset."""
+DEFAULT_MAX_NUM_SEQS: Final = 256
+"""Requests in flight per engine pod when `status.plan.maxNumSeqs` is absent: vLLM's smallest
+default `--max-num-seqs` (the simulator's too)."""
+
+DEPLOYMENTS: Final = "deployments"
+LEADER_WORKER_SETS: Final = "leaderworkersets"
+WORKLOAD_API_VERSIONS: Final[Mapping[str, str]] = {
+    DEPLOYMENTS: "apps/v1",
+    LEADER_WORKER_SETS: "leaderworkerset.x-k8s.io/v1",
+}
+"""The workloads whose scale subresource goes 1 → 0 (the operator) and 0 → 1 (the router), by
+resource: their API version."""
+
+
+def workload_resource(pipeline_parallel_size: object) -> str:
+    """The resource of a CR's engine workload from its raw `spec.engine.pipelineParallelSize`:
+    a LeaderWorkerSet above 1, else a Deployment."""
+    multi_node = isinstance(pipeline_parallel_size, int) and pipeline_parallel_size > 1
+    return LEADER_WORKER_SETS if multi_node else DEPLOYMENTS
+
+
+def scale_path(resource: str, namespace: str, name: str) -> str:
+    """The API server path of a workload's scale subresource (named like the CR)."""
+    return f"/apis/{WORKLOAD_API_VERSIONS[resource]}/namespaces/{namespace}/{resource}/{name}/scale"
+
+
+# --- The engine Service and the router pods -----------------------------------------------------
+
+API_PORT_NAME: Final = "http"
+"""The engine Service's API port name: the router takes the EndpointSlices' port of this name."""
+
+ROUTER_POD_LABELS: Final[Mapping[str, str]] = {"app.kubernetes.io/name": "llmop-router"}
+"""What the chart labels the router's pods with (the operator lists them by it)."""
+ROUTER_POD_SELECTOR: Final = ",".join(f"{k}={v}" for k, v in ROUTER_POD_LABELS.items())
+
+
+# --- The activity route -------------------------------------------------------------------------
+
+ACTIVITY_PATH: Final = "/llmop/activity"
+"""Per CR this router pod has seen traffic for: requests in flight, held, and the newest
+arrival (the operator's idle check reads it from every ready router pod)."""
+
+
+class ActivityKey:
+    """The keys of `GET /llmop/activity`: `{MODELS: [{NAMESPACE, NAME, IN_FLIGHT, HELD,
+    LAST_REQUEST_UNIX}]}`."""
+
+    MODELS: Final = "models"
+    NAMESPACE: Final = "namespace"
+    NAME: Final = "name"
+    IN_FLIGHT: Final = "inFlight"
+    """Requests being proxied now."""
+    HELD: Final = "held"
+    """Requests waiting for a wake."""
+    LAST_REQUEST_UNIX: Final = "lastRequestUnix"
+    """Arrival of the newest request (Unix seconds), or null."""

@@ -1,0 +1,234 @@
+"""The upstream half of a request: send it to the pods of its pick, retrying before the first
+byte, and relay the answer chunk by chunk as the engine writes it.
+
+A request that fails before the engine's first response byte (connection refused or reset, or
+503 from a draining engine) is retried once on a different pod; after the first byte nothing is
+retried (the client has part of an answer). Answers go out with `X-Accel-Buffering: no` so that
+an nginx in front does not hold chunks either. A client that disconnects cancels the handler,
+which closes the upstream connection, which makes vLLM abort the request. The pod counts the
+request in flight (`RouteTable.start`) until it ends, its prompt as queued until the first byte.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from llmop_router.answers import error_event
+from llmop_router.hold import Key
+from llmop_router.metrics import RouterMetrics
+from llmop_router.routes import Choice, RouteTable
+
+log = logging.getLogger("llmop_router.proxy")
+
+ATTEMPTS = 2
+"""The first pick and one retry on a different pod."""
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+
+def forwarded_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    """End-to-end headers (Authorization included: the engine checks its API key)."""
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+class Proxy:
+    """Sends requests to engine pods over one connection pool and relays their answers."""
+
+    def __init__(
+        self,
+        table: RouteTable,
+        metrics: RouterMetrics,
+        *,
+        connect_timeout: float,
+        draining: Callable[[], bool],
+    ) -> None:
+        self.table = table
+        self.metrics = metrics
+        self.connect_timeout = connect_timeout
+        self.draining = draining
+        """Whether the router stops: every answer then closes its connection."""
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def forward(
+        self,
+        request: web.Request,
+        body: bytes,
+        choice: Choice,
+        cr: Key,
+        *,
+        started: float,
+        prepared: web.StreamResponse | None,
+    ) -> web.StreamResponse | None:
+        """Try the pick's pods in order (at most `ATTEMPTS`) and relay the first answer; None
+        when every attempt failed before answering. `started`: when the request arrived
+        (`perf_counter`), for the routing time; `prepared`: a held stream's response, whose 200
+        headers went out already."""
+        headers = forwarded_headers(request.headers)
+        url_tail = request.rel_url.raw_path_qs
+        pick = choice.pick
+        attempts = pick.order[:ATTEMPTS]
+        for attempt, endpoint in enumerate(attempts):
+            last = attempt == len(attempts) - 1
+            self.metrics.routed_by[pick.reason if attempt == 0 else "retry"].inc()
+            if attempt == 0:
+                self.metrics.routing_seconds.observe(time.perf_counter() - started)
+            answered = await self._attempt(
+                request,
+                endpoint,
+                url_tail,
+                headers,
+                body,
+                cr=cr,
+                prepared=prepared,
+                last=last,
+                prefill=pick.prefill_on(endpoint),
+            )
+            if answered is not None:
+                return answered
+        return None
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        endpoint: str,
+        url_tail: str,
+        headers: CIMultiDict[str],
+        body: bytes,
+        *,
+        cr: Key,
+        prepared: web.StreamResponse | None,
+        last: bool,
+        prefill: int = 0,
+    ) -> web.StreamResponse | None:
+        """Send to one pod and relay its answer; None when it failed before its first byte and
+        another pod may be tried. The pod counts the request in flight until it ends, and its
+        `prefill` (prompt characters) as queued until the answer's first byte."""
+        assert self._session is not None
+        table = self.table
+        table.start(endpoint, cr, prefill)
+        unanswered = [prefill]
+
+        def first_byte() -> None:
+            if unanswered:
+                table.answered(endpoint, unanswered.pop())
+
+        try:
+            try:
+                upstream = await self._session.request(
+                    request.method,
+                    f"http://{endpoint}{url_tail}",
+                    headers=headers,
+                    data=body,
+                    allow_redirects=False,
+                )
+            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+                kind = type(exc).__name__
+                self.metrics.upstream_errors.labels(kind).inc()
+                log.info("upstream %s failed before answering: %s", endpoint, exc)
+                return None
+            async with upstream:
+                if upstream.status == 503 and not last:
+                    # A draining engine (or one going unready): the next pod answers instead.
+                    self.metrics.upstream_errors.labels("503").inc()
+                    return None
+                return await self._relay(request, upstream, prepared, first_byte)
+        finally:
+            first_byte()
+            table.end(endpoint)
+
+    async def _relay(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        prepared: web.StreamResponse | None = None,
+        first_byte: Callable[[], None] = lambda: None,
+    ) -> web.StreamResponse:
+        if prepared is not None:
+            return await self._relay_into(prepared, upstream, first_byte)
+        response = web.StreamResponse(
+            status=upstream.status,
+            reason=upstream.reason,
+            headers=forwarded_headers(upstream.headers),
+        )
+        response.headers["X-Accel-Buffering"] = "no"
+        if self.draining():
+            # `Connection: close`: the client's next request opens a new connection, which the
+            # Service sends to another router pod; a kept-alive one would stay on this one.
+            response.force_close()
+        if upstream.content_length is not None:
+            response.content_length = upstream.content_length
+        await response.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                first_byte()
+                await response.write(chunk)
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client stopped reading (e.g. closed after `data: [DONE]`, before the final
+            # empty chunk): leaving here closes the upstream connection too.
+            self.metrics.client_disconnects.inc()
+        return response
+
+    async def _relay_into(
+        self,
+        prepared: web.StreamResponse,
+        upstream: aiohttp.ClientResponse,
+        first_byte: Callable[[], None] = lambda: None,
+    ) -> web.StreamResponse:
+        """The engine's answer into a held stream whose 200 headers (and heartbeats) went out:
+        its events as they come, or its error as one SSE error event."""
+        try:
+            if upstream.status != 200:
+                body = await upstream.read()
+                try:
+                    json.loads(body)
+                except ValueError:
+                    body = json.dumps(
+                        {
+                            "error": {
+                                "message": body.decode(errors="replace"),
+                                "code": upstream.status,
+                            }
+                        }
+                    ).encode()
+                await prepared.write(error_event(body))
+            else:
+                async for chunk in upstream.content.iter_any():
+                    first_byte()
+                    await prepared.write(chunk)
+            await prepared.write_eof()
+        except ConnectionResetError:
+            self.metrics.client_disconnects.inc()
+        return prepared

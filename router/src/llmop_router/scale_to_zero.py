@@ -1,0 +1,220 @@
+"""Holding and waking (docs/router.md, "Scale to zero"): the I/O around the pure queues of
+`hold.py`.
+
+A request for a CR with no ready endpoint whose Ready condition says `ScaledToZero` is held
+(`hold.Holding` decides, a pump task per CR acts): the first one of an episode wakes the CR (its
+workload's scale 0 → 1, by `waker`), and the held requests are released in arrival order at the
+engines' concurrency once an endpoint is ready, answered 504 past `holdTimeoutSeconds`, refused
+429 past `maxPendingRequests`, and 503 when this router pod stops. A held streaming request gets
+an SSE comment every `heartbeat` seconds, so proxies in front see bytes; once that has sent the
+200 headers, an error can no longer be a status (`answers.send_error_event`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from llmop_router.answers import error, prepare_stream
+from llmop_router.hold import PHASE_REQUESTED, Held, Holding, Key
+from llmop_router.metrics import RouterMetrics
+from llmop_router.prefix import RoutingInfo
+from llmop_router.routes import Backend, RouteTable
+
+log = logging.getLogger("llmop_router.scale_to_zero")
+
+HEARTBEAT_SECONDS = 10.0
+"""A held streaming request gets an SSE comment this often (proxies cut idle streams at 30-60 s)."""
+HOLD_TICK_SECONDS = 0.05
+"""How often a CR's pump looks at its endpoints and deadlines while requests are held."""
+WAKE_RETRY_SECONDS = 2.0
+WAKE_TIMEOUT_SECONDS = 10.0
+FULL_RETRY_AFTER_SECONDS = "10"
+
+Waker = Callable[[Backend], Awaitable[str]]
+"""Wakes a CR at zero (scale subresource 0 → 1 when it is 0); returns the phase to wait in."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a hold ended: `go` (route it now), `timeout` (504), `full` (429, never held),
+    `stopping` (503) or `gone` (the client left while held)."""
+
+    kind: str
+    phase: str = ""
+
+
+class Holder:
+    """Holds requests for CRs at zero, wakes the CRs and releases the requests."""
+
+    def __init__(
+        self,
+        table: RouteTable,
+        metrics: RouterMetrics,
+        *,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        waker: Waker | None = None,
+    ) -> None:
+        self.table = table
+        self.metrics = metrics
+        self.heartbeat = heartbeat
+        self.waker = waker
+        """None (a static table): held requests wait for endpoints, nothing is scaled."""
+        self.queues = Holding()
+        self._waiters: dict[int, asyncio.Future[Outcome]] = {}
+        self._pumps: dict[Key, asyncio.Task[None]] = {}
+
+    def should_hold(self, key: Key, backend: Backend, has_endpoints: bool) -> bool:
+        """Hold while others for this CR wait (first come, first served), or when it has no
+        ready endpoint and the operator scaled it to zero. A CR at replicas 0 for another
+        reason (a hand-set `spec.replicas: 0`) is answered 503, never woken."""
+        if self.queues.holding(key):
+            return True
+        return not has_endpoints and backend.wake.scaled_to_zero
+
+    async def hold(
+        self, request: web.Request, info: RoutingInfo, backend: Backend, key: Key
+    ) -> tuple[Outcome, web.StreamResponse | None]:
+        """Wait until released, timed out or stopped; returns the outcome and, for a stream
+        that got heartbeats, its already prepared response."""
+        loop = asyncio.get_running_loop()
+        admission = self.queues.admit(key, loop.time(), backend.wake.settings)
+        if admission.held is None:
+            return Outcome("full"), None
+        held = admission.held
+        self.metrics.held_total.labels(*key).inc()
+        self._gauge(key)
+        if key not in self._pumps:
+            self._pumps[key] = asyncio.create_task(self._pump(key, info.model or ""))
+        future: asyncio.Future[Outcome] = loop.create_future()
+        self._waiters[held.ticket] = future
+        prepared: web.StreamResponse | None = None
+        try:
+            while True:
+                wait = self.heartbeat if info.stream else None
+                try:
+                    return await asyncio.wait_for(asyncio.shield(future), wait), prepared
+                except TimeoutError:
+                    note = f": waiting for {key[0]}/{key[1]} to wake\n\n"
+                    try:
+                        if prepared is None:
+                            prepared = await prepare_stream(request)
+                        await prepared.write(note.encode())
+                    except ConnectionResetError:
+                        return Outcome("gone"), prepared
+        finally:
+            self._waiters.pop(held.ticket, None)
+            if not future.done():
+                # The client went away while held: it leaves the queue.
+                self.queues.leave(key, held.ticket)
+                self._gauge(key)
+
+    def refusal(self, outcome: Outcome, backend: Backend) -> web.Response:
+        """The answer to a hold that did not end in `go` (counted by why)."""
+        key = (backend.namespace, backend.name)
+        cr = f"LLMDeployment {key[0]}/{key[1]}"
+        settings = backend.wake.settings
+        if outcome.kind == "full":
+            self.metrics.hold_refused.labels(*key, "full").inc()
+            message = (
+                f"{settings.max_pending_requests} requests already wait for {cr} to wake "
+                f"(spec.autoscaling.scaleToZero.maxPendingRequests)"
+            )
+            retry = {"Retry-After": FULL_RETRY_AFTER_SECONDS}
+            return error(429, message, "RateLimitError", retry)
+        if outcome.kind == "timeout":
+            self.metrics.hold_refused.labels(*key, "timeout").inc()
+            message = (
+                f"{cr} did not wake within {settings.hold_timeout_seconds:g} s "
+                f"(spec.autoscaling.scaleToZero.holdTimeoutSeconds); the request waited in "
+                f"phase {outcome.phase!r}"
+            )
+            return error(504, message, "GatewayTimeoutError")
+        self.metrics.hold_refused.labels(*key, "stopping").inc()
+        message = f"this router pod is stopping while {cr} wakes; retry (another pod holds it)"
+        return error(503, message, "ServiceUnavailableError", {"Retry-After": "1"})
+
+    def stop(self) -> None:
+        """Answer every held request 503 (this pod stops; the client's retry goes elsewhere)."""
+        for key, held in self.queues.take_all():
+            self._resolve(held, Outcome("stopping"))
+            self._gauge(key)
+
+    def close(self) -> None:
+        """Stop holding and end the pumps (the app is cleaned up)."""
+        self.stop()
+        for task in self._pumps.values():
+            task.cancel()
+
+    def _gauge(self, key: Key) -> None:
+        self.metrics.held.labels(*key).set(self.queues.held(key))
+
+    def _resolve(self, held: Held, outcome: Outcome) -> None:
+        future = self._waiters.get(held.ticket)
+        if future is not None and not future.done():
+            future.set_result(outcome)
+
+    async def _pump(self, key: Key, model: str) -> None:
+        """While requests for this CR are held: wake it once, then release them as endpoints
+        get free slots and time out the ones past their deadline."""
+        loop = asyncio.get_running_loop()
+        current = None
+        ready_seen = False
+        next_wake = 0.0
+        try:
+            while self.queues.holding(key):
+                now = loop.time()
+                episode = self.queues.episodes[key]
+                if episode is not current:
+                    # A new episode began while this task slept (the last one's queue emptied
+                    # and a new request came): its own wake and its own wake time.
+                    current, ready_seen, next_wake = episode, False, now
+                backend = self.table.backends.get(model)
+                endpoints = backend.ring.endpoints if backend is not None else ()
+                if not episode.woken and not endpoints and now >= next_wake:
+                    if await self._wake(key, backend):
+                        next_wake = now + WAKE_RETRY_SECONDS
+                    continue
+                if endpoints and not ready_seen:
+                    ready_seen = True
+                    self.metrics.wake_seconds.observe(now - episode.started)
+                phase = episode.phase
+                for held in self.queues.expire(key, now):
+                    self._resolve(held, Outcome("timeout", phase))
+                if backend is not None:
+                    released = self.queues.release(
+                        key, self.table.in_flight, endpoints, backend.wake.concurrency
+                    )
+                    for held in released:
+                        self._resolve(held, Outcome("go"))
+                self._gauge(key)
+                await asyncio.sleep(HOLD_TICK_SECONDS)
+        finally:
+            self._pumps.pop(key, None)
+            self._gauge(key)
+
+    async def _wake(self, key: Key, backend: Backend | None) -> bool:
+        """Wake the CR once for this episode; True when it failed and is to be tried again."""
+        if backend is None or not backend.wake.scaled_to_zero:
+            # The CR left ScaledToZero (or the table) since: nothing to wake, only to wait.
+            self.queues.woke(key, "waiting: the CR is not ScaledToZero, no ready replica yet")
+            return False
+        if self.waker is None:
+            self.queues.woke(key, "waiting: no Kubernetes access to scale, no ready replica yet")
+            return False
+        try:
+            phase = await asyncio.wait_for(self.waker(backend), WAKE_TIMEOUT_SECONDS)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failure is retried while requests wait
+            log.warning("waking %s/%s failed: %s", *key, exc)
+            self.queues.note(key, f"waking: the scale request failed ({exc}); retrying")
+            return True
+        if phase == PHASE_REQUESTED:
+            self.metrics.wakes.labels(*key).inc()
+        self.queues.woke(key, phase)
+        return False
