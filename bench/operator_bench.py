@@ -170,6 +170,7 @@ def _start_router(log: Any) -> tuple[subprocess.Popen[bytes], str]:
         [
             *(sys.executable, "-m", "llmop_router", "serve"),
             *("--host", "127.0.0.1", "--port", str(port), "--kubeconfig", kubeconfig),
+            *("--admin-port", str(free_port())),
             *("--shutdown-delay", "0"),
         ],
         stdout=log,

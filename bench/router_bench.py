@@ -484,6 +484,8 @@ def start_router(endpoints: Sequence[str]) -> tuple[subprocess.Popen[bytes], int
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(table, handle)
     argv = ["-m", "llmop_router", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    # Its own admin port: two benches (or a router) on one machine must not collide on 8081.
+    argv += ["--admin-port", str(free_port())]
     # No Service in front: stop at once on SIGTERM.
     argv += ["--static", handle.name, "--shutdown-delay", "0"]
     return start(argv), port, handle.name

@@ -333,6 +333,11 @@ samples_up() {
     curl -sS "$url" -H 'Content-Type: application/json' -d "$body" || { log "the completion failed"; exit 1; }
     echo
     url="$router_url"
+    # The router's table, metrics and activity are on each pod's admin port, on no Service.
+    local router_pod_ip
+    router_pod_ip="$(kctl get pods -n "$RELEASE_NAMESPACE" -l app.kubernetes.io/name=llmop-router \
+      -o jsonpath='{.items[0].status.podIP}')"
+    router_info="Router: table, metrics and activity on a pod's admin port (not on its Service): curl -sS http://$router_pod_ip:8081/routes"
   else
     log "WARNING: no real node joined (see the cluster log above): the pods run on kwok's fake"
     log "nodes, which start no containers, so nothing answers requests"
@@ -347,6 +352,7 @@ llmop dev environment is up ($((SECONDS - start))s). To use it from this shell:
   curl -sS $url -H 'Content-Type: application/json' \\
     -d '{"model": "$first_name", "prompt": "Hello", "max_tokens": 12}'
 $operator_info
+${router_info:-}
 Stop everything: make dev-down
 EOF
 }

@@ -342,11 +342,11 @@ def test_install_without_the_crd_succeeds_and_its_router_is_ready_on_a_crd_from_
             kubeconfig.write_text(json.dumps(config_json))
             with router_process(
                 kubeconfig, tmp_path / "router.log", ("--namespaces", namespace)
-            ) as url:
+            ) as router:
 
                 def ready() -> bool:
                     try:
-                        with urllib.request.urlopen(f"{url}/readyz", timeout=5) as answer:
+                        with urllib.request.urlopen(f"{router.url}/readyz", timeout=5) as answer:
                             return bool(answer.status == 200)
                     except OSError:
                         return False

@@ -4,6 +4,7 @@ the engine exports, the CRD vs. crds/)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from typing import Any
@@ -26,10 +27,12 @@ from chart_helpers import (
     render_files,
 )
 
-from llmop import cli, config, names
+from llmop import cli, config, idle, names
 from llmop import kinds as registry
 from llmop.api.v1alpha1 import LLMDeployment
 from llmop.render import RenderSettings, render_children
+from llmop_router import contract as router_contract
+from llmop_router import limits as router_limits
 
 CASES = {"default": {}, **MATRIX}
 SEVERITY_WARNING = 2
@@ -152,6 +155,7 @@ def test_default_objects() -> None:
         ("CustomResourceDefinition", "llmdeployments.serving.llmop.dev"),
         ("Deployment", "llmop"),
         ("Deployment", "llmop-router"),
+        ("NetworkPolicy", "llmop-router"),
         ("PodDisruptionBudget", "llmop"),
         ("PodDisruptionBudget", "llmop-router"),
         ("Role", "llmop-leader-election"),
@@ -160,6 +164,10 @@ def test_default_objects() -> None:
         ("Service", "llmop-router"),
         ("ServiceAccount", "llmop"),
         ("ServiceAccount", "llmop-router"),
+        ("ValidatingAdmissionPolicy", "llmop-guardrails"),
+        ("ValidatingAdmissionPolicy", "llmop-router-scale"),
+        ("ValidatingAdmissionPolicyBinding", "llmop-guardrails"),
+        ("ValidatingAdmissionPolicyBinding", "llmop-router-scale"),
     ]
 
 
@@ -277,7 +285,8 @@ def test_custom_image_service_account_and_scheduling() -> None:
     container = operator_container(docs)
     assert container["image"] == "registry.example.com/llmop/operator@sha256:" + "a" * 64
     assert env_of(container)["LLMOP_PRIORITY"] == "5"
-    for binding in (d for d in docs if d["kind"].endswith("Binding") and not _router(d)):
+    rbac = ("RoleBinding", "ClusterRoleBinding")
+    for binding in (d for d in docs if d["kind"] in rbac and not _router(d)):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "preexisting", "namespace": NAMESPACE}
         ]
@@ -306,8 +315,9 @@ def test_router_is_two_restricted_replicas_behind_its_service_writing_only_scale
     assert pod["metadata"]["labels"]["app.kubernetes.io/name"] != "llmop-engine"
     (container,) = pod["spec"]["containers"]
     assert container["image"] == "ghcr.io/llmop/router:0.1.0"
-    assert container["args"] == [
-        *("serve", "--port", "8080"),
+    # Then the limits (test_router_limits_default_to_the_routers_own_and_reach_its_args).
+    assert container["args"][:11] == [
+        *("serve", "--port", "8080", "--admin-port", "8081", "--stale-after-seconds", "300"),
         *("--shutdown-delay", "5", "--drain", "60"),
     ]
     # The kubelet waits out the delay, the drain and the exit before it kills.
@@ -341,7 +351,40 @@ def test_router_is_two_restricted_replicas_behind_its_service_writing_only_scale
         {"kind": "ServiceAccount", "name": "llmop-router", "namespace": NAMESPACE}
     ]
     monitor = find(docs, "PodMonitor", "llmop-router")
-    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "admin"
+
+
+def test_router_admin_port_is_on_its_pods_for_the_operator_and_prometheus_not_its_service() -> None:
+    values = {**MATRIX["monitoring-all"], "router": {"adminPort": 9100, "staleAfterSeconds": 45}}
+    docs = render(values)
+    pod = find(docs, "Deployment", "llmop-router")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--admin-port") + 1] == "9100"
+    assert args[args.index("--stale-after-seconds") + 1] == "45"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": 8080,
+        router_contract.ADMIN_PORT_NAME: 9100,
+    }
+    # The probes stay on the public port (the kubelet reaches it); clients' Service has only it.
+    assert container["readinessProbe"]["httpGet"]["port"] == "http"
+    service = find(docs, "Service", "llmop-router")
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+    assert not [
+        d
+        for d in docs
+        if d["kind"] == "Service"
+        and any(p.get("targetPort") in ("admin", 9100) for p in d["spec"]["ports"])
+    ]
+    # The operator reads each router pod's activity on the port the chart named.
+    assert idle.admin_port(pod) == 9100
+    (endpoint,) = find(docs, "PodMonitor", "llmop-router")["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == (router_contract.ADMIN_PORT_NAME, "/metrics")
+
+
+def test_router_admin_port_must_differ_from_its_port() -> None:
+    with pytest.raises(helm.HelmError, match=r"router\.adminPort 8080 is router\.port too"):
+        render({"router": {"adminPort": 8080}})
 
 
 def test_router_shutdown_timings_set_its_args_and_the_grace_period() -> None:
@@ -351,6 +394,27 @@ def test_router_shutdown_timings_set_its_args_and_the_grace_period() -> None:
     assert args[args.index("--shutdown-delay") + 1] == "10"
     assert args[args.index("--drain") + 1] == "600"
     assert pod["terminationGracePeriodSeconds"] == 615
+
+
+def test_router_limits_default_to_the_routers_own_and_reach_its_args() -> None:
+    """The chart's limits are the router's defaults (one place to read them: docs/router.md),
+    and a value set in the chart is the flag the router parses."""
+
+    def limits_of(values: dict[str, Any]) -> router_limits.Limits:
+        (container,) = find(render(values), "Deployment", "llmop-router")["spec"]["template"][
+            "spec"
+        ]["containers"]
+        args = container["args"]
+        flags = {flag for flag, _, _ in router_limits.FLAGS}
+        given = [item for i, item in enumerate(args) if item in flags or args[i - 1] in flags]
+        assert len(given) == 2 * len(flags), args
+        parser = argparse.ArgumentParser()
+        router_limits.add_arguments(parser)
+        return router_limits.from_args(parser.parse_args(given))
+
+    assert limits_of({}) == router_limits.DEFAULT
+    custom = limits_of({"router": {"limits": {"maxBodyBytes": 1048576, "headerTimeoutSeconds": 5}}})
+    assert (custom.max_body_bytes, custom.header_timeout) == (1048576, 5.0)
 
 
 def test_router_can_be_left_out() -> None:

@@ -61,7 +61,8 @@ LEASE = "llmop-operator"
 NODE = "llmop-real-node"
 FAILOVER_BOUND_S = 45
 ROUTER_PODS = "app.kubernetes.io/component=router"
-ROUTER_PORT = 8080  # the chart's router.port: the router pods' API and /metrics
+ROUTER_PORT = 8080  # the chart's router.port: the router pods' API
+ROUTER_ADMIN_PORT = 8081  # the chart's router.adminPort: /metrics, /routes, /llmop/activity
 KILLED_ROUTER_BOUND_S = 10
 """Requests sent this long after a router pod's process is killed all succeed (the other pod)."""
 METRICS_CONFIG = REPO_ROOT / "e2e" / "metrics" / "metrics_config.py"
@@ -417,6 +418,7 @@ def _a_router_pod_stopping_while_holding(install: Install, name: str, router: st
     wait_until(lambda: _zero_state(install, name), timeout=180, interval=1, what="at zero again")
     pod = wait_until(lambda: _ready_routers(install), timeout=60, what="2 Ready router pods")[0]
     direct = f"http://{pod['status']['podIP']}:{ROUTER_PORT}"
+    admin = f"http://{pod['status']['podIP']}:{ROUTER_ADMIN_PORT}"
     chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     outcome: dict[str, Any] = {}
 
@@ -432,7 +434,7 @@ def _a_router_pod_stopping_while_holding(install: Install, name: str, router: st
 
     sender = threading.Thread(target=held_request, daemon=True)
     sender.start()
-    wait_until(lambda: _held(direct, name) > 0, timeout=10, interval=0.1, what="the request held")
+    wait_until(lambda: _held(admin, name) > 0, timeout=10, interval=0.1, what="the request held")
     stopped = time.monotonic()
     install.kubectl(
         "delete", "pod", pod["metadata"]["name"], "-n", install.namespace, "--wait=false"
@@ -462,10 +464,11 @@ def _a_router_pod_stopping_while_holding(install: Install, name: str, router: st
     wait_until(lambda: _ready_routers(install), timeout=90, what="2 Ready router pods again")
 
 
-def _held(router: str, name: str) -> float:
-    """The router pod's `llmop_router_held_requests` for CR `name` (0 when it holds none)."""
+def _held(admin: str, name: str) -> float:
+    """The router pod's `llmop_router_held_requests` for CR `name` (0 when it holds none), from
+    its admin port."""
     try:
-        with urllib.request.urlopen(f"{router}/metrics", timeout=5) as answer:
+        with urllib.request.urlopen(f"{admin}/metrics", timeout=5) as answer:
             text = answer.read().decode()
     except OSError:
         return 0.0

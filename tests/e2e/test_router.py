@@ -27,7 +27,7 @@ from support.realnode import (
     summary,
     wait_rolled_out,
 )
-from support.router import router_process
+from support.router import RouterUrls, router_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -35,18 +35,18 @@ REPLICAS = 3
 
 
 @pytest.fixture
-def router(real_cluster: RealCluster, tmp_path: Path) -> Iterator[str]:
+def router(real_cluster: RealCluster, tmp_path: Path) -> Iterator[RouterUrls]:
     log = tmp_path / "router.log"
     try:
-        with router_process(real_cluster.cluster.kubeconfig, log) as url:
-            yield url
+        with router_process(real_cluster.cluster.kubeconfig, log) as urls:
+            yield urls
     finally:
         print(log.read_text()[-3000:])
 
 
-def _routes(router: str) -> dict[str, Any]:
+def _routes(router: RouterUrls) -> dict[str, Any]:
     try:
-        with urllib.request.urlopen(f"{router}/routes", timeout=5) as answer:
+        with urllib.request.urlopen(f"{router.admin}/routes", timeout=5) as answer:
             body: dict[str, Any] = json.load(answer)
     except OSError:
         return {}
@@ -66,7 +66,7 @@ def _pod_counters(endpoints: list[str]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _table_lists_only(router: str, name: str, pods: list[dict[str, Any]]) -> bool | None:
+def _table_lists_only(router: RouterUrls, name: str, pods: list[dict[str, Any]]) -> bool | None:
     """True once the router's endpoints of `name` are exactly the non-terminating `pods`."""
     live = sorted(
         f"{p['status']['podIP']}:8000"
@@ -77,7 +77,7 @@ def _table_lists_only(router: str, name: str, pods: list[dict[str, Any]]) -> boo
 
 
 def test_conversations_stay_on_one_pod_and_a_rollout_and_a_scale_down_lose_nothing(
-    real_cluster: RealCluster, e2e_namespace: str, router: str
+    real_cluster: RealCluster, e2e_namespace: str, router: RouterUrls
 ) -> None:
     ns, name = e2e_namespace, "routed"
     kit = real_cluster.kit
@@ -109,7 +109,7 @@ def test_conversations_stay_on_one_pod_and_a_rollout_and_a_scale_down_lose_nothi
                 }
             )
             code, body = post_json(
-                f"{router}/v1/chat/completions",
+                f"{router.url}/v1/chat/completions",
                 {"model": name, "messages": messages, "max_tokens": 8},
             )
             assert code == 200, body
@@ -134,7 +134,7 @@ def test_conversations_stay_on_one_pod_and_a_rollout_and_a_scale_down_lose_nothi
     assert len(set(homes)) > 1, "six conversations all on one pod: the key does not spread"
 
     # A rolling update under streaming load through the router: nothing lost.
-    load = BackgroundLoad(router, model=name, concurrency=8, duration=600).start()
+    load = BackgroundLoad(router.url, model=name, concurrency=8, duration=600).start()
     time.sleep(5)
     kit.apply_llmd(
         ns, name, real_node_spec(replicas=REPLICAS, engine={"args": ["--sim-decode-ms", "21"]})
@@ -155,7 +155,7 @@ def test_conversations_stay_on_one_pod_and_a_rollout_and_a_scale_down_lose_nothi
 
     # A scale-down under streaming load through the router: the leaving pods drop out of the
     # table as they start terminating and finish what they serve; nothing lost.
-    load = BackgroundLoad(router, model=name, concurrency=8, duration=600).start()
+    load = BackgroundLoad(router.url, model=name, concurrency=8, duration=600).start()
     time.sleep(3)
     started = time.monotonic()
     kit.apply_llmd(ns, name, real_node_spec(replicas=1, engine={"args": ["--sim-decode-ms", "21"]}))

@@ -16,7 +16,7 @@ from llmop import group_check, kinds
 from llmop.config import OperatorConfig
 from llmop.metrics import Metrics
 from llmop.observed import parent_summary
-from llmop.reconcile import Context, reconcile_parent
+from llmop.reconcile import Context, Hint, reconcile
 from support.manifests import simulator_spec as spec
 from support.operator import Kit
 
@@ -43,7 +43,7 @@ def test_multi_node_cr_without_the_lws_api_stalls_then_recovers(kit: Kit, namesp
     ctx.parents = {(namespace, "nolws"): [body]}
     ctx.served[kinds.LEADER_WORKER_SET] = False
 
-    assert reconcile_parent(ctx, body) == "stalled"
+    assert reconcile(ctx, (namespace, "nolws"), Hint.parent(body)) == "stalled"
     stalled = conditions_of(kit.get_llmd(namespace, "nolws") or {})["Stalled"]
     assert (stalled["status"], stalled["reason"]) == ("True", "LeaderWorkerSetMissing")
     assert "kubectl apply --server-side" in stalled["message"]

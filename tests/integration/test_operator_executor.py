@@ -16,7 +16,8 @@ from llmop.config import OperatorConfig
 from llmop.desired import desired_state
 from llmop.metrics import Metrics
 from llmop.plan import ChildPlan, plan_children
-from llmop.reconcile import Context, execute
+from llmop.reconcile import Context
+from llmop.reconcile.writes import execute
 from llmop.settings import RenderSettings
 from support.manifests import llmd_manifest, simulator_spec
 

@@ -1,7 +1,8 @@
 """Scale to zero, the operator's side, against the real API server and real HTTP: `llmop run`
 (under deploy/rbac.yaml) told where the router runs (`LLMOP_ROUTER`), a router Deployment on kwok
 whose pod IP is rewritten to a loopback address where a stand-in answers `/llmop/activity` in
-the router's shape, and stand-in engine agents with empty queues. Checked: an autoscaled CR with
+the router's shape (on the pod's port named `admin`, as the chart names the router's admin
+port), and stand-in engine agents with empty queues. Checked: an autoscaled CR with
 `minReplicas: 0` stays up while the router reports a request in flight; once the router and the
 engines are quiet for `idleSeconds` its Deployment goes to 0 through the scale subresource, Ready
 says `ScaledToZero` with an Event and `status.scaleToZero.lastScaledToZeroTime`, and the HPA
@@ -24,6 +25,7 @@ import pytest
 
 from integration.test_operator_agents import engine_pods, point_at
 from integration.test_router_status import router_deployment
+from llmop_router.contract import ADMIN_PORT_NAME
 from support.cluster import wait_until
 from support.manifests import simulator_spec as spec
 from support.operator import OperatorProcess
@@ -108,7 +110,12 @@ def test_an_idle_model_goes_to_zero_and_a_wake_is_recorded(
     operator_kubeconfig: Path, tmp_path: Path, namespace: str, kit: Kit
 ) -> None:
     with standin_router() as router:
-        kit.kube.apply(router_deployment(namespace, 1), field_manager="llmop-test")
+        deployment = router_deployment(namespace, 1)
+        # The operator reads the activity on each router pod's port named `admin`, as the
+        # chart names it: here the stand-in's.
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        container["ports"] = [{"name": ADMIN_PORT_NAME, "containerPort": router.port}]
+        kit.kube.apply(deployment, field_manager="llmop-test")
         router_pod = wait_until(
             lambda: next(
                 iter(
@@ -125,7 +132,7 @@ def test_an_idle_model_goes_to_zero_and_a_wake_is_recorded(
             operator_kubeconfig,
             tmp_path / "operator.log",
             extra_env={
-                "LLMOP_ROUTER": f"{namespace}/llmop-router:{router.port}",
+                "LLMOP_ROUTER": f"{namespace}/llmop-router:8080",
                 "LLMOP_AGENT_READ_INTERVAL_SECONDS": "2",
             },
         )

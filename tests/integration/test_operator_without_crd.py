@@ -44,7 +44,7 @@ from support.operator import (
     operator_kubeconfig_for,
     token_kubeconfig,
 )
-from support.router import get_json, router_process
+from support.router import RouterUrls, get_json, router_process
 
 pytestmark = pytest.mark.cluster
 
@@ -273,7 +273,7 @@ class Progress:
     """When each late CR was served and routed, and the router Ready, in seconds since the
     CRD's creation."""
 
-    def __init__(self, kube: Kube, router: str, names: list[str], started: float) -> None:
+    def __init__(self, kube: Kube, router: RouterUrls, names: list[str], started: float) -> None:
         self.kube, self.router, self.names, self.started = kube, router, names, started
         self.served: dict[str, float] = {}
         """Ready at its generation; the multi-node one (the first): its LeaderWorkerSet."""
@@ -294,10 +294,10 @@ class Progress:
         for cr in self.kube.list(API_VERSION, "LLMDeployment", LATE_NAMESPACE):
             if cr["metadata"]["name"] not in self.served and self._served(cr):
                 self.served[cr["metadata"]["name"]] = now
-        _, table = get_json(f"{self.router}/routes")
+        _, table = get_json(f"{self.router.admin}/routes")
         for model in (table or {}).get("models") or {}:
             self.routed.setdefault(model, now)
-        if self.router_ready is None and get_json(f"{self.router}/readyz")[0] == 200:
+        if self.router_ready is None and get_json(f"{self.router.url}/readyz")[0] == 200:
             self.router_ready = now
         return set(self.names) <= set(self.served) and set(self.names) <= set(self.routed)
 
@@ -313,8 +313,8 @@ class Progress:
         )
 
 
-def _router_unready_reason(router: str) -> str | None:
-    status, body = get_json(f"{router}/readyz")
+def _router_unready_reason(router: RouterUrls) -> str | None:
+    status, body = get_json(f"{router.url}/readyz")
     waiting = " ".join((body or {}).get("waiting") or [])
     return waiting if status == 503 and "is not installed" in waiting else None
 
@@ -376,7 +376,7 @@ def test_a_late_crd_under_load_serves_every_cr_created_right_after_it(
                 )
             assert max(progress.served.values()) <= BOUND_SECONDS, progress.served
             assert max(progress.routed[name] for name in names) <= BOUND_SECONDS, progress.routed
-            assert get_json(f"{router}/readyz") == (200, {"ok": True})
+            assert get_json(f"{router.url}/readyz") == (200, {"ok": True})
             assert "is installed: reconciling" in operator.log_path.read_text()
     finally:
         kube.close()

@@ -22,7 +22,7 @@ import pytest
 from integration.test_lws_controller import leader_worker_set
 from integration.test_router_watch import apply, llmd, routes
 from support.cluster import Cluster, wait_until
-from support.router import get_json, router_process
+from support.router import RouterUrls, get_json, router_process
 
 pytestmark = pytest.mark.cluster
 
@@ -32,11 +32,11 @@ CLIENT_TIMEOUT = 3.0
 
 
 @pytest.fixture
-def router(llmop_crd: Cluster, namespace: str, tmp_path: Path) -> Iterator[str]:
+def router(llmop_crd: Cluster, namespace: str, tmp_path: Path) -> Iterator[RouterUrls]:
     with router_process(
         llmop_crd.kubeconfig, tmp_path / "router.log", ("--namespaces", namespace)
-    ) as url:
-        yield url
+    ) as urls:
+        yield urls
 
 
 def deployment(namespace: str, name: str) -> dict[str, Any]:
@@ -100,14 +100,14 @@ async def send_all(url: str, model: str, count: int) -> list[int | str]:
         return list(await asyncio.gather(*(one(i) for i in range(count))))
 
 
-def metric(url: str, line_start: str) -> str | None:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+def metric(router: RouterUrls, line_start: str) -> str | None:
+    with urllib.request.urlopen(f"{router.admin}/metrics", timeout=5) as answer:
         text = answer.read().decode()
     return next((line for line in text.splitlines() if line.startswith(line_start)), None)
 
 
 def test_a_scaled_to_zero_cr_is_woken_once_and_a_hand_set_zero_never(
-    llmop_crd: Cluster, namespace: str, router: str
+    llmop_crd: Cluster, namespace: str, router: RouterUrls
 ) -> None:
     cluster = llmop_crd
     apply(cluster, llmd(namespace, "sleepy", autoscaling={"minReplicas": 0, "maxReplicas": 2}))
@@ -130,7 +130,7 @@ def test_a_scaled_to_zero_cr_is_woken_once_and_a_hand_set_zero_never(
     }
     assert scale_of(cluster, namespace, "sleepy") == (0, 1)
 
-    answers = asyncio.run(send_all(router, "sleepy", HELD))
+    answers = asyncio.run(send_all(router.url, "sleepy", HELD))
     assert answers == ["gave up"] * HELD  # held, not refused
     assert scale_of(cluster, namespace, "sleepy") == (1, 2)  # one write for ten requests
     wake_line = (
@@ -141,11 +141,13 @@ def test_a_scaled_to_zero_cr_is_woken_once_and_a_hand_set_zero_never(
     # The held requests left with their clients: the episode ended. A new one finds the scale
     # at 1 (the pod is still starting) and writes nothing.
     wait_until(
-        lambda: all(m["held"] == 0 for m in get_json(f"{router}/llmop/activity")[1]["models"]),
+        lambda: all(
+            m["held"] == 0 for m in get_json(f"{router.admin}/llmop/activity")[1]["models"]
+        ),
         timeout=10,
         what="no request held",
     )
-    assert asyncio.run(send_all(router, "sleepy", 1)) == ["gave up"]
+    assert asyncio.run(send_all(router.url, "sleepy", 1)) == ["gave up"]
     assert scale_of(cluster, namespace, "sleepy") == (1, 2)
     assert metric(router, wake_line) == f"{wake_line} 1.0"
     held_line = (
@@ -154,9 +156,9 @@ def test_a_scaled_to_zero_cr_is_woken_once_and_a_hand_set_zero_never(
     assert metric(router, held_line) == f"{held_line} {HELD + 1}.0"
 
     # A hand-set zero: 503 at once, and the Deployment stays as its owner set it.
-    assert asyncio.run(send_all(router, "manual", 4)) == [503] * 4
+    assert asyncio.run(send_all(router.url, "manual", 4)) == [503] * 4
     assert scale_of(cluster, namespace, "manual") == (0, 1)
-    _, activity = get_json(f"{router}/llmop/activity")
+    _, activity = get_json(f"{router.admin}/llmop/activity")
     seen = {m["name"]: m for m in activity["models"]}
     assert seen.keys() == {"sleepy", "manual"}
     assert all(m["namespace"] == namespace for m in seen.values())
@@ -165,7 +167,7 @@ def test_a_scaled_to_zero_cr_is_woken_once_and_a_hand_set_zero_never(
 
 
 def test_a_multi_node_cr_is_woken_through_its_leaderworkerset(
-    llmop_crd: Cluster, namespace: str, router: str
+    llmop_crd: Cluster, namespace: str, router: RouterUrls
 ) -> None:
     cluster = llmop_crd
     lws = leader_worker_set(0)
@@ -186,7 +188,7 @@ def test_a_multi_node_cr_is_woken_through_its_leaderworkerset(
         return int(json.loads(found.stdout)["spec"].get("replicas", 0))
 
     assert lws_replicas() == 0
-    assert asyncio.run(send_all(router, "deep", 4)) == ["gave up"] * 4
+    assert asyncio.run(send_all(router.url, "deep", 4)) == ["gave up"] * 4
     assert lws_replicas() == 1
     line = f'llmop_router_wakes_total{{llmdeployment="deep",llmdeployment_namespace="{namespace}"}}'
     assert metric(router, line) == f"{line} 1.0"

@@ -16,19 +16,19 @@ from typing import Any
 import pytest
 
 from support.cluster import Cluster, wait_until
-from support.router import get_json, router_process
+from support.router import RouterUrls, get_json, router_process
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def router(llmop_crd: Cluster, namespace: str, tmp_path: Path) -> Iterator[str]:
+def router(llmop_crd: Cluster, namespace: str, tmp_path: Path) -> Iterator[RouterUrls]:
     """The router watching this test's namespace only (other tests' CRs live in the same
     cluster), the way the chart runs it with `operator.watchNamespaces`."""
     with router_process(
         llmop_crd.kubeconfig, tmp_path / "router.log", ("--namespaces", namespace)
-    ) as url:
-        yield url
+    ) as urls:
+        yield urls
 
 
 def apply(cluster: Cluster, obj: dict[str, Any]) -> None:
@@ -68,13 +68,14 @@ def endpoint_slice(
     }
 
 
-def routes(url: str) -> dict[str, Any] | None:
-    status, body = get_json(f"{url}/routes")
+def routes(router: RouterUrls) -> dict[str, Any] | None:
+    """The router's table (on its admin port) once it is complete."""
+    status, body = get_json(f"{router.admin}/routes")
     return body["models"] if status == 200 and body and body["ready"] else None
 
 
 def test_the_table_follows_crs_and_endpoint_slices(
-    llmop_crd: Cluster, namespace: str, router: str
+    llmop_crd: Cluster, namespace: str, router: RouterUrls
 ) -> None:
     cluster = llmop_crd
     ready = {"ready": True, "serving": True, "terminating": False}
@@ -100,11 +101,11 @@ def test_the_table_follows_crs_and_endpoint_slices(
         "10.244.7.21:8000",
         "10.244.7.22:8000",
     ]
-    status, models = get_json(f"{router}/v1/models")
+    status, models = get_json(f"{router.url}/v1/models")
     assert status == 200
     listed = {m["id"]: m["owned_by"] for m in models["data"]}
     assert listed == {"alpha": f"{namespace}/alpha", "beta-chat": f"{namespace}/beta"}
-    status, _ = get_json(f"{router}/readyz")
+    status, _ = get_json(f"{router.url}/readyz")
     assert status == 200
 
     # One endpoint turns unready, the other starts terminating while still ready: both leave.
@@ -121,7 +122,7 @@ def test_the_table_follows_crs_and_endpoint_slices(
     )
     wait_until(lambda: alpha_endpoints() == [], timeout=30, what="alpha's endpoints gone")
     request = urllib.request.Request(
-        f"{router}/v1/chat/completions",
+        f"{router.url}/v1/chat/completions",
         data=json.dumps(
             {"model": "alpha", "messages": [{"role": "user", "content": "hi"}]}
         ).encode(),

@@ -67,6 +67,8 @@ def at_zero(**settings: Any) -> Wake:
 @dataclass
 class ZeroRig:
     url: str
+    admin: str
+    """The admin port (`/llmop/activity`)."""
     router: Router
     waker: Waker
     client: aiohttp.ClientSession
@@ -75,7 +77,7 @@ class ZeroRig:
         return self.client.post(f"http://{self.url}/v1/chat/completions", json=payload)
 
     async def activity(self) -> list[dict[str, Any]]:
-        async with self.client.get(f"http://{self.url}/llmop/activity") as answer:
+        async with self.client.get(f"http://{self.admin}/llmop/activity") as answer:
             assert answer.status == 200
             models: list[dict[str, Any]] = (await answer.json())["models"]
             return models
@@ -96,8 +98,9 @@ async def zero_rig(wake: Wake) -> AsyncIterator[ZeroRig]:
     router = Router(table, heartbeat=HEARTBEAT, waker=waker)
     async with AsyncExitStack() as stack:
         url = await stack.enter_async_context(serving(router.app()))
+        admin = await stack.enter_async_context(serving(router.admin_app()))
         client = await stack.enter_async_context(aiohttp.ClientSession())
-        yield ZeroRig(url, router, waker, client)
+        yield ZeroRig(url, admin, router, waker, client)
 
 
 def body_of(text: str, *, stream: bool) -> dict[str, Any]:

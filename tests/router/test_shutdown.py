@@ -62,6 +62,7 @@ def test_sigterm_keeps_serving_unready_then_drains_the_streams_in_flight(tmp_pat
                 [
                     *(sys.executable, "-m", "llmop_router", "serve", "--static", str(table)),
                     *("--host", "127.0.0.1", "--port", str(port)),
+                    *("--admin-port", str(free_port())),
                     *("--shutdown-delay", str(DELAY), "--drain", "10"),
                 ],
             )

@@ -1,4 +1,6 @@
-"""`llmop-router serve` as a test's process, watching a cluster through its kubeconfig."""
+"""`llmop-router serve` as a test's process, watching a cluster through its kubeconfig: its
+public port (the OpenAI routes and health) and its admin port (`/metrics`, `/routes`,
+`/llmop/activity`), each on a free local port."""
 
 from __future__ import annotations
 
@@ -9,23 +11,35 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from support.harness.replicas import free_port
 
 
+@dataclass(frozen=True)
+class RouterUrls:
+    """Where a test's router answers."""
+
+    url: str
+    """The public port: the OpenAI routes, `/healthz`, `/readyz`."""
+    admin: str
+    """The admin port: `/metrics`, `/routes`, `/llmop/activity`."""
+
+
 @contextlib.contextmanager
 def router_process(
     kubeconfig: Path, log_path: Path, extra_args: Sequence[str] = ()
-) -> Iterator[str]:
-    """The router on a free local port, its output in `log_path`; yields its base URL."""
-    port = free_port()
+) -> Iterator[RouterUrls]:
+    """The router on free local ports, its output in `log_path`; yields its base URLs."""
+    port, admin_port = free_port(), free_port()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [
                 *(sys.executable, "-m", "llmop_router", "serve"),
                 *("--host", "127.0.0.1", "--port", str(port)),
+                *("--admin-port", str(admin_port)),
                 *("--kubeconfig", str(kubeconfig), *extra_args),
                 # Nothing routes by a Service to a test's router: it may stop at once.
                 *("--shutdown-delay", "0"),
@@ -34,7 +48,7 @@ def router_process(
             stderr=subprocess.STDOUT,
         )
         try:
-            yield f"http://127.0.0.1:{port}"
+            yield RouterUrls(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}")
         finally:
             process.terminate()
             process.wait(timeout=15)

@@ -24,6 +24,7 @@ from llmop.config import OperatorConfig
 from llmop.metrics import Metrics
 from llmop.preflight import HubFailure
 from llmop.render.adapters import adapters_revision, lora_restart_message, started_lora_flags
+from support.passes import event_pass, event_quiet
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 LORA: dict[str, Any] = {
@@ -161,12 +162,12 @@ def test_child_path_never_puts_a_refused_adapter_back(
     config_map = kube.objects["ConfigMap", "ns", "x-adapters"]
     # The watch event of our own apply: no drift against what the parent path applied.
     kube.calls.clear()
-    assert reconcile.quiet_child_event(ctx, "MODIFIED", copy.deepcopy(config_map))
+    assert event_quiet(ctx, "MODIFIED", copy.deepcopy(config_map))
     # Someone edits it: the repair restores the parent path's version, without asking the Hub.
     config_map["data"] = {"adapters.json": '{"adapters": []}'}
     deliver(ctx, kube)
     kube.calls.clear()
-    reconcile.refresh_from_child(ctx, "MODIFIED", copy.deepcopy(config_map))
+    event_pass(ctx, "MODIFIED", copy.deepcopy(config_map))
     assert ("apply:llmop", "ConfigMap", "x-adapters") in kube.calls
     assert listed(kube) == [("sql", SHA)]
     assert len(scripted.asked) == 2
@@ -370,7 +371,7 @@ def test_the_child_path_repair_tells_every_pod_again(
     config_map["metadata"]["resourceVersion"] = "777"
     deliver(ctx, kube)
     kube.calls.clear()
-    reconcile.refresh_from_child(ctx, "MODIFIED", copy.deepcopy(config_map))
+    event_pass(ctx, "MODIFIED", copy.deepcopy(config_map))
     assert ("apply:llmop", "ConfigMap", "x-adapters") in kube.calls
     assert annotated(kube) == {"x-a": f"{revision}.777", "x-b": f"{revision}.777"}
 
@@ -389,7 +390,7 @@ def test_the_child_path_repair_tells_every_pod_again(
     config_map["metadata"]["resourceVersion"] = "901"
     deliver(ctx, kube)
     kube.calls.clear()
-    reconcile.refresh_from_child(ctx, "MODIFIED", copy.deepcopy(config_map))
+    event_pass(ctx, "MODIFIED", copy.deepcopy(config_map))
     assert annotated(kube) == {"x-a": f"{revision}.901", "x-b": f"{revision}.901"}
 
 

@@ -5,6 +5,10 @@ either side fails here (as test_engine_contract.py does for `llmop-engine run`).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,3 +88,22 @@ def test_progress_json_reads_back_into_the_status(phase: dp.DownloadPhase, shown
     assert set(progress.as_json()) == {
         v for k, v in vars(contract.ProgressKey).items() if not k.startswith("_")
     }
+
+
+def test_huggingface_hub_reads_the_mounted_token_file(tmp_path: Path) -> None:
+    """The renderer gives the token as a file named by HF_TOKEN_PATH, never as HF_TOKEN: the
+    Hub library itself (what vLLM, the agent and the downloader call) must read it from there.
+    A fresh interpreter, since the library reads the variable at import."""
+    token_file = tmp_path / "token"
+    token_file.write_text("hf_from_the_secret_volume\n")  # a Secret key may end with a newline
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env[contract.Env.HF_TOKEN_PATH] = str(token_file)
+    read = subprocess.run(
+        [sys.executable, "-c", "import huggingface_hub; print(huggingface_hub.get_token())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert read.stdout.strip() == "hf_from_the_secret_volume"

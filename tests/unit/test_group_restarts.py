@@ -613,7 +613,7 @@ def test_the_pod_handler_feeds_the_memory_even_for_quiet_events(
 ) -> None:
     """The recreate is in the new leader's event only: the handler records every event before
     it decides the event is quiet, or coalesces it with later ones."""
-    monkeypatch.setattr(handlers, "quiet_pod_event", lambda *_: True)
+    monkeypatch.setattr(handlers, "quiet", lambda *_: True)
     ctx.children = {"cached": {}}  # type: ignore[dict-item]  # handed over already
     memo = SimpleNamespace(context=ctx)
 

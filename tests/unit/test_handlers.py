@@ -8,6 +8,7 @@ import copy
 import gc
 import logging
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -21,8 +22,10 @@ from llmop.coalescer import COALESCE_SECONDS, Coalescer
 from llmop.config import OperatorConfig
 from llmop.kube import Kube
 from llmop.metrics import Metrics
-from llmop.observed import child_event_summary
+from llmop.observed import Owner, child_event_summary
 from llmop.persistence import ProcessDiffBase
+from llmop.reconcile import Hint
+from llmop.reconcile.context import ChildEvent, Pass, Trigger
 
 
 def _handlers(kind: str) -> list[object]:
@@ -113,26 +116,41 @@ POD = {
 DEPLOYMENT = {"kind": "Deployment", "metadata": {"namespace": "ns", "name": "x"}}
 
 
+def _noted_as_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every event is taken as ours: the parent is the object's namespace and name, the hint
+    a pod's or a child's (carrying the event's body, so a test sees which event a pass ran for)."""
+
+    def noted(_ctx: Any, kind: str, type: str, obj: Any) -> tuple[tuple[str, str], Hint]:
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if kind == "Pod":
+            return key, Hint.POD
+        event = ChildEvent(kinds.DEPLOYMENT, Owner(*key, "uid"), type, None)
+        return key, Hint(Trigger.CHILD, Pass.CHILD, body=dict(obj), child=event)
+
+    monkeypatch.setattr(handlers, "noted", noted)
+
+
 @pytest.mark.parametrize(
     "case",
     [
-        (handlers.child_event, "quiet_child_event", "refresh_from_child", DEPLOYMENT, "MODIFIED"),
-        (handlers.child_event, "quiet_child_event", "refresh_from_child", DEPLOYMENT, "DELETED"),
-        (handlers.pod_event, "quiet_pod_event", "refresh_from_pod", POD, "MODIFIED"),
+        (handlers.child_event, DEPLOYMENT, "MODIFIED"),
+        (handlers.child_event, DEPLOYMENT, "DELETED"),
+        (handlers.pod_event, POD, "MODIFIED"),
     ],
 )
 def test_watch_events_take_a_worker_thread_only_to_write(
-    monkeypatch: pytest.MonkeyPatch, case: tuple[Any, str, str, Any, str]
+    monkeypatch: pytest.MonkeyPatch, case: tuple[Any, Any, str]
 ) -> None:
-    """A quiet event is answered in the event loop; any other runs the blocking refresh in the
+    """A quiet event is answered in the event loop; any other runs the blocking pass in the
     refresh pool (`main` puts it in the memo), never in the event loop's thread nor in kopf's
     pool, where under a burst it would wait behind every queued reconcile."""
-    handler, quiet_name, refresh_name, body, type = case
+    handler, body, type = case
     quiet = True
     workers: list[str] = []
-    monkeypatch.setattr(handlers, quiet_name, lambda *_: quiet)
+    _noted_as_event(monkeypatch)
+    monkeypatch.setattr(handlers, "quiet", lambda *_: quiet)
     monkeypatch.setattr(
-        handlers, refresh_name, lambda *_: workers.append(threading.current_thread().name)
+        handlers, "reconcile", lambda *_: workers.append(threading.current_thread().name)
     )
     with (
         ThreadPoolExecutor(1, thread_name_prefix="kopf-pool") as pool,
@@ -158,15 +176,19 @@ def test_events_waiting_for_a_worker_are_coalesced_per_object(
     reads the caches when it runs): each object is refreshed at most twice (the run already
     taken, then the newest waiting event), with the newest event last; other objects are not
     held up."""
-    monkeypatch.setattr(handlers, "quiet_child_event", lambda *_: False)
+    _noted_as_event(monkeypatch)
+    monkeypatch.setattr(handlers, "quiet", lambda *_: False)
     gate = threading.Event()
     seen: list[tuple[str, str, int]] = []
 
-    def refresh(_ctx: Any, type: str, child: Any) -> None:
+    def refresh(_ctx: Any, key: tuple[str, str], hint: Hint) -> None:
         gate.wait(5)
-        seen.append((type, child["metadata"]["name"], int(child["metadata"]["resourceVersion"])))
+        assert hint.child is not None
+        assert hint.body is not None
+        version = int(hint.body["metadata"]["resourceVersion"])
+        seen.append((hint.child.type, key[1], version))
 
-    monkeypatch.setattr(handlers, "refresh_from_child", refresh)
+    monkeypatch.setattr(handlers, "reconcile", refresh)
 
     def deployment(name: str, version: int) -> dict[str, Any]:
         return {
@@ -305,3 +327,23 @@ def test_a_deleted_parent_s_diff_base_is_forgotten(monkeypatch: pytest.MonkeyPat
     asyncio.run(event("DELETED", "u-1"))
     assert len(diffbase) == 1
     assert diffbase.fetch(body=kopf.Body({"metadata": {"uid": "u-2"}})) is not None
+
+
+def test_a_run_timed_by_its_caller_does_not_wait_for_the_queue() -> None:
+    """The deferred statuses' fallback comes on the queue when its own timer fires: it skips the
+    queue's wait for later events (`delay=0`), while an event's run still waits for it."""
+    runs: list[tuple[str, float]] = []
+
+    async def go(coalescer: Coalescer, memo: Any) -> None:
+        started = time.monotonic()
+        coalescer.submit(
+            memo, "timed", lambda: runs.append(("timed", time.monotonic() - started)), delay=0.0
+        )
+        coalescer.submit(memo, "event", lambda: runs.append(("event", time.monotonic() - started)))
+        await coalescer.idle()
+
+    with ThreadPoolExecutor(1) as pool:
+        asyncio.run(go(Coalescer(delay=0.5), SimpleNamespace(executor=pool)))
+    waited = dict(runs)
+    assert waited["timed"] < 0.25
+    assert waited["event"] >= 0.5

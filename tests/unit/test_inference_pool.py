@@ -19,8 +19,10 @@ from llmop.desired import desired_state
 from llmop.kube import KubeError
 from llmop.metrics import Metrics
 from llmop.plan import plan_children
+from llmop.reconcile import pools
 from llmop.render import RenderSettings, render_children
 from llmop.render.inference_pool import render_inference_pool
+from support.passes import parent_pass, status_pass
 
 POOL = {"endpointPickerRef": {"name": "vllm-epp", "port": 9002}}
 
@@ -307,17 +309,17 @@ def test_without_the_api_the_parent_is_degraded_and_serves_then_the_pool_comes(
     assert conds(kube)["Stalled"]["status"] == "False"
     # Other status paths keep the verdict.
     deliver(ctx, kube)
-    reconcile.refresh_status(ctx, "ns", "x")
+    status_pass(ctx, "ns", "x")
     assert conds(kube)["Degraded"]["reason"] == "InferencePoolUnavailable"
     # The CRDs arrive: the recheck names the waiting parent; its pass creates the pool.
-    assert reconcile.recheck_pools(ctx) == []
+    assert pools.recheck(ctx) == []
     kube.serving = True
-    assert reconcile.recheck_pools(ctx) == [("ns", "x")]
+    assert pools.recheck(ctx) == [("ns", "x")]
     deliver(ctx, kube)
-    reconcile.reconcile_parent(ctx, copy.deepcopy(kube.objects["LLMDeployment", "ns", "x"]))
+    parent_pass(ctx, copy.deepcopy(kube.objects["LLMDeployment", "ns", "x"]))
     assert ("InferencePool", "ns", "x") in kube.objects
     assert conds(kube)["Degraded"]["status"] == "False"
-    assert reconcile.recheck_pools(ctx) == []
+    assert pools.recheck(ctx) == []
 
 
 class VanishingKube(DiscoveryKube):

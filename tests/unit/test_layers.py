@@ -134,12 +134,18 @@ ENGINE_INDEPENDENT = (
 )
 
 ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("llmop_router.contract",),
+    ("llmop_router.contract", "llmop_router.limits"),
     ("llmop_router.prefix", "llmop_router.hold", "llmop_router.metrics"),
-    ("llmop_router.ring",),
+    ("llmop_router.ring", "llmop_router.body"),
     ("llmop_router.routes",),
     ("llmop_router.discovery", "llmop_router.answers"),
-    ("llmop_router.proxy", "llmop_router.scale_to_zero", "llmop_router.kube"),
+    (
+        "llmop_router.proxy",
+        "llmop_router.scale_to_zero",
+        "llmop_router.kube",
+        "llmop_router.intake",
+        "llmop_router.edge",
+    ),
     ("llmop_router.app",),
     ("llmop_router.cli", "llmop_router.__main__"),
 )

@@ -75,13 +75,28 @@ def test_download_job() -> None:
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_ENDPOINT"]["value"] == "http://hub.local:8080"
     assert env["HF_HOME"]["value"] == names.MODEL_CACHE_PATH
-    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "tok"}}
+    # The token is a file the downloader's huggingface_hub reads (HF_TOKEN_PATH), not a variable.
+    assert "HF_TOKEN" not in env
+    assert env["HF_TOKEN_PATH"]["value"] == "/var/run/secrets/llmop/hf-token/token"
     assert pod["volumes"] == [
         {
             "name": names.MODEL_CACHE_VOLUME,
             "persistentVolumeClaim": {"claimName": "chat-model-cache"},
-        }
+        },
+        {
+            "name": "hf-token",
+            "secret": {
+                "secretName": "hf",
+                "items": [{"key": "tok", "path": "token"}],
+                "defaultMode": 0o440,
+            },
+        },
     ]
+    assert container["volumeMounts"][1] == {
+        "name": "hf-token",
+        "mountPath": "/var/run/secrets/llmop/hf-token",
+        "readOnly": True,
+    }
 
 
 def test_download_pod_is_never_selected_as_an_engine_replica() -> None:
@@ -123,7 +138,8 @@ def test_engine_reads_the_cache_offline_at_the_resolved_commit() -> None:
     container = pod["containers"][0]
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_HUB_OFFLINE"]["value"] == "1"
-    assert "HF_TOKEN" not in env  # offline: the token stays with the download Job
+    assert "HF_TOKEN_PATH" not in env  # offline: the token stays with the download Job
+    assert not any(v["name"] == "hf-token" for v in pod["volumes"])
     args = container["args"]
     assert args[args.index("--revision") + 1] == SHA
 

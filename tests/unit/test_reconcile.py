@@ -20,6 +20,8 @@ from llmop.hub import HubUnavailableError
 from llmop.kube import RejectedError, TerminatingError
 from llmop.metrics import Metrics
 from llmop.reconcile import caches, first_status
+from llmop.reconcile.context import KeyedLocks, Pass, Trigger
+from support.passes import deferred_pass, event_pass, event_quiet, parent_pass, status_pass
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 API = "serving.llmop.dev/v1alpha1"
@@ -160,7 +162,7 @@ def deliver(ctx: reconcile.Context, kube: FakeKube) -> None:
 
 def run_parent(ctx: reconcile.Context, kube: FakeKube) -> str:
     body = kube.objects["LLMDeployment", "ns", "x"]
-    return reconcile.reconcile_parent(ctx, copy.deepcopy(body))
+    return parent_pass(ctx, copy.deepcopy(body))
 
 
 def conds(kube: FakeKube) -> dict[str, dict[str, Any]]:
@@ -316,7 +318,7 @@ def test_child_event_repairs_drift(ctx: reconcile.Context, kube: FakeKube) -> No
     deliver(ctx, kube)
     kube.calls.clear()
     edited = kube.objects["Service", "ns", "x"]
-    reconcile.refresh_from_child(ctx, "MODIFIED", edited)
+    event_pass(ctx, "MODIFIED", edited)
     assert [c for c in kube.calls if c[0].startswith("apply")] == [("apply:llmop", "Service", "x")]
 
 
@@ -328,7 +330,7 @@ def test_child_event_without_drift_only_refreshes_status(
     live = rolled_out(kube, ready=1)
     deliver(ctx, kube)
     kube.calls.clear()
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", live) == "ok"
+    assert event_pass(ctx, "MODIFIED", live) == "ok"
     assert not [c for c in kube.calls if c[0].startswith("apply") or c[0] == "read"]
     assert conds(kube)["Ready"]["status"] == "True"
     assert ("event", "Ready", "x") in kube.calls
@@ -343,10 +345,10 @@ def test_a_late_event_cannot_take_ready_back(ctx: reconcile.Context, kube: FakeK
     older = rolled_out(kube, ready=0)
     rolled_out(kube, ready=1)
     deliver(ctx, kube)
-    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    event_pass(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
     assert conds(kube)["Ready"]["status"] == "True"
     kube.calls.clear()
-    reconcile.refresh_from_child(ctx, "MODIFIED", older)
+    event_pass(ctx, "MODIFIED", older)
     run_parent(ctx, kube)
     assert conds(kube)["Ready"]["status"] == "True"
     assert not [c for c in kube.calls if c[0] == "status"]
@@ -361,11 +363,11 @@ def test_status_compares_with_our_last_write_not_a_stale_parent(
     rolled_out(kube, ready=1)
     stale_parent = ctx.parents["ns", "x"]
     ctx.children = {**ctx.children, kinds.DEPLOYMENT: {("ns", "x"): [rolled_out(kube, ready=1)]}}
-    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    event_pass(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
     writes = [c for c in kube.calls if c[0] == "status"]
     # The parent cache still has the old status, but what we wrote is remembered: no rewrite.
     ctx.parents = {("ns", "x"): stale_parent}
-    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    event_pass(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
     assert [c for c in kube.calls if c[0] == "status"] == writes
 
 
@@ -377,7 +379,7 @@ def test_child_deleted_is_recreated_after_a_fresh_parent_read(
     gone = kube.objects.pop(("Deployment", "ns", "x"))
     deliver(ctx, kube)
     kube.calls.clear()
-    assert reconcile.refresh_from_child(ctx, "DELETED", gone) == "ok"
+    assert event_pass(ctx, "DELETED", gone) == "ok"
     assert kube.calls[0] == ("read", "LLMDeployment", "x")
     assert ("Deployment", "ns", "x") in kube.objects
 
@@ -390,7 +392,7 @@ def test_child_deleted_with_its_dying_parent_is_not_recreated(
     deliver(ctx, kube)
     gone = kube.objects.pop(("Deployment", "ns", "x"))
     kube.objects.pop(("LLMDeployment", "ns", "x"))  # deleted; the cache has not noticed yet
-    assert reconcile.refresh_from_child(ctx, "DELETED", gone) == "skipped"
+    assert event_pass(ctx, "DELETED", gone) == "skipped"
     assert ("Deployment", "ns", "x") not in kube.objects
 
 
@@ -398,12 +400,12 @@ def test_child_events_of_foreign_or_initial_objects_are_ignored(
     ctx: reconcile.Context, kube: FakeKube
 ) -> None:
     foreign = {"kind": "Deployment", "metadata": {"namespace": "ns", "name": "y"}}
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", foreign) == "skipped"
+    assert event_pass(ctx, "MODIFIED", foreign) == "skipped"
     kube.put(parent())
     run_parent(ctx, kube)
     kube.calls.clear()
     child = kube.objects["Deployment", "ns", "x"]
-    assert reconcile.refresh_from_child(ctx, None, child) == "skipped"
+    assert event_pass(ctx, None, child) == "skipped"
     assert kube.calls == []
 
 
@@ -413,7 +415,7 @@ def test_child_of_a_recreated_parent_is_ignored(ctx: reconcile.Context, kube: Fa
     deliver(ctx, kube)
     child = copy.deepcopy(kube.objects["Deployment", "ns", "x"])
     child["metadata"]["ownerReferences"][0]["uid"] = "old-uid"
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", child) == "skipped"
+    assert event_pass(ctx, "MODIFIED", child) == "skipped"
 
 
 def test_parent_parsed_once_per_generation(ctx: reconcile.Context, kube: FakeKube) -> None:
@@ -422,7 +424,7 @@ def test_parent_parsed_once_per_generation(ctx: reconcile.Context, kube: FakeKub
     deliver(ctx, kube)
     first = ctx.recall(("ns", "x")).parsed
     assert first is not None
-    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    event_pass(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
     assert ctx.recall(("ns", "x")).parsed is first
     ctx.forget("ns", "x")  # one record per parent: forgetting it drops every memory at once
     assert ("ns", "x") not in dict(ctx.memories())
@@ -430,7 +432,7 @@ def test_parent_parsed_once_per_generation(ctx: reconcile.Context, kube: FakeKub
 
 
 def test_keyed_locks_serialize_one_key_not_others_and_clean_up() -> None:
-    locks = reconcile.KeyedLocks()
+    locks = KeyedLocks()
     lock = threading.Lock()
     inside: dict[tuple[str, str], int] = {}
     most: dict[tuple[str, str], int] = {}
@@ -529,17 +531,17 @@ def test_an_unchanged_deployment_event_is_quiet_and_counted(
 ) -> None:
     deployment = _ready_deployment(ctx, kube)
     # The status changed (Ready): the worker path must write it.
-    assert not reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "ok"
+    assert not event_quiet(ctx, "MODIFIED", deployment)
+    assert event_pass(ctx, "MODIFIED", deployment) == "ok"
     assert conds(kube)["Ready"]["status"] == "True"
     kube.calls.clear()
     before = _reconciles(ctx, "child", "ok")
     # The same Deployment again (a resync, a status field we do not read): nothing to write.
-    assert reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
+    assert event_quiet(ctx, "MODIFIED", deployment)
     assert kube.calls == []
     assert _reconciles(ctx, "child", "ok") == before + 1
     # ...and the worker path agrees.
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "ok"
+    assert event_pass(ctx, "MODIFIED", deployment) == "ok"
     assert kube.calls == []
 
 
@@ -548,11 +550,11 @@ def test_a_drifted_child_is_not_quiet(ctx: reconcile.Context, kube: FakeKube) ->
     run_parent(ctx, kube)
     deliver(ctx, kube)
     service = kube.objects["Service", "ns", "x"]
-    assert reconcile.quiet_child_event(ctx, "MODIFIED", service)  # as applied: nothing to do
+    assert event_quiet(ctx, "MODIFIED", service)  # as applied: nothing to do
     service["spec"]["ports"][0]["port"] = 9999
     deliver(ctx, kube)
     kube.calls.clear()
-    assert not reconcile.quiet_child_event(ctx, "MODIFIED", service)
+    assert not event_quiet(ctx, "MODIFIED", service)
     assert kube.calls == []  # deciding makes no request; the repair is the worker's
 
 
@@ -560,16 +562,16 @@ def test_deletions_and_busy_parents_go_to_the_worker(
     ctx: reconcile.Context, kube: FakeKube
 ) -> None:
     deployment = _ready_deployment(ctx, kube)
-    reconcile.refresh_from_child(ctx, "MODIFIED", deployment)
-    assert reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
+    event_pass(ctx, "MODIFIED", deployment)
+    assert event_quiet(ctx, "MODIFIED", deployment)
     # A deletion reads the parent fresh before recreating: never decided from the caches.
-    assert not reconcile.quiet_child_event(ctx, "DELETED", deployment)
+    assert not event_quiet(ctx, "DELETED", deployment)
     # While a worker holds (or waits for) this parent, its write may not be visible yet.
     with ctx.locks.hold(("ns", "x")):
         assert ctx.locks.busy(("ns", "x"))
         assert not ctx.locks.busy(("ns", "y"))
-        assert not reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
-        assert not reconcile.quiet_pod_event(ctx, "MODIFIED", _unschedulable_pod())
+        assert not event_quiet(ctx, "MODIFIED", deployment)
+        assert not event_quiet(ctx, "MODIFIED", kind="Pod", obj=_unschedulable_pod())
     assert not ctx.locks.busy(("ns", "x"))
 
 
@@ -582,17 +584,17 @@ def test_an_event_that_asks_nothing_of_the_status_is_quiet_while_a_worker_is_bus
     service = kube.objects["Service", "ns", "x"]
     with ctx.locks.hold(("ns", "x")):
         # A Service as applied: no repair, and a Service never feeds the status.
-        assert reconcile.quiet_child_event(ctx, "ADDED", service)
+        assert event_quiet(ctx, "ADDED", service)
         service["spec"]["ports"][0]["port"] = 9999
         deliver(ctx, kube)
-        assert not reconcile.quiet_child_event(ctx, "MODIFIED", service)
+        assert not event_quiet(ctx, "MODIFIED", service)
 
 
 def test_a_child_found_in_sync_is_compared_again_only_once_it_changed(
     ctx: reconcile.Context, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     deployment = _ready_deployment(ctx, kube)
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "ok"  # found in sync
+    assert event_pass(ctx, "MODIFIED", deployment) == "ok"  # found in sync
     compared: list[str] = []
     plan_children = reconcile.entry.plan_children
 
@@ -607,42 +609,42 @@ def test_a_child_found_in_sync_is_compared_again_only_once_it_changed(
     live["metadata"]["resourceVersion"] = "900"
     live["status"] = {**live["status"], "observedGeneration": 1}
     deliver(ctx, kube)
-    assert reconcile.quiet_child_event(ctx, "MODIFIED", live)
+    assert event_quiet(ctx, "MODIFIED", live)
     assert compared == []
 
     # A label edited by hand (the generation stays): compared, and repaired by the worker.
     live["metadata"]["labels"] = {**live["metadata"]["labels"], names.LABEL_MANAGED_BY: "me"}
     deliver(ctx, kube)
-    assert not reconcile.quiet_child_event(ctx, "MODIFIED", live)
+    assert not event_quiet(ctx, "MODIFIED", live)
     assert compared == ["Deployment"]
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", live) == "ok"
+    assert event_pass(ctx, "MODIFIED", live) == "ok"
     assert ("apply:llmop", "Deployment", "x") in kube.calls
 
     # The repaired Deployment rolled out, found in sync once more; then its spec edited (the
     # API server raises the generation): compared again and found drifted.
     live = rolled_out(kube, ready=1)
     deliver(ctx, kube)
-    reconcile.refresh_from_child(ctx, "MODIFIED", live)
-    assert reconcile.quiet_child_event(ctx, "MODIFIED", live)
+    event_pass(ctx, "MODIFIED", live)
+    assert event_quiet(ctx, "MODIFIED", live)
     compared.clear()
-    assert reconcile.quiet_child_event(ctx, "MODIFIED", live)
+    assert event_quiet(ctx, "MODIFIED", live)
     assert compared == []
     live = kube.objects["Deployment", "ns", "x"]
     live["spec"]["template"]["spec"]["containers"][0]["image"] = "someone/else:1"
     live["metadata"]["generation"] = 2
     deliver(ctx, kube)
-    assert not reconcile.quiet_child_event(ctx, "MODIFIED", live)
+    assert not event_quiet(ctx, "MODIFIED", live)
     assert compared == ["Deployment"]
 
     # A new generation of the parent forgets every answer: its intent is another.
     kube.objects["Deployment", "ns", "x"] = rolled_out(kube, ready=1)
-    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    event_pass(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
     newer = kube.objects["LLMDeployment", "ns", "x"]
     newer["metadata"]["generation"] = 2
     newer["spec"]["replicas"] = 3
     deliver(ctx, kube)
     compared.clear()
-    assert not reconcile.quiet_child_event(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    assert not event_quiet(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
     assert compared == ["Deployment"]
 
 
@@ -650,15 +652,15 @@ def test_foreign_initial_and_orphaned_child_events_are_quiet(
     ctx: reconcile.Context, kube: FakeKube
 ) -> None:
     foreign = {"kind": "Deployment", "metadata": {"namespace": "ns", "name": "y"}}
-    assert reconcile.quiet_child_event(ctx, "MODIFIED", foreign)
+    assert event_quiet(ctx, "MODIFIED", foreign)
     kube.put(parent())
     run_parent(ctx, kube)
     deliver(ctx, kube)
     child = copy.deepcopy(kube.objects["Deployment", "ns", "x"])
-    assert reconcile.quiet_child_event(ctx, None, child)
+    assert event_quiet(ctx, None, child)
     child["metadata"]["ownerReferences"][0]["uid"] = "old-uid"  # a recreated parent's
     kube.calls.clear()
-    assert reconcile.quiet_child_event(ctx, "MODIFIED", child)
+    assert event_quiet(ctx, "MODIFIED", child)
     assert kube.calls == []
 
 
@@ -673,7 +675,7 @@ def test_a_decision_that_fails_goes_to_the_worker(
         raise RuntimeError("bug")
 
     monkeypatch.setattr(reconcile.entry, "plan_children", broken)
-    assert not reconcile.quiet_child_event(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    assert not event_quiet(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
 
 
 def test_pod_events_are_quiet_unless_the_status_changes(
@@ -682,25 +684,25 @@ def test_pod_events_are_quiet_unless_the_status_changes(
     kube.put(parent(replicas=1))
     run_parent(ctx, kube)
     deliver(ctx, kube)
-    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
+    event_pass(ctx, "MODIFIED", kube.objects["Deployment", "ns", "x"])
     pod = _unschedulable_pod()
-    assert reconcile.quiet_pod_event(ctx, None, pod)  # initial listing
+    assert event_quiet(ctx, None, kind="Pod", obj=pod)  # initial listing
     kube.calls.clear()
-    assert reconcile.quiet_pod_event(ctx, "MODIFIED", pod)  # the cache has no such pod yet
+    assert event_quiet(ctx, "MODIFIED", kind="Pod", obj=pod)  # the cache has no such pod yet
     ctx.pods = {("ns", "x"): [pod]}
-    assert not reconcile.quiet_pod_event(ctx, "MODIFIED", pod)  # the status must name it
+    assert not event_quiet(ctx, "MODIFIED", kind="Pod", obj=pod)  # the status must name it
     assert kube.calls == []
-    assert reconcile.refresh_from_pod(ctx, "MODIFIED", pod) == "ok"
+    assert event_pass(ctx, "MODIFIED", kind="Pod", obj=pod) == "ok"
     assert "cannot be scheduled" in str(kube.objects["LLMDeployment", "ns", "x"]["status"])
     kube.calls.clear()
-    assert reconcile.quiet_pod_event(ctx, "MODIFIED", pod)
+    assert event_quiet(ctx, "MODIFIED", kind="Pod", obj=pod)
     assert kube.calls == []
 
 
 # ----------------------------------------------------------------------------------------------
 # A found problem stays reported: every status path carries what the parent path found.
-# (The Job and download paths run the parent path itself: `refresh_from_job` and
-# `poll_downloads` call `reconcile_parent`, which meets the rejection again.)
+# (The Job and download triggers run the full pass itself (`Pass.FULL`), which meets the
+# rejection again.)
 
 
 def stalled(kube: FakeKube) -> tuple[str, str]:
@@ -725,22 +727,22 @@ def test_a_rejected_hpa_stays_stalled_on_every_path(ctx: reconcile.Context, kube
     deliver(ctx, kube)
     deployment = kube.objects["Deployment", "ns", "x"]
 
-    assert not reconcile.quiet_child_event(ctx, "MODIFIED", deployment)  # Ready moves: writes
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "stalled"
+    assert not event_quiet(ctx, "MODIFIED", deployment)  # Ready moves: writes
+    assert event_pass(ctx, "MODIFIED", deployment) == "stalled"
     assert stalled(kube) == ("True", "ChildRejected")
-    assert reconcile.quiet_child_event(ctx, "MODIFIED", deployment)
+    assert event_quiet(ctx, "MODIFIED", deployment)
     assert _reconciles(ctx, "child", "stalled") == 2  # the worker's and the quiet one
-    assert reconcile.refresh_from_pod(ctx, "MODIFIED", _pending_pod_event(ctx)) == "stalled"
+    assert event_pass(ctx, "MODIFIED", kind="Pod", obj=_pending_pod_event(ctx)) == "stalled"
     assert stalled(kube) == ("True", "ChildRejected")
     assert "cannot be scheduled" in str(kube.objects["LLMDeployment", "ns", "x"]["status"])
-    assert reconcile.refresh_status(ctx, "ns", "x") == "stalled"
+    assert status_pass(ctx, "ns", "x") == "stalled"
     assert stalled(kube) == ("True", "ChildRejected")
     assert "Recovered" not in {c[1] for c in kube.calls if c[0] == "event"}
 
     # A child event that repairs another child does not clear it.
     kube.objects["Service", "ns", "x"]["spec"]["ports"][0]["port"] = 9999
     deliver(ctx, kube)
-    reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Service", "ns", "x"])
+    event_pass(ctx, "MODIFIED", kube.objects["Service", "ns", "x"])
     assert kube.objects["Service", "ns", "x"]["spec"]["ports"][0]["port"] != 9999
     assert stalled(kube) == ("True", "ChildRejected")
 
@@ -755,16 +757,14 @@ def test_a_rejection_on_the_child_path_is_remembered_too(
     ctx: reconcile.Context, kube: FakeKube
 ) -> None:
     deployment = _ready_deployment(ctx, kube)
-    reconcile.refresh_from_child(ctx, "MODIFIED", deployment)
+    event_pass(ctx, "MODIFIED", deployment)
     assert conds(kube)["Ready"]["status"] == "True"
     kube.objects["Service", "ns", "x"]["spec"]["ports"][0]["port"] = 9999
     kube.reject.add("Service")
     deliver(ctx, kube)
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", kube.objects["Service", "ns", "x"]) == (
-        "stalled"
-    )
+    assert event_pass(ctx, "MODIFIED", kube.objects["Service", "ns", "x"]) == ("stalled")
     assert stalled(kube) == ("True", "ChildRejected")
-    assert reconcile.refresh_from_pod(ctx, "MODIFIED", _pending_pod_event(ctx)) == "stalled"
+    assert event_pass(ctx, "MODIFIED", kind="Pod", obj=_pending_pod_event(ctx)) == "stalled"
     assert stalled(kube) == ("True", "ChildRejected")
 
 
@@ -778,12 +778,12 @@ def test_an_internal_error_stays_reported_until_a_parent_pass(
         raise RuntimeError("bug")
 
     monkeypatch.setattr(reconcile.entry, "plan_children", broken)
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "error"
+    assert event_pass(ctx, "MODIFIED", deployment) == "error"
     assert stalled(kube) == ("True", "InternalError")
     monkeypatch.setattr(reconcile.entry, "plan_children", real_plan)
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", deployment) == "stalled"
-    assert reconcile.refresh_from_pod(ctx, "MODIFIED", _pending_pod_event(ctx)) == "stalled"
-    assert reconcile.refresh_status(ctx, "ns", "x") == "stalled"
+    assert event_pass(ctx, "MODIFIED", deployment) == "stalled"
+    assert event_pass(ctx, "MODIFIED", kind="Pod", obj=_pending_pod_event(ctx)) == "stalled"
+    assert status_pass(ctx, "ns", "x") == "stalled"
     assert stalled(kube) == ("True", "InternalError")
     assert run_parent(ctx, kube) == "ok"
     assert stalled(kube)[0] == "False"
@@ -816,14 +816,14 @@ def test_a_new_process_refinds_the_problem_on_its_first_parent_pass(
     )
     deliver(successor, kube)
     kube.calls.clear()
-    assert reconcile.refresh_status(successor, "ns", "x") == "skipped"
-    assert reconcile.refresh_from_pod(successor, "MODIFIED", _pending_pod_event(successor)) == (
+    assert status_pass(successor, "ns", "x") == "skipped"
+    assert event_pass(successor, "MODIFIED", kind="Pod", obj=_pending_pod_event(successor)) == (
         "skipped"
     )
     assert not [c for c in kube.calls if c[0] == "status"]
     assert run_parent(successor, kube) == "stalled"
     assert stalled(kube) == ("True", "ChildRejected")
-    assert reconcile.refresh_status(successor, "ns", "x") == "stalled"
+    assert status_pass(successor, "ns", "x") == "stalled"
 
 
 def test_a_hub_outage_is_transient_not_an_internal_error(
@@ -896,7 +896,7 @@ def test_a_rollout_on_a_full_node_replaces_one_pod_at_a_time(
     deliver(ctx, kube)
     kube.calls.clear()
     run_parent(ctx, kube)
-    reconcile.refresh_from_child(ctx, "MODIFIED", copy.deepcopy(rolled))
+    event_pass(ctx, "MODIFIED", copy.deepcopy(rolled))
     assert not [c for c in kube.calls if c[0] == "list" or c[0].startswith("apply")]
 
 
@@ -904,7 +904,13 @@ def test_a_rollout_on_a_full_node_replaces_one_pod_at_a_time(
 def scheduled(ctx: reconcile.Context) -> list[tuple[str, str]]:
     """The handlers' scheduler of deferred statuses, recording what it was asked to run."""
     runs: list[tuple[str, str]] = []
-    ctx.schedule_status = lambda namespace, name: runs.append((namespace, name))
+
+    def schedule(key: tuple[str, str], hint: reconcile.Hint, seconds: float) -> None:
+        assert hint == reconcile.Hint.DEFERRED
+        assert seconds == first_status.DEFER_SECONDS
+        runs.append(key)
+
+    ctx.schedule = schedule
     return runs
 
 
@@ -930,21 +936,21 @@ def test_a_created_deployment_gets_one_status_write_once_its_controller_saw_it(
     assert _writes(kube) == []
     added = _unobserved(kube)
     deliver(ctx, kube)
-    assert reconcile.quiet_child_event(ctx, "ADDED", added)
-    assert reconcile.refresh_from_child(ctx, "ADDED", added) == "ok"
-    assert reconcile.refresh_status(ctx, "ns", "x") == "ok"
+    assert event_quiet(ctx, "ADDED", added)
+    assert event_pass(ctx, "ADDED", added) == "ok"
+    assert status_pass(ctx, "ns", "x") == "ok"
     assert _writes(kube) == []
 
     observed = rolled_out(kube, ready=1)
     deliver(ctx, kube)
-    assert not reconcile.quiet_child_event(ctx, "MODIFIED", observed)
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", observed) == "ok"
+    assert not event_quiet(ctx, "MODIFIED", observed)
+    assert event_pass(ctx, "MODIFIED", observed) == "ok"
     assert _writes(kube) == [("status", "LLMDeployment", "x"), ("event", "Ready", "x")]
     assert kube.objects["LLMDeployment", "ns", "x"]["status"]["observedGeneration"] == 1
     assert conds(kube)["Ready"]["status"] == "True"
     # The fallback finds the generation written and does nothing.
     kube.calls.clear()
-    assert reconcile.write_deferred_status(ctx, "ns", "x") == "skipped"
+    assert deferred_pass(ctx, "ns", "x") == "skipped"
     assert kube.calls == []
 
 
@@ -955,20 +961,20 @@ def test_the_fallback_writes_a_deferred_status_the_controller_never_answered(
     run_parent(ctx, kube)
     _unobserved(kube)
     deliver(ctx, kube)
-    assert reconcile.write_deferred_status(ctx, "ns", "x") == "ok"
+    assert deferred_pass(ctx, "ns", "x") == "ok"
     assert kube.objects["LLMDeployment", "ns", "x"]["status"]["observedGeneration"] == 1
     assert conds(kube)["Reconciling"]["reason"] == "RollingOut"
     assert ("event", "RollingOut", "x") in kube.calls
     # Over: the next status path writes as usual, and a second fallback run does nothing.
-    assert reconcile.write_deferred_status(ctx, "ns", "x") == "skipped"
+    assert deferred_pass(ctx, "ns", "x") == "skipped"
     observed = rolled_out(kube, ready=1)
     deliver(ctx, kube)
-    assert not reconcile.quiet_child_event(ctx, "MODIFIED", observed)
+    assert not event_quiet(ctx, "MODIFIED", observed)
 
 
 def _other_deployment_observed(ctx: reconcile.Context) -> None:
     """A watch event of another model's Deployment that its controller has observed."""
-    reconcile.note_deployment(
+    first_status.note_deployment(
         ctx,
         {"metadata": {"name": "other", "generation": 2}, "status": {"observedGeneration": 2}},
     )
@@ -994,21 +1000,21 @@ def test_the_fallback_waits_longer_while_the_deployment_controller_is_at_work(
     before the controller's status makes it write Ready (and a Ready Event)."""
     clock = _deferred_on_a_clock(ctx, kube)
     # Not a sign of a working controller: a Deployment it has not observed yet.
-    reconcile.note_deployment(ctx, kube.objects["Deployment", "ns", "x"])
+    first_status.note_deployment(ctx, kube.objects["Deployment", "ns", "x"])
     assert ctx.deployments_observed_at is None
     _other_deployment_observed(ctx)
     scheduled.clear()
     clock["now"] = NOW + timedelta(seconds=first_status.DEFER_SECONDS)
     _other_deployment_observed(ctx)
-    assert reconcile.write_deferred_status(ctx, "ns", "x") == "skipped"
+    assert deferred_pass(ctx, "ns", "x") == "skipped"
     assert scheduled == [("ns", "x")]
     assert _writes(kube) == []
     # Its first status comes: one status write, one Event, and the fallback has nothing left.
     observed = rolled_out(kube, ready=1)
     deliver(ctx, kube)
-    assert reconcile.refresh_from_child(ctx, "MODIFIED", observed) == "ok"
+    assert event_pass(ctx, "MODIFIED", observed) == "ok"
     assert _writes(kube) == [("status", "LLMDeployment", "x"), ("event", "Ready", "x")]
-    assert reconcile.write_deferred_status(ctx, "ns", "x") == "skipped"
+    assert deferred_pass(ctx, "ns", "x") == "skipped"
 
 
 def test_the_fallback_writes_once_the_controller_is_gone_quiet_or_the_wait_is_longest(
@@ -1018,7 +1024,7 @@ def test_the_fallback_writes_once_the_controller_is_gone_quiet_or_the_wait_is_lo
     # Seen at work, but not within the last DEFER_SECONDS: it may have stopped; write.
     _other_deployment_observed(ctx)
     clock["now"] = NOW + timedelta(seconds=first_status.DEFER_SECONDS + 1)
-    assert reconcile.write_deferred_status(ctx, "ns", "x") == "ok"
+    assert deferred_pass(ctx, "ns", "x") == "ok"
     assert conds(kube)["Reconciling"]["reason"] == "RollingOut"
 
     # A new generation, and a controller at work that never reaches this Deployment: the
@@ -1029,7 +1035,7 @@ def test_the_fallback_writes_once_the_controller_is_gone_quiet_or_the_wait_is_lo
     while True:
         clock["now"] += timedelta(seconds=first_status.DEFER_SECONDS)
         _other_deployment_observed(ctx)
-        if reconcile.write_deferred_status(ctx, "ns", "x") != "skipped":
+        if deferred_pass(ctx, "ns", "x") != "skipped":
             break
         waits += 1
     assert (clock["now"] - started).total_seconds() <= first_status.LONGEST_DEFER_SECONDS
@@ -1057,7 +1063,7 @@ def test_a_template_change_defers_and_a_replica_change_writes_at_once(
     """Only a change the cached Deployment does not show yet is waited for: a new pod template
     (its hash) is; a replica count on an observed Deployment with the same template is not."""
     deployment = _ready_deployment(ctx, kube)
-    reconcile.refresh_from_child(ctx, "MODIFIED", deployment)
+    event_pass(ctx, "MODIFIED", deployment)
     scheduled.clear()
 
     assert _edit_and_reconcile(ctx, kube, 2, replicas=2) == "ok"
@@ -1072,10 +1078,13 @@ def test_a_template_change_defers_and_a_replica_change_writes_at_once(
     kube.calls.clear()
     # A status path that runs before the controller saw the new template writes nothing...
     deliver(ctx, kube)
-    assert reconcile.refresh_status(ctx, "ns", "x") == "ok"
+    assert status_pass(ctx, "ns", "x") == "ok"
     assert _writes(kube) == []
-    # ...and the fallback writes the new generation's status.
-    assert reconcile.write_deferred_status(ctx, "ns", "x") == "ok"
+    # ...and the fallback writes the new generation's status (the controller last seen at work
+    # long ago: the ready Deployment's event, noted as the handlers note every one, would
+    # otherwise have it wait once more).
+    ctx.deployments_observed_at = NOW - timedelta(seconds=first_status.LONGEST_DEFER_SECONDS)
+    assert deferred_pass(ctx, "ns", "x") == "ok"
     assert kube.objects["LLMDeployment", "ns", "x"]["status"]["observedGeneration"] == 3
 
 
@@ -1087,3 +1096,50 @@ def test_a_problem_is_written_at_once_with_a_scheduler(
     assert run_parent(ctx, kube) == "stalled"
     assert scheduled == []
     assert stalled(kube) == ("True", "ChildRejected")
+
+
+def test_every_watch_event_becomes_its_parent_s_key_and_a_hint(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    """`noted` turns an event into the parent's key and the hint of the one pass: a child's
+    repairs its own kind (one queue lane per kind, so two kinds never replace each other), a
+    pod's re-derives the status only, a Job's is a full pass for its owner's uid; the initial
+    listing and objects not ours ask for nothing."""
+    kube.put(parent())
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+    deployment = kube.objects["Deployment", "ns", "x"]
+    service = kube.objects["Service", "ns", "x"]
+    found = reconcile.noted(ctx, "Deployment", "MODIFIED", deployment)
+    assert found is not None
+    key, hint = found
+    assert key == ("ns", "x")
+    assert hint.scope is Pass.CHILD
+    assert hint.trigger is Trigger.CHILD
+    other = reconcile.noted(ctx, "Service", "MODIFIED", service)
+    assert other is not None
+    assert other[1].lane != hint.lane
+    assert reconcile.noted(ctx, "Deployment", None, deployment) is None  # initial listing
+    pod = {"metadata": {"namespace": "ns", "name": "x-1", "labels": {names.LABEL_DEPLOYMENT: "x"}}}
+    assert reconcile.noted(ctx, "Pod", "MODIFIED", pod) == (("ns", "x"), reconcile.Hint.POD)
+    assert reconcile.Hint.POD.scope is Pass.STATUS
+    job = {"metadata": {"namespace": "ns", "name": "x-download", "ownerReferences": []}}
+    job["metadata"]["ownerReferences"] = deployment["metadata"]["ownerReferences"]
+    found = reconcile.noted(ctx, "Job", "MODIFIED", job)
+    assert found is not None
+    assert found[1].scope is Pass.FULL
+    assert found[1].uid == "uid-1"
+
+
+def test_a_job_of_a_recreated_parent_runs_no_pass(ctx: reconcile.Context, kube: FakeKube) -> None:
+    """A Job's hint names its owner's uid: a parent recreated under the same name is left alone,
+    and nothing is counted (the pass never starts)."""
+    kube.put(parent())
+    run_parent(ctx, kube)
+    deliver(ctx, kube)
+    kube.calls.clear()
+    hint = reconcile.Hint(Trigger.CHILD, Pass.FULL, uid="old-uid")
+    before = _reconciles(ctx, "child", "skipped")
+    assert reconcile.reconcile(ctx, ("ns", "x"), hint) == "skipped"
+    assert _reconciles(ctx, "child", "skipped") == before
+    assert kube.calls == []

@@ -247,7 +247,23 @@ def test_agent_environment_and_secrets() -> None:
         },
     )
     values = env(children)
-    assert values["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    # The token is a mounted file (huggingface_hub reads HF_TOKEN_PATH), never a variable.
+    assert "HF_TOKEN" not in values
+    assert values["HF_TOKEN_PATH"] == "/var/run/secrets/llmop/hf-token/token"
+    pod = pod_spec(children)
+    volume = next(v for v in pod["volumes"] if v["name"] == "hf-token")
+    assert volume["secret"] == {
+        "secretName": "hf",
+        "items": [{"key": "token", "path": "token"}],
+        "defaultMode": 0o440,
+    }
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert {
+        "name": "hf-token",
+        "mountPath": "/var/run/secrets/llmop/hf-token",
+        "readOnly": True,
+    } in (mounts)
+    assert not any("secretKeyRef" in str(v) and "hf" in str(v) for v in values.values())
     assert values["VLLM_API_KEY"] == {"secretKeyRef": {"name": "api", "key": "k"}}
     assert values["LLMOP_STALL_SECONDS"] == "90"
     assert values["LLMOP_DEEP_PROBE_ENABLED"] == "false"

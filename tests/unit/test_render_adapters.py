@@ -163,13 +163,27 @@ def test_pvc_adapter_on_a_claim_the_pods_do_not_mount_is_refused_by_name() -> No
 def test_gated_hub_adapters_get_the_token_also_with_a_model_cache() -> None:
     token = {"name": "hf", "key": "token"}
     cached = {"name": "acme/m", "cache": {"size": "10Gi"}, "tokenSecretRef": token}
-    assert "HF_TOKEN" not in env(model=cached)
-    assert env(model=cached, adapters=[SQL])["HF_TOKEN"] == {
-        "secretKeyRef": {"name": "hf", "key": "token"}
-    }
+    assert "HF_TOKEN_PATH" not in env(model=cached)
+    assert not any(v["name"] == "hf-token" for v in engine_volumes(model=cached))
+    # A mounted file that huggingface_hub (the agent's adapter fetch) reads, never a variable.
+    assert env(model=cached, adapters=[SQL])["HF_TOKEN_PATH"] == (
+        "/var/run/secrets/llmop/hf-token/token"
+    )
+    assert "HF_TOKEN" not in env(model=cached, adapters=[SQL])
+    volume = next(
+        v for v in engine_volumes(model=cached, adapters=[SQL]) if v["name"] == "hf-token"
+    )
+    assert volume["secret"]["secretName"] == "hf"
     # Given with LoRA on, before any Hub adapter: adding the first one is no template change.
     lora = {"engine": {"lora": {}}}
-    assert "HF_TOKEN" in env(model=cached, **lora)
+    assert "HF_TOKEN_PATH" in env(model=cached, **lora)
+
+
+def engine_volumes(**spec: Any) -> list[dict[str, Any]]:
+    children = render_children(deployment(**spec), SETTINGS, load_timeout_seconds=900)
+    assert children.deployment is not None
+    volumes: list[dict[str, Any]] = children.deployment["spec"]["template"]["spec"]["volumes"]
+    return volumes
 
 
 def test_the_operators_hub_endpoint_reaches_the_agent_while_lora_is_on() -> None:

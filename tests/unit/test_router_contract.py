@@ -236,3 +236,14 @@ def test_the_operator_lists_the_router_pods_by_the_label_the_chart_gives_them() 
     helpers = (ROOT / "helm" / "llmop" / "templates" / "_helpers.tpl").read_text()
     for key, value in contract.ROUTER_POD_LABELS.items():
         assert f"{key}: {value}\n" in helpers
+
+
+def test_the_operator_finds_the_admin_port_by_the_name_the_router_contract_gives_it() -> None:
+    """The chart names the port (tests/chart checks its rendered pod); a pod without one is read
+    on the router's default admin port."""
+    named = {"name": contract.ADMIN_PORT_NAME, "containerPort": 9100}
+    pod = {"spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8080}, named]}]}}
+    assert idle.admin_port(pod) == 9100
+    assert idle.admin_port({"spec": {"containers": [{"name": "router"}]}}) == (
+        contract.DEFAULT_ADMIN_PORT
+    )

@@ -279,3 +279,40 @@ def test_an_adapter_name_another_cr_serves_stays_with_the_oldest() -> None:
     chosen = owners([new, old])
     assert chosen["sql"] == old
     assert chosen["new"] == new
+
+
+def test_the_catalog_knows_how_stale_each_list_is() -> None:
+    """Age counts from the start until a list first succeeds, then from each contact; a list
+    that arrived once and then went quiet past the bound is stale, with the watch's last error;
+    a contact clears it. A list not yet arrived is `waiting`'s, not stale."""
+    catalog = Catalog(RouteTable(), namespaces=("a",))
+    catalog.started(100.0)
+    assert catalog.ages(103.0) == {"llmdeployments": 3.0, "endpointslices": 3.0}
+    assert catalog.stale(200.0, 30) == []  # nothing listed yet: waiting says so
+    catalog.on_llmdeployment("SYNC", {"items": [], "namespace": "a"})
+    catalog.on_endpoint_slice("SYNC", {"items": [], "namespace": "a"})
+    catalog.contact("llmdeployments/a", 110.0)
+    catalog.contact("endpointslices/a", 125.0)
+    assert catalog.ages(130.0) == {"llmdeployments": 20.0, "endpointslices": 5.0}
+    assert catalog.stale(140.0, 30) == []
+    catalog.failed("llmdeployments/a", "FileNotFoundError: [Errno 2] token")
+    (reason,) = catalog.stale(145.0, 30)
+    assert reason.startswith("stale: no list or watch event of llmdeployments in namespace a")
+    assert "for 35 s (more than the 30 s of --stale-after-seconds)" in reason
+    assert reason.endswith("last error: FileNotFoundError: [Errno 2] token")
+    catalog.contact("llmdeployments/a", 146.0)
+    assert catalog.stale(147.0, 30) == []
+    assert catalog.errors == {}
+
+
+def test_the_watch_backs_off_exponentially_bounded_with_jitter() -> None:
+    from llmop_router.kube import RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS, retry_delay
+
+    highest = [retry_delay(n, lambda: 0.999999) for n in range(1, 10)]
+    lowest = [retry_delay(n, lambda: 0.0) for n in range(1, 10)]
+    assert highest[0] == pytest.approx(RETRY_FIRST_SECONDS, rel=1e-3)
+    assert highest[1] == pytest.approx(2 * RETRY_FIRST_SECONDS, rel=1e-3)
+    assert highest == sorted(highest)
+    assert max(highest) == pytest.approx(RETRY_MAX_SECONDS, rel=1e-3)
+    assert lowest == pytest.approx([h / 2 for h in highest], rel=1e-3)
+    assert retry_delay(10_000) <= RETRY_MAX_SECONDS

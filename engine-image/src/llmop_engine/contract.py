@@ -134,6 +134,12 @@ class Env:
     """vLLM's own variable: seconds uvicorn keeps an idle keep-alive connection open (the
     simulator reads it too). The agent's drain does not end before that long has passed."""
     HF_TOKEN: Final = "HF_TOKEN"
+    """The Hub's own token variable: never rendered. A variable is inherited by every child
+    process and shows in `/proc/<pid>/environ` and crash reports; the token arrives as a file
+    (`HF_TOKEN_PATH`) instead."""
+    HF_TOKEN_PATH: Final = "HF_TOKEN_PATH"
+    """`huggingface_hub`'s own variable (and so vLLM's): the file its `get_token()` reads when
+    `HF_TOKEN` is unset. The renderer points it at the mounted Secret key `HF_TOKEN_FILE`."""
     HF_HOME: Final = "HF_HOME"
     HF_HUB_OFFLINE: Final = "HF_HUB_OFFLINE"
     """`huggingface_hub` (and so vLLM) reads only its local cache: set with a model cache."""
@@ -170,6 +176,10 @@ QUEUE_DEPTH_METRIC: Final = "llmop_engine_queue_depth"
 """Per-pod gauge of waiting requests (the HPA's Pods metric via prometheus-adapter)."""
 PROGRESS_PATH: Final = "/progress"
 """The downloader's progress (JSON, `ProgressKey`), served on the probe port."""
+HF_TOKEN_DIR: Final = "/var/run/secrets/llmop/hf-token"
+"""Where the renderer mounts spec.model.tokenSecretRef's Secret (read-only, the one key)."""
+HF_TOKEN_FILE: Final = f"{HF_TOKEN_DIR}/token"
+"""The token file itself: `HF_TOKEN_PATH` names it."""
 AGENT_SOCKET: Final = "/tmp/llmop-agent.sock"
 """Default drain socket; the renderer points `LLMOP_AGENT_SOCKET` into a memory volume."""
 

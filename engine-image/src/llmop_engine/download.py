@@ -1,7 +1,7 @@
 """`llmop-engine download`: fill a model cache from the Hugging Face Hub, once, with progress.
 
 The engine image runs this as the operator's download Job. It is the engine package's only module
-that talks to the Hub (through `huggingface_hub`, which honours `HF_ENDPOINT`, `HF_TOKEN`,
+that talks to the Hub (through `huggingface_hub`, which honours `HF_ENDPOINT`, `HF_TOKEN_PATH`,
 revisions and ranged resumes). The cache is laid out as `huggingface_hub` lays out its own
 (`$HF_HOME/hub/models--org--name/{blobs,snapshots/<sha>}`), so engine pods started with
 `HF_HOME` on the same volume and `HF_HUB_OFFLINE=1` read the weights without any network.
@@ -303,7 +303,8 @@ def parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     flag = contract.DownloadFlag
     parser = argparse.ArgumentParser(
         prog=f"{contract.ENTRYPOINT} {contract.DOWNLOAD}",
-        description="Fill a model cache from the Hugging Face Hub (honours HF_ENDPOINT, HF_TOKEN).",
+        description="Fill a model cache from the Hugging Face Hub "
+        "(honours HF_ENDPOINT, HF_TOKEN, HF_TOKEN_PATH).",
     )
     parser.add_argument(flag.MODEL, required=True, help="Hugging Face repo id, org/name")
     parser.add_argument(flag.REVISION, default=None, help="commit sha (or branch/tag)")

@@ -125,3 +125,34 @@ Router image reference: repository:tag, or repository@digest when a digest is pi
 {{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
 {{- end }}
 {{- end }}
+
+{{/*
+NetworkPolicyPeers (as a list) of the operator's pods, the router's pods and Prometheus, from any
+namespace: `kubernetes.io/metadata.name` is the label the API server sets on every Namespace.
+*/}}
+{{- define "llmop.operatorPeers" -}}
+{{- $ns := dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace) }}
+{{- $peers := list (dict "namespaceSelector" $ns "podSelector" (dict "matchLabels" (include "llmop.selectorLabels" . | fromYaml))) }}
+{{- with .Values.networkPolicy.prometheus }}
+{{- $peers = append $peers . }}
+{{- end }}
+{{- toJson $peers }}
+{{- end }}
+
+{{/*
+LLMOP_NETWORK_POLICY: the peers of each LLMDeployment's engine NetworkPolicy, which the operator
+renders (llmop.render.network_policy adds the CR's own namespace and pods).
+*/}}
+{{- define "llmop.enginePeers" -}}
+{{- $ns := dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace) }}
+{{- $api := list }}
+{{- if .Values.router.enabled }}
+{{- $api = append $api (dict "namespaceSelector" $ns "podSelector" (dict "matchLabels" (include "llmop.routerSelectorLabels" . | fromYaml))) }}
+{{- end }}
+{{- with .Values.networkPolicy.prometheus }}
+{{- $api = append $api . }}
+{{- end }}
+{{- $api = concat $api .Values.networkPolicy.engineApiFrom }}
+{{- $probe := concat (include "llmop.operatorPeers" . | fromJsonArray) .Values.networkPolicy.engineProbeFrom }}
+{{- toJson (dict "api" $api "probe" $probe) }}
+{{- end }}

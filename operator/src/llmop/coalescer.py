@@ -1,9 +1,10 @@
 """The coalescing queue of the event handlers' writes: at most one pending worker run per key.
 
 A child or pod event whose handler (`llmop.handlers`) decides that something must be written
-hands the write here instead of awaiting a thread: a later event for the same key replaces the
-arguments of the run still waiting, and the handler returns at once. The run takes a thread of
-the refresh pool that `main` puts in kopf's memo (`in_worker`).
+hands its parent's pass (`reconcile.reconcile`, keyed by the parent and the hint's lane) here
+instead of awaiting a thread, as does the deferred statuses' fallback: a later event for the
+same key replaces the arguments of the run still waiting, and the handler returns at once. The
+run takes a thread of the refresh pool that `main` puts in kopf's memo (`in_worker`).
 """
 
 from __future__ import annotations
@@ -51,22 +52,31 @@ class Coalescer:
         self._waiting: dict[Hashable, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
         self._drains: dict[Hashable, asyncio.Task[None]] = {}
 
-    def submit(self, memo: Any, key: Hashable, function: Callable[..., Any], *args: Any) -> None:
+    def submit(
+        self,
+        memo: Any,
+        key: Hashable,
+        function: Callable[..., Any],
+        *args: Any,
+        delay: float | None = None,
+    ) -> None:
         """Run `function(*args)` in the pool soon, unless a later submit for `key` replaces it
-        before a thread takes it."""
+        before a thread takes it. `delay` overrides the queue's wait for later events (a run
+        already timed by its caller, like the deferred statuses' fallback, waits no more)."""
         self._waiting[key] = (function, args)
         if key not in self._drains:
             # An empty context: a task inherits its creator's, and inside a handler that holds
             # kopf's cause, the whole decoded watch event, until the task ends. Under a burst
             # that kept ~1,900 raw events alive behind the thread pool's queue.
             self._drains[key] = asyncio.create_task(
-                self._drain(memo, key), context=contextvars.Context()
+                self._drain(memo, key, self.delay if delay is None else delay),
+                context=contextvars.Context(),
             )
 
-    async def _drain(self, memo: Any, key: Hashable) -> None:
+    async def _drain(self, memo: Any, key: Hashable, delay: float) -> None:
         try:
-            if self.delay:
-                await asyncio.sleep(self.delay)
+            if delay:
+                await asyncio.sleep(delay)
             while key in self._waiting:
                 function, args = self._waiting.pop(key)
                 try:

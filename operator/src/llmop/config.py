@@ -7,6 +7,7 @@ The environment is a parameter, so tests pass a dict and nothing here reads `os.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from llmop.settings import (
     DEFAULT_VLLM_CPU_IMAGE,
     DEFAULT_VLLM_IMAGE,
     RenderSettings,
+    parse_peers,
 )
 
 ENV_PREFIX = "LLMOP_"
@@ -59,6 +61,9 @@ class OperatorConfig:
     """GPU extended resource requested for LLMDeployments that name none."""
     hub_endpoint: str | None = None
     """Model hub base URL for the model pre-flight and download Jobs (None: huggingface.co)."""
+    network_policy: str | None = None
+    """Peers of each CR's engine NetworkPolicy as JSON (`llmop.render.network_policy`); None:
+    the operator renders none."""
     router: RouterRef | None = None
     """The installed llmop router (`llmop.router_view`); None: none is installed."""
     max_workers: int = 16
@@ -96,6 +101,7 @@ class OperatorConfig:
             image_pull_policy=self.image_pull_policy,
             gpu_resource_name=self.gpu_resource_name,
             hub_endpoint=self.hub_endpoint,
+            network_policy=self.network_policy,
         )
 
 
@@ -174,6 +180,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="render a ServiceMonitor per LLMDeployment (needs the prometheus-operator CRDs)",
     )
     parser.add_argument(
+        "--network-policy",
+        default=default("NETWORK_POLICY", ""),
+        help='render a NetworkPolicy per LLMDeployment admitting these peers: JSON {"api": '
+        '[NetworkPolicyPeer...], "probe": [...]} (env LLMOP_NETWORK_POLICY; empty: none)',
+    )
+    parser.add_argument(
         "--image-pull-policy",
         choices=("Always", "IfNotPresent", "Never"),
         default=default("IMAGE_PULL_POLICY", defaults.image_pull_policy),
@@ -240,6 +252,20 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
+def _network_policy(text: str) -> str | None:
+    """The validated peers, canonical JSON (one rendering for equal settings); None: off."""
+    if not text.strip():
+        return None
+    try:
+        parsed = parse_peers(text)
+    except ValueError as error:
+        raise ConfigError(
+            f"--network-policy (LLMOP_NETWORK_POLICY): {error}; the chart writes it from its "
+            "networkPolicy values"
+        ) from error
+    return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
+
+
 def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
     """Parse `argv` (without the program and `run` words) over `env`."""
     try:
@@ -281,6 +307,7 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
         image_pull_policy=args.image_pull_policy,
         gpu_resource_name=args.gpu_resource_name,
         hub_endpoint=args.hub_endpoint,
+        network_policy=_network_policy(args.network_policy),
         router=router,
         max_workers=args.max_workers,
         retry_delay_seconds=args.retry_delay_seconds,

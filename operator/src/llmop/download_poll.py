@@ -1,7 +1,7 @@
 """Orchestration: read running model downloads' progress into their status.
 
 A download Job emits no event while bytes flow, so one thread (a row of `llmop.runnables`)
-runs `reconcile.poll_downloads` every `POLL_SECONDS`: a parent pass for each parent whose
+runs `reconcile.check(ctx, "downloads")` every `POLL_SECONDS`: a parent pass for each parent whose
 download runs (progress, rate, ETA). A plain thread, not a kopf timer: kopf timers on a resource
 add a finalizer to it.
 """
@@ -12,7 +12,7 @@ import logging
 import threading
 
 from llmop.periodic import run_in_thread
-from llmop.reconcile import Context, poll_downloads
+from llmop.reconcile import Context, check
 
 log = logging.getLogger("llmop.main")
 
@@ -26,7 +26,7 @@ def run(ctx: Context, stop: threading.Event, *, interval: float = POLL_SECONDS) 
     bar)."""
     run_in_thread(
         interval,
-        lambda: poll_downloads(ctx),
+        lambda: check(ctx, "downloads"),
         stop,
         log=log,
         failure="download progress poll failed",

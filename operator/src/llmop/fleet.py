@@ -31,7 +31,7 @@ from llmop.kube import KubeError
 from llmop.periodic import run_rounds
 from llmop.pod_client import AgentClient, ReadResult, Target
 from llmop.pods import DELETION_COST_ANNOTATION, replica_pods
-from llmop.reconcile import TRIGGER_FLEET, Context, refresh_status
+from llmop.reconcile import Context, Hint, reconcile
 
 log = logging.getLogger("llmop.fleet")
 
@@ -111,7 +111,7 @@ def apply_round(
         _keep(ctx, key, readings)
         if before is None or _shown(before) != _shown(readings) or _degraded(ctx, key):
             try:
-                refresh_status(ctx, *key, trigger=TRIGGER_FLEET)
+                reconcile(ctx, key, Hint.FLEET)
                 refreshed += 1
             except KubeError as error:
                 log.warning("could not refresh %s/%s: %s", *key, error)

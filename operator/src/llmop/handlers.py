@@ -15,15 +15,17 @@
   behind the reconciles blocked on API calls. kopf 1.45 processes every queued event of an object
   in turn (no batching), so the longer events wait, the more full decoded bodies sit in its
   per-object queues: under a 1,000-CR burst that lag, not any cache, was the operator's memory.
-  The event handlers decide from the caches in the event loop (`reconcile.quiet_child_event`,
-  `quiet_pod_event`: no I/O, no blocking) and send only events that lead to a write to the pool,
-  coalesced per object (`llmop.coalescer`) so that a handler never waits on the pool and kopf's
-  queue of that object drains at once.
+  Every handler turns its event into a parent's key and a hint (`reconcile.noted`) and asks
+  for the one pass, `reconcile.reconcile(ctx, key, hint)`. The event handlers decide from the
+  caches in the event loop (`reconcile.quiet`: no I/O, no blocking) and send only events that
+  lead to a write to the pool, coalesced per parent and hint lane (`llmop.coalescer`) so that a
+  handler never waits on the pool and kopf's queue of that object drains at once.
 
 - kopf's memory of the last handled spec is kept in this process (`llmop.persistence`), not on
   the object; the count handler drops a deleted object's entry.
 - A startup activity lets the parent passes defer their status write to the Deployment
-  controller's first status (`reconcile.first_status`), with a fallback run on this loop.
+  controller's first status (`reconcile.first_status`), with a fallback pass put on the same
+  queue (`Context.schedule`).
 - The background loops (the agent reader, the router, pool, Hub, group and idle checks, the
   late-CRD check...) are no handlers: `main` starts and stops them with each leadership term
   (`llmop.runnables`), as tasks of kopf's event loop (no daemon per LLMDeployment: that would
@@ -46,23 +48,10 @@ from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
 from llmop.coalescer import Coalescer, in_worker
 from llmop.hub import HubUnavailableError
 from llmop.kube import KubeError
-from llmop.observed import child_event_summary, child_summary, parent_summary
+from llmop.observed import child_summary, controller_owner, parent_summary
 from llmop.persistence import ProcessDiffBase
 from llmop.pods import pod_summary
-from llmop.reconcile import (
-    Context,
-    controller_owner,
-    note_deployment,
-    note_group_pod,
-    quiet_child_event,
-    quiet_pod_event,
-    reconcile_parent,
-    refresh_from_child,
-    refresh_from_job,
-    refresh_from_pod,
-    write_deferred_status,
-)
-from llmop.reconcile.first_status import DEFER_SECONDS
+from llmop.reconcile import Context, Hint, noted, quiet, reconcile
 
 log = logging.getLogger("llmop.handlers")
 
@@ -165,22 +154,25 @@ def _coalescer(memo: Any) -> Coalescer:
     return coalescer
 
 
-@kopf.on.event(kinds.POD.api_version, kinds.POD.plural, labels=MANAGED_LABELS, id=POD_HANDLER_ID)
-async def pod_event(
-    type: str, body: kopf.Body, namespace: str | None, memo: Any, **kwargs: Any
+def _submit(
+    memo: Any, ctx: Context, key: tuple[str, str], hint: Hint, *, delay: float | None = None
 ) -> None:
+    """Put the pass of `key` on the queue; a later one of the same lane replaces it."""
+    _coalescer(memo).submit(memo, (key, hint.lane), reconcile, ctx, key, hint, delay=delay)
+
+
+@kopf.on.event(kinds.POD.api_version, kinds.POD.plural, labels=MANAGED_LABELS, id=POD_HANDLER_ID)
+async def pod_event(type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
     """An engine pod changed: its parent's status may now name (or stop naming) a problem.
     Decided in the event loop when nothing is to be written; a write is coalesced per parent
     and takes a worker."""
     ctx = _context(memo, kwargs)
-    pod = pod_summary(body)
     # Every event, before the quiet check (which derives from it) and before coalescing (which
     # may drop it): a group's recreate shows only in its new leader's event.
-    note_group_pod(ctx, type, pod)
-    if quiet_pod_event(ctx, type, pod):
+    found = noted(ctx, kinds.POD.kind, type, pod_summary(body))
+    if found is None or quiet(ctx, *found):
         return
-    parent = (body.get("metadata") or {}).get("labels", {}).get(names.LABEL_DEPLOYMENT)
-    _coalescer(memo).submit(memo, ("pod", namespace, parent), refresh_from_pod, ctx, type, pod)
+    _submit(memo, ctx, *found)
 
 
 for _kind in kinds.WATCHED:
@@ -192,8 +184,12 @@ for _kind in kinds.WATCHED:
 @kopf.on.event(kinds.JOB.api_version, kinds.JOB.plural, labels=MANAGED_LABELS, id=JOB_HANDLER_ID)
 def job_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
     """A model download Job changed: a finished download lets the engine pods be created."""
+    ctx = _context(memo, kwargs)
+    found = noted(ctx, kinds.JOB.kind, type, dict(body))
+    if found is None:
+        return  # initial listing: the parents' resume passes run anyway
     try:
-        refresh_from_job(_context(memo, kwargs), type, dict(body))
+        reconcile(ctx, *found)
     except (KubeError, HubUnavailableError) as error:
         logger.warning(f"Could not process a Job event: {error}")
 
@@ -204,8 +200,10 @@ def job_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any)
 def reconcile_llmdeployment(body: kopf.Body, retry: int, memo: Any, **kwargs: Any) -> None:
     """Converge one LLMDeployment; transient API errors retry with exponential backoff."""
     ctx = _context(memo, kwargs)
+    parent = parent_summary(body)
+    key = (parent["metadata"]["namespace"], parent["metadata"]["name"])
     try:
-        reconcile_parent(ctx, parent_summary(body))
+        reconcile(ctx, key, Hint.parent(parent))
     except (KubeError, HubUnavailableError) as error:
         delay = min(ctx.config.retry_delay_seconds * 2**retry, MAX_RETRY_DELAY_SECONDS)
         raise kopf.TemporaryError(str(error), delay=delay) from error
@@ -226,30 +224,26 @@ async def count_llmdeployment(
             diffbase.forget(uid)
 
 
-async def child_event(
-    type: str, body: kopf.Body, namespace: str | None, memo: Any, logger: Any, **kwargs: Any
-) -> None:
+async def child_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
     """A child changed or vanished: repair it, or refresh the parent's status. Decided in the
-    event loop when nothing is to be written; a write is coalesced per child and takes a worker,
+    event loop when nothing is to be written; a write is coalesced per parent and child kind and
+    takes a worker,
     a deletion is awaited as it is. A transient API error is only logged: the next event, or the
     parent's own reconcile, tries again."""
     ctx = _context(memo, kwargs)
-    if type != "DELETED" and body.get("kind") == kinds.DEPLOYMENT.kind:
-        # Every event, before the quiet check: the deferred statuses' fallback judges from it
-        # whether the Deployment controller is at work.
-        note_deployment(ctx, body)
-    child = child_event_summary(body)
-    if quiet_child_event(ctx, type, child):
+    # Every event, before the quiet check: the deferred statuses' fallback judges from a
+    # Deployment's whether the Deployment controller is at work.
+    found = noted(ctx, str(body.get("kind")), type, body)
+    if found is None or quiet(ctx, *found):
         return
     if type == "DELETED":
         # Never replaced by a later event: a deletion reads the parent fresh and recreates.
         try:
-            await in_worker(memo, refresh_from_child, ctx, type, child)
+            await in_worker(memo, reconcile, ctx, *found)
         except KubeError as error:
             logger.warning(f"Could not process a {body.get('kind')} event: {error}")
         return
-    key = (str(body.get("kind")), namespace, body.get("metadata", {}).get("name"))
-    _coalescer(memo).submit(memo, key, refresh_from_child, ctx, type, child)
+    _submit(memo, ctx, *found)
 
 
 for _kind in kinds.WATCHED:
@@ -268,20 +262,18 @@ def reconciles_probe(memo: Any, **_: Any) -> int:
 @kopf.on.startup(id="first-status")
 async def start_deferred_statuses(memo: Any, **_: Any) -> None:
     """Let parent passes defer their status write (`reconcile.first_status`): each deferral
-    runs its fallback `DEFER_SECONDS` later in the refresh pool (and again each time the
-    fallback decides to wait longer), one pending run per parent.
-    The parent passes run in kopf's threads; the coalescer lives on this event loop."""
+    puts its fallback pass on the queue the given seconds later (and again each time the
+    fallback decides to wait longer), one pending run per parent and lane.
+    The parent passes run in kopf's threads; the queue lives on this event loop."""
     context: Context = memo.context
     loop = asyncio.get_running_loop()
-    deferred = Coalescer()
 
-    def submit(namespace: str, name: str) -> None:
-        key = ("first-status", namespace, name)
-        deferred.submit(memo, key, write_deferred_status, context, namespace, name)
-
-    def schedule(namespace: str, name: str) -> None:
+    def schedule(key: tuple[str, str], hint: Hint, seconds: float) -> None:
         # A timer per call, not a delay per coalesced run: a fallback that decides to wait
-        # longer schedules itself again from its worker, and must wait again, not run at once.
-        loop.call_soon_threadsafe(loop.call_later, DEFER_SECONDS, submit, namespace, name)
+        # longer schedules itself again from its worker, and must wait again, not run at once;
+        # once the timer fires it waits no more (the queue's own wait is for event bursts).
+        loop.call_soon_threadsafe(
+            loop.call_later, seconds, lambda: _submit(memo, context, key, hint, delay=0.0)
+        )
 
-    context.schedule_status = schedule
+    context.schedule = schedule

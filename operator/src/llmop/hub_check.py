@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 
 from llmop.periodic import run_every
-from llmop.reconcile import Context, adapters_due_for_hub, reconcile_cached
+from llmop.reconcile import Context
+from llmop.reconcile import check as reconcile_check
 
 log = logging.getLogger("llmop.hub_check")
 
@@ -24,7 +25,7 @@ CHECK_SECONDS = 10.0
 
 def check(ctx: Context) -> int:
     """Run the parent pass of each parent due for a Hub retry; how many ran."""
-    return reconcile_cached(ctx, adapters_due_for_hub(ctx), why="re-check the adapters")
+    return reconcile_check(ctx, "hub")
 
 
 async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:

@@ -1,12 +1,12 @@
 """Pure: when an LLMDeployment that may scale to zero (`spec.autoscaling.minReplicas: 0`) has
 been idle long enough for the operator to take its engine workload to 0.
 
-Inputs are what `llmop.idle_check` read: every ready router pod's `GET /llmop/activity` (the
-router's in-flight and held requests per CR, and when the newest one arrived), the agents'
-latest queue readings (`ParentMemory.fleet`), and since when the CR has served (its Ready
-condition's transition time, so a model just rolled out or woken gets its full idle period even
-when no request ever came). Anything unknown is "not idle": an unread router pod or agent may
-be serving, and waking costs a model load.
+Inputs are what `llmop.idle_check` read: every ready router pod's `GET /llmop/activity` on its
+admin port (`admin_port`; the router's in-flight and held requests per CR, and when the newest
+one arrived), the agents' latest queue readings (`ParentMemory.fleet`), and since when the CR
+has served (its Ready condition's transition time, so a model just rolled out or woken gets its
+full idle period even when no request ever came). Anything unknown is "not idle": an unread
+router pod or agent may be serving, and waking costs a model load.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmop.agents import AgentReading
+from llmop_router import contract
 from llmop_router.contract import ActivityKey
 
 Key = tuple[str, str]
@@ -43,6 +44,17 @@ def _count(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0
     return max(0, int(value))
+
+
+def admin_port(pod: Mapping[str, Any]) -> int:
+    """Where a router pod serves `/llmop/activity`: its container port named `admin` (the
+    chart's, whatever `router.adminPort` says), else the router's default admin port."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            number = port.get("containerPort")
+            if port.get("name") == contract.ADMIN_PORT_NAME and isinstance(number, int):
+                return number
+    return contract.DEFAULT_ADMIN_PORT
 
 
 def parse_activity(payload: Any) -> dict[Key, Activity] | None:

@@ -7,8 +7,8 @@ every `CHECK_SECONDS`:
    whose Ready condition is True with `AllReplicasReady` (serving, not rolling out or waking);
    every other CR costs one dictionary lookup and no request;
 2. with at least one candidate: the router's ready pods (one label-filtered list) and each
-   one's `GET /llmop/activity` (`llmop.pod_client`), plus the agents' latest queue readings
-   the fleet reader keeps (`ParentMemory.fleet`);
+   one's `GET /llmop/activity` on its admin port (`llmop.pod_client`), plus the agents'
+   latest queue readings the fleet reader keeps (`ParentMemory.fleet`);
 3. `llmop.idle.decide` per candidate; for an idle one, the router pods are read again just
    before the write (a request may have arrived meanwhile) and, still idle, the workload's
    scale subresource is set to 0 — the Deployment, or the LeaderWorkerSet of a multi-node CR.
@@ -31,7 +31,7 @@ from llmop import conditions, idle, kinds, pod_client
 from llmop.idle import Activity, Key
 from llmop.kube import KubeError
 from llmop.periodic import run_rounds
-from llmop.reconcile import TRIGGER_FLEET, Context, refresh_status
+from llmop.reconcile import Context, Hint, reconcile
 from llmop_router import contract
 from llmop_router.contract import Spec
 
@@ -86,13 +86,13 @@ def candidates(parents: Mapping[Key, Iterable[Mapping[str, Any]]]) -> dict[Key, 
     return found
 
 
-def _router_pods(ctx: Context) -> list[str]:
-    """IPs of the router's ready pods (its container port is the Service's, as the chart
-    renders it)."""
+def _router_pods(ctx: Context) -> list[tuple[str, int]]:
+    """IP and admin port of each of the router's ready pods (the admin port is on no Service:
+    clients never reach it)."""
     if ctx.router is None:
         return []
     pods = ctx.kube.list("v1", "Pod", ctx.router.ref.namespace, label_selector=ROUTER_POD_LABEL)
-    ips = []
+    found = []
     for pod in pods:
         status = pod.get("status") or {}
         ready = any(
@@ -101,14 +101,14 @@ def _router_pods(ctx: Context) -> list[str]:
         )
         leaving = (pod.get("metadata") or {}).get("deletionTimestamp")
         if ready and not leaving and status.get("podIP"):
-            ips.append(str(status["podIP"]))
-    return ips
+            found.append((str(status["podIP"]), idle.admin_port(pod)))
+    return found
 
 
-async def _activity(ctx: Context, ips: list[str]) -> list[Mapping[Key, Activity] | None]:
-    assert ctx.router is not None
-    port = ctx.router.ref.port
-    payloads = await asyncio.gather(*(pod_client.read_router_activity(ip, port) for ip in ips))
+async def _activity(pods: list[tuple[str, int]]) -> list[Mapping[Key, Activity] | None]:
+    payloads = await asyncio.gather(
+        *(pod_client.read_router_activity(ip, port) for ip, port in pods)
+    )
     return [idle.parse_activity(payload) for payload in payloads]
 
 
@@ -141,15 +141,15 @@ async def check_once(ctx: Context) -> list[Key]:
     found = candidates(ctx.parents)
     if not found or ctx.router is None:
         return []
-    ips = await asyncio.to_thread(_router_pods, ctx)
-    routers = await _activity(ctx, ips)
+    router_pods = await asyncio.to_thread(_router_pods, ctx)
+    routers = await _activity(router_pods)
     scaled: list[Key] = []
     for key, body in found.items():
         seconds = _idle_seconds(body) or DEFAULT_IDLE_SECONDS
         if not _verdict(ctx, key, body, seconds, routers).idle:
             continue
         # Just before the write: a request may have reached a router pod since the first read.
-        final = _verdict(ctx, key, body, seconds, await _activity(ctx, ips))
+        final = _verdict(ctx, key, body, seconds, await _activity(router_pods))
         if not final.idle:
             log.info("%s/%s: not scaling to zero after all: %s", *key, final.reason)
             continue
@@ -157,7 +157,7 @@ async def check_once(ctx: Context) -> list[Key]:
             if await asyncio.to_thread(_scale_to_zero, ctx, key, body):
                 log.info("%s/%s: scaled to zero: %s", *key, final.reason)
                 scaled.append(key)
-                await asyncio.to_thread(refresh_status, ctx, *key, trigger=TRIGGER_FLEET)
+                await asyncio.to_thread(reconcile, ctx, key, Hint.FLEET)
         except KubeError as error:
             log.warning("%s/%s: could not scale to zero: %s", *key, error)
     return scaled

@@ -90,6 +90,13 @@ INFERENCE_POOL = ChildKind(
 """spec.router.inferencePool: never watched (the Gateway API Inference Extension CRD may be
 absent, and kopf warns forever about a watched kind nobody serves); the parent path knows it
 exists from status.inferencePool, which is what makes removing the field delete it."""
+NETWORK_POLICY = ChildKind(
+    "networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", watched=False
+)
+"""The engine pods' ingress fence (`llmop.render.network_policy`), with the operator-wide
+setting LLMOP_NETWORK_POLICY. Not watched, like the ServiceMonitor: applied with every
+reconcile, removed with its CR (garbage collection); turning the setting off leaves the existing
+ones in place (docs/operations.md says how to remove them)."""
 
 LEADER_WORKER_SET = ChildKind(
     contract.WORKLOAD_API_VERSIONS[contract.LEADER_WORKER_SETS],
@@ -126,6 +133,7 @@ CHILDREN: tuple[ChildKind, ...] = (
     HPA,
     SERVICE_MONITOR,
     INFERENCE_POOL,
+    NETWORK_POLICY,
 )
 """Every child kind, in apply order (an HPA after its target workload)."""
 WATCHED: tuple[ChildKind, ...] = tuple(kind for kind in CHILDREN if kind.watched)

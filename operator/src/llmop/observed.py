@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from llmop import names
+from llmop.api.v1alpha1 import GROUP, KIND
 
 _METADATA_KEPT = (
     "name",
@@ -160,3 +162,25 @@ def parent_summary(body: Mapping[str, Any]) -> dict[str, Any]:
     # A deep copy: nothing of `body` is shared with the cache.
     result: dict[str, Any] = shared_strings(summary)
     return result
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The LLMDeployment a child belongs to."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+def controller_owner(child: Mapping[str, Any]) -> Owner | None:
+    """The LLMDeployment that controls `child`, from its owner references."""
+    metadata = child.get("metadata") or {}
+    for reference in metadata.get("ownerReferences") or []:
+        if (
+            reference.get("kind") == KIND
+            and str(reference.get("apiVersion", "")).startswith(GROUP + "/")
+            and reference.get("controller")
+        ):
+            return Owner(metadata.get("namespace", ""), reference["name"], reference["uid"])
+    return None

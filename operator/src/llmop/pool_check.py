@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 
 from llmop.periodic import run_every
-from llmop.reconcile import Context, recheck_pools, reconcile_cached
+from llmop.reconcile import Context
+from llmop.reconcile import check as reconcile_check
 
 log = logging.getLogger("llmop.pool_check")
 
@@ -23,7 +24,7 @@ CHECK_SECONDS = 5.0
 
 def check(ctx: Context) -> int:
     """Reconcile the parents whose pool waited, if the API is served now; how many ran."""
-    return reconcile_cached(ctx, recheck_pools(ctx), why="create the InferencePool")
+    return reconcile_check(ctx, "pools")
 
 
 async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:

@@ -15,7 +15,7 @@ import logging
 from llmop import kinds
 from llmop.kube import KubeError
 from llmop.periodic import run_rounds
-from llmop.reconcile import TRIGGER_FLEET, Context, refresh_status
+from llmop.reconcile import Context, Hint, reconcile
 from llmop.router_view import RouterView, deployment_ready
 
 log = logging.getLogger("llmop.router_check")
@@ -54,7 +54,7 @@ def refresh_all(ctx: Context, keys: list[tuple[str, str]]) -> int:
     refreshed = 0
     for namespace, name in keys:
         try:
-            refresh_status(ctx, namespace, name, trigger=TRIGGER_FLEET)
+            reconcile(ctx, (namespace, name), Hint.FLEET)
             refreshed += 1
         except KubeError as error:
             log.warning("could not refresh %s/%s: %s", namespace, name, error)

@@ -5,17 +5,39 @@ gets its heartbeats in."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from http import HTTPStatus
 
 from aiohttp import web
+
+
+def error_body(status: int, message: str, kind: str) -> dict[str, object]:
+    """The OpenAI error object."""
+    return {"error": {"message": message, "type": kind, "code": status}}
 
 
 def error(
     status: int, message: str, kind: str, headers: Mapping[str, str] | None = None
 ) -> web.Response:
     """An OpenAI-shaped JSON error."""
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    return web.json_response(body, status=status, headers=headers)
+    return web.json_response(error_body(status, message, kind), status=status, headers=headers)
+
+
+def raw_error(
+    status: int, message: str, kind: str, headers: Mapping[str, str] | None = None
+) -> bytes:
+    """The same error as a whole HTTP/1.1 response that closes its connection, for a socket
+    that never reached the HTTP server (refused at accept, or its headers never ended)."""
+    body = json.dumps(error_body(status, message, kind)).encode()
+    lines = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        "Content-Type: application/json; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        *(f"{name}: {value}" for name, value in (headers or {}).items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
 def error_event(body: bytes) -> bytes:

@@ -1,10 +1,11 @@
 """The router's HTTP server: an OpenAI endpoint for every routed model, streaming without
-buffering, plus health, metrics, the table and the activity the operator reads.
+buffering, plus health; and on a second, admin port, metrics, the table and the activity the
+operator reads (the table names every engine pod's address: clients never see that port).
 
-A request's body is read once (requests are small next to their answers) and parsed only for
-`model` and the routing key; the table picks its pods, a CR at zero holds it
-(`scale_to_zero`), the proxy sends it and relays the answer (`proxy`). Engine admin routes never
-pass (403).
+A request's body is read once, within the router's limits (`intake`: size, time, and a
+parse of bounded work), for `model` and the routing key; the table picks its pods, a CR at
+zero holds it (`scale_to_zero`), the proxy sends it and relays the answer (`proxy`). Engine
+admin routes never pass (403). The public socket caps connections and times headers (`edge`).
 
 `serve` runs it until SIGTERM, then stops without refusing anyone: unready and still serving for
 a delay (the Service's proxies drop the terminating pod meanwhile), then no new connections while
@@ -24,14 +25,16 @@ from typing import Any
 
 from aiohttp import web
 
-from llmop_router import contract
+from llmop_router import contract, edge
 from llmop_router.answers import error, send_error_event
 from llmop_router.contract import ActivityKey
 from llmop_router.hold import Holding, Key
-from llmop_router.metrics import RouterMetrics
-from llmop_router.prefix import routing_info
+from llmop_router.intake import Intake
+from llmop_router.limits import DEFAULT as DEFAULT_LIMITS
+from llmop_router.limits import Limits
+from llmop_router.metrics import UNKNOWN_MODEL, RouterMetrics
 from llmop_router.proxy import Proxy
-from llmop_router.routes import RouteTable
+from llmop_router.routes import RouteTable, Wake
 from llmop_router.scale_to_zero import HEARTBEAT_SECONDS, Holder, Waker
 
 log = logging.getLogger("llmop_router.app")
@@ -68,19 +71,26 @@ class Router:
         connect_timeout: float = 5.0,
         heartbeat: float = HEARTBEAT_SECONDS,
         waker: Waker | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.table = table
+        self.limits = limits
+        """What clients may send and what is kept for them (`limits`)."""
+        self.intake = Intake(limits)
         self.metrics = metrics or RouterMetrics()
         self.metrics.in_flight.set_function(table.total_in_flight)
         self.proxy = Proxy(
             table, self.metrics, connect_timeout=connect_timeout, draining=lambda: self.draining
         )
-        self.holder = Holder(table, self.metrics, heartbeat=heartbeat, waker=waker)
+        self.holder = Holder(table, self.metrics, heartbeat=heartbeat, waker=waker, limits=limits)
         self.last_request: dict[Key, float] = {}
         """Per CR this router has seen a request for: when the newest one arrived (Unix)."""
         self.ready = False
         self.waiting: list[str] = []
         """What readiness waits for, in words (`/readyz` says it while unready)."""
+        self.stale: Callable[[], list[str]] = list
+        """Why the table is out of date now, in words (none: it is current); asked per probe,
+        as staleness grows with time and no event marks it (the watch sets it)."""
         self.draining = False
         """Set on SIGTERM: unready, and every answer closes its connection."""
         self.app_hooks: list[Callable[[web.Application], None]] = []
@@ -106,11 +116,14 @@ class Router:
 
     async def _on_cleanup(self, _app: web.Application) -> None:
         self.holder.close()
+        self.intake.close()
         await self.proxy.close()
 
     def app(self) -> web.Application:
         app = web.Application(
-            client_max_size=64 * 1024 * 1024, middlewares=[self._close_when_draining]
+            # A backstop only: `Intake` reads the body and refuses it past the limit first.
+            client_max_size=self.limits.max_body_bytes,
+            middlewares=[self._close_when_draining],
         )
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
@@ -120,12 +133,25 @@ class Router:
         app.router.add_route("*", "/v1/{rest:.*}", self.refuse)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/metrics", self.metrics_page)
-        app.router.add_get(ROUTES_ROUTE, self.list_routes)
-        app.router.add_get(ACTIVITY_ROUTE, self.list_activity)
         for hook in self.app_hooks:
             hook(app)
         return app
+
+    def admin_app(self) -> web.Application:
+        """The admin port's routes: for the operator, Prometheus and people debugging, never
+        for clients (`/routes` lists every engine pod's address)."""
+        app = web.Application()
+        app.router.add_get("/metrics", self.metrics_page)
+        app.router.add_get(ROUTES_ROUTE, self.list_routes)
+        app.router.add_get(ACTIVITY_ROUTE, self.list_activity)
+        return app
+
+    def unready_reasons(self) -> list[str]:
+        """Why this pod should get no new requests now, in words; none: ready."""
+        if self.draining:
+            return ["draining: stopping"]
+        reasons = [] if self.ready else self.waiting or ["starting"]
+        return [*reasons, *self.stale()]
 
     def stop_holding(self) -> None:
         """Answer every held request 503 (this pod stops; the client's retry goes elsewhere)."""
@@ -148,11 +174,11 @@ class Router:
         return web.json_response({"ok": True})
 
     async def readyz(self, _request: web.Request) -> web.Response:
-        ready = self.ready and not self.draining
-        body: dict[str, object] = {"ok": ready}
-        if not ready:
-            body["waiting"] = ["draining: stopping"] if self.draining else self.waiting
-        return web.json_response(body, status=200 if ready else 503)
+        reasons = self.unready_reasons()
+        body: dict[str, object] = {"ok": not reasons}
+        if reasons:
+            body["waiting"] = reasons
+        return web.json_response(body, status=503 if reasons else 200)
 
     async def metrics_page(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain")
@@ -208,12 +234,13 @@ class Router:
     async def route(self, request: web.Request) -> web.StreamResponse:
         """Read, pick, hold while the CR is at zero, then proxy."""
         started = time.perf_counter()
-        body = await request.read()
-        info = routing_info(body)
-        if info.model is None:
-            return self._answered(
-                "", error(400, "the request body has no `model`", "BadRequestError")
-            )
+        body = await self.intake.read(request)
+        if isinstance(body, web.StreamResponse):
+            return self._answered(UNKNOWN_MODEL, body)
+        info = await self.intake.parse(body)
+        if isinstance(info, web.StreamResponse):
+            return self._answered(UNKNOWN_MODEL, info)
+        assert info.model is not None  # `body.scan` refuses a body without one
         choice = self.table.choose(info.model, info.key, info.prefill)
         if choice is None:
             message = (
@@ -225,7 +252,7 @@ class Router:
         self.last_request[key] = time.time()
         prepared: web.StreamResponse | None = None
         if not self.draining and self.holder.should_hold(key, backend, bool(choice.pick.order)):
-            outcome, prepared = await self.holder.hold(request, info, backend, key)
+            outcome, prepared = await self.holder.hold(request, info, backend, key, len(body))
             if outcome.kind == "gone" and prepared is not None:
                 # The client went away between heartbeats: it has left the queue.
                 self.metrics.client_disconnects.inc()
@@ -246,13 +273,17 @@ class Router:
             request, body, choice, key, started=started, prepared=prepared
         )
         if answered is not None:
-            self.metrics.count_request(info.model, answered.status)
+            self.metrics.count_request(self._label(info.model), answered.status)
             return answered
         message = f"every replica tried for model {info.model!r} failed before answering"
         return await self._finish(info.model, prepared, error(502, message, "BadGatewayError"))
 
-    def _answered(self, model: str, response: web.Response) -> web.Response:
-        self.metrics.count_request(model, response.status)
+    def _label(self, model: str) -> str:
+        """The metrics' `model` label: only routed names (a client may send any)."""
+        return model if model in self.table.backends else UNKNOWN_MODEL
+
+    def _answered(self, model: str, response: web.StreamResponse) -> web.StreamResponse:
+        self.metrics.count_request(self._label(model), response.status)
         return response
 
     async def _finish(
@@ -260,7 +291,7 @@ class Router:
     ) -> web.StreamResponse:
         """Answer with an error: as itself, or as an SSE error event once a held stream's 200
         headers were sent."""
-        self.metrics.count_request(model, response.status)
+        self.metrics.count_request(self._label(model), response.status)
         if prepared is None:
             return response
         if not await send_error_event(prepared, response):
@@ -277,22 +308,38 @@ async def serve(
     drain: float = DRAIN_SECONDS,
     stop: asyncio.Event | None = None,
     listening: Callable[[int], None] = lambda _port: None,
+    admin_port: int | None = None,
+    admin_listening: Callable[[int], None] = lambda _port: None,
 ) -> None:
     """Serve until SIGTERM or SIGINT (or `stop` is set), then drain: unready and still serving
     for `shutdown_delay` seconds, then the listener closes and answers in flight get up to
-    `drain` seconds to finish. `listening` is told the bound port (`port` 0: any free one)."""
+    `drain` seconds to finish. `listening` is told the bound port (`port` 0: any free one).
+    With `admin_port`, the admin routes listen there (told to `admin_listening`) until the
+    public side has drained: metrics stay scrapable through the drain."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    public = router.app()
+    guard = edge.Edge(router.limits)
+    public.middlewares.append(guard.middleware)
     # Handler cancellation on: a client that goes away cancels its upstream request at once.
     runner = web.AppRunner(
-        router.app(), handler_cancellation=True, access_log=None, shutdown_timeout=drain
+        public,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=drain,
+        keepalive_timeout=router.limits.keepalive_timeout,
     )
+    admin = web.AppRunner(router.admin_app(), access_log=None, shutdown_timeout=1)
     await runner.setup()
+    await admin.setup()
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
+        if admin_port is not None:
+            await web.TCPSite(admin, host, admin_port).start()
+            admin_listening(admin.addresses[0][1])
+        # The public port behind the connection cap and the header timeout (`edge`).
+        await edge.start(runner, guard, host, port)
         listening(runner.addresses[0][1])
         await stop.wait()
         router.draining = True
@@ -303,16 +350,19 @@ async def serve(
         log.info("no new connections; %d answers in flight get %.0f s to finish", in_flight, drain)
     finally:
         await runner.cleanup()
+        await admin.cleanup()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
 
 
 def static_table(path: str) -> RouteTable:
     """A table from a JSON file `{"models": {name: {"namespace", "name", "endpoints"}}}`
-    (development and tests; in a cluster the watch fills the table)."""
+    (development and tests; in a cluster the watch fills the table). An entry with
+    `"scaledToZero": true` is a CR at zero: its requests are held (nothing wakes it)."""
     with open(path, encoding="utf-8") as handle:
         document: Any = json.load(handle)
     table = RouteTable()
     for model, entry in document.get("models", {}).items():
-        table.set(model, entry["namespace"], entry["name"], entry["endpoints"])
+        wake = Wake(scaled_to_zero=entry.get("scaledToZero") is True)
+        table.set(model, entry["namespace"], entry["name"], entry["endpoints"], wake)
     return table

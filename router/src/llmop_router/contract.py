@@ -1,6 +1,6 @@
 """The router ↔ operator contract: the API's names, the CR fields the router reads, the engine
 Service's port, the router pods' label, the scale subresources, the scale-to-zero defaults and
-the activity route with its JSON keys.
+the admin port and the activity route with its JSON keys.
 
 The operator writes what the router reads (the CRD, a CR's status, the engine Service) and
 reads what the router writes (`GET /llmop/activity`); both sides take the names from here, so a
@@ -114,6 +114,14 @@ API_PORT_NAME: Final = "http"
 ROUTER_POD_LABELS: Final[Mapping[str, str]] = {"app.kubernetes.io/name": "llmop-router"}
 """What the chart labels the router's pods with (the operator lists them by it)."""
 ROUTER_POD_SELECTOR: Final = ",".join(f"{k}={v}" for k, v in ROUTER_POD_LABELS.items())
+
+ADMIN_PORT_NAME: Final = "admin"
+"""The router container's port for `/metrics`, `/routes` and the activity route: kept off the
+Service clients use (it lists every engine pod's address), so the operator finds it by this
+name on each router pod and Prometheus scrapes it by this name."""
+DEFAULT_ADMIN_PORT: Final = 8081
+"""`llmop-router serve --admin-port` when unset (and the operator's guess for a router pod that
+does not name its admin port)."""
 
 
 # --- The activity route -------------------------------------------------------------------------

@@ -7,6 +7,11 @@ non-terminating addresses of the EndpointSlices of its Service (named like the C
 named `http`: a pod that started terminating leaves at once even while its readiness still
 passes (production-stack#601). When two CRs claim one model name, the oldest keeps it (then
 namespace/name order), the same on every replica.
+
+The catalog also knows how fresh its view is: when each list last heard from the API server (a
+list, a watch opened, an event or a bookmark) and the watch's last failure, so a table the
+watches stopped updating is reported stale instead of served as current for ever. Time is a
+parameter here (the caller's monotonic clock).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from llmop_router.routes import RouteTable, Wake
 API_PORT_NAME = contract.API_PORT_NAME
 """The engine Service's API port name (the operator's renderer names it so)."""
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+ENDPOINT_SLICES = "endpointslices"
 
 Key = tuple[str, str]
 """(namespace, name)"""
@@ -145,6 +151,11 @@ class Catalog:
     synced: set[str] = field(default_factory=set)
     problems: dict[str, str] = field(default_factory=dict)
     """List → why it cannot be listed now (the CRD not installed, RBAC), as the watch says."""
+    contacts: dict[str, float] = field(default_factory=dict)
+    """List → when its watch last heard from the API server (a list, a watch opened, an event
+    or a bookmark)."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """List → its watch's last failure, until it next hears from the API server."""
     _served: dict[Key, list[str]] = field(default_factory=dict)
     """CR → the model names it owns in the table now."""
 
@@ -168,7 +179,7 @@ class Catalog:
             self.slices = {k: v for k, v in self.slices.items() if not _in(k, scope)}
             for item in obj.get("items") or []:
                 self._store_slice(item)
-            self.synced.add(list_key("endpointslices", scope))
+            self.synced.add(list_key(ENDPOINT_SLICES, scope))
             self._assign_models()
             return
         service = service_of(obj)
@@ -189,16 +200,62 @@ class Catalog:
         """Every list arrived (both resources, each watched namespace): the table is complete."""
         return not self.waiting()
 
+    def wanted(self) -> list[str]:
+        """The lists the table needs: both resources, in each watched namespace (or all)."""
+        scopes = self.namespaces or ("",)
+        return [list_key(r, ns) for r in (contract.PLURAL, ENDPOINT_SLICES) for ns in scopes]
+
     def waiting(self) -> list[str]:
         """What readiness waits for, one line per list that has not arrived: why it cannot be
         listed when the watch knows (`problem`), else that it is being listed."""
-        scopes = self.namespaces or ("",)
-        wanted = [list_key(r, ns) for r in (contract.PLURAL, "endpointslices") for ns in scopes]
         return [
             self.problems.get(key) or f"listing {key.rstrip('/')}"
-            for key in wanted
+            for key in self.wanted()
             if key not in self.synced
         ]
+
+    def started(self, now: float) -> None:
+        """The watches start: each list's age counts from here until it first succeeds."""
+        for key in self.wanted():
+            self.contacts.setdefault(key, now)
+
+    def contact(self, key: str, now: float) -> None:
+        """The watch of list `key` heard from the API server: the view of it is current."""
+        self.contacts[key] = now
+        self.errors.pop(key, None)
+
+    def failed(self, key: str, message: str) -> None:
+        """The watch of list `key` failed (it retries): said while the view goes stale."""
+        self.errors[key] = message
+
+    def ages(self, now: float) -> dict[str, float]:
+        """Per resource: seconds since its stalest list (of the watched namespaces) last heard
+        from the API server."""
+        found: dict[str, float] = {}
+        for key in self.wanted():
+            resource = key.partition("/")[0]
+            age = max(0.0, now - self.contacts.get(key, now))
+            found[resource] = max(found.get(resource, 0.0), age)
+        return found
+
+    def stale(self, now: float, bound: float) -> list[str]:
+        """One line per list that arrived once but has not heard from the API server for more
+        than `bound` seconds: the table may miss changes since (a list not arrived yet is
+        `waiting`'s)."""
+        found = []
+        for key in self.wanted():
+            age = now - self.contacts.get(key, now)
+            if key not in self.synced or age <= bound:
+                continue
+            resource, _, namespace = key.partition("/")
+            where = f"in namespace {namespace}" if namespace else "in every namespace"
+            why = self.problems.get(key) or self.errors.get(key) or "no answer yet"
+            found.append(
+                f"stale: no list or watch event of {resource} {where} for {age:.0f} s "
+                f"(more than the {bound:g} s of --stale-after-seconds), so the table may miss "
+                f"changes since; the watch retries; last error: {why}"
+            )
+        return found
 
     def problem(self, key: str, message: str | None) -> None:
         """Record why the list `key` cannot be listed now (None: it can again)."""

@@ -9,6 +9,9 @@ requests in flight through this router (`status.plan.maxNumSeqs`, the engine's b
 the operator rendered it; 256 when absent), so a cold pod gets one full batch at once rather
 than the whole queue. The episode ends when its queue is empty; the next request at zero starts
 a new one (and a new wake).
+
+Across CRs, the router pod holds at most `max_held` requests and `max_held_bytes` of their
+bodies (`limits.Limits`): past either, a request is refused whichever CR it is for.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from llmop_router import contract
 from llmop_router.contract import Spec
+from llmop_router.limits import DEFAULT as DEFAULT_LIMITS
 
 DEFAULT_IDLE_SECONDS = float(contract.DEFAULT_IDLE_SECONDS)
 DEFAULT_HOLD_TIMEOUT_SECONDS = float(contract.DEFAULT_HOLD_TIMEOUT_SECONDS)
@@ -68,11 +72,12 @@ class ScaleToZero:
 
 @dataclass(frozen=True)
 class Held:
-    """One held request: its ticket (unique per `Holding`), arrival and deadline."""
+    """One held request: its ticket (unique per `Holding`), arrival, deadline and body size."""
 
     ticket: int
     arrived: float
     deadline: float
+    size: int = 0
 
 
 @dataclass
@@ -89,11 +94,13 @@ class Episode:
 
 @dataclass(frozen=True)
 class Admission:
-    """What `Holding.admit` decided: `held` (queued) or refused (the queue is full); `wake` is
-    True for the request that opened the episode (the caller wakes the CR once)."""
+    """What `Holding.admit` decided: `held` (queued) or refused, `refused` saying why (`full`:
+    the CR's queue; `router-full`: the pod's caps across CRs); `wake` is True for the request
+    that opened the episode (the caller wakes the CR once)."""
 
     held: Held | None
     wake: bool
+    refused: str = ""
 
 
 @dataclass
@@ -101,6 +108,14 @@ class Holding:
     """Every CR's episode."""
 
     episodes: dict[Key, Episode] = field(default_factory=dict)
+    max_held: int = DEFAULT_LIMITS.max_held_requests
+    """Requests held at once, all CRs together."""
+    max_held_bytes: int = DEFAULT_LIMITS.max_held_bytes
+    """Bytes of held requests' bodies at once, all CRs together."""
+    total: int = 0
+    """Requests held now, all CRs."""
+    total_bytes: int = 0
+    """Their bodies' bytes."""
     _tickets: int = 0
 
     def holding(self, key: Key) -> bool:
@@ -111,17 +126,24 @@ class Holding:
         episode = self.episodes.get(key)
         return len(episode.queue) if episode else 0
 
-    def admit(self, key: Key, now: float, settings: ScaleToZero) -> Admission:
-        """Queue a request at the back; refuse it when `max_pending_requests` already wait."""
+    def admit(self, key: Key, now: float, settings: ScaleToZero, size: int = 0) -> Admission:
+        """Queue a request (its body `size` bytes) at the back; refuse it when
+        `max_pending_requests` already wait for this CR, or when the pod's caps across CRs
+        would be passed."""
         episode = self.episodes.get(key)
+        if episode is not None and len(episode.queue) >= settings.max_pending_requests:
+            return Admission(None, wake=False, refused="full")
+        if self.total >= self.max_held or self.total_bytes + size > self.max_held_bytes:
+            # Checked before an episode opens: a refused request leaves nothing behind.
+            return Admission(None, wake=False, refused="router-full")
         opened = episode is None
         if episode is None:
             episode = self.episodes[key] = Episode(started=now)
-        if len(episode.queue) >= settings.max_pending_requests:
-            return Admission(None, wake=False)
         self._tickets += 1
-        held = Held(self._tickets, now, now + settings.hold_timeout_seconds)
+        held = Held(self._tickets, now, now + settings.hold_timeout_seconds, size)
         episode.queue.append(held)
+        self.total += 1
+        self.total_bytes += size
         return Admission(held, wake=opened)
 
     def woke(self, key: Key, phase: str) -> None:
@@ -147,6 +169,7 @@ class Holding:
         expired = [h for h in episode.queue if h.deadline <= now]
         if expired:
             episode.queue = deque(h for h in episode.queue if h.deadline > now)
+            self._taken(expired)
             self._close_if_empty(key)
         return expired
 
@@ -161,6 +184,7 @@ class Holding:
         slots = sum(max(0, concurrency - in_flight.get(e, 0)) for e in endpoints)
         episode.phase = PHASE_RELEASING
         released = [episode.queue.popleft() for _ in range(min(slots, len(episode.queue)))]
+        self._taken(released)
         self._close_if_empty(key)
         return released
 
@@ -168,6 +192,7 @@ class Holding:
         """A request that left on its own (its client went away)."""
         episode = self.episodes.get(key)
         if episode is not None:
+            self._taken([h for h in episode.queue if h.ticket == ticket])
             episode.queue = deque(h for h in episode.queue if h.ticket != ticket)
             self._close_if_empty(key)
 
@@ -175,7 +200,12 @@ class Holding:
         """Empty every queue (the router stops: each gets 503)."""
         taken = [(key, h) for key, episode in self.episodes.items() for h in episode.queue]
         self.episodes.clear()
+        self._taken([h for _, h in taken])
         return taken
+
+    def _taken(self, helds: Sequence[Held]) -> None:
+        self.total -= len(helds)
+        self.total_bytes -= sum(h.size for h in helds)
 
     def _close_if_empty(self, key: Key) -> None:
         episode = self.episodes.get(key)

@@ -3,8 +3,11 @@ wake a CR at zero through its workload's scale subresource.
 
 A plain list-then-watch loop on aiohttp (the proxy's own event loop: no threads), resuming from
 the last resourceVersion, relisting on 410 Gone or a broken stream, with bookmarks so an idle
-watch costs one open connection. Credentials: in a pod, the ServiceAccount's token and CA; else
-a kubeconfig (token or client certificate).
+watch costs one open connection. Any failure, expected or not (an unreadable token file, a
+handler's bug), is logged and retried with bounded, jittered exponential back-off: a watch never
+stops while the router runs, and each success is reported (`Contact`) so the router can tell a
+view that stopped updating. Credentials: in a pod, the ServiceAccount's token and CA; else a
+kubeconfig (token, token file or client certificate).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import base64
 import json
 import logging
 import os
+import random
 import ssl
 import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
@@ -33,7 +37,11 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 LLMDEPLOYMENTS = (contract.GROUP_VERSION_PATH, contract.PLURAL)
 ENDPOINT_SLICES = ("/apis/discovery.k8s.io/v1", "endpointslices")
 WATCH_TIMEOUT_SECONDS = 300
-RETRY_SECONDS = (0.5, 1, 2, 5, 10)
+"""The longest a watch request runs before it is opened again (each opening is a contact)."""
+RETRY_FIRST_SECONDS = 0.5
+RETRY_MAX_SECONDS = 10.0
+"""Back-off after failures: doubling from the first to the max, each drawn in [½, 1] of it so
+router pods cut off together do not come back in step."""
 UNAVAILABLE_RETRY_SECONDS = 2.0
 """Between two lists while the API server answers 404 (the CRD is not installed) or 403 (RBAC):
 no back-off, so a CRD or a binding that arrives late is noticed within this."""
@@ -47,6 +55,18 @@ Handler = Callable[[str, dict[str, Any]], Awaitable[None] | None]
 after each list, then ("ADDED" | "MODIFIED" | "DELETED", object) for each watch event."""
 Problem = Callable[[str | None], None]
 """Told why the resource cannot be listed (the CRD not installed, RBAC), and None once it can."""
+Contact = Callable[[], None]
+"""Told each time the watch hears from the API server: a list, a watch opened, an event, a
+bookmark."""
+Failure = Callable[[str], None]
+"""Told each failure of the list or watch, in words (it is retried)."""
+
+
+def retry_delay(failures: int, draw: Callable[[], float] = random.random) -> float:
+    """Seconds to wait after `failures` failures in a row (1 or more): bounded exponential
+    back-off with jitter (`draw` returns a number in [0, 1))."""
+    ceiling = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * (1 << min(max(failures - 1, 0), 16)))
+    return ceiling * (0.5 + draw() / 2)
 
 
 def resource_path(resource: tuple[str, str], namespace: str | None) -> str:
@@ -97,7 +117,10 @@ class ApiServer:
             if cert is not None and key is not None:
                 ssl_context.load_cert_chain(cert, key)
         headers = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
-        return cls(cluster["server"].rstrip("/"), ssl_context, headers)
+        # `tokenFile`, re-read per request like a pod's projected token; relative to the file.
+        token_file = Path(path).parent / user["tokenFile"] if user.get("tokenFile") else None
+        token_file = None if headers else token_file
+        return cls(cluster["server"].rstrip("/"), ssl_context, headers, token_file)
 
     def auth_headers(self) -> dict[str, str]:
         if self.token_file is not None:
@@ -151,29 +174,38 @@ async def list_and_watch(
     handler: Handler,
     *,
     problem: Problem | None = None,
+    contact: Contact = lambda: None,
+    failure: Failure = lambda _message: None,
+    watch_timeout: float = WATCH_TIMEOUT_SECONDS,
 ) -> None:
     """Forever: list the resource (in `namespace`, or everywhere), hand the items over, watch
     from there; relist when the watch breaks. Returns only when cancelled. While the API server
     answers 404 or 403, says why (log, `problem`) once and lists again every
-    `UNAVAILABLE_RETRY_SECONDS`."""
+    `UNAVAILABLE_RETRY_SECONDS`; any other failure is logged, told to `failure` and retried
+    after `retry_delay`. Each watch request runs at most `watch_timeout` seconds, so a quiet
+    but healthy watch still makes contact that often."""
     path = resource_path(resource, namespace)
     failures = 0
     reported: str | None = None
     while True:
         try:
             version = await _list(session, api, path, namespace, handler)
+            contact()
             failures = 0
             if reported is not None:
                 log.info("listed %s: serving it now", path)
                 reported = None
                 if problem is not None:
                     problem(None)
-            await _watch(session, api, path, version, handler)
+            await _watch(
+                session, api, path, version, handler, contact=contact, watch_timeout=watch_timeout
+            )
         except asyncio.CancelledError:
             raise
         except _GoneError:
             log.info("watch of %s expired; listing again", path)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except Exception as exc:
+            # Whatever it is: a watch that stopped would serve a frozen table for ever.
             if isinstance(exc, aiohttp.ClientResponseError) and exc.status in (403, 404):
                 message = unavailable(resource, namespace, exc.status)
                 if message != reported:
@@ -183,9 +215,20 @@ async def list_and_watch(
                         problem(message)
                 await asyncio.sleep(UNAVAILABLE_RETRY_SECONDS)
                 continue
-            delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
             failures += 1
-            log.warning("list/watch of %s failed (%s); again in %s s", path, exc, delay)
+            delay = retry_delay(failures)
+            expected = isinstance(exc, aiohttp.ClientError | TimeoutError | ValueError)
+            described = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            failure(described)
+            # The traceback of a failure nobody foresaw (an unreadable token, a bug) is what a
+            # person needs to fix it; the usual network ones say enough in one line.
+            log.warning(
+                "list/watch of %s failed (%s); again in %.1f s",
+                path,
+                described,
+                delay,
+                exc_info=not expected,
+            )
             await asyncio.sleep(delay)
 
 
@@ -210,16 +253,25 @@ async def _list(
 
 
 async def _watch(
-    session: aiohttp.ClientSession, api: ApiServer, path: str, version: str, handler: Handler
+    session: aiohttp.ClientSession,
+    api: ApiServer,
+    path: str,
+    version: str,
+    handler: Handler,
+    *,
+    contact: Contact,
+    watch_timeout: float,
 ) -> None:
+    seconds = max(1, int(watch_timeout))
     while True:
         params = {
             "watch": "1",
             "resourceVersion": version,
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(WATCH_TIMEOUT_SECONDS),
+            "timeoutSeconds": str(seconds),
         }
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=WATCH_TIMEOUT_SECONDS + 30)
+        # The API server ends the watch after `seconds`; silence well past that is a dead link.
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=seconds + min(30, seconds))
         async with session.get(
             api.host + path,
             params=params,
@@ -230,6 +282,7 @@ async def _watch(
             if answer.status == 410:
                 raise _GoneError
             answer.raise_for_status()
+            contact()
             async for line in lines_of(answer.content.iter_any()):
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
@@ -237,6 +290,7 @@ async def _watch(
                     if obj.get("code") == 410:
                         raise _GoneError
                     raise ValueError(f"watch error: {obj.get('message')}")
+                contact()
                 version = str(obj.get("metadata", {}).get("resourceVersion", version))
                 if kind != "BOOKMARK":
                     await _call(handler, str(kind), obj)

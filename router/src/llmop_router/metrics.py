@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 ROUTING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -13,12 +15,17 @@ CR_LABELS = ("llmdeployment_namespace", "llmdeployment")
 to the router pod's own namespace and would rename a scraped one to `exported_namespace`."""
 
 
+UNKNOWN_MODEL = "unknown"
+"""The `model` label of every request whose model is not in the routing table (or that named
+none): a client's made-up names never become series."""
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "llmop_router_requests",
-            "Requests answered, by model and HTTP status",
+            f"Requests answered, by model (a routed one, or {UNKNOWN_MODEL!r}) and HTTP status",
             ["model", "code"],
             registry=self.registry,
         )
@@ -79,10 +86,22 @@ class RouterMetrics:
         self.hold_refused = Counter(
             "llmop_router_hold_refused",
             "Held requests not served, by why: timeout (504), full (429: maxPendingRequests), "
-            "stopping (503: this router pod stopped), by CR",
+            "router-full (429: the pod's caps across CRs), stopping (503: this router pod "
+            "stopped), by CR",
             [*CR_LABELS, "reason"],
             registry=self.registry,
         )
+
+        self.watch_age = Gauge(
+            "llmop_router_watch_age_seconds",
+            "Seconds since the watch of a resource last heard from the API server (a list, a "
+            "watch opened, an event or a bookmark; the stalest watched namespace): past "
+            "--stale-after-seconds the router pod is unready",
+            ["resource"],
+            registry=self.registry,
+        )
+        self.watch_ages: Callable[[], Mapping[str, float]] = dict
+        """Resource → age now (the watch sets it; a static table has none)."""
 
         # Bound children, so a request costs no label lookup (and no lock around one).
         self._requests_by: dict[tuple[str, str], Counter] = {}
@@ -92,6 +111,8 @@ class RouterMetrics:
         }
 
     def count_request(self, model: str, code: int) -> None:
+        """Count an answered request; `model` must be a routed model or `UNKNOWN_MODEL` (the
+        caller knows the table)."""
         key = (model, str(code))
         child = self._requests_by.get(key)
         if child is None:
@@ -99,4 +120,7 @@ class RouterMetrics:
         child.inc()
 
     def exposition(self) -> bytes:
+        # Ages grow with time, not with events: read at each scrape.
+        for resource, age in self.watch_ages().items():
+            self.watch_age.labels(resource).set(age)
         return generate_latest(self.registry)

@@ -129,8 +129,8 @@ def messages_prefill(messages: Sequence[Any]) -> Prefill:
 
 
 def routing_info(body: bytes) -> RoutingInfo:
-    """The model and the routing key of a request body; a body that is not a JSON object routes
-    by load alone (the engine answers it with its own error)."""
+    """The model and the routing key of a request body; one that is not a JSON object has
+    neither (the router refuses such a body before it gets here: `body.scan`)."""
     try:
         parsed = json.loads(body) if body else None
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -138,6 +138,11 @@ def routing_info(body: bytes) -> RoutingInfo:
         return RoutingInfo(None, None)
     if not isinstance(parsed, dict):
         return RoutingInfo(None, None)
+    return routing_of(parsed)
+
+
+def routing_of(parsed: Mapping[str, Any]) -> RoutingInfo:
+    """The model and the routing key of a parsed request body (a JSON object)."""
     model = parsed.get("model")
     model = model if isinstance(model, str) else None
     messages = parsed.get("messages")

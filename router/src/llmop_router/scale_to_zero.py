@@ -5,7 +5,8 @@ A request for a CR with no ready endpoint whose Ready condition says `ScaledToZe
 (`hold.Holding` decides, a pump task per CR acts): the first one of an episode wakes the CR (its
 workload's scale 0 → 1, by `waker`), and the held requests are released in arrival order at the
 engines' concurrency once an endpoint is ready, answered 504 past `holdTimeoutSeconds`, refused
-429 past `maxPendingRequests`, and 503 when this router pod stops. A held streaming request gets
+429 past `maxPendingRequests` or past the pod's caps across CRs (`--max-held-requests`,
+`--max-held-bytes`), and 503 when this router pod stops. A held streaming request gets
 an SSE comment every `heartbeat` seconds, so proxies in front see bytes; once that has sent the
 200 headers, an error can no longer be a status (`answers.send_error_event`).
 """
@@ -21,6 +22,8 @@ from aiohttp import web
 
 from llmop_router.answers import error, prepare_stream
 from llmop_router.hold import PHASE_REQUESTED, Held, Holding, Key
+from llmop_router.limits import DEFAULT as DEFAULT_LIMITS
+from llmop_router.limits import Limits
 from llmop_router.metrics import RouterMetrics
 from llmop_router.prefix import RoutingInfo
 from llmop_router.routes import Backend, RouteTable
@@ -41,8 +44,8 @@ Waker = Callable[[Backend], Awaitable[str]]
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a hold ended: `go` (route it now), `timeout` (504), `full` (429, never held),
-    `stopping` (503) or `gone` (the client left while held)."""
+    """How a hold ended: `go` (route it now), `timeout` (504), `full` or `router-full` (429,
+    never held), `stopping` (503) or `gone` (the client left while held)."""
 
     kind: str
     phase: str = ""
@@ -58,13 +61,16 @@ class Holder:
         *,
         heartbeat: float = HEARTBEAT_SECONDS,
         waker: Waker | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.table = table
         self.metrics = metrics
         self.heartbeat = heartbeat
         self.waker = waker
         """None (a static table): held requests wait for endpoints, nothing is scaled."""
-        self.queues = Holding()
+        self.queues = Holding(
+            max_held=limits.max_held_requests, max_held_bytes=limits.max_held_bytes
+        )
         self._waiters: dict[int, asyncio.Future[Outcome]] = {}
         self._pumps: dict[Key, asyncio.Task[None]] = {}
 
@@ -77,14 +83,15 @@ class Holder:
         return not has_endpoints and backend.wake.scaled_to_zero
 
     async def hold(
-        self, request: web.Request, info: RoutingInfo, backend: Backend, key: Key
+        self, request: web.Request, info: RoutingInfo, backend: Backend, key: Key, size: int = 0
     ) -> tuple[Outcome, web.StreamResponse | None]:
-        """Wait until released, timed out or stopped; returns the outcome and, for a stream
-        that got heartbeats, its already prepared response."""
+        """Wait until released, timed out or stopped (`size`: the body's bytes, held with it);
+        returns the outcome and, for a stream that got heartbeats, its already prepared
+        response."""
         loop = asyncio.get_running_loop()
-        admission = self.queues.admit(key, loop.time(), backend.wake.settings)
+        admission = self.queues.admit(key, loop.time(), backend.wake.settings, size)
         if admission.held is None:
-            return Outcome("full"), None
+            return Outcome(admission.refused), None
         held = admission.held
         self.metrics.held_total.labels(*key).inc()
         self._gauge(key)
@@ -123,6 +130,17 @@ class Holder:
             message = (
                 f"{settings.max_pending_requests} requests already wait for {cr} to wake "
                 f"(spec.autoscaling.scaleToZero.maxPendingRequests)"
+            )
+            retry = {"Retry-After": FULL_RETRY_AFTER_SECONDS}
+            return error(429, message, "RateLimitError", retry)
+        if outcome.kind == "router-full":
+            self.metrics.hold_refused.labels(*key, "router-full").inc()
+            queues = self.queues
+            message = (
+                f"this router pod already holds {queues.total} requests ({queues.total_bytes} "
+                f"bytes of bodies) for models at zero, its limit (--max-held-requests "
+                f"{queues.max_held}, --max-held-bytes {queues.max_held_bytes}); {cr} was not "
+                f"woken for this request: retry later"
             )
             retry = {"Retry-After": FULL_RETRY_AFTER_SECONDS}
             return error(429, message, "RateLimitError", retry)

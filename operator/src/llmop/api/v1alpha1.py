@@ -213,7 +213,7 @@ class ModelSpec(ApiModel):
     served_name: str | None = Field(default=None, min_length=1, max_length=256)
     """Name clients use in the OpenAI API `model` field. Defaults to the LLMDeployment's name."""
     token_secret_ref: SecretKeyRef | None = None
-    """Secret holding a Hugging Face token for gated models (exposed to the engine as HF_TOKEN)."""
+    """Secret holding a Hugging Face token for gated models (mounted as a file: HF_TOKEN_PATH)."""
     architecture: ArchitectureSpec | None = None
     """Overrides the built-in architecture catalog for capacity planning."""
     cache: ModelCacheSpec | None = None

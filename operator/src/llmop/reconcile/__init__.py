@@ -1,39 +1,53 @@
-"""Orchestration of one LLMDeployment: desired state → child plan → execute → status.
+"""Orchestration of one LLMDeployment: observe → desire → plan → execute → status, in one pass.
+
+One function, `reconcile(ctx, key, hint)`, runs the pass of the parent `key` (namespace, name)
+under its lock, whatever asked for it; `hint` (`context.Hint`) names the trigger (the metric's
+label) and what the pass may skip (`context.Pass`), and nothing else:
+
+- `Pass.FULL` — the parent's create/update/resume (kopf's handler, with the body it delivered),
+  a download Job's event, the download poll and the periodic checks: observe the caches and
+  this process's memory, desire (the parsed spec; the group, adapter and model gates, each
+  returning a decision), plan every child, execute, write the status;
+- `Pass.CHILD` — a child's watch event: only that child kind is planned (repaired if it
+  drifted or vanished), then the status; a child found in sync is not compared again;
+- `Pass.STATUS` — an engine pod's event, the agents' readings (`llmop.fleet`), the router and
+  idle checks, a group listing: desire is read back from memory, plan and execute are skipped,
+  the status is derived again and written only if it changed;
+- `Pass.DEFERRED` — the fallback of a parent pass's status held for the Deployment
+  controller's first status (`first_status`), put on the handlers' queue by `Context.schedule`.
+
+Around it: `noted(ctx, kind, type, object)` turns a watch event into its parent's key and hint
+(after feeding this process's memory: a group's pods, the Deployment controller at work);
+`quiet(ctx, key, hint)` answers in kopf's event loop, from the caches and without I/O, whether
+that pass would write nothing (most child and pod events); `check(ctx, which)` runs the pass
+for each parent a periodic check finds due. The handlers put the event passes on one
+coalescing queue keyed by parent and hint lane (`llmop.coalescer`); the parent's own handler
+runs its pass in kopf's thread, so kopf retries a transient failure with backoff.
 
 The package, by responsibility (each module's docstring says its job):
 
-- `context` — the per-parent locks, the caches and this process's memory (`Context`);
-- `caches` — reading the watch caches (owners, live children, parsed specs, last status);
+- `context` — the per-parent locks, the caches, this process's memory (`Context`,
+  `ParentMemory`) and the hints; `entry` — the one pass and its fast paths, `noted`, `check`;
+- `caches` — reading the watch caches (live children, parsed specs, last status);
 - `problems` — the memory of found problems that every status path carries;
-- `writes` — the executor, status derivation and writing, the error policy;
+- `writes` — the executor, observing and deriving the status (`observe` → `status.Observed`),
+  writing it, the error policy;
 - `first_status` — a parent pass's status write held until the Deployment controller has
   observed what it applied (one status write and one Event where there were two);
-- `model_gate` — the model cache's pre-flight, claim and download Job;
+- `model_gate` — the model cache's pre-flight, claim and download Job, as a decision;
 - `adapter_gate` — the LoRA adapters' Hub pre-flight (refused ones never reach the pods; the
   base model is never gated by it);
 - `pools` — the InferencePool's API check, its deletion once unwanted, and its verdict;
-- `groups` — the LeaderWorkerSet's API check, its missing-API stall, and listing it back;
-- `entry` — the entry points below; `quiet` — the event-loop checks; `in_sync` — the
-  children found in sync with a generation's intent (not compared again until they change).
+- `groups` — the LeaderWorkerSet's API check, its missing-API stall, listing it back;
+- `quiet` — the event-loop check; `in_sync` — the children found in sync with a generation's
+  intent (not compared again until they change); `rollouts` — the rollout room.
 
-Called by the kopf handlers (a few lines each) but free of kopf itself: it talks to the API
-through `llmop.kube`, decides with pure functions (`desired`, `plan`, `status`) and reads the
-live children from watch-fed caches (kopf indexes, handed in as plain mappings), never from a
-GET per event. Two named entry points share one per-parent lock:
+Free of kopf: it talks to the API through `llmop.kube`, decides with pure functions
+(`desired`, `plan`, `status`) and reads the live children from watch-fed caches (kopf
+indexes, handed in as plain mappings), never from a GET per event.
 
-- `reconcile_parent()` — create/update/resume of the LLMDeployment: apply every wanted child,
-  delete unwanted ones, write the status;
-- `refresh_from_child()` — a watch event of one child: repair that child if it drifted or
-  vanished, and re-derive the parent's status;
-- `refresh_from_pod()` / `refresh_status()` — an engine pod changed, or the agents were read
-  (`llmop.fleet`): re-derive the parent's status only (`note_group_pod` first feeds every pod
-  event to the memory of group recreates);
-- `write_deferred_status()` — the fallback of a parent pass's deferred status
-  (`first_status`), run by the handlers' scheduler a few seconds later (`note_deployment`
-  first feeds every Deployment event to its memory of the Deployment controller at work).
-
-Why the status never flaps: both entry points derive it from the same watch cache of the child
-Deployment, whose entries only move forward in time, and compare with the status this process
+Why the status never flaps: every pass derives it from the same watch cache of the child
+Deployment, whose entries only move forward in time, and compares with the status this process
 wrote last. Before, the parent path used the Deployment returned by its apply while the
 child-event path used the (older) Deployment of a queued watch event, so a CR went
 Ready=True → False → True whenever the two interleaved.
@@ -41,60 +55,8 @@ Ready=True → False → True whenever the two interleaved.
 
 from __future__ import annotations
 
-from llmop.reconcile.adapter_gate import due_for_hub as adapters_due_for_hub
-from llmop.reconcile.caches import Owner, controller_owner, live_children
-from llmop.reconcile.context import (
-    TRIGGER_CHILD,
-    TRIGGER_FLEET,
-    TRIGGER_PARENT,
-    TRIGGER_POD,
-    ChildIndex,
-    Context,
-    KeyedLocks,
-)
-from llmop.reconcile.entry import (
-    poll_downloads,
-    reconcile_cached,
-    reconcile_parent,
-    refresh_from_child,
-    refresh_from_job,
-    refresh_from_pod,
-    refresh_status,
-    write_deferred_status,
-)
-from llmop.reconcile.first_status import note_deployment
-from llmop.reconcile.groups import note_pod as note_group_pod
-from llmop.reconcile.model_gate import TRIGGER_DOWNLOAD
-from llmop.reconcile.pools import recheck as recheck_pools
-from llmop.reconcile.quiet import quiet_child_event, quiet_pod_event
-from llmop.reconcile.writes import StepRejectedError, execute
+from llmop.reconcile.context import Context, Hint
+from llmop.reconcile.entry import check, noted, reconcile
+from llmop.reconcile.quiet import quiet
 
-__all__ = [
-    "TRIGGER_CHILD",
-    "TRIGGER_DOWNLOAD",
-    "TRIGGER_FLEET",
-    "TRIGGER_PARENT",
-    "TRIGGER_POD",
-    "ChildIndex",
-    "Context",
-    "KeyedLocks",
-    "Owner",
-    "StepRejectedError",
-    "adapters_due_for_hub",
-    "controller_owner",
-    "execute",
-    "live_children",
-    "note_deployment",
-    "note_group_pod",
-    "poll_downloads",
-    "quiet_child_event",
-    "quiet_pod_event",
-    "recheck_pools",
-    "reconcile_cached",
-    "reconcile_parent",
-    "refresh_from_child",
-    "refresh_from_job",
-    "refresh_from_pod",
-    "refresh_status",
-    "write_deferred_status",
-]
+__all__ = ["Context", "Hint", "check", "noted", "quiet", "reconcile"]

@@ -1,43 +1,23 @@
-"""Reading the watch caches: a child's owner, a parent's live children, the cached parent, its
-parsed spec (once per generation) and the status as last written."""
+"""Reading the watch caches: a parent's live children (owned as `llmop.observed.controller_owner`
+says), the cached parent, its parsed spec (once per generation) and the status as last
+written."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from llmop import kinds
-from llmop.api.v1alpha1 import GROUP, KIND, LLMDeployment
+from llmop.api.v1alpha1 import LLMDeployment
 from llmop.cache_gate import waiting_message
 from llmop.desired import DesiredState, desired_state
 from llmop.kinds import ChildKind
+from llmop.observed import controller_owner
 from llmop.reconcile.context import Context, PackedParse, Parsed
-
-
-@dataclass(frozen=True)
-class Owner:
-    """The LLMDeployment a child belongs to."""
-
-    namespace: str
-    name: str
-    uid: str
-
-
-def controller_owner(child: Mapping[str, Any]) -> Owner | None:
-    """The LLMDeployment that controls `child`, from its owner references."""
-    metadata = child.get("metadata") or {}
-    for reference in metadata.get("ownerReferences") or []:
-        if (
-            reference.get("kind") == KIND
-            and str(reference.get("apiVersion", "")).startswith(GROUP + "/")
-            and reference.get("controller")
-        ):
-            return Owner(metadata.get("namespace", ""), reference["name"], reference["uid"])
-    return None
 
 
 def one_owned(values: Iterable[Mapping[str, Any]] | None, uid: str | None) -> dict[str, Any] | None:

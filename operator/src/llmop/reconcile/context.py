@@ -1,7 +1,8 @@
 """The reconcile's context: the per-parent locks, the watch caches handed in by the handlers,
-and what this process remembers of each parent between events (parsed specs, its own status
+what this process remembers of each parent between events (parsed specs, its own status
 writes, applied generations, model gates, downloads, agent readings, found problems), one
-`ParentMemory` record per parent."""
+`ParentMemory` record per parent, and the hints a trigger hands the one pass (`Hint`: which
+trigger, and what the pass may skip)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from enum import Enum, StrEnum
+from typing import Any, ClassVar
 
 from llmop import events, preflight
 from llmop.adapter_preflight import AdapterAnswer, AskedFor
@@ -24,15 +26,94 @@ from llmop.group_restarts import GroupHistory
 from llmop.kinds import ChildKind
 from llmop.kube import Kube, KubeError
 from llmop.metrics import Metrics
+from llmop.observed import Owner
 from llmop.pool_view import PoolVerdict
 from llmop.router_view import RouterView
 from llmop.settings import RenderSettings
 from llmop.status import Problem
 
-TRIGGER_PARENT = "parent"
-TRIGGER_CHILD = "child"
-TRIGGER_POD = "pod"
-TRIGGER_FLEET = "fleet"
+Key = tuple[str, str]
+"""A parent's (namespace, name): what the locks, the memory and the queue are keyed by."""
+
+
+class Trigger(StrEnum):
+    """What asked for a pass (the `trigger` label of the reconciles metric)."""
+
+    PARENT = "parent"
+    CHILD = "child"
+    POD = "pod"
+    FLEET = "fleet"
+    DOWNLOAD = "download"
+
+
+class Pass(Enum):
+    """How much of observe → desire → plan → execute → status a trigger needs: the fast paths
+    are what it may skip."""
+
+    FULL = "full"
+    """Nothing skipped: every child planned and applied, the model and adapter gates run."""
+    CHILD = "child"
+    """Only the event's child kind planned (repaired if it drifted or vanished), then status."""
+    STATUS = "status"
+    """Desire is read back from memory, plan and execute skipped: the status re-derived."""
+    DEFERRED = "deferred"
+    """The fallback of a parent pass's deferred status (`first_status`): the status written
+    unless something wrote it meanwhile or the Deployment controller is still at work."""
+
+
+@dataclass(frozen=True)
+class ChildEvent:
+    """A watch event of a child we own, as the event-loop check and the pass both read it."""
+
+    kind: ChildKind
+    owner: Owner
+    type: str
+    hpa: Mapping[str, Any] | None  # the HPA as this event delivered it (its conditions matter)
+
+
+@dataclass(frozen=True)
+class Hint:
+    """Which trigger asked for a pass of a parent, and what that pass may skip. The pass
+    decides from the caches when it runs; the hint only picks its fast path (and carries what
+    a watch event brought that the caches do not: a deletion, an HPA's conditions, the parent
+    as kopf delivered it, a Job's owner uid)."""
+
+    trigger: Trigger
+    scope: Pass
+    body: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The parent as its own watch event delivered it (else the cached one is read)."""
+    child: ChildEvent | None = None
+    """For `Pass.CHILD`: the child's event."""
+    uid: str | None = None
+    """The parent's uid the trigger was for (a Job's owner): another parent of that name is
+    left alone."""
+
+    PARENT: ClassVar[Hint]
+    """A full pass from the cached parent (the periodic checks)."""
+    POD: ClassVar[Hint]
+    FLEET: ClassVar[Hint]
+    DOWNLOAD: ClassVar[Hint]
+    DEFERRED: ClassVar[Hint]
+
+    @classmethod
+    def parent(cls, body: Mapping[str, Any]) -> Hint:
+        """Create, update or resume of the parent `body`, as kopf delivered it."""
+        return cls(Trigger.PARENT, Pass.FULL, body=body)
+
+    @property
+    def lane(self) -> str:
+        """What the queue coalesces by beside the parent: a later hint of the same lane
+        replaces one still waiting (one per child kind, since each repairs its own kind)."""
+        if self.child is not None:
+            return f"{self.scope.value}:{self.child.kind.kind}"
+        return f"{self.scope.value}:{self.trigger.value}"
+
+
+Hint.PARENT = Hint(Trigger.PARENT, Pass.FULL)
+Hint.POD = Hint(Trigger.POD, Pass.STATUS)
+Hint.FLEET = Hint(Trigger.FLEET, Pass.STATUS)
+Hint.DOWNLOAD = Hint(Trigger.DOWNLOAD, Pass.FULL)
+Hint.DEFERRED = Hint(Trigger.PARENT, Pass.DEFERRED)
 
 ChildIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
 """A watch cache of one child kind: (namespace, parent name) → the live children (normally
@@ -206,7 +287,7 @@ class ParentMemory:
     """The adapter pre-flight with hf:// adapters: asked on the parent path only, read by every
     path (`reconcile.adapter_gate`)."""
     downloading: bool = False
-    """The download Job runs: `poll_downloads` refreshes its progress."""
+    """The download Job runs: the download poll (`entry.check`) refreshes its progress."""
     fleet: tuple[AgentReading, ...] | None = None
     """The agents' latest readings (written by `llmop.fleet`); None: not read by this process
     yet, and the status keeps what the agents said before."""
@@ -258,10 +339,10 @@ class Context:
     deployments_observed_at: datetime | None = None
     """When a watch event last showed the Deployment controller had observed one of our
     Deployments (`first_status.note_deployment`): it runs, if perhaps behind."""
-    schedule_status: Callable[[str, str], None] | None = None
-    """Runs `reconcile.write_deferred_status(ctx, namespace, name)` after
-    `first_status.DEFER_SECONDS`, from any thread (installed by the handlers at startup); None:
-    parent passes write their status at once."""
+    schedule: Callable[[Key, Hint, float], None] | None = None
+    """`schedule(key, hint, seconds)` puts a pass (`reconcile.reconcile(ctx, key, hint)`) on
+    the handlers' queue `seconds` from now, from any thread (installed by the handlers at
+    startup; the deferred statuses' fallback); None: parent passes write their status at once."""
 
     router: RouterView | None = field(init=False)
     """The installed router and whether it had a ready pod at the last check (`check_router`)."""

@@ -1,39 +1,34 @@
-"""The entry points: the parent path (apply every child, write status), the child path (repair
-one child, re-derive status), and the status-only paths (pod, fleet, Job, download)."""
+"""The one pass of a parent: `reconcile(ctx, key, hint)` runs observe → desire → plan →
+execute → status for one LLMDeployment under its lock, the hint picking a fast path (a full
+pass, one child kind's repair, the status alone, or the deferred status's fallback); `noted`
+turns a watch event into its parent's key and hint, and `check` runs the keys a periodic check
+finds due through the same pass."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from llmop import conditions, kinds, names, rollout_room
 from llmop.desired import DesiredState
 from llmop.hub import HubUnavailableError
-from llmop.kinds import ChildKind
 from llmop.kube import KubeError, TerminatingError
 from llmop.metrics import RESULT_OK, RESULT_SKIPPED
+from llmop.observed import child_event_summary, controller_owner
 from llmop.plan import ChildPlan, plan_children
 from llmop.reconcile import adapter_gate, first_status, groups, in_sync, pools, rollouts
 from llmop.reconcile.caches import (
-    Owner,
     cached_parent,
-    controller_owner,
     key_of,
     live_children,
     one_owned,
     parse,
     previous_status,
 )
-from llmop.reconcile.context import (
-    TRIGGER_CHILD,
-    TRIGGER_FLEET,
-    TRIGGER_PARENT,
-    TRIGGER_POD,
-    Context,
-)
-from llmop.reconcile.model_gate import TRIGGER_DOWNLOAD, desired_for, run_gate
+from llmop.reconcile.context import ChildEvent, Context, Hint, Key, Pass, Trigger
+from llmop.reconcile.model_gate import desired_for, run_gate
 from llmop.reconcile.problems import clear_problem, problem_of
 from llmop.reconcile.writes import (
     guarded,
@@ -49,7 +44,9 @@ log = logging.getLogger("llmop.reconcile.entry")
 WORKLOAD_KINDS = frozenset(kind.kind for kind in kinds.WORKLOADS)
 
 
-def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
+def _desire(ctx: Context, body: Mapping[str, Any]) -> DesiredState | str:
+    """Desire: the parsed spec through the group, adapter and model gates, each deciding; a
+    result when the pass ends here (stalled, or waiting for the download, status written)."""
     parsed = parse(ctx, body)
     if parsed.desired is None:
         return write_stalled(ctx, body, Problem(conditions.REASON_INVALID_SPEC, parsed.error or ""))
@@ -60,11 +57,24 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
     # Before the model gate: an adapter's refusal shows in status while the model downloads.
     adapter_gate.check(ctx, body, parsed)
     if desired.llmd.spec.model.cache is not None:
-        gated = run_gate(ctx, body, parsed)
-        if isinstance(gated, str):
-            return gated
-        desired = gated
-    desired = adapter_gate.applied(ctx, body, desired)
+        decision = run_gate(ctx, body, parsed)
+        if isinstance(decision, Problem):
+            return write_stalled(ctx, body, decision)
+        if not isinstance(decision, DesiredState):
+            # The download runs: the status shows its progress, from the spec as parsed.
+            write_derived_status(ctx, body, desired, None)
+            return RESULT_OK
+        desired = decision
+    return adapter_gate.applied(ctx, body, desired)
+
+
+def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
+    """The full pass: desire, observe the live children, plan every child, execute, status."""
+    wanted = _desire(ctx, body)
+    if isinstance(wanted, str):
+        return wanted
+    desired = wanted
+    generation = body["metadata"].get("generation")
     namespace, name = key_of(body)
     uid = body["metadata"]["uid"]
     live = live_children(ctx, namespace, name, uid)
@@ -75,7 +85,7 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
         live[kinds.DEPLOYMENT] = fresh if one_owned([fresh] if fresh else [], uid) else None
     # kopf may run the create handler of one generation twice (under load its own annotation
     # patch can arrive after the next event): what this process already applied is only repaired.
-    done = ctx.recall((namespace, name)).applied == (uid, parsed.generation)
+    done = ctx.recall((namespace, name)).applied == (uid, generation)
     desired = rollouts.decided(ctx, body, desired, live.get(kinds.DEPLOYMENT))
     unserved = pools.prepare(ctx, body, desired, live)
     plan = plan_children(desired, live, parent=body, repair=done, unserved=unserved)
@@ -87,7 +97,7 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
             groups.forget_served(ctx)
         raise
     if problem is None:
-        done_for = (uid, parsed.generation)
+        done_for = (uid, generation)
         ctx.update((namespace, name), lambda memory: replace(memory, applied=done_for))
         clear_problem(ctx, body, plan, repair=done)
         adapter_gate.nudge_pods(ctx, body, plan)
@@ -117,42 +127,6 @@ def _write_parent_status(
     return write_derived_status(ctx, body, desired, problem, applied=applied)
 
 
-def reconcile_parent(
-    ctx: Context, body: Mapping[str, Any], *, trigger: str = TRIGGER_PARENT
-) -> str:
-    """Bring one LLMDeployment (`body`, as the watch delivered it) and its children to the
-    desired state; returns the result (ok, stalled, skipped, error). Raises `KubeError` for
-    transient API failures, `HubUnavailableError` when the model hub cannot answer now."""
-    namespace, name = key_of(body)
-    with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(trigger) as outcome:
-        if body["metadata"].get("deletionTimestamp"):
-            outcome.result = RESULT_SKIPPED  # never resurrect a dying parent's children
-            return outcome.result
-        try:
-            outcome.result = guarded(ctx, body, lambda: _converge_parent(ctx, body))
-        except TerminatingError:
-            # The namespace is being deleted; its garbage collection takes the parent too.
-            outcome.result = RESULT_SKIPPED
-        return outcome.result
-
-
-def reconcile_cached(ctx: Context, keys: Iterable[tuple[str, str]], *, why: str) -> int:
-    """Run the parent pass of each of `keys` as the watch cache holds it (for the periodic
-    checks that find parents no event will bring back); a transient failure is logged with
-    `why` and the next check tries again. Returns how many ran."""
-    ran = 0
-    for namespace, name in keys:
-        body = cached_parent(ctx, namespace, name)
-        if body is None:
-            continue
-        try:
-            reconcile_parent(ctx, body)
-            ran += 1
-        except (KubeError, HubUnavailableError) as error:
-            log.warning("could not %s of %s/%s: %s", why, namespace, name, error)
-    return ran
-
-
 def _hpa_news(parent: Mapping[str, Any], hpa: Mapping[str, Any] | None) -> bool:
     """The HPA's event matters to the status: it cannot scale, or the status still says so.
     (Its metric readings change at every sync; those events derive nothing. While no replica is
@@ -167,17 +141,7 @@ def _hpa_news(parent: Mapping[str, Any], hpa: Mapping[str, Any] | None) -> bool:
     )
 
 
-@dataclass(frozen=True)
-class ChildEvent:
-    """A watch event of a child we own, as both the event-loop check and the worker read it."""
-
-    kind: ChildKind
-    owner: Owner
-    type: str
-    hpa: Mapping[str, Any] | None  # the HPA as this event delivered it (its conditions matter)
-
-
-def child_event(
+def _child_event(
     ctx: Context, event_type: str | None, child: Mapping[str, Any]
 ) -> ChildEvent | None:
     """Record a child's watch event (the managed-objects gauge); None when it asks nothing of
@@ -211,8 +175,8 @@ class ChildWork:
 def child_work(ctx: Context, event: ChildEvent, body: Mapping[str, Any] | None) -> ChildWork | str:
     """The one decision for a child event, from the caches and the parent `body` (no I/O): a
     result when the parent is to be left alone, else the work. Both paths call it — the event
-    loop to tell quiet events from the rest (`quiet_child_event`), the worker to act
-    (`_refresh`), deriving again under the parent's lock from caches at least as new."""
+    loop to tell quiet events from the rest (`quiet.quiet`), the pass to act
+    (`_child_pass`), deriving again under the parent's lock from caches at least as new."""
     owner = event.owner
     if (
         body is None
@@ -251,7 +215,8 @@ def child_work(ctx: Context, event: ChildEvent, body: Mapping[str, Any] | None) 
     return ChildWork(body, desired, plan, undone_edit)
 
 
-def _refresh(ctx: Context, event: ChildEvent) -> str:
+def _child_pass(ctx: Context, event: ChildEvent) -> str:
+    """One child kind planned (repaired if it drifted or vanished), then the status."""
     owner = event.owner
     if event.type == "DELETED":
         # Recreating a child is the one write a stale cache could get wrong (a parent being
@@ -281,34 +246,6 @@ def _refresh(ctx: Context, event: ChildEvent) -> str:
     return guarded(ctx, parent, run)
 
 
-def refresh_from_child(ctx: Context, event_type: str | None, child: Mapping[str, Any]) -> str:
-    """React to a watch event of a labelled child (Deployment, Service, HPA, PDB)."""
-    event = child_event(ctx, event_type, child)
-    if event is None:
-        return RESULT_SKIPPED
-    with (
-        ctx.locks.hold((event.owner.namespace, event.owner.name)),
-        ctx.metrics.reconciling(TRIGGER_CHILD) as outcome,
-    ):
-        try:
-            outcome.result = _refresh(ctx, event)
-        except TerminatingError:
-            outcome.result = RESULT_SKIPPED
-        return outcome.result
-
-
-def refresh_from_pod(ctx: Context, event_type: str | None, pod: Mapping[str, Any]) -> str:
-    """React to a watch event of an engine pod: re-derive its parent's status, so a pod that
-    cannot be scheduled, pulled or started is named there within seconds. Writes only the
-    status, and only when it changed."""
-    metadata = pod.get("metadata") or {}
-    namespace = str(metadata.get("namespace") or "")
-    name = (metadata.get("labels") or {}).get(names.LABEL_DEPLOYMENT)
-    if event_type is None or not name:
-        return RESULT_SKIPPED  # initial listing: the parents' resume handlers derive status
-    return refresh_status(ctx, namespace, name, trigger=TRIGGER_POD)
-
-
 def status_target(
     ctx: Context, namespace: str, name: str
 ) -> tuple[Mapping[str, Any], DesiredState] | None:
@@ -328,67 +265,147 @@ def status_target(
     return None if desired is None or stalled else (body, desired)
 
 
-def refresh_status(ctx: Context, namespace: str, name: str, *, trigger: str = TRIGGER_FLEET) -> str:
-    """Re-derive one parent's status from the caches (pods, Deployment, agent readings);
-    writes only the status, and only when it changed."""
-    with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(trigger) as outcome:
-        target = status_target(ctx, namespace, name)
-        if target is None:
-            outcome.result = RESULT_SKIPPED
-            return outcome.result
-        body, desired = target
-        outcome.result = guarded(ctx, body, lambda: write_derived_status(ctx, body, desired, None))
-        return outcome.result
+def _full_pass(ctx: Context, key: Key, hint: Hint) -> str:
+    """Observe → desire → plan → execute → status with nothing skipped."""
+    body = hint.body if hint.body is not None else cached_parent(ctx, *key)
+    if body is None or (hint.uid is not None and body["metadata"].get("uid") != hint.uid):
+        return RESULT_SKIPPED
+    if body["metadata"].get("deletionTimestamp"):
+        return RESULT_SKIPPED  # never resurrect a dying parent's children
+    parent = body
+    return guarded(ctx, parent, lambda: _converge_parent(ctx, parent))
 
 
-def write_deferred_status(ctx: Context, namespace: str, name: str) -> str:
+def _status_pass(ctx: Context, key: Key) -> str:
+    """The status re-derived from the caches (pods, Deployment, agent readings), written only
+    when it changed; desire comes from memory, and nothing is planned or applied."""
+    target = status_target(ctx, *key)
+    if target is None:
+        return RESULT_SKIPPED
+    body, desired = target
+    return guarded(ctx, body, lambda: write_derived_status(ctx, body, desired, None))
+
+
+def _deferred_pass(ctx: Context, key: Key) -> str:
     """The fallback of a parent pass's deferred status (`first_status`): write what the caches
     say now, unless a status path wrote this generation's status meanwhile, or run again later
     while the Deployment controller is seen at work (`first_status.wait_longer`)."""
-    with ctx.locks.hold((namespace, name)), ctx.metrics.reconciling(TRIGGER_PARENT) as outcome:
-        # Pending first: at a burst most fallbacks find the status written meanwhile, and
-        # need not unpack the desired state to say so.
-        cached = cached_parent(ctx, namespace, name)
-        if cached is None or not first_status.pending(ctx, cached):
+    # Pending first: at a burst most fallbacks find the status written meanwhile, and need not
+    # unpack the desired state to say so.
+    cached = cached_parent(ctx, *key)
+    if cached is None or not first_status.pending(ctx, cached):
+        return RESULT_SKIPPED
+    target = status_target(ctx, *key)
+    if target is None or not first_status.pending(ctx, target[0]):
+        return RESULT_SKIPPED
+    body, desired = target
+    if first_status.wait_longer(ctx, body, desired) and ctx.schedule is not None:
+        ctx.schedule(key, Hint.DEFERRED, first_status.DEFER_SECONDS)
+        return RESULT_SKIPPED
+    first_status.take(ctx, body)
+    return guarded(ctx, body, lambda: write_derived_status(ctx, body, desired, None, applied=True))
+
+
+def reconcile(ctx: Context, key: Key, hint: Hint) -> str:
+    """The one pass of the parent `key` (namespace, name), for whatever trigger `hint` names:
+    returns the result (ok, stalled, skipped, error), counted under the hint's trigger. Runs
+    under the parent's lock and decides from the caches as they are when it runs (a hint only
+    picks the fast path: see `Pass`). Raises `KubeError` for transient API failures and
+    `HubUnavailableError` when the model hub cannot answer now; the caller retries (kopf with
+    backoff) or leaves it to the next trigger."""
+    if hint.uid is not None and hint.body is None:
+        # A Job's event: nothing to count for a parent gone or recreated since.
+        cached = cached_parent(ctx, *key)
+        if cached is None or cached["metadata"].get("uid") != hint.uid:
+            return RESULT_SKIPPED
+    with ctx.locks.hold(key), ctx.metrics.reconciling(hint.trigger) as outcome:
+        try:
+            if hint.scope is Pass.FULL:
+                outcome.result = _full_pass(ctx, key, hint)
+            elif hint.scope is Pass.CHILD:
+                assert hint.child is not None
+                outcome.result = _child_pass(ctx, hint.child)
+            elif hint.scope is Pass.STATUS:
+                outcome.result = _status_pass(ctx, key)
+            else:
+                outcome.result = _deferred_pass(ctx, key)
+        except TerminatingError:
+            # The namespace is being deleted; its garbage collection takes the parent too.
             outcome.result = RESULT_SKIPPED
-            return outcome.result
-        target = status_target(ctx, namespace, name)
-        if target is None or not first_status.pending(ctx, target[0]):
-            outcome.result = RESULT_SKIPPED
-            return outcome.result
-        body, desired = target
-        if first_status.wait_longer(ctx, body, desired) and ctx.schedule_status is not None:
-            ctx.schedule_status(namespace, name)
-            outcome.result = RESULT_SKIPPED
-            return outcome.result
-        first_status.take(ctx, body)
-        outcome.result = guarded(
-            ctx, body, lambda: write_derived_status(ctx, body, desired, None, applied=True)
-        )
         return outcome.result
 
 
-def refresh_from_job(ctx: Context, event_type: str | None, job: Mapping[str, Any]) -> str:
-    """A model download Job changed: reconcile its parent (a finished download creates the
-    engine pods; a failed one stalls the parent)."""
-    owner = controller_owner(job)
-    if owner is None or event_type is None:
-        return RESULT_SKIPPED  # initial listing: the parents' resume handlers run anyway
-    body = cached_parent(ctx, owner.namespace, owner.name)
-    if body is None or body["metadata"].get("uid") != owner.uid:
-        return RESULT_SKIPPED
-    return reconcile_parent(ctx, body, trigger=TRIGGER_CHILD)
+def noted(
+    ctx: Context, kind: str, event_type: str | None, obj: Mapping[str, Any]
+) -> tuple[Key, Hint] | None:
+    """A watch event of an object of `kind` ("Pod", "Job" or a child kind): fed to this
+    process's memory (a group's pods, the Deployment controller at work, the managed-objects
+    gauge), then the parent it asks a pass of and the hint for it; None when it asks nothing
+    (not ours, or the initial listing: the parents' resume passes run then). Call it for every
+    event, before `quiet` and before the queue (which may drop it). A child's hint keeps only
+    what its pass reads of the event (`observed.child_event_summary`)."""
+    if kind == kinds.POD.kind:
+        # Every pod event: a group's recreate shows only in its new leader's event.
+        groups.note_pod(ctx, event_type, obj)
+        metadata = obj.get("metadata") or {}
+        name = (metadata.get("labels") or {}).get(names.LABEL_DEPLOYMENT)
+        if event_type is None or not name:
+            return None
+        return (str(metadata.get("namespace") or ""), name), Hint.POD
+    if kind == kinds.JOB.kind:
+        owner = controller_owner(obj)
+        if owner is None or event_type is None:
+            return None
+        # A finished download creates the engine pods; a failed one stalls the parent.
+        return (owner.namespace, owner.name), Hint(Trigger.CHILD, Pass.FULL, uid=owner.uid)
+    if event_type != "DELETED" and kind == kinds.DEPLOYMENT.kind:
+        # The deferred statuses' fallback judges from it whether the Deployment controller is
+        # at work.
+        first_status.note_deployment(ctx, obj)
+    event = _child_event(ctx, event_type, child_event_summary(obj))
+    if event is None:
+        return None
+    return (event.owner.namespace, event.owner.name), Hint(Trigger.CHILD, Pass.CHILD, child=event)
 
 
-def poll_downloads(ctx: Context) -> None:
-    """Refresh the status of every parent whose download runs (progress, rate, ETA): the Job
-    emits no event while bytes flow. Called every few seconds by the operator's poller."""
-    for namespace, name in sorted(key for key, memory in ctx.memories() if memory.downloading):
-        body = cached_parent(ctx, namespace, name)
-        if body is None:
-            ctx.update((namespace, name), lambda memory: replace(memory, downloading=False))
-            continue
+Check = Literal["hub", "pools", "groups", "downloads"]
+"""The periodic checks that find parents no event will bring back."""
+
+
+def _due(ctx: Context, check: Check) -> list[tuple[Key, Hint]]:
+    if check == "groups":
+        return groups.due(ctx)
+    if check == "downloads":
+        # The Job emits no event while bytes flow: a pass reads the progress, rate and ETA.
+        keys = sorted(key for key, memory in ctx.memories() if memory.downloading)
+        for key in keys:
+            if cached_parent(ctx, *key) is None:
+                ctx.update(key, lambda memory: replace(memory, downloading=False))
+        hint = Hint.DOWNLOAD
+    else:
+        keys = adapter_gate.due_for_hub(ctx) if check == "hub" else pools.recheck(ctx)
+        hint = Hint.PARENT
+    return [(key, hint) for key in keys if cached_parent(ctx, *key) is not None]
+
+
+_WHY: Mapping[Check, str] = {
+    "hub": "re-check the adapters",
+    "pools": "create the InferencePool",
+    "groups": "act on the groups",
+    "downloads": "read the download progress",
+}
+
+
+def check(ctx: Context, which: Check) -> int:
+    """One round of a periodic check: a pass (`reconcile`) for each parent it finds due — the
+    adapters the Hub could not answer for, the InferencePools whose API came, the groups that
+    changed, the downloads that run. A transient failure is logged and the next round tries
+    again. Returns how many passes ran."""
+    ran = 0
+    for key, hint in _due(ctx, which):
         try:
-            reconcile_parent(ctx, body, trigger=TRIGGER_DOWNLOAD)
+            reconcile(ctx, key, hint)
+            ran += 1
         except (KubeError, HubUnavailableError) as error:
-            log.warning("download progress of %s/%s: %s", namespace, name, error)
+            log.warning("could not %s of %s/%s: %s", _WHY[which], *key, error)
+    return ran

@@ -19,10 +19,10 @@ from typing import Any
 from llmop import conditions, group_restarts, kinds, names
 from llmop.desired import DesiredState
 from llmop.group_restarts import GroupHistory
-from llmop.observed import child_summary
+from llmop.observed import child_summary, controller_owner
 from llmop.pods import is_worker
-from llmop.reconcile.caches import cached_parent, controller_owner, one_owned
-from llmop.reconcile.context import Context
+from llmop.reconcile.caches import cached_parent, one_owned
+from llmop.reconcile.context import Context, Hint, Key
 from llmop.status import Problem
 
 log = logging.getLogger("llmop.reconcile.groups")
@@ -119,6 +119,40 @@ def relist(ctx: Context) -> list[tuple[str, str]]:
     listed = index(items)
     before, ctx.groups = ctx.groups, listed
     return changed(before, listed)
+
+
+def _listed_wanted(ctx: Context) -> bool:
+    """Some parent is multi-node, or a LeaderWorkerSet was listed last time, or this is the
+    first round (a LeaderWorkerSet left behind while no operator ran is then known before the
+    parents' resume passes, which delete it)."""
+    if ctx.groups or KIND not in ctx.served:
+        return True
+    return any(multi_node(p) for ps in list(ctx.parents.values()) for p in list(ps))
+
+
+def due(ctx: Context) -> list[tuple[Key, Hint]]:
+    """One round of the group check (`llmop.group_check`): discovery while the API is not
+    known served, the listing into `ctx.groups`, and the parents it asks a pass of — a full one
+    for a parent stalled for want of the API or with a LeaderWorkerSet it no longer wants
+    (to delete it), the status for one whose listed groups changed."""
+    stalled = waiting(ctx)
+    if not stalled and not _listed_wanted(ctx):
+        return []
+    if ctx.served.get(KIND) is not True:
+        if not ctx.kube.serves(KIND.api_version, KIND.plural):
+            ctx.served[KIND] = False
+            ctx.groups = {}
+            return []
+        log.info("the cluster serves %s LeaderWorkerSets", KIND.group)
+        ctx.served[KIND] = True
+    found: list[tuple[Key, Hint]] = []
+    for key in sorted(set(stalled) | set(relist(ctx))):
+        body = cached_parent(ctx, *key)
+        if body is None:
+            continue
+        full = key in stalled or (not multi_node(body) and ctx.groups.get(key))
+        found.append((key, Hint.PARENT if full else Hint.FLEET))
+    return found
 
 
 def _wanted_groups(ctx: Context, parent: Mapping[str, Any]) -> int | None:

@@ -1,23 +1,24 @@
 """The model cache gate: pre-flight, claim, download Job — before any engine pod. The engine
-children are planned from the commit the cache holds."""
+children are planned from the commit the cache holds. The gate returns a decision (go on with
+this desired state, stall with this problem, or wait for the download); the pass writes the
+status."""
 
 from __future__ import annotations
 
 import base64
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llmop import events, hub, kinds, pod_client, preflight
 from llmop.api.v1alpha1 import LLMDeployment, ModelStatus
 from llmop.cache_gate import plan_gate
 from llmop.desired import DesiredState, desired_state
-from llmop.metrics import RESULT_OK
 from llmop.quantity import quantity_value
 from llmop.reconcile.caches import generation_of, key_of
 from llmop.reconcile.context import Context, ModelGate, Parsed, post_event
-from llmop.reconcile.writes import run_plan, write_derived_status, write_stalled
+from llmop.reconcile.writes import run_plan
 from llmop.render import model_cache
 from llmop.status import Problem
 
@@ -26,9 +27,21 @@ log = logging.getLogger("llmop.reconcile.model_gate")
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 """Set by the Job controller on the Job's pods."""
-TRIGGER_DOWNLOAD = "download"
 REASON_CACHE_CLAIM_NOT_FOUND = "CacheClaimNotFound"
 REASON_TOKEN_SECRET_NOT_FOUND = "TokenSecretNotFound"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The gate's decision while the download runs: no engine child yet; the status is derived
+    from the spec as parsed (it shows the download's progress)."""
+
+
+WAITING = Waiting()
+
+Decision = DesiredState | Problem | Waiting
+"""What the gate decided: plan the engine children from this desired state, stall the parent
+with this problem, or wait for the download."""
 
 
 def _token(ctx: Context, namespace: str, llmd: LLMDeployment) -> str | Problem | None:
@@ -147,10 +160,11 @@ def _read_job(ctx: Context, namespace: str, llmd: LLMDeployment, sha: str) -> An
     return ctx.kube.read(kinds.JOB.api_version, kinds.JOB.kind, namespace, job_name)
 
 
-def run_gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> DesiredState | str:
-    """The desired state at the resolved commit once the cache holds it; else the result of
-    stalling (pre-flight refused, download failed) or of waiting for the download. Decided by
-    `cache_gate.plan_gate`; its applies go through the executor."""
+def run_gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> Decision:
+    """The desired state at the resolved commit once the cache holds it; else the problem to
+    stall on (pre-flight refused, a child rejected, download failed) or `WAITING` for the
+    download. Decided by `cache_gate.plan_gate`; its applies (claim, Job) go through the
+    executor. Writes no status: the caller does, from the decision."""
     assert parsed.desired is not None
     llmd = parsed.desired.llmd
     key = key_of(body)
@@ -167,7 +181,7 @@ def run_gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> DesiredSt
     if plan.children:
         problem = run_plan(ctx, body, plan.children)
         if problem is not None:
-            return write_stalled(ctx, body, problem)
+            return problem
         gate.applied = True
         job = _read_job(ctx, key[0], llmd, plan.revision or "")
         plan = plan_gate(llmd, body, settings, gate.verdict, job=job, progress=None, applied=True)
@@ -177,10 +191,9 @@ def run_gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> DesiredSt
         gate.status = gate.status.model_copy(update={"download": plan.download})
     if plan.outcome == "stall":
         assert plan.problem is not None
-        return write_stalled(ctx, body, plan.problem)
+        return plan.problem
     if plan.outcome == "wait":
-        write_derived_status(ctx, body, parsed.desired, None)
-        return RESULT_OK
+        return WAITING
     if gate.desired is None:
         gate.desired = desired_state(
             LLMDeployment.model_validate(body), settings, resolved_revision=plan.revision

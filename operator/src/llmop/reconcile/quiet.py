@@ -6,12 +6,11 @@ from collections.abc import Callable, Mapping
 from time import perf_counter
 from typing import Any
 
-from llmop import names
 from llmop.desired import DesiredState
 from llmop.metrics import RESULT_SKIPPED
 from llmop.reconcile.caches import cached_parent
-from llmop.reconcile.context import TRIGGER_CHILD, TRIGGER_POD, Context
-from llmop.reconcile.entry import child_event, child_work, status_target
+from llmop.reconcile.context import Context, Hint, Key, Pass, Trigger
+from llmop.reconcile.entry import child_work, status_target
 from llmop.reconcile.writes import result_of, status_changed
 
 # Most child and pod watch events change nothing we write (a Deployment's status moving, a pod
@@ -55,41 +54,32 @@ def _quiet_result(ctx: Context, body: Mapping[str, Any], desired: DesiredState) 
     return result_of(ctx, body, desired, None)
 
 
-def quiet_child_event(ctx: Context, event_type: str | None, child: Mapping[str, Any]) -> bool:
-    """True when `refresh_from_child(ctx, event_type, child)` would write nothing — decided
-    from the caches, without I/O or blocking — and the event has been recorded as it would
-    record it. False when it must run: a child to repair, a status that changed, a deletion
-    (the parent is then read fresh), or an event for the status while a worker is busy with
-    this parent."""
-    event = child_event(ctx, event_type, child)
-    if event is None:
-        return True
-    if event.type == "DELETED":
+def quiet(ctx: Context, key: Key, hint: Hint) -> bool:
+    """True when `reconcile(ctx, key, hint)` would write nothing — decided from the caches,
+    without I/O or blocking — and the event has been recorded as the pass would record it.
+    Only a child's or a pod's event can be quiet. False when the pass must run: a child to
+    repair, a status that changed, a deletion (the parent is then read fresh), or an event for
+    the status while a worker is busy with this parent."""
+    if hint.scope is Pass.CHILD:
+        event = hint.child
+        assert event is not None
+        if event.type == "DELETED":
+            return False
+
+        def decide_child(busy: bool) -> str | None:
+            work = child_work(ctx, event, cached_parent(ctx, *key))
+            if isinstance(work, str):
+                return work  # nothing to repair, and nothing for the status
+            return None if work.plan or busy else _quiet_result(ctx, work.body, work.desired)
+
+        return _quiet(ctx, hint.trigger, key, decide_child)
+    if hint.trigger is not Trigger.POD:
         return False
-    owner = event.owner
 
-    def decide(busy: bool) -> str | None:
-        work = child_work(ctx, event, cached_parent(ctx, owner.namespace, owner.name))
-        if isinstance(work, str):
-            return work  # nothing to repair, and nothing for the status
-        return None if work.plan or busy else _quiet_result(ctx, work.body, work.desired)
-
-    return _quiet(ctx, TRIGGER_CHILD, (owner.namespace, owner.name), decide)
-
-
-def quiet_pod_event(ctx: Context, event_type: str | None, pod: Mapping[str, Any]) -> bool:
-    """True when `refresh_from_pod(ctx, event_type, pod)` would write nothing (decided from the
-    caches, without I/O or blocking), recorded as it would record it; False when it must run."""
-    metadata = pod.get("metadata") or {}
-    namespace = str(metadata.get("namespace") or "")
-    name = (metadata.get("labels") or {}).get(names.LABEL_DEPLOYMENT)
-    if event_type is None or not name:
-        return True
-
-    def decide(busy: bool) -> str | None:
+    def decide_status(busy: bool) -> str | None:
         if busy:
             return None
-        target = status_target(ctx, namespace, name)
+        target = status_target(ctx, *key)
         return RESULT_SKIPPED if target is None else _quiet_result(ctx, *target)
 
-    return _quiet(ctx, TRIGGER_POD, (namespace, name), decide)
+    return _quiet(ctx, hint.trigger, key, decide_status)

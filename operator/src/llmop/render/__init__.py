@@ -19,6 +19,7 @@ from llmop.render.disruption import render_pdb
 from llmop.render.inference_pool import render_inference_pool
 from llmop.render.leader_worker_set import render_leader_worker_set
 from llmop.render.monitoring import render_service_monitor
+from llmop.render.network_policy import render_network_policy
 from llmop.render.service import render_service
 from llmop.settings import RenderSettings
 
@@ -38,6 +39,8 @@ class Children:
     pdb: dict[str, Any] | None
     service_monitor: dict[str, Any] | None
     inference_pool: dict[str, Any] | None
+    network_policy: dict[str, Any] | None = None
+    """The engine pods' ingress fence (with the operator's LLMOP_NETWORK_POLICY)."""
 
     def by_kind(self) -> dict[ChildKind, dict[str, Any] | None]:
         """Every child kind of the registry → its manifest (None: must not exist)."""
@@ -50,6 +53,7 @@ class Children:
             kinds.HPA: self.hpa,
             kinds.SERVICE_MONITOR: self.service_monitor,
             kinds.INFERENCE_POOL: self.inference_pool,
+            kinds.NETWORK_POLICY: self.network_policy,
         }
 
     @property
@@ -105,6 +109,11 @@ def render_children(
         pdb=render_pdb(llmd),
         service_monitor=render_service_monitor(llmd) if settings.service_monitor else None,
         inference_pool=render_inference_pool(llmd),
+        network_policy=(
+            render_network_policy(llmd, settings.network_policy)
+            if settings.network_policy is not None
+            else None
+        ),
     )
 
 

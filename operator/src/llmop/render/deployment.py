@@ -14,7 +14,7 @@ from llmop.cpu_engine import cpu_engine
 from llmop.render import adapters, engine_args, model_cache
 from llmop.render.hashing import template_hash
 from llmop.render.metadata import child_metadata
-from llmop.render.model_source import pvc_claim
+from llmop.render.model_source import hub_token_mount, hub_token_volume, pvc_claim
 from llmop.settings import RenderSettings
 from llmop_engine import contract
 
@@ -309,6 +309,9 @@ def _volumes(llmd: LLMDeployment) -> list[dict[str, Any]]:
         volumes.append(
             {"name": "model-pvc", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         )
+    token = engine_args.engine_hub_token(llmd)
+    if token is not None:
+        volumes.append(hub_token_volume(token))
     return volumes
 
 
@@ -338,4 +341,6 @@ def _volume_mounts(llmd: LLMDeployment) -> list[dict[str, Any]]:
                 "readOnly": True,
             }
         )
+    if engine_args.engine_hub_token(llmd) is not None:
+        mounts.append(hub_token_mount())
     return mounts

@@ -16,10 +16,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from llmop import names
-from llmop.api.v1alpha1 import LLMDeployment, SpeculativeSpec
+from llmop.api.v1alpha1 import LLMDeployment, SecretKeyRef, SpeculativeSpec
 from llmop.cpu_engine import cpu_kv_cache_gib
 from llmop.render import adapters
-from llmop.render.model_source import PVC_SCHEME, model_location
+from llmop.render.model_source import PVC_SCHEME, hub_token_env, model_location
 from llmop_engine import contract
 from llmop_engine.contract import EngineFlag, Env
 
@@ -135,17 +135,24 @@ def agent_env(llmd: LLMDeployment, *, load_timeout_seconds: int) -> list[dict[st
         # restart or a new replica cannot stall on the Hub (and needs no token).
         plain[Env.HF_HUB_OFFLINE] = "1"
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
-    # With a cache the engine needs no token; the agent still fetches gated Hub adapters (given
-    # whenever LoRA is on, so that adding the first Hub adapter is no template change).
-    lora = adapters.lora_enabled(spec)
-    if spec.model.token_secret_ref is not None and (spec.model.cache is None or lora):
-        token = spec.model.token_secret_ref
-        env.append(_secret_env(Env.HF_TOKEN, token.name, token.key))
+    if engine_hub_token(llmd) is not None:
+        env.append(hub_token_env())
     if spec.service.api_key_secret_ref is not None:
         ref = spec.service.api_key_secret_ref
         env.append(_secret_env(Env.API_KEY, ref.name, ref.key))
     env += [var.model_dump(by_alias=True, exclude_none=True) for var in spec.engine.env]
     return env
+
+
+def engine_hub_token(llmd: LLMDeployment) -> SecretKeyRef | None:
+    """The Hub token the engine pod mounts, if it needs one. With a cache the engine needs none
+    (offline); the agent still fetches gated Hub adapters (so it is mounted whenever LoRA is on:
+    adding the first Hub adapter is then no template change)."""
+    spec = llmd.spec
+    lora = adapters.lora_enabled(spec)
+    if spec.model.token_secret_ref is not None and (spec.model.cache is None or lora):
+        return spec.model.token_secret_ref
+    return None
 
 
 def spec_value(spec: BaseModel, path: str) -> object:

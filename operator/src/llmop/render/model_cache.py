@@ -22,6 +22,7 @@ from llmop import kinds, names
 from llmop.api.v1alpha1 import DownloadStatus, LLMDeployment, ModelCacheSpec
 from llmop.cpu_engine import cpu_engine
 from llmop.render.metadata import child_metadata
+from llmop.render.model_source import hub_token_env, hub_token_mount, hub_token_volume
 from llmop.settings import RenderSettings
 from llmop_engine import contract
 
@@ -89,14 +90,19 @@ def render_download_job(
     env: list[dict[str, Any]] = [{"name": contract.Env.HF_HOME, "value": names.MODEL_CACHE_PATH}]
     if settings.hub_endpoint:
         env.append({"name": "HF_ENDPOINT", "value": settings.hub_endpoint})
-    if spec.model.token_secret_ref is not None:
-        ref = spec.model.token_secret_ref
-        env.append(
-            {
-                "name": contract.Env.HF_TOKEN,
-                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
-            }
-        )
+    token = spec.model.token_secret_ref
+    mounts = [{"name": names.MODEL_CACHE_VOLUME, "mountPath": names.MODEL_CACHE_PATH}]
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": names.MODEL_CACHE_VOLUME,
+            "persistentVolumeClaim": {"claimName": cache_claim(llmd)},
+        }
+    ]
+    if token is not None:
+        # A file, not a variable (model_source.hub_token_env says why).
+        env.append(hub_token_env())
+        mounts.append(hub_token_mount())
+        volumes.append(hub_token_volume(token))
     container = {
         "name": DOWNLOAD_CONTAINER,
         "image": _image(llmd, settings),
@@ -118,7 +124,7 @@ def render_download_job(
         "ports": [
             {"name": names.PROBE_PORT_NAME, "containerPort": names.PROBE_PORT, "protocol": "TCP"}
         ],
-        "volumeMounts": [{"name": names.MODEL_CACHE_VOLUME, "mountPath": names.MODEL_CACHE_PATH}],
+        "volumeMounts": mounts,
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "privileged": False,
@@ -163,12 +169,7 @@ def render_download_job(
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [container],
-                    "volumes": [
-                        {
-                            "name": names.MODEL_CACHE_VOLUME,
-                            "persistentVolumeClaim": {"claimName": cache_claim(llmd)},
-                        }
-                    ],
+                    "volumes": volumes,
                 },
             },
         },
