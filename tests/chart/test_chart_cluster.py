@@ -128,6 +128,16 @@ class Release:
         self.info = info
 
 
+def remove_release(cluster: Cluster, config: helm.Config, name: str, namespace: str) -> None:
+    """Uninstall release `name` (a failed install leaves a failed release behind: that too) and
+    delete its namespace without waiting."""
+    try:
+        config.uninstall(name)
+    except helm.HelmError as error:
+        print(f"helm uninstall {name}: {error}", file=sys.stderr)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
 @pytest.fixture(scope="module")
 def release(kube_cluster: Cluster) -> Iterator[Release]:
     name = f"llmop-{secrets.token_hex(3)}"
@@ -147,12 +157,7 @@ def release(kube_cluster: Cluster) -> Iterator[Release]:
             yield Release(kube_cluster, name, namespace, info)
         finally:
             # crds.keep=true: the CRD (and every LLMDeployment of other tests) survives this.
-            # A failed install leaves a failed release behind: uninstall that too.
-            try:
-                config.uninstall(name)
-            except helm.HelmError as error:
-                print(f"helm uninstall {name}: {error}", file=sys.stderr)
-            kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+            remove_release(kube_cluster, config, name, namespace)
 
 
 def test_install_yields_the_operator_deployment_rbac_and_crd(release: Release) -> None:
@@ -353,8 +358,4 @@ def test_install_without_the_crd_succeeds_and_its_router_is_ready_on_a_crd_from_
 
                 wait_until(ready, timeout=30, interval=0.2, what="the router Ready")
         finally:
-            try:
-                config.uninstall(name)
-            except helm.HelmError as error:
-                print(f"helm uninstall {name}: {error}", file=sys.stderr)
-            kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+            remove_release(kube_cluster, config, name, namespace)

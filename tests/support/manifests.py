@@ -57,3 +57,19 @@ def open_crd(group: str, kind: str, labels: dict[str, str] | None = None) -> dic
             ],
         },
     }
+
+
+def workload_status(replicas: int, ready: int) -> dict[str, Any]:
+    """A Deployment (or LeaderWorkerSet) as the status derivation reads it: generation 2,
+    observed, `replicas` wanted and `ready` of them ready, updated and available."""
+    return {
+        "metadata": {"generation": 2},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": 2,
+            "replicas": ready,
+            "readyReplicas": ready,
+            "updatedReplicas": ready,
+            "availableReplicas": ready,
+        },
+    }

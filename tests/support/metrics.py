@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import os
 import pathlib
 import subprocess
-import sys
 from collections.abc import Generator
 from types import ModuleType
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 import pytest
 
 from llmop.quantity import quantity_value
+from support.modules import load_file
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD_METRICS_SH = REPO_ROOT / "e2e" / "cluster" / "build-metrics.sh"
@@ -79,16 +78,7 @@ def metrics_bin_dir() -> pathlib.Path:
 
 def load_metrics_config() -> ModuleType:
     """e2e/metrics/metrics_config.py as a module (the one chart -> pipeline config translation)."""
-    name = "llmop_metrics_config"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, METRICS_CONFIG_PY)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file("llmop_metrics_config", METRICS_CONFIG_PY)
 
 
 def metric_value(quantity: str) -> float:

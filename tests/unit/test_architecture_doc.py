@@ -21,12 +21,12 @@ separated by `|`, `#` starting a comment.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
-import sys
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+
+from support.modules import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
@@ -52,16 +52,7 @@ MARKER = re.compile(r"<!--\s*layers\s+(\S+)\s*-->")
 
 def _layer_test() -> ModuleType:
     """tests/unit/test_layers.py, loaded from its path (tests/unit is no package)."""
-    name = "_architecture_doc_layer_test"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "unit" / "test_layers.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file("_architecture_doc_layer_test", ROOT / "tests" / "unit" / "test_layers.py")
 
 
 def module_file(dotted: str, sources: dict[str, Path]) -> Path | None:

@@ -25,6 +25,7 @@ from llmop_router.app import Router
 from llmop_router.discovery import Catalog, claim_of
 from llmop_router.hold import ScaleToZero
 from llmop_router.routes import RouteTable
+from support.manifests import workload_status
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = RenderSettings(vllm_image="engine:1", simulator_image="sim:1")
@@ -40,25 +41,12 @@ def _resource(spec: dict[str, Any]) -> LLMDeployment:
     )
 
 
-def _workload(replicas: int, ready: int) -> dict[str, Any]:
-    return {
-        "metadata": {"generation": 2},
-        "spec": {"replicas": replicas},
-        "status": {
-            "observedGeneration": 2,
-            "replicas": ready,
-            "readyReplicas": ready,
-            "updatedReplicas": ready,
-            "availableReplicas": ready,
-        },
-    }
-
-
 def _at_zero(resource: LLMDeployment) -> LLMDeploymentStatus:
     """The status the operator writes once it took the CR to zero (serving, then at 0)."""
     kind = kinds.LEADER_WORKER_SET if resource.spec.pipeline_parallel_size > 1 else kinds.DEPLOYMENT
     status = LLMDeploymentStatus()
-    for at, workload in ((T0, _workload(1, 1)), (T0 + timedelta(seconds=10), _workload(0, 0))):
+    serving, at_zero = workload_status(1, 1), workload_status(0, 0)
+    for at, workload in ((T0, serving), (T0 + timedelta(seconds=10), at_zero)):
         observed = Observed(
             "llama",
             "team",

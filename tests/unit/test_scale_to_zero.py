@@ -16,6 +16,7 @@ from llmop.render.autoscaling import render_hpa
 from llmop.router_view import RouterRef, RouterView
 from llmop.sizing import plan_for
 from llmop.status import Observed, derive_status
+from support.manifests import workload_status
 
 KEY = ("ns", "m")
 T0 = 1_000_000.0
@@ -123,20 +124,6 @@ def test_the_hpa_keeps_one_replica_while_the_spec_allows_zero() -> None:
     assert ld({"minReplicas": 0, "maxReplicas": 3}).spec.autoscaling.zero.idle_seconds == 300  # type: ignore[union-attr]
 
 
-def workload(replicas: int, ready: int) -> dict[str, Any]:
-    return {
-        "metadata": {"generation": 2},
-        "spec": {"replicas": replicas},
-        "status": {
-            "observedGeneration": 2,
-            "replicas": ready,
-            "readyReplicas": ready,
-            "updatedReplicas": ready,
-            "availableReplicas": ready,
-        },
-    }
-
-
 def derive(
     resource: LLMDeployment,
     dep: dict[str, Any],
@@ -166,18 +153,18 @@ def ready_of(status: LLMDeploymentStatus) -> tuple[str, str]:
 def test_going_to_zero_and_waking_are_stamped_and_announced() -> None:
     resource = ld({"minReplicas": 0, "maxReplicas": 3})
     t = datetime(2026, 1, 2, 3, 0, 0, tzinfo=UTC)
-    serving = derive(resource, workload(1, 1), LLMDeploymentStatus(), t)
+    serving = derive(resource, workload_status(1, 1), LLMDeploymentStatus(), t)
     assert ready_of(serving) == ("True", "AllReplicasReady")
     assert serving.scale_to_zero is None
 
-    at_zero = derive(resource, workload(0, 0), serving, t + timedelta(seconds=10))
+    at_zero = derive(resource, workload_status(0, 0), serving, t + timedelta(seconds=10))
     assert ready_of(at_zero) == ("True", "ScaledToZero")
     assert at_zero.scale_to_zero is not None
     assert at_zero.scale_to_zero.last_scaled_to_zero_time == "2026-01-02T03:00:10Z"
     went = events.transition_events(serving.conditions, at_zero.conditions)
     assert ("Normal", "ScaledToZero") in [(e.type, e.reason) for e in went]
 
-    waking = derive(resource, workload(1, 0), at_zero, t + timedelta(seconds=20))
+    waking = derive(resource, workload_status(1, 0), at_zero, t + timedelta(seconds=20))
     assert ready_of(waking)[0] == "False"
     assert waking.scale_to_zero is not None
     assert waking.scale_to_zero.last_wake_time == "2026-01-02T03:00:20Z"
@@ -185,9 +172,9 @@ def test_going_to_zero_and_waking_are_stamped_and_announced() -> None:
     woke = events.transition_events(at_zero.conditions, waking.conditions)
     assert ("Normal", "Waking") in [(e.type, e.reason) for e in woke]
 
-    still = derive(resource, workload(1, 0), waking, t + timedelta(seconds=25))
+    still = derive(resource, workload_status(1, 0), waking, t + timedelta(seconds=25))
     assert still.scale_to_zero == waking.scale_to_zero
-    served = derive(resource, workload(1, 1), still, t + timedelta(seconds=32.5))
+    served = derive(resource, workload_status(1, 1), still, t + timedelta(seconds=32.5))
     assert ready_of(served) == ("True", "AllReplicasReady")
     assert served.scale_to_zero is not None
     assert served.scale_to_zero.last_wake_seconds == 12.5
@@ -196,7 +183,7 @@ def test_going_to_zero_and_waking_are_stamped_and_announced() -> None:
 
 def test_min_replicas_0_without_a_router_is_stalled_with_the_fix() -> None:
     resource = ld({"minReplicas": 0, "maxReplicas": 3})
-    status = derive(resource, workload(1, 1), LLMDeploymentStatus(), datetime.now(UTC), None)
+    status = derive(resource, workload_status(1, 1), LLMDeploymentStatus(), datetime.now(UTC), None)
     stalled = conditions.find(status.conditions, conditions.STALLED)
     assert stalled is not None
     assert (stalled.status, stalled.reason) == ("True", "RouterUnavailable")
@@ -215,6 +202,6 @@ def test_a_fixed_zero_has_no_scale_to_zero_history() -> None:
             },
         }
     )
-    status = derive(fixed, workload(0, 0), LLMDeploymentStatus(), datetime.now(UTC), None)
+    status = derive(fixed, workload_status(0, 0), LLMDeploymentStatus(), datetime.now(UTC), None)
     assert ready_of(status) == ("True", "ScaledToZero")
     assert status.scale_to_zero is None
