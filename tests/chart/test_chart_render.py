@@ -27,7 +27,7 @@ from chart_helpers import (
     render_files,
 )
 
-from llmop import cli, config, idle, names
+from llmop import cli, config, idle, name_owners, names
 from llmop import kinds as registry
 from llmop.api.v1alpha1 import LLMDeployment
 from llmop.render import RenderSettings, render_children
@@ -354,6 +354,33 @@ def test_router_is_two_restricted_replicas_behind_its_service_writing_only_scale
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "admin"
 
 
+def test_serving_namespaces_reach_the_router_and_the_operator() -> None:
+    """`router.servingNamespaces`: the router routes only those namespaces' CRs, the operator
+    tells the others why (NamespaceNotServed); empty (the default) is every namespace."""
+    values = {
+        **MATRIX["monitoring-all"],
+        "router": {"servingNamespaces": ["team-a", "team-b"], "modelNameGraceSeconds": 120},
+    }
+    docs = render(values)
+    (router,) = find(docs, "Deployment", "llmop-router")["spec"]["template"]["spec"]["containers"]
+    args = router["args"]
+    assert args[args.index("--serving-namespaces") + 1] == "team-a,team-b"
+    operator = find(docs, "Deployment", "llmop")["spec"]["template"]["spec"]["containers"][0]
+    env = env_of(operator)
+    assert env["LLMOP_SERVING_NAMESPACES"] == "team-a,team-b"
+    assert env["LLMOP_NAME_GRACE_SECONDS"] == "120"
+    loaded = config.load([], env)
+    assert loaded.serving_namespaces == ("team-a", "team-b")
+    assert loaded.name_grace_seconds == 120
+    default = render(MATRIX["monitoring-all"])
+    (router,) = find(default, "Deployment", "llmop-router")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert "--serving-namespaces" not in router["args"]
+    operator = find(default, "Deployment", "llmop")["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(operator)["LLMOP_SERVING_NAMESPACES"] == ""
+
+
 def test_router_admin_port_is_on_its_pods_for_the_operator_and_prometheus_not_its_service() -> None:
     values = {**MATRIX["monitoring-all"], "router": {"adminPort": 9100, "staleAfterSeconds": 45}}
     docs = render(values)
@@ -490,13 +517,18 @@ def test_rbac_grants_exactly_what_the_operator_uses() -> None:
         ("", "nodes"): {"list"},
         ("", "pods"): {"list"},
     }
-    # Leader election: exactly the Lease verbs, in the release's namespace only.
+    # Leader election: exactly the Lease verbs, in the release's namespace only; and the
+    # leader's record of model name owners (llmop.name_check), that one ConfigMap by name.
     lease = find(docs, "Role", "llmop-leader-election")
     assert lease["metadata"]["namespace"] == "llmop-system"
-    assert _grants(lease) == {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
+    assert _grants(lease) == {
+        ("coordination.k8s.io", "leases"): {"create", "get", "update"},
+        ("", "configmaps"): {"create", "get", "patch"},
+    }
     named = [r for r in lease["rules"] if r.get("resourceNames")]
     assert [(r["resourceNames"], sorted(r["verbs"])) for r in named] == [
-        (["llmop-operator"], ["get", "update"])
+        (["llmop-operator"], ["get", "update"]),
+        ([name_owners.CONFIG_MAP_NAME], ["get", "patch"]),
     ]
     binding = find(docs, "RoleBinding", "llmop-leader-election")
     assert binding["roleRef"]["name"] == "llmop-leader-election"

@@ -49,6 +49,7 @@ PURE = (
     "cpu_engine.py",
     "quantity.py",
     "router_view.py",
+    "name_owners.py",
     "rollout_room.py",
 )
 IMPURE_STDLIB = {

@@ -10,8 +10,8 @@ Operator: api < planner < foundation (periodic among them) < sizing | render < d
           | adapter_status | adapter_preflight | plan | rollout_room | events | preflight
           < cache_gate < credentials < config
           | kube | metrics | hub | pod_client | persistence
-          < reconcile < fleet | leader | router_check | pool_check | hub_check | group_check
-          | idle_check | late_crds | crd_check | download_poll | standby | coalescer
+          < reconcile < fleet | leader | router_check | name_check | pool_check | hub_check
+          | group_check | idle_check | late_crds | crd_check | download_poll | standby | coalescer
           < runnables (the table of background loops) < handlers | main < cli | crdgen_io
 Engine:   contract < vllm_metrics | simulator < health | connections | agent_settings
           | download_progress | worker | adapter_rules < supervisor | engine_client | agent_metrics
@@ -51,6 +51,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.agents",
         "llmop.coldstart",
         "llmop.router_view",
+        "llmop.name_owners",
         "llmop.pool_view",
         "llmop.idle",
         "llmop.periodic",
@@ -81,6 +82,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.fleet",
         "llmop.leader",
         "llmop.router_check",
+        "llmop.name_check",
         "llmop.pool_check",
         "llmop.hub_check",
         "llmop.group_check",

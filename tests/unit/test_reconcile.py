@@ -17,7 +17,7 @@ import pytest
 from llmop import kinds, names, reconcile
 from llmop.config import OperatorConfig
 from llmop.hub import HubUnavailableError
-from llmop.kube import RejectedError, TerminatingError
+from llmop.kube import ExistsError, KubeError, RejectedError, TerminatingError
 from llmop.metrics import Metrics
 from llmop.reconcile import caches, first_status
 from llmop.reconcile.context import KeyedLocks, Pass, Trigger
@@ -42,12 +42,22 @@ class FakeKube:
         meta = obj["metadata"]
         self.objects[obj["kind"], meta.get("namespace", ""), meta["name"]] = obj
 
-    def list(self, api_version: str, kind: str, namespace: str | None = None, **_: Any) -> Any:
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        field_selector: str | None = None,
+        **_: Any,
+    ) -> Any:
         self.calls.append(("list", kind, namespace or ""))
+        by_name = field_selector is not None and field_selector.startswith("metadata.name=")
+        named = field_selector.removeprefix("metadata.name=") if by_name else None
         return [
             copy.deepcopy(obj)
-            for (k, ns, _name), obj in self.objects.items()
-            if k == kind and namespace in (None, ns)
+            for (k, ns, name), obj in self.objects.items()
+            if k == kind and namespace in (None, ns) and named in (None, name)
         ]
 
     def read(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -55,7 +65,9 @@ class FakeKube:
         found = self.objects.get((kind, namespace, name))
         return copy.deepcopy(found) if found else None
 
-    def apply(self, manifest: dict[str, Any], *, field_manager: str, **_: Any) -> dict[str, Any]:
+    def apply(
+        self, manifest: dict[str, Any], *, field_manager: str, new: bool = False, **_: Any
+    ) -> dict[str, Any]:
         kind = manifest["kind"]
         self.calls.append(("apply:" + field_manager, kind, manifest["metadata"]["name"]))
         if kind in self.reject:
@@ -63,6 +75,9 @@ class FakeKube:
         if self.terminating:
             raise TerminatingError("APPLY: HTTP 403: namespace is being terminated", 403)
         key = (kind, manifest["metadata"]["namespace"], manifest["metadata"]["name"])
+        if new and key in self.objects:
+            # What the real API server answers (tests/integration/test_operator_takeover.py).
+            raise ExistsError("APPLY: HTTP 409: the object has been modified", 409)
         self.version += 1
         live = copy.deepcopy(self.objects.get(key) or {})
         merged = copy.deepcopy(dict(manifest))
@@ -1143,3 +1158,86 @@ def test_a_job_of_a_recreated_parent_runs_no_pass(ctx: reconcile.Context, kube: 
     assert reconcile.reconcile(ctx, ("ns", "x"), hint) == "skipped"
     assert _reconciles(ctx, "child", "skipped") == before
     assert kube.calls == []
+
+
+def _foreign_service() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "x", "namespace": "ns", "uid": "svc-1", "resourceVersion": "7"},
+        "spec": {"ports": [{"port": 443}], "selector": {"app": "shop"}},
+    }
+
+
+def test_a_child_name_taken_by_someone_else_stalls_and_leaves_it_untouched(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    """No takeovers: a Service named like the CR with no owner is refused (one create, one
+    list by name), the CR is Stalled ChildNameConflict naming it, one retry is put on the
+    queue however many passes find the conflict, and nothing flaps meanwhile; once it is
+    deleted, the retry creates the child and Stalled clears."""
+    scheduled: list[tuple[Any, Any, float]] = []
+    ctx.schedule = lambda key, hint, seconds: scheduled.append((key, hint, seconds))
+    kube.put(_foreign_service())
+    kube.put(parent())
+    before = copy.deepcopy(kube.objects["Service", "ns", "x"])
+    assert run_parent(ctx, kube) == "stalled"
+    assert kube.objects["Service", "ns", "x"] == before
+    stalled = conds(kube)["Stalled"]
+    assert (stalled["status"], stalled["reason"]) == ("True", "ChildNameConflict")
+    assert "Service ns/x already exists" in stalled["message"]
+    assert "(no owner)" in stalled["message"]
+    assert "delete or rename that Service" in stalled["message"]
+    assert [c[:2] for c in kube.calls[:2]] == [("apply:llmop", "Service"), ("list", "Service")]
+    assert scheduled == [(("ns", "x"), reconcile.Hint.PARENT, 10.0)]
+    # Other passes meanwhile (a pod's status pass, the parent again) carry the problem.
+    deliver(ctx, kube)
+    kube.calls.clear()
+    assert status_pass(ctx, "ns", "x") in ("stalled", "skipped")
+    assert run_parent(ctx, kube) == "stalled"
+    assert not [c for c in kube.calls if c[0] in ("status", "event")]
+    assert len(scheduled) == 1
+    assert kube.objects["Service", "ns", "x"] == before
+    # The object goes: the retry creates the child, and Stalled clears.
+    del kube.objects["Service", "ns", "x"]
+    deliver(ctx, kube)
+    assert run_parent(ctx, kube) == "ok"
+    assert kube.objects["Service", "ns", "x"]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    # The status waits for the Deployment controller's first status (`first_status`).
+    deployment = rolled_out(kube, ready=1)
+    deliver(ctx, kube)
+    event_pass(ctx, "MODIFIED", deployment)
+    assert conds(kube)["Stalled"]["status"] == "False"
+    assert conds(kube)["Ready"]["status"] == "True"
+
+
+def test_a_child_the_cache_has_not_shown_yet_is_ours_and_applied(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    """The watch cache may lag behind our own create (kopf running a create twice, a new
+    generation at once): the child found in the way is this CR's, so it is applied as usual."""
+    kube.put(parent())
+    assert run_parent(ctx, kube) == "ok"
+    body = parent(replicas=2)
+    body["metadata"]["generation"] = 2
+    kube.put(body)
+    kube.calls.clear()
+    assert run_parent(ctx, kube) == "ok"  # nothing delivered: the caches show no child
+    assert kube.objects["Deployment", "ns", "x"]["spec"]["replicas"] == 2
+    assert conds(kube)["Stalled"]["status"] == "False"
+
+
+def test_a_deleted_predecessors_child_is_retried_not_stalled(
+    ctx: reconcile.Context, kube: FakeKube
+) -> None:
+    """A CR deleted and created again under its name finds its predecessor's children until
+    the garbage collector removes them: a transient error (retried), not a conflict."""
+    kube.put(parent())
+    run_parent(ctx, kube)
+    recreated = parent()
+    recreated["metadata"]["uid"] = "uid-2"
+    kube.put(recreated)
+    ctx.forget("ns", "x")
+    with pytest.raises(KubeError, match="waiting for the garbage collector"):
+        run_parent(ctx, kube)
+    assert kube.objects["Service", "ns", "x"]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"

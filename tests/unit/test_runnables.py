@@ -37,7 +37,10 @@ def test_each_loop_has_one_row_and_the_config_decides_which_run() -> None:
     always = ["group-check", "hub-check", "pool-check", "late-crds", "download-poller", "crd-check"]
     assert _enabled(OperatorConfig()) == ["fleet-reader", *always]
     with_router = load(["--router", "llmop-system/llmop-router:8080"], {})
-    assert _enabled(with_router) == ["fleet-reader", "router-check", "idle-check", *always]
+    assert _enabled(with_router) == [
+        *("fleet-reader", "router-check", "name-check", "idle-check"),
+        *always,
+    ]
     no_agents = dataclasses.replace(OperatorConfig(), agent_read_interval_seconds=0)
     assert _enabled(no_agents) == always
 

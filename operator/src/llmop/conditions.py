@@ -38,6 +38,9 @@ REASON_AS_EXPECTED = "AsExpected"
 REASON_STALLED = "Stalled"
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_CHILD_REJECTED = "ChildRejected"
+REASON_CHILD_NAME_CONFLICT = "ChildNameConflict"
+"""Stalled=True: an object named like a child exists and is not this LLMDeployment's (left
+untouched; the message names it, its owner and the fix)."""
 REASON_INTERNAL_ERROR = "InternalError"
 REASON_PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
 REASON_LWS_MISSING = "LeaderWorkerSetMissing"
@@ -52,6 +55,12 @@ REASON_AUTOSCALER_INACTIVE = "AutoscalerInactive"
 """Degraded=True: the HPA cannot compute or apply a replica count (e.g. no custom metrics API)."""
 REASON_ROUTER_UNAVAILABLE = "RouterUnavailable"
 """Degraded=True: the model is routed, and the llmop router has no ready pod."""
+REASON_MODEL_NAME_CONFLICT = "ModelNameConflict"
+"""Degraded=True: another LLMDeployment owns (or holds reserved) a model name this one claims;
+the router does not route that name here (`llmop.name_owners`)."""
+REASON_NAMESPACE_NOT_SERVED = "NamespaceNotServed"
+"""Degraded=True: the model is routed, and its namespace is outside the chart's
+router.servingNamespaces; the router does not route it."""
 REASON_INFERENCE_POOL_UNAVAILABLE = "InferencePoolUnavailable"
 """Degraded=True: spec.router.inferencePool is set, and the cluster does not serve the
 InferencePool API (the Gateway API Inference Extension CRDs are not installed)."""

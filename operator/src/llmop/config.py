@@ -66,6 +66,14 @@ class OperatorConfig:
     the operator renders none."""
     router: RouterRef | None = None
     """The installed llmop router (`llmop.router_view`); None: none is installed."""
+    serving_namespaces: tuple[str, ...] = ()
+    """The namespaces whose LLMDeployments may serve through the router (the chart's
+    router.servingNamespaces); empty: all (`llmop.name_owners`)."""
+    own_namespace: str | None = None
+    """The operator's own namespace (the pod's, `POD_NAMESPACE`): where it keeps its Lease and
+    the record of model name owners; None: outside a pod."""
+    name_grace_seconds: float = 600.0
+    """How long a model name stays reserved to an owner that was deleted (`llmop.name_owners`)."""
     max_workers: int = 16
     """Threads running the synchronous handlers."""
     retry_delay_seconds: float = 10.0
@@ -209,6 +217,19 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "[default: no router]",
     )
     parser.add_argument(
+        "--serving-namespaces",
+        default=default("SERVING_NAMESPACES", ""),
+        help="comma-separated namespaces whose LLMDeployments may serve through the router; "
+        "the others are Degraded NamespaceNotServed [default: all]",
+    )
+    parser.add_argument(
+        "--name-grace-seconds",
+        type=float,
+        default=float(default("NAME_GRACE_SECONDS", str(defaults.name_grace_seconds))),
+        help="seconds a model name stays reserved to a deleted owner (a recreated CR of the "
+        "same namespace/name takes it back)",
+    )
+    parser.add_argument(
         "--max-workers", type=int, default=int(default("MAX_WORKERS", str(defaults.max_workers)))
     )
     parser.add_argument(
@@ -286,6 +307,10 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
         raise ConfigError("--agent-read-interval must be 0 (off) or positive")
     if args.agent_read_concurrency < 1:
         raise ConfigError("--agent-read-concurrency must be at least 1")
+    if args.name_grace_seconds < 0:
+        raise ConfigError(
+            "--name-grace-seconds (LLMOP_NAME_GRACE_SECONDS) must be 0 or more seconds"
+        )
     if args.log_format not in LOG_FORMATS:
         raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
     try:
@@ -309,6 +334,11 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
         hub_endpoint=args.hub_endpoint,
         network_policy=_network_policy(args.network_policy),
         router=router,
+        serving_namespaces=tuple(
+            sorted({ns.strip() for ns in args.serving_namespaces.split(",") if ns.strip()})
+        ),
+        name_grace_seconds=args.name_grace_seconds,
+        own_namespace=env.get("POD_NAMESPACE") or None,
         max_workers=args.max_workers,
         retry_delay_seconds=args.retry_delay_seconds,
         request_timeout_seconds=args.request_timeout_seconds,

@@ -4,7 +4,8 @@ Plain dicts in, plain dicts out, over one urllib3 connection pool (thread-safe: 
 in threads) opened with `llmop.credentials`. Server-side apply (`application/apply-patch+yaml`,
 an explicit field manager, `force=true`), delete, read, list, `/status` merge patches and Events.
 Status-code semantics are decided here once: 404 on read/delete/status means "gone"; 400/422 on
-apply means the API server rejected our object (it will not get better by retrying); 403
+apply means the API server rejected our object (it will not get better by retrying); 409 on an
+apply of a `new` object means an object of that name exists already (`ExistsError`); 403
 "namespace is being terminated" means the whole namespace is going away; 401 loads the
 credentials again once (a rotated token, an expired plugin token); everything else is a transient
 `KubeError` the caller may retry.
@@ -59,6 +60,19 @@ class TerminatingError(KubeError):
 
 class RejectedError(KubeError):
     """The API server refused the object itself (400/422): retrying the same object is futile."""
+
+
+class ExistsError(KubeError):
+    """An apply with `new` found an object of that name already there (409): nothing was
+    written to it."""
+
+
+NEW_ONLY_RESOURCE_VERSION = "18446744073709551615"
+"""The resourceVersion an apply with `new` carries. On an existing object the API server checks
+it as an optimistic lock, and no object has it (the largest uint64, far beyond any revision), so
+it answers 409 and writes nothing; creating, the API server ignores it (the apply creates as
+usual: one request, an Apply entry in managedFields). A create-only server-side apply, proven
+against the real API server in tests/integration/test_operator_takeover.py."""
 
 
 def _path(
@@ -391,22 +405,30 @@ class Kube:
         field_manager: str,
         force: bool = True,
         want_result: bool = True,
+        new: bool = False,
     ) -> dict[str, Any]:
         """Server-side apply `manifest` as `field_manager`; returns the live object (an empty
-        dict when `want_result` is false: the caller reads children from its watch caches)."""
+        dict when `want_result` is false: the caller reads children from its watch caches).
+        `new`: only create it — an `ExistsError` when an object of that name exists, which is
+        left untouched (`NEW_ONLY_RESOURCE_VERSION` says how)."""
         metadata = manifest["metadata"]
         path = _path(
             manifest["apiVersion"], manifest["kind"], metadata.get("namespace"), metadata["name"]
         )
         query = {"fieldManager": field_manager, "force": "true" if force else "false"}
+        body = dict(manifest)
+        if new:
+            body["metadata"] = {**metadata, "resourceVersion": NEW_ONLY_RESOURCE_VERSION}
         status, data = self._request(
             "PATCH",
             path,
             query=query,
-            body=dict(manifest),
+            body=body,
             content_type=APPLY_PATCH,
             parse=want_result,
         )
+        if status == 409 and new:
+            raise ExistsError(f"APPLY {path}: {_message(status, data)}", status)
         if status >= 300:
             self._raise("APPLY", path, status, data)
         result: dict[str, Any] = data or {}

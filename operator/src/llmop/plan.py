@@ -37,6 +37,10 @@ class Apply:
     manifest: dict[str, Any]
     field_manager: str
     reason: str
+    new: bool = False
+    """A watched kind whose cache has no such child: only create it (`Kube.apply(new=True)`).
+    An object of that name that is there all the same is someone else's until `takeover` says
+    otherwise: a forced apply would take it over."""
 
     @property
     def kind(self) -> str:
@@ -226,7 +230,12 @@ def plan_children(
             reason = f"{kind.kind}: apply (drifted from its intent)"
         else:
             continue
-        applies.append(Apply(owned, names.FIELD_MANAGER, reason))
+        # Only a watched kind's cache can say the child is not there yet (the others are
+        # applied at every pass, and their absence from `live` says nothing). A repair's
+        # missing child is one this process just applied and its cache has not shown yet (kopf
+        # running a create twice under load): created new, each would cost a read.
+        new = current is None and kind.watched and not repair
+        applies.append(Apply(owned, names.FIELD_MANAGER, reason, new=new))
     handover_first, handover_last = _handover(desired, live, applies)
     retires = tuple(
         Delete(
@@ -274,3 +283,60 @@ def _handover(
             f"Deployment: keep replicas={count} while autoscaling takes over",
         ), None
     return None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# An object in the way of a new child
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """What to do when a child's create (`Apply.new`) found an object of its name."""
+
+    verdict: str
+    """`OURS` (this parent controls it: the watch cache was behind, apply as usual), `WAIT` (a
+    previous parent of the same name controls it: the garbage collector is deleting it, so try
+    again shortly) or `REFUSE` (someone else's: left untouched, the parent is stalled)."""
+    message: str = ""
+    """For `REFUSE`: the Stalled condition's message, naming the object, its owner and the fix."""
+
+
+OURS, WAIT, REFUSE = "ours", "wait", "refuse"
+
+
+def _owner_text(metadata: Mapping[str, Any]) -> str:
+    references = metadata.get("ownerReferences") or []
+    if not references:
+        return "no owner"
+    described = []
+    for reference in references:
+        role = "controller" if reference.get("controller") else "owner"
+        described.append(f"{role} {reference.get('kind')} {reference.get('name')}")
+    return ", ".join(described)
+
+
+def takeover(manifest: Mapping[str, Any], existing: Mapping[str, Any]) -> Takeover:
+    """Decide about `existing`, the live object named like the child `manifest` (which carries
+    its parent's controller reference, `with_owner`)."""
+    ours = next(iter(manifest["metadata"].get("ownerReferences") or ()), None) or {}
+    metadata = existing.get("metadata") or {}
+    controller = next(
+        (r for r in metadata.get("ownerReferences") or () if r.get("controller")), None
+    )
+    if controller is not None and controller.get("uid") == ours.get("uid"):
+        return Takeover(OURS)
+    if controller is not None and all(
+        controller.get(field) == ours.get(field) for field in ("apiVersion", "kind", "name")
+    ):
+        # A parent of this name was deleted and created again: its predecessor's child goes
+        # with the garbage collector (background deletion: seconds), not a name conflict.
+        return Takeover(WAIT)
+    kind = manifest["kind"]
+    where = f"{manifest['metadata'].get('namespace')}/{manifest['metadata']['name']}"
+    return Takeover(
+        REFUSE,
+        f"{kind} {where} already exists and is not this LLMDeployment's "
+        f"({_owner_text(metadata)}), so it was left untouched: delete or rename that {kind}, "
+        f"or give the LLMDeployment another name; the operator creates its {kind} "
+        "once the name is free",
+    )

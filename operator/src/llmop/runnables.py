@@ -31,6 +31,7 @@ from llmop import (
     hub_check,
     idle_check,
     late_crds,
+    name_check,
     pool_check,
     router_check,
 )
@@ -93,6 +94,7 @@ TABLE: tuple[Runnable, ...] = (
         lambda config: config.agent_read_interval_seconds > 0,
     ),
     Runnable("router-check", lambda term: router_check.run(term.context), _with_router),
+    Runnable("name-check", lambda term: name_check.run(term.context), _with_router),
     # Scale to zero only with a router to wake the models.
     Runnable("idle-check", lambda term: idle_check.run(term.context), _with_router),
     Runnable("group-check", lambda term: group_check.run(term.context)),

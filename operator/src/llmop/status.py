@@ -32,6 +32,7 @@ from llmop.api.v1alpha1 import (
     LLMDeploymentStatus,
     ObjectMeta,
     PlanStatus,
+    RoutingStatus,
     ScaleToZeroStatus,
     StartupStatus,
 )
@@ -79,6 +80,12 @@ class Observed:
     router: RouterView | None = None
     """The installed router (None: none), whose URL is a routed CR's endpoint and whose lack of
     a ready pod makes it Degraded."""
+    routing: Sequence[str] | None = None
+    """The model names the operator decided this CR owns through the router
+    (`llmop.name_owners`); None: not decided (no router, or not yet), the field is left out."""
+    name_issue: PodIssue | None = None
+    """Why the router does not route (some of) its names: ModelNameConflict or
+    NamespaceNotServed."""
     inference_pool: str | None = None
     """The InferencePool the operator made (`llmop.pool_view`)."""
     pool_issue: PodIssue | None = None
@@ -344,6 +351,7 @@ def derive_status(
         degraded=degraded_observation(
             _degraded_issue(previous, pods, fleet, now, groups)
             or autoscaler_issue(hpa, rollout.ready)
+            or observed.name_issue
             or router_issue(router, routed, own_endpoint)
             or observed.pool_issue
         ),
@@ -372,6 +380,9 @@ def derive_status(
         adapters=adapters,
         adapters_summary=adapter_status.summary(adapters),
         group_summary=group_summary(spec, rollout),
+        routing=None
+        if observed.routing is None or not routed
+        else RoutingStatus(served_names=list(observed.routing)),
     )
 
 

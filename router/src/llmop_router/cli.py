@@ -103,6 +103,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="",
         help="comma-separated namespaces to watch (default: every namespace)",
     )
+    serving.add_argument(
+        "--serving-namespaces",
+        default="",
+        help="comma-separated namespaces whose LLMDeployments may be routed; the others' model "
+        "names answer 404 (default: every namespace)",
+    )
     limits.add_arguments(serving)
     args = parser.parse_args(argv)
     bounds = limits.from_args(args)
@@ -121,9 +127,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         router = Router(RouteTable(), limits=bounds)
         namespaces = tuple(ns for ns in args.namespaces.split(",") if ns)
         stale_after = args.stale_after_seconds
+        serving_namespaces = tuple(ns.strip() for ns in args.serving_namespaces.split(",") if ns)
         router.app_hooks.append(
             lambda app: watching(
-                app, router, api or ApiServer.in_cluster(), namespaces, stale_after
+                app,
+                router,
+                api or ApiServer.in_cluster(),
+                namespaces,
+                stale_after,
+                serving=serving_namespaces,
             )
         )
     asyncio.run(
@@ -164,12 +176,15 @@ def watching(
     api: ApiServer,
     namespaces: tuple[str, ...],
     stale_after: float = DEFAULT_STALE_AFTER_SECONDS,
+    *,
+    serving: tuple[str, ...] = (),
 ) -> None:
     """Fill the router's table from the watches for as long as the app runs; ready once every
     list arrived (until then `/readyz` says what it waits for: a CRD not installed, say), and
     unready again while a watch has not heard from the API server for `stale_after` seconds
-    (0: never). The same credentials wake CRs at zero."""
-    catalog = Catalog(router.table, namespaces)
+    (0: never). The same credentials wake CRs at zero. Only CRs in `serving` (empty: all) are
+    routed."""
+    catalog = Catalog(router.table, namespaces, serving)
     watch_timeout = _freshness(router, catalog, stale_after)
 
     def update() -> None:

@@ -70,6 +70,12 @@ class Status:
     """`status.plan.maxNumSeqs`: the sequences the engine runs at once (`--max-num-seqs` as the
     engine really gets it: set, or vLLM's default for the GPU); the router releases held
     requests to each pod up to it."""
+    ROUTING: Final = "routing"
+    SERVED_NAMES: Final = "servedNames"
+    """`status.routing.servedNames`: the model names the operator decided this CR owns
+    (`llmop.name_owners`); the router routes a name only to the CR that lists it. Where no
+    claimant of a name carries `status.routing` yet (a new CR before its first status, an
+    operator of an older version), the router falls back to the oldest claimant."""
 
 
 # --- Scale to zero ------------------------------------------------------------------------------

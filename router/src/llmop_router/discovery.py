@@ -5,8 +5,16 @@ else its own name, and each of its LoRA adapters (`spec.adapters[].name`) is a m
 its own on the same endpoints (every replica loads every adapter). Its endpoints are the ready,
 non-terminating addresses of the EndpointSlices of its Service (named like the CR) on the port
 named `http`: a pod that started terminating leaves at once even while its readiness still
-passes (production-stack#601). When two CRs claim one model name, the oldest keeps it (then
-namespace/name order), the same on every replica.
+passes (production-stack#601).
+
+When two CRs claim one model name, the operator decides which owns it (`llmop.name_owners`:
+stable across the owner being recreated) and writes the names each CR owns into its
+`status.routing.servedNames`: a name is routed only to a CR whose status lists it, and to none
+while its claimants carry `status.routing` but none lists it (an owner recreated a moment ago).
+Only where no claimant of a name carries `status.routing` yet (a CR before its first status, an
+operator of an older version) the oldest claimant keeps it (then namespace/name order), the
+same on every replica. A CR outside the namespaces allowed to serve (`servingNamespaces`, the
+chart's router.servingNamespaces; empty: all) is not routed at all.
 
 The catalog also knows how fresh its view is: when each list last heard from the API server (a
 list, a watch opened, an event or a bookmark) and the watch's last failure, so a table the
@@ -45,6 +53,9 @@ class Claim:
     wake: Wake = field(default_factory=Wake)
     adapters: tuple[str, ...] = ()
     """The CR's LoRA adapter names: routed like `model`, to the same pods."""
+    owned: tuple[str, ...] | None = None
+    """The names the operator decided this CR owns (`status.routing.servedNames`); None: its
+    status says nothing of ownership yet."""
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -95,16 +106,36 @@ def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
         if isinstance(a, Mapping) and isinstance(a.get(Spec.ADAPTER_NAME), str)
     )
     created = meta.get("creationTimestamp") or ""
-    return Claim(namespace, name, model, created, wake_of(llmd), adapters)
+    return Claim(namespace, name, model, created, wake_of(llmd), adapters, owned_of(llmd))
+
+
+def owned_of(llmd: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """`status.routing.servedNames`, or None when the status has no `routing` (not decided)."""
+    routing = (llmd.get("status") or {}).get(Status.ROUTING)
+    if not isinstance(routing, Mapping):
+        return None
+    names = routing.get(Status.SERVED_NAMES) or []
+    return tuple(str(n) for n in names if isinstance(n, str)) if isinstance(names, list) else ()
 
 
 def owners(claims: Iterable[Claim]) -> dict[str, Claim]:
-    """Model name → the one CR that serves it (oldest first, then namespace/name); adapter
-    names count as model names."""
+    """Model name → the one CR that serves it; adapter names count as model names. A name some
+    claimant's status decides (`owned` not None) goes to the first claimant whose status lists
+    it, or to none; a name no claimant's status decides, to the oldest claimant (then
+    namespace/name)."""
+    ordered = sorted(claims, key=lambda c: (c.created, c.namespace, c.name))
+    by_model: dict[str, list[Claim]] = {}
+    for claim in ordered:
+        for model in dict.fromkeys(claim.models):
+            by_model.setdefault(model, []).append(claim)
     chosen: dict[str, Claim] = {}
-    for claim in sorted(claims, key=lambda c: (c.created, c.namespace, c.name)):
-        for model in claim.models:
-            chosen.setdefault(model, claim)
+    for model, claiming in by_model.items():
+        if all(c.owned is None for c in claiming):
+            chosen[model] = claiming[0]
+            continue
+        owner = next((c for c in claiming if c.owned is not None and model in c.owned), None)
+        if owner is not None:
+            chosen[model] = owner
     return chosen
 
 
@@ -145,6 +176,8 @@ class Catalog:
     table: RouteTable
     namespaces: tuple[str, ...] = ()
     """The namespaces watched; empty: all."""
+    serving: tuple[str, ...] = ()
+    """The namespaces whose CRs may be routed (`--serving-namespaces`); empty: all."""
     claims: dict[Key, Claim] = field(default_factory=dict)
     slices: dict[Key, dict[str, list[str]]] = field(default_factory=dict)
     """Service → EndpointSlice name → its ready endpoints."""
@@ -269,7 +302,7 @@ class Catalog:
 
     def _store_claim(self, obj: Mapping[str, Any]) -> None:
         claim = claim_of(obj)
-        if claim is not None:
+        if claim is not None and (not self.serving or claim.namespace in self.serving):
             self.claims[(claim.namespace, claim.name)] = claim
 
     def _store_slice(self, obj: Mapping[str, Any]) -> None:

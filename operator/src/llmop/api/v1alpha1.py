@@ -1025,6 +1025,16 @@ class AdapterStatus(ApiModel):
     """Why it failed or waits, with the fix (the engine's own words for a refused load)."""
 
 
+class RoutingStatus(ApiModel):
+    """What the shared router may route to this LLMDeployment, as the operator decided."""
+
+    served_names: list[str] = Field(default_factory=list, max_length=MAX_ADAPTERS + 1)
+    """The model names (served name, adapter names) this LLMDeployment owns: the router routes
+    a name only to the LLMDeployment that lists it here. A name another LLMDeployment owns is
+    missing (Degraded, reason ModelNameConflict), and so is every name of one whose namespace
+    may not serve through the router (reason NamespaceNotServed)."""
+
+
 class LLMDeploymentStatus(ApiModel):
     """Observed state of an LLMDeployment (written only by the operator)."""
 
@@ -1073,6 +1083,9 @@ class LLMDeploymentStatus(ApiModel):
     """Per adapter: phase and how many ready replicas serve it (with spec.adapters)."""
     adapters_summary: str | None = None
     """Adapters every ready replica serves, as `ready/desired` (printed by `kubectl get`)."""
+    routing: RoutingStatus | None = None
+    """The model names this LLMDeployment owns through the shared router (with a router
+    installed and spec.router.enabled)."""
 
 
 class ObjectMeta(ApiModel):

@@ -26,6 +26,7 @@ from llmop.group_restarts import GroupHistory
 from llmop.kinds import ChildKind
 from llmop.kube import Kube, KubeError
 from llmop.metrics import Metrics
+from llmop.name_owners import Verdict
 from llmop.observed import Owner
 from llmop.pool_view import PoolVerdict
 from llmop.router_view import RouterView
@@ -294,6 +295,9 @@ class ParentMemory:
     problem: Found | None = None
     """The last problem found: every status path carries it until a new generation or a parent
     pass that applied every child (`reconcile.problems`)."""
+    conflict_retry_at: float | None = None
+    """When the pass retrying a child name conflict is due (time.monotonic), if one was put on
+    the queue (`writes.run_plan`)."""
     pool: PoolVerdict | None = None
     """The InferencePool verdict of the last parent pass (`reconcile.pools`); only for parents
     that want a pool or had one."""
@@ -344,6 +348,9 @@ class Context:
     the handlers' queue `seconds` from now, from any thread (installed by the handlers at
     startup; the deferred statuses' fallback); None: parent passes write their status at once."""
 
+    names: Mapping[Key, Verdict] | None = None
+    """Per routed parent: the model names it owns and the ones it lost, as `llmop.name_check`
+    last decided (replaced whole); None: not decided yet in this process."""
     router: RouterView | None = field(init=False)
     """The installed router and whether it had a ready pod at the last check (`check_router`)."""
 

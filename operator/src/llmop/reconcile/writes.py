@@ -4,24 +4,26 @@ and status writes with their transition Events, and the error policy (`guarded`)
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from llmop import conditions, events, kinds, pool_view
+from llmop import conditions, events, kinds, name_owners, pool_view
 from llmop.api.v1alpha1 import LLMDeploymentStatus, ModelStatus
 from llmop.desired import DesiredState
 from llmop.hub import HubUnavailableError
 from llmop.kinds import ChildKind
-from llmop.kube import KubeError, RejectedError
+from llmop.kube import ExistsError, KubeError, RejectedError
 from llmop.metrics import RESULT_ERROR, RESULT_OK, RESULT_STALLED
 from llmop.observed import shared_strings
-from llmop.plan import Apply, ChildPlan, Delete
+from llmop.plan import REFUSE, WAIT, Apply, ChildPlan, Delete, takeover
+from llmop.pods import PodIssue
 from llmop.reconcile import first_status
 from llmop.reconcile.adapter_gate import verdicts_for
 from llmop.reconcile.caches import key_of, live_children, previous_status, waiting_for_model
-from llmop.reconcile.context import Context
+from llmop.reconcile.context import Context, Hint
 from llmop.reconcile.groups import restarts_of
 from llmop.reconcile.problems import problem_of, remember
 from llmop.status import (
@@ -44,9 +46,25 @@ class StepRejectedError(RejectedError):
         self.kind = kind
 
 
+class NameTakenError(Exception):
+    """A child's name is taken by an object that is not the parent's (`plan.takeover`); the
+    message says which and what to do."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+CONFLICT_RETRY_SECONDS = 10.0
+"""How often a parent stalled by a name conflict tries again: no watch event tells when the
+other object goes (it is not ours, and the child watches select our label)."""
+
+
 def execute(ctx: Context, plan: ChildPlan) -> None:
-    """Carry out a child plan, step by step, deciding nothing. Raises `StepRejectedError` when
-    the API server refuses an object, `KubeError` for transient failures."""
+    """Carry out a child plan, step by step (deciding nothing but for `plan.takeover`'s verdict
+    on an object in a new child's way). Raises `StepRejectedError` when the API server refuses
+    an object, `NameTakenError` when a new child's name is someone else's, `KubeError` for
+    transient failures."""
     for step in plan.steps():
         kind = step.kind_name
         try:
@@ -60,7 +78,35 @@ def execute(ctx: Context, plan: ChildPlan) -> None:
 
 
 def _apply(ctx: Context, step: Apply) -> None:
-    ctx.kube.apply(step.manifest, field_manager=step.field_manager, want_result=False)
+    """Apply one step. A new child is created only if its name is free — still one request —
+    and an object found in its way is read once, then applied to only when it is ours."""
+    try:
+        ctx.kube.apply(
+            step.manifest, field_manager=step.field_manager, want_result=False, new=step.new
+        )
+    except ExistsError:
+        metadata = step.manifest["metadata"]
+        api_version = step.manifest["apiVersion"]
+        # Listed by name, not read: the child kinds' RBAC has list (their watches), not get.
+        found_objects = ctx.kube.list(
+            api_version,
+            step.kind,
+            metadata["namespace"],
+            field_selector=f"metadata.name={metadata['name']}",
+        )
+        existing = found_objects[0] if found_objects else None
+        if existing is None:
+            # Gone between the two requests: the retry creates it.
+            raise KubeError(f"{step.kind} {metadata['name']} vanished while created") from None
+        found = takeover(step.manifest, existing)
+        if found.verdict == WAIT:
+            raise KubeError(
+                f"{step.kind} {metadata['namespace']}/{metadata['name']} still belongs to a "
+                "deleted LLMDeployment of this name; waiting for the garbage collector"
+            ) from None
+        if found.verdict == REFUSE:
+            raise NameTakenError(step.kind, found.message) from None
+        ctx.kube.apply(step.manifest, field_manager=step.field_manager, want_result=False)
     ctx.metrics.child_writes.labels(step.kind, "apply").inc()
 
 
@@ -165,6 +211,7 @@ def observe(
     stored = previous_status(ctx, body)
     previous = parse_previous(stored)
     memory = ctx.recall((namespace, name))
+    routing, name_issue = _names(ctx, namespace, name, previous)
     inference_pool, pool_issue = pool_view.pool_state(
         name=name, namespace=namespace, uid=uid, spec=spec, previous=previous, verdict=memory.pool
     )
@@ -180,11 +227,43 @@ def observe(
         problem=problem if problem is not None else problem_of(ctx, body),
         waiting=waiting_for_model(ctx, body),
         router=ctx.router,
+        routing=routing,
+        name_issue=name_issue,
         inference_pool=inference_pool,
         pool_issue=pool_issue,
         adapter_verdicts=verdicts_for(ctx, body, spec),
         group_restarts=restarts_of(ctx, namespace, name, uid),
     )
+
+
+def _names(
+    ctx: Context, namespace: str, name: str, previous: LLMDeploymentStatus
+) -> tuple[list[str] | None, PodIssue | None]:
+    """The names a parent owns through the router and why it lost any (`llmop.name_check`'s
+    verdict; none: it claims nothing, or it is newer than the last decision). Nothing decided
+    yet in this process: what the status said, so a restart never drops `status.routing` and
+    lets the router fall back to the oldest CR meanwhile."""
+    if ctx.router is None:
+        return None, None
+    if ctx.names is not None:
+        verdict = ctx.names.get((namespace, name))
+        if verdict is None:
+            return None, None
+    else:
+        before = conditions.find(previous.conditions, conditions.DEGRADED)
+        kept = before is not None and before.reason in name_owners.REASONS
+        return (
+            None if previous.routing is None else list(previous.routing.served_names),
+            PodIssue(before.reason, before.message, "") if kept and before else None,
+        )
+    issue = name_owners.verdict_issue(
+        verdict,
+        namespace,
+        allowed=ctx.config.serving_namespaces,
+        now=ctx.clock(),
+        grace=timedelta(seconds=ctx.config.name_grace_seconds),
+    )
+    return list(verdict.owned), issue
 
 
 def _derive(observed: Observed, desired: DesiredState, now: datetime) -> LLMDeploymentStatus:
@@ -253,7 +332,26 @@ def run_plan(ctx: Context, body: Mapping[str, Any], plan: ChildPlan) -> Problem 
         problem = Problem(conditions.REASON_CHILD_REJECTED, str(error))
         remember(ctx, body, problem, child=error.kind)
         return problem
+    except NameTakenError as error:
+        problem = Problem(conditions.REASON_CHILD_NAME_CONFLICT, str(error))
+        remember(ctx, body, problem, child=error.kind)
+        _retry_later(ctx, body)
+        return problem
     return None
+
+
+def _retry_later(ctx: Context, body: Mapping[str, Any]) -> None:
+    """Put a parent pass on the queue `CONFLICT_RETRY_SECONDS` from now, unless one is already
+    due: the pass that timer runs asks again if the name is still taken, so one timer chain runs
+    per parent, whatever else passes it meanwhile."""
+    key = key_of(body)
+    now = time.monotonic()
+    due = ctx.recall(key).conflict_retry_at
+    if ctx.schedule is None or (due is not None and now < due):
+        return
+    at = now + CONFLICT_RETRY_SECONDS
+    ctx.update(key, lambda memory: replace(memory, conflict_retry_at=at))
+    ctx.schedule(key, Hint.PARENT, CONFLICT_RETRY_SECONDS)
 
 
 def guarded(ctx: Context, body: Mapping[str, Any], run: Callable[[], str]) -> str:
