@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from integration.test_operator_agents import engine_pods, point_at
-from integration.test_router_status import router_deployment
 from llmop_router.contract import ADMIN_PORT_NAME
 from support.cluster import wait_until
 from support.manifests import simulator_spec as spec
 from support.operator import OperatorProcess
+from support.router import router_deployment
 from support.standin_agents import standin_agents
 
 if TYPE_CHECKING:

@@ -19,11 +19,11 @@ import pytest
 from support.cluster import Cluster, create_namespace, wait_until
 from support.manifests import simulator_spec as spec
 from support.operator import OPERATOR_NAMESPACE, Kit, OperatorProcess, conditions
-from support.router import RouterUrls, get_json, router_process
+from support.router import ROUTER_NAME, RouterUrls, get_json, router_deployment, router_process
 
 pytestmark = pytest.mark.cluster
 
-ROUTER = "llmop-router"
+ROUTER = ROUTER_NAME
 RECORD = "llmop-served-names"
 
 
@@ -148,22 +148,3 @@ def test_a_name_keeps_its_owner_across_a_recreate(
             assert owned(kit, outside, "other") == []
     finally:
         operator.stop()
-
-
-def router_deployment(namespace: str) -> dict[str, Any]:
-    """The router's Deployment as the operator reads it (a ready replica on kwok's nodes); the
-    router that routes is the `llmop-router serve` process."""
-    labels = {"app.kubernetes.io/name": "llmop-router"}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": ROUTER, "namespace": namespace, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "router", "image": "localhost/pause:3.10"}]},
-            },
-        },
-    }

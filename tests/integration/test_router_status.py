@@ -7,34 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from support.cluster import wait_until
 from support.manifests import simulator_spec as spec
 from support.operator import Kit, OperatorProcess, conditions
+from support.router import ROUTER_NAME, router_deployment
 
 pytestmark = pytest.mark.cluster
 
-ROUTER = "llmop-router"
-
-
-def router_deployment(namespace: str, replicas: int) -> dict[str, Any]:
-    labels = {"app.kubernetes.io/name": "llmop-router"}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": ROUTER, "namespace": namespace, "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "router", "image": "localhost/pause:3.10"}]},
-            },
-        },
-    }
+ROUTER = ROUTER_NAME
 
 
 @pytest.fixture

@@ -63,3 +63,25 @@ def get_json(url: str) -> tuple[int, Any]:
         return error.code, json.load(error)
     except OSError:
         return 0, None
+
+
+ROUTER_NAME = "llmop-router"
+
+
+def router_deployment(namespace: str, replicas: int = 1) -> dict[str, Any]:
+    """The router's Deployment as the operator reads it (its replicas Ready on kwok's nodes);
+    the router that routes, where a test needs one, is a `llmop-router serve` process."""
+    labels = {"app.kubernetes.io/name": "llmop-router"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": ROUTER_NAME, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "router", "image": "localhost/pause:3.10"}]},
+            },
+        },
+    }
