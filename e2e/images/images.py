@@ -9,16 +9,17 @@ its inputs, and imports images into a containerd given by its socket (an OCI arc
 into `ctr images import -`: no second copy of gigabyte layers on disk).
 
 Base images that cannot be pulled are replaced by local stand-ins built from Debian packages
-(python:3.11.11-slim-bookworm <- debootstrap + Debian's python3), clearly labelled as such. An
-image whose base is neither a stand-in nor present in local storage (the GPU engine image, FROM
-vllm/vllm-openai) is skipped with a message, never an error.
+(python:3.11.11-slim-bookworm <- debootstrap + Debian's python3), clearly labelled as such. So
+is one image the chart runs as it is: redis:7.0.15 <- Debian's redis-server package on that
+stand-in. An image whose base is neither a stand-in nor present in local storage (the GPU engine
+image, FROM vllm/vllm-openai) is skipped with a message, never an error.
 
 With a Docker daemon answering (or CONTAINER_TOOL=docker|podman), `build` runs `<tool> build`
 instead, the way users with Docker build: no OCI export, no input-key cache (the tool has its own).
 
 Usage (thin wrappers: mk/images.mk, e2e/images/import.sh):
   images.py build [--json] NAME...        build or reuse; NAME: operator router engine-sim engine
-                                          engine-cpu pause (and `all`: what can be built here)
+                                          engine-cpu pause redis (and `all`: what can be built here)
   images.py import --address SOCK NAME... build or reuse, then import into that containerd
   images.py archive --out F.tar NAME     build or reuse, then write an OCI archive of it
   images.py key NAME                      print the input key (no build)
@@ -83,6 +84,10 @@ IMPORT_PACKAGES = {"ctr": "containerd"}
 SOURCE_DATE_EPOCH = 0
 # Only local transports are trusted: nothing can be pulled behind our back.
 POLICY = HERE / "containers" / "policy.json"
+# The redis stand-in is made from the Debian packages e2e/redis/redis.sh downloads (the tests'
+# redis-server comes from the same ones); its tag is the upstream version they carry.
+REDIS_SH = REPO / "e2e" / "redis" / "redis.sh"
+REDIS_TAG = "7.0.15"
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,14 @@ def specs() -> dict[str, ImageSpec]:
         ),
         "pause": ImageSpec(
             "pause", HERE / "pause/Dockerfile", "localhost/pause", "3.10", context=HERE / "pause"
+        ),
+        # A stand-in under the official name: the chart's default Redis image runs offline.
+        "redis": ImageSpec(
+            "redis",
+            HERE / "redis/Dockerfile",
+            "docker.io/library/redis",
+            REDIS_TAG,
+            context=HERE / "redis",
         ),
     }
     # A whole reference per image (make's OPERATOR_IMG etc.) wins over registry + tag.
@@ -675,6 +688,30 @@ def go_version() -> str:
     ).stdout.strip()
 
 
+@functools.cache
+def redis_context_files() -> dict[str, Path]:
+    """The redis stand-in's build context, by name in the context: its entrypoint and the Debian
+    packages e2e/redis/redis.sh downloads into the cache (a few seconds when not there yet)."""
+    res = subprocess.run([str(REDIS_SH), "ensure"], stdout=subprocess.PIPE, text=True, check=False)
+    lines = res.stdout.strip().splitlines()
+    if res.returncode != 0 or not lines:
+        raise ImageError(f"{REDIS_SH.relative_to(REPO)} ensure failed (see its output above)")
+    debs = Path(lines[-1]).parent.parent / "debs"
+    files = {"docker-entrypoint.sh": HERE / "redis" / "docker-entrypoint.sh"}
+    files |= {f"debs/{deb.name}": deb for deb in sorted(debs.glob("*.deb"))}
+    # redis-server_<epoch>%3a<upstream>-<debian revision>_<arch>.deb
+    versions = {
+        re.sub(r"^(\d+%3a)?([^-]+)-.*", r"\2", d.name.split("_")[1])
+        for d in debs.glob("redis-server_*.deb")
+    }
+    if versions != {REDIS_TAG}:
+        raise ImageError(
+            f"Debian's redis-server is {', '.join(sorted(versions)) or 'missing'} in {debs}, the "
+            f"image is tagged {REDIS_TAG}: change REDIS_TAG here and the chart's Redis image"
+        )
+    return files
+
+
 def input_key(spec: ImageSpec, resolve: bool = True) -> tuple[str, list[str]]:
     """Hash of everything the image is made of: the Dockerfile, the context files its COPY/ADD
     read, its bases' keys, the tag and this builder's recipe. Returns (key, bases)."""
@@ -694,6 +731,10 @@ def input_key(spec: ImageSpec, resolve: bool = True) -> tuple[str, list[str]]:
         h.update(f"go={go_version()}\n".encode())
         for f in ("go.mod", "main.go"):
             h.update(f"{f} {sha256_file(spec.context / f)}\n".encode())
+    elif spec.name == "redis":
+        # The context is prepared (the packages live in the cache): key on what goes into it.
+        for name, path in sorted(redis_context_files().items()):
+            h.update(f"{name} {sha256_file(path)}\n".encode())
     else:
         for f in copied_files(text, spec.context):
             h.update(f"{f} {sha256_file(spec.context / f)}\n".encode())
@@ -735,10 +776,15 @@ def prepare_context(spec: ImageSpec, stage: Path) -> Path:
             check=True,
         )
         return ctx
-    for f in copied_files(spec.dockerfile.read_text(), spec.context):
+    sources = (
+        redis_context_files()
+        if spec.name == "redis"
+        else {f: spec.context / f for f in copied_files(spec.dockerfile.read_text(), spec.context)}
+    )
+    for f, src in sources.items():
         dst = ctx / f
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(spec.context / f, dst)
+        shutil.copy2(src, dst)
         # COPY keeps mtimes, and .pyc files written at build time record them: pin them so the
         # image does not depend on when the clone was checked out.
         os.utime(dst, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
@@ -900,7 +946,7 @@ def build_docker(tool: str, spec: ImageSpec) -> dict[str, str]:
         raise SkippedError(f"{spec.dockerfile.relative_to(REPO)} does not exist (yet)")
     with tempfile.TemporaryDirectory() as tmp:
         ctx = spec.context
-        if spec.name == "pause":
+        if spec.name in ("pause", "redis"):
             ctx = prepare_context(spec, Path(tmp))
         subprocess.run(
             [tool, "build", "-f", str(spec.dockerfile), "-t", spec.ref, str(ctx)],

@@ -7,11 +7,11 @@
 #
 # Usage: e2e/images/import.sh SOCKET IMAGE...
 #   SOCKET  containerd's socket, e.g. /run/llmop-node/containerd/containerd.sock
-#   IMAGE   operator | engine-sim | engine | engine-cpu | pause | all
+#   IMAGE   operator | router | engine-sim | engine | engine-cpu | pause | redis | all
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
-  echo "usage: $0 SOCKET IMAGE...   (IMAGE: operator engine-sim engine engine-cpu pause all)" >&2
+  echo "usage: $0 SOCKET IMAGE...   (IMAGE: operator router engine-sim engine engine-cpu pause redis all)" >&2
   exit 2
 fi
 socket="$1"
