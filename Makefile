@@ -48,7 +48,7 @@ generate: install ## Regenerate the CRD, the chart's CRD template, the API refer
 
 .PHONY: verify
 verify: generate ## Fail when generated files differ from what is committed.
-	@git diff --exit-code -- crds helm/llmop/templates/crds docs/api-reference.md docs/engine-contract.md deploy/llmop.yaml || \
+	@git diff --exit-code -- crds helm/llmop/templates/crds docs/api-reference.md docs/api-reference-llmtenant.md docs/engine-contract.md deploy/llmop.yaml || \
 	  (echo "generated files are stale: run 'make generate' and commit" >&2; exit 1)
 
 .PHONY: unit

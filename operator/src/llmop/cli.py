@@ -1,4 +1,5 @@
-"""`llmop` command line: run the operator, print the CRD, render children, plan capacity.
+"""`llmop` command line: run the operator, print the CRD, render children, plan capacity,
+mint a tenant's API key.
 
 `render` and `plan` work offline on a manifest file, so a platform engineer sees exactly what
 will be created, and whether the model fits, before anything reaches a cluster.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -19,7 +21,17 @@ from pydantic import ValidationError
 from llmop import crdgen, sizing
 from llmop.api.v1alpha1 import API_VERSION, KIND, LLMDeployment
 from llmop.desired import desired_state
-from llmop.planner.capacity import CapacityPlan
+from llmop.planner import ModelArchitecture, lookup_model
+from llmop.planner.capacity import CapacityPlan, cost_per_million_tokens
+from llmop.planner.model_config import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    MAX_INDEX_PREFIX,
+    ModelConfigError,
+    ModelFiles,
+    facts_from_files,
+)
+from llmop.planner.vllm_profile import ENGINE_VLLM_VERSION
 from llmop.settings import DEFAULT_SIMULATOR_IMAGE, DEFAULT_VLLM_IMAGE, RenderSettings
 
 EXIT_OK = 0
@@ -69,8 +81,67 @@ def _parser() -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="check that LLMDeployments fit their GPUs")
     plan.add_argument("-f", "--filename", required=True, type=Path, help="manifest ('-': stdin)")
     plan.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    plan.add_argument(
+        "--model-files",
+        type=Path,
+        metavar="DIR",
+        help="plan from DIR/config.json (and DIR/model.safetensors.index.json): no network",
+    )
+    plan.add_argument(
+        "--source",
+        choices=("auto", "hub", "catalog"),
+        default="auto",
+        help="without --model-files: auto = the catalog for models it knows, else the Hub "
+        "(HF_TOKEN, HF_ENDPOINT); hub = the Hub for every model, the catalog if unreachable",
+    )
+    plan.add_argument(
+        "--vllm-version",
+        default=ENGINE_VLLM_VERSION,
+        help=f"the engine's vLLM release (default {ENGINE_VLLM_VERSION}, the engine image's)",
+    )
+    plan.add_argument(
+        "--gpu-hour-price",
+        type=float,
+        default=None,
+        metavar="PRICE",
+        help="price of one GPU-hour: prints the cost per million output tokens at the ceiling",
+    )
     plan.set_defaults(handler=_plan)
+    key = commands.add_parser(
+        "key", help="mint an API key for an LLMTenant (prints the key once, and its SHA-256)"
+    )
+    key_commands = key.add_subparsers(dest="key_command", required=True)
+    new = key_commands.add_parser("new", help="a new key: the key, then the LLMTenant entry")
+    new.add_argument("tenant", help="the LLMTenant's name")
+    new.add_argument(
+        "--name", default=None, help="the key's name in the tenant (default: key-<date>)"
+    )
+    new.add_argument(
+        "--not-after",
+        default=None,
+        metavar="RFC3339",
+        help="when the key stops working, e.g. 2027-03-01T00:00:00Z (rotation by overlap)",
+    )
+    new.set_defaults(handler=_new_key)
     return parser
+
+
+def _new_key(args: argparse.Namespace, out: TextIO) -> int:
+    """Print a new key once (it is never stored) and the `spec.apiKeys` entry that admits it."""
+    import datetime
+    import secrets
+
+    from llmop_router.contract import API_KEY_PREFIX, api_key_hash
+
+    key = API_KEY_PREFIX + secrets.token_urlsafe(32)
+    name = args.name or f"key-{datetime.datetime.now(datetime.UTC):%Y%m%d-%H%M%S}"
+    entry: dict[str, Any] = {"name": name, "sha256": api_key_hash(key), "prefix": key[:10]}
+    if args.not_after:
+        entry["notAfter"] = args.not_after
+    out.write(f"# the key (shown once; the cluster keeps only its SHA-256):\n{key}\n")
+    out.write(f"# add this entry to LLMTenant {args.tenant}'s spec.apiKeys:\n")
+    out.write(yaml.safe_dump([entry], sort_keys=False))
+    return EXIT_OK
 
 
 NOT_IMPORTED = ("kubernetes",)
@@ -122,22 +193,82 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _plan(args: argparse.Namespace, out: TextIO) -> int:
-    results = [(d, sizing.plan_for(d.spec)) for d in load_deployments(args.filename)]
+    results = []
+    for llmd in load_deployments(args.filename):
+        facts, said = _model_facts(args, llmd)
+        result = sizing.plan_for(llmd.spec, facts=facts, vllm_version=args.vllm_version)
+        results.append((llmd, result, said))
+    price = args.gpu_hour_price
     if args.output == "json":
-        json.dump([_plan_json(d, r) for d, r in results], out, indent=2)
+        json.dump([_plan_json(d, r, said, price) for d, r, said in results], out, indent=2)
         out.write("\n")
     else:
-        for llmd, result in results:
-            out.write(_plan_table(llmd, result))
-    fits_all = all(result.fits is not False for _, result in results)
+        for llmd, result, said in results:
+            out.write(_plan_table(llmd, result, said, price))
+    fits_all = all(result.fits is not False for _, result, _ in results)
     return EXIT_OK if fits_all else EXIT_DOES_NOT_FIT
 
 
-def _plan_json(llmd: LLMDeployment, result: sizing.SizingResult) -> dict[str, Any]:
+def _read_model_files(directory: Path) -> ModelFiles:
+    """config.json and the start of the safetensors index from a directory (no network)."""
+    config_path, index_path = directory / CONFIG_FILE, directory / INDEX_FILE
+    if not config_path.is_file():
+        raise InputError(f"{config_path}: no such file (--model-files needs {CONFIG_FILE})")
+    index = None
+    if index_path.is_file():
+        with index_path.open("rb") as handle:
+            index = handle.read(MAX_INDEX_PREFIX).decode("utf-8", errors="replace")
+    return ModelFiles(config_text=_read(config_path), index_text=index)
+
+
+def _model_facts(
+    args: argparse.Namespace, llmd: LLMDeployment
+) -> tuple[ModelArchitecture | None, str]:
+    """The model facts to plan with and where they came from, in words."""
+    model = llmd.spec.model
+    if model.architecture is not None:
+        return None, "spec.model.architecture"
+    try:
+        if args.model_files is not None:
+            files = _read_model_files(args.model_files)
+            facts = facts_from_files(files, name=model.name, source="files")
+            return facts, f"files in {args.model_files}"
+        in_catalog = lookup_model(model.name) is not None
+        if "://" in model.name or (in_catalog and args.source != "hub"):
+            return None, "catalog" if in_catalog else "none"
+        return _hub_facts(model.name, model.revision, in_catalog=in_catalog)
+    except ModelConfigError as error:
+        raise InputError(f"{model.name}: {error}") from error
+
+
+def _hub_facts(
+    name: str, revision: str | None, *, in_catalog: bool
+) -> tuple[ModelArchitecture | None, str]:
+    from llmop import hub  # huggingface_hub is slow to import: only when the Hub is asked
+    from llmop.preflight import HubFailure
+
+    answer = hub.model_files(
+        name,
+        revision,
+        token=os.environ.get("HF_TOKEN") or None,
+        endpoint=os.environ.get("HF_ENDPOINT") or None,
+        timeout=10.0,
+    )
+    if isinstance(answer, HubFailure):
+        fallback = "catalog" if in_catalog else "none"
+        return None, f"{fallback} (Hub: {answer.kind}: {answer.detail})"
+    facts = facts_from_files(answer, name=name, source="hub")
+    return facts, f"hub ({name}@{(answer.revision or '')[:12]})"
+
+
+def _plan_json(
+    llmd: LLMDeployment, result: sizing.SizingResult, said: str, price: float | None
+) -> dict[str, Any]:
     plan = result.plan
     body: dict[str, Any] = {
         "name": llmd.metadata.name,
         "model": llmd.spec.model.name,
+        "modelFacts": said,
         "fits": result.fits,
         "reason": result.reason,
         "message": result.message,
@@ -157,9 +288,26 @@ def _plan_json(llmd: LLMDeployment, result: sizing.SizingResult) -> dict[str, An
             "kvCacheTokens": plan.kv_cache_tokens,
             "maxModelLen": plan.max_model_len,
             "maxConcurrency": round(plan.max_concurrency, 2),
+            "maxNumSeqs": result.max_num_seqs,
+            "maxNumBatchedTokens": plan.max_num_batched_tokens,
+            "kvCacheGroups": plan.kv_groups,
+            "vllmProfile": plan.vllm_profile,
+            "decodeCeilingTokensPerSecond": _round(plan.decode_ceiling_tokens_per_s),
+            "costPerMillionOutputTokensFloor": _round(_cost(llmd, plan, price), 4),
             "suggestions": list(plan.suggestions),
         }
     return body
+
+
+def _round(value: float | None, digits: int = 0) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _cost(llmd: LLMDeployment, plan: CapacityPlan, price: float | None) -> float | None:
+    if price is None or plan.decode_ceiling_tokens_per_s is None:
+        return None
+    gpus = llmd.spec.tensor_parallel_size * llmd.spec.pipeline_parallel_size
+    return cost_per_million_tokens(plan.decode_ceiling_tokens_per_s, price, gpus)
 
 
 def _kv_cache_cell(plan: CapacityPlan) -> str:
@@ -169,9 +317,11 @@ def _kv_cache_cell(plan: CapacityPlan) -> str:
     return cell
 
 
-def _plan_table(llmd: LLMDeployment, result: sizing.SizingResult) -> str:
+def _plan_table(
+    llmd: LLMDeployment, result: sizing.SizingResult, said: str, price: float | None
+) -> str:
     plan = result.plan
-    lines = [f"{llmd.metadata.name} ({llmd.spec.model.name})"]
+    lines = [f"{llmd.metadata.name} ({llmd.spec.model.name})", f"  {'model facts':<18} {said}"]
     if plan is None:
         lines.append(f"  not planned: {result.message}")
         return "\n".join(lines) + "\n\n"
@@ -187,8 +337,28 @@ def _plan_table(llmd: LLMDeployment, result: sizing.SizingResult) -> str:
         ("KV tokens/replica", f"{plan.kv_cache_tokens:,}"),
         ("max model len", f"{plan.max_model_len:,}"),
         ("max concurrency", f"{plan.max_concurrency:.2f} sequences at max model len"),
-        ("verdict", "fits" if plan.fits else f"DOES NOT FIT ({plan.reason})"),
+        (
+            "batch budget",
+            f"maxNumSeqs {result.max_num_seqs}, maxNumBatchedTokens "
+            f"{plan.max_num_batched_tokens:,} (vLLM {plan.vllm_profile}, "
+            f"{plan.kv_groups} KV group{'s' if plan.kv_groups > 1 else ''})",
+        ),
     ]
+    ceiling = plan.decode_ceiling_tokens_per_s
+    if ceiling is not None:
+        rows.append(
+            (
+                "decode ceiling",
+                f"{ceiling:,.0f} output tokens/s per replica at batch {plan.decode_batch} "
+                "(memory-bandwidth CEILING, not a forecast)",
+            )
+        )
+        cost = _cost(llmd, plan, price)
+        if cost is not None:
+            rows.append(
+                ("cost floor", f"{cost:.4f} per 1M output tokens at {price:g} per GPU-hour")
+            )
+    rows.append(("verdict", "fits" if plan.fits else f"DOES NOT FIT ({plan.reason})"))
     lines += [f"  {label:<18} {value}" for label, value in rows]
     if not plan.fits:
         lines.append(f"  {plan.message}")

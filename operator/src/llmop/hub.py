@@ -1,7 +1,8 @@
 """The operator's only conversation with the model hub (`huggingface_hub`, honouring the endpoint
 the operator is configured with): resolve a revision, size the files, check that the token may
 read them (`probe`, the model's pre-flight); read a LoRA adapter's `adapter_config.json`
-(`adapter_probe`) and a base model's `model_type` (`model_type`) for the adapter pre-flight.
+(`adapter_probe`) and a base model's `model_type` (`model_type`) for the adapter pre-flight;
+read what the capacity planner needs of a model's files (`model_files`).
 Returns `preflight.HubAnswer` / `adapter_preflight.AdapterAnswer` values; the verdicts are
 `preflight.verdict`'s and `adapter_preflight.verdict`'s.
 
@@ -31,6 +32,7 @@ from huggingface_hub.errors import (
 )
 
 from llmop.adapter_preflight import ADAPTER_CONFIG, AdapterAnswer, AdapterFacts
+from llmop.planner.model_config import CONFIG_FILE, INDEX_FILE, MAX_INDEX_PREFIX, ModelFiles
 from llmop.preflight import HubAnswer, HubFacts, HubFailure
 
 INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
@@ -149,6 +151,50 @@ def model_type(
     return value if isinstance(value, str) else None
 
 
+def model_files(
+    repo_id: str,
+    revision: str | None,
+    *,
+    token: str | None,
+    endpoint: str | None,
+    timeout: float = 10.0,
+) -> ModelFiles | HubFailure:
+    """What the planner reads of a model at `revision`: `config.json` and the first
+    `MAX_INDEX_PREFIX` bytes of `model.safetensors.index.json` (its `metadata.total_size`), at
+    the commit the revision resolves to. Three small requests (info, two files); no weights, and
+    nothing written to disk."""
+    send: str | bool = token if token else False
+    try:
+        info = HfApi(endpoint=endpoint, token=send).model_info(
+            repo_id, revision=revision, timeout=timeout
+        )
+        if info.sha is None:
+            return HubFailure("unreachable", "the hub returned no commit sha")
+        names = {s.rfilename for s in info.siblings or []}
+        sha = info.sha
+
+        def read(filename: str, limit: int) -> str | None:
+            if filename not in names:
+                return None
+            return _read_text(
+                repo_id,
+                filename,
+                revision=sha,
+                token=send,
+                endpoint=endpoint,
+                timeout=timeout,
+                limit=limit,
+            )
+
+        return ModelFiles(
+            config_text=read(CONFIG_FILE, MAX_SMALL_FILE_BYTES),
+            index_text=read(INDEX_FILE, MAX_INDEX_PREFIX),
+            revision=sha,
+        )
+    except (HfHubHTTPError, httpx2.HTTPError, OSError) as error:
+        return _failure(error, token)
+
+
 def _read_text(
     repo_id: str,
     filename: str,
@@ -157,6 +203,7 @@ def _read_text(
     token: str | bool,
     endpoint: str | None,
     timeout: float,
+    limit: int = MAX_SMALL_FILE_BYTES,
 ) -> str:
     """One small file's text, read in memory (the operator writes nothing to disk): at most
     `MAX_SMALL_FILE_BYTES`, so a file that is no config cuts short and then parses as no
@@ -169,9 +216,9 @@ def _read_text(
         hf_raise_for_status(response)
         for chunk in response.iter_bytes():
             body += chunk
-            if len(body) >= MAX_SMALL_FILE_BYTES:
+            if len(body) >= limit:
                 break
-    return body[:MAX_SMALL_FILE_BYTES].decode("utf-8", errors="replace")
+    return body[:limit].decode("utf-8", errors="replace")
 
 
 def _failure(error: Exception, token: str | None) -> HubFailure:

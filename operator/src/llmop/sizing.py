@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from llmop.api.v1alpha1 import LLMDeploymentSpec, PlanStatus
+from llmop.api.v1alpha1 import FactsSource, LLMDeploymentSpec, PlanStatus
 from llmop.cpu_engine import cpu_engine, cpu_kv_cache_gib
 from llmop.planner import (
     CapacityPlan,
@@ -50,6 +50,8 @@ class SizingResult:
     load_timeout_seconds: int
     max_num_seqs: int | None = None
     """The batch the engine runs with (`effective_max_num_seqs`); None: unknown."""
+    facts_source: FactsSource | None = None
+    """Where the model facts came from: spec, catalog, files or hub (None: no facts)."""
 
     @property
     def fits(self) -> bool | None:
@@ -70,15 +72,26 @@ class SizingResult:
             max_concurrency=round(plan.max_concurrency, 2),
             max_num_seqs=self.max_num_seqs,
             fits=plan.fits,
+            facts_source=self.facts_source,
+            max_num_batched_tokens=plan.max_num_batched_tokens,
+            decode_ceiling_tokens_per_second=(
+                None
+                if plan.decode_ceiling_tokens_per_s is None
+                else round(plan.decode_ceiling_tokens_per_s)
+            ),
         )
 
 
-def architecture_for(spec: LLMDeploymentSpec) -> ModelArchitecture | None:
-    """The spec's architecture override, else the catalog entry, else None."""
+def architecture_for(
+    spec: LLMDeploymentSpec, facts: ModelArchitecture | None = None
+) -> ModelArchitecture | None:
+    """The spec's architecture override, else the facts read from the model's files, else the
+    catalog entry, else None."""
     override = spec.model.architecture
     if override is None:
-        return lookup_model(spec.model.name)
+        return facts if facts is not None else lookup_model(spec.model.name)
     return ModelArchitecture(
+        source="spec",
         name=spec.model.name,
         parameters=override.parameters,
         layers=override.layers,
@@ -120,15 +133,35 @@ def effective_max_num_seqs(spec: LLMDeploymentSpec, plan: CapacityPlan | None) -
     return None if plan is None else plan.max_num_seqs
 
 
-def plan_for(spec: LLMDeploymentSpec) -> SizingResult:
-    """Plan one replica of `spec`; explain when the facts to plan are missing. The result
-    carries the engine's effective `max_num_seqs` (what llmop-router reads in status.plan)."""
-    result = _plan_for(spec)
-    return replace(result, max_num_seqs=effective_max_num_seqs(spec, result.plan))
+def plan_for(
+    spec: LLMDeploymentSpec,
+    *,
+    facts: ModelArchitecture | None = None,
+    vllm_version: str | None = None,
+) -> SizingResult:
+    """Plan one replica of `spec`; explain when the facts to plan are missing. `facts`: the
+    model's own files read (planner.model_config), used unless spec.model.architecture is set;
+    `vllm_version`: the engine's (None: the engine image's). The result carries the engine's
+    effective `max_num_seqs` (what llmop-router reads in status.plan)."""
+    architecture = architecture_for(spec, facts)
+    result = _plan_for(spec, architecture, vllm_version)
+    return replace(
+        result,
+        max_num_seqs=effective_max_num_seqs(spec, result.plan),
+        facts_source=None if architecture is None else _source(architecture.source),
+    )
 
 
-def _plan_for(spec: LLMDeploymentSpec) -> SizingResult:
-    architecture = architecture_for(spec)
+def _source(value: str) -> FactsSource | None:
+    for known in ("spec", "catalog", "files", "hub"):
+        if value == known:
+            return known
+    return None
+
+
+def _plan_for(
+    spec: LLMDeploymentSpec, architecture: ModelArchitecture | None, vllm_version: str | None
+) -> SizingResult:
     gpu_memory = gpu_memory_for(spec)
     if cpu_engine(spec):
         return _plan_cpu(spec, architecture)
@@ -145,9 +178,9 @@ def _plan_for(spec: LLMDeploymentSpec) -> SizingResult:
             plan=None,
             reason=REASON_MODEL_UNKNOWN,
             message=(
-                f"Model {spec.model.name!r} is not in the planner's catalog; set "
-                "spec.model.architecture (parameters, layers, kvHeads, headDim, "
-                "maxPositionEmbeddings) to get a capacity check."
+                f"Model {spec.model.name!r} is not in the planner's catalog and its files "
+                "were not read; set spec.model.architecture (parameters, layers, kvHeads, "
+                "headDim, maxPositionEmbeddings) to get a capacity check."
             ),
             gpu_memory_gib=gpu_memory,
             load_timeout_seconds=load_timeout_seconds(None),
@@ -181,6 +214,7 @@ def _plan_for(spec: LLMDeploymentSpec) -> SizingResult:
             gpu_product=spec.resources.gpu_product,
             max_loras=0 if spec.lora_slots is None else spec.lora_slots.max_loras,
             max_lora_rank=0 if spec.lora_slots is None else spec.lora_slots.max_lora_rank,
+            vllm_version=vllm_version,
         )
     )
     return SizingResult(

@@ -12,16 +12,24 @@ from http import HTTPStatus
 from aiohttp import web
 
 
-def error_body(status: int, message: str, kind: str) -> dict[str, object]:
-    """The OpenAI error object."""
-    return {"error": {"message": message, "type": kind, "code": status}}
+def error_body(status: int, message: str, kind: str, code: str | None = None) -> dict[str, object]:
+    """The OpenAI error object (`code`: OpenAI's own, e.g. `rate_limit_exceeded`; else the
+    status)."""
+    return {"error": {"message": message, "type": kind, "code": code or status}}
 
 
 def error(
-    status: int, message: str, kind: str, headers: Mapping[str, str] | None = None
+    status: int,
+    message: str,
+    kind: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    code: str | None = None,
 ) -> web.Response:
     """An OpenAI-shaped JSON error."""
-    return web.json_response(error_body(status, message, kind), status=status, headers=headers)
+    return web.json_response(
+        error_body(status, message, kind, code), status=status, headers=headers
+    )
 
 
 def raw_error(

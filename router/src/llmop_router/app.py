@@ -24,18 +24,23 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from llmop_router import contract, edge
 from llmop_router.answers import error, send_error_event
 from llmop_router.contract import ActivityKey
+from llmop_router.gateway import Gateway, Ticket, model_not_found, new_request_id
 from llmop_router.hold import Holding, Key
-from llmop_router.intake import Intake
+from llmop_router.intake import INLINE_BYTES, Intake
 from llmop_router.limits import DEFAULT as DEFAULT_LIMITS
 from llmop_router.limits import Limits
+from llmop_router.metering import Tap, with_usage_requested
 from llmop_router.metrics import UNKNOWN_MODEL, RouterMetrics
-from llmop_router.proxy import Proxy
-from llmop_router.routes import RouteTable, Wake
+from llmop_router.prefix import RoutingInfo
+from llmop_router.proxy import Proxy, forwarded_headers
+from llmop_router.routes import Choice, RouteTable, Wake
 from llmop_router.scale_to_zero import HEARTBEAT_SECONDS, Holder, Waker
+from llmop_router.tenants import Identity
 
 log = logging.getLogger("llmop_router.app")
 
@@ -95,6 +100,8 @@ class Router:
         """Set on SIGTERM: unready, and every answer closes its connection."""
         self.app_hooks: list[Callable[[web.Application], None]] = []
         """Called with the app before it runs (the watch attaches itself here)."""
+        self.gateway: Gateway | None = None
+        """Set: every request needs a tenant's API key and is held to its limits (`gateway`)."""
 
     @property
     def holding(self) -> Holding:
@@ -118,6 +125,8 @@ class Router:
         self.holder.close()
         self.intake.close()
         await self.proxy.close()
+        if self.gateway is not None:
+            await self.gateway.close()
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -183,7 +192,13 @@ class Router:
     async def metrics_page(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.exposition(), content_type="text/plain")
 
-    async def list_models(self, _request: web.Request) -> web.Response:
+    async def list_models(self, request: web.Request) -> web.Response:
+        allowed: Callable[[str], bool] = lambda _model: True  # noqa: E731
+        if self.gateway is not None:
+            identity = self.gateway.authenticate(request)
+            if isinstance(identity, web.Response):
+                return identity
+            allowed = identity.tenant.may_use
         data = [
             {
                 "id": model,
@@ -191,6 +206,7 @@ class Router:
                 "owned_by": f"{backend.namespace}/{backend.name}",
             }
             for model, backend in sorted(self.table.backends.items())
+            if allowed(model)
         ]
         return web.json_response({"object": "list", "data": data})
 
@@ -232,7 +248,21 @@ class Router:
     # -- an inference request -------------------------------------------------------------
 
     async def route(self, request: web.Request) -> web.StreamResponse:
-        """Read, pick, hold while the CR is at zero, then proxy."""
+        """Read, pick, hold while the CR is at zero, then proxy; with the gateway, the key is
+        checked before the body is read and the tenant's limits before the pick."""
+        if self.gateway is None:
+            return await self._route(request, None)
+        identity = self.gateway.authenticate(request)
+        if isinstance(identity, web.Response):
+            return self._answered(UNKNOWN_MODEL, identity)
+        return await self._route(request, self.gateway, identity)
+
+    async def _route(
+        self,
+        request: web.Request,
+        gateway: Gateway | None,
+        identity: Identity | None = None,
+    ) -> web.StreamResponse:
         started = time.perf_counter()
         body = await self.intake.read(request)
         if isinstance(body, web.StreamResponse):
@@ -241,17 +271,87 @@ class Router:
         if isinstance(info, web.StreamResponse):
             return self._answered(UNKNOWN_MODEL, info)
         assert info.model is not None  # `body.scan` refuses a body without one
+        if gateway is not None and identity is not None:
+            refused = gateway.model_refusal(identity, info.model)
+            if refused is not None:
+                return self._answered(info.model, refused)
         choice = self.table.choose(info.model, info.key, info.prefill)
         if choice is None:
+            if gateway is not None:
+                return self._answered(info.model, model_not_found(info.model))
             message = (
                 f"model {info.model!r} is not served here; GET {MODELS_ROUTE} lists the models"
             )
             return self._answered(info.model, error(404, message, "NotFoundError"))
-        backend = choice.backend
+        if gateway is None or identity is None:
+            return await self._serve(request, body, info, choice, started)
+        admitted = await self._admit(request, gateway, identity, info, body)
+        if isinstance(admitted, web.Response):
+            return self._answered(info.model, admitted)
+        ticket, body = admitted[0], admitted[1] or body
+        headers = forwarded_headers(request.headers)
+        gateway.headers_for(headers, ticket)
+        key = (choice.backend.namespace, choice.backend.name)
+        status = 499
+        try:
+            answered = await self._serve(
+                request, body, info, choice, started, tap=ticket.tap, headers=headers
+            )
+            status = answered.status
+            return answered
+        finally:
+            gateway.finish(ticket, ticket.tap.status or status, key)
+
+    async def _admit(
+        self,
+        request: web.Request,
+        gateway: Gateway,
+        identity: Identity,
+        info: RoutingInfo,
+        body: bytes,
+    ) -> web.Response | tuple[Ticket, bytes | None]:
+        """The tenant's admission; and the body asking for usage when the client did not."""
+        assert info.model is not None
+        strip = info.stream and not info.include_usage
+        ticket = await gateway.admit(
+            identity,
+            info.model,
+            prompt_chars=info.prefill.total,
+            max_tokens=info.max_tokens,
+            stream=info.stream,
+            strip_usage=strip,
+            request_id=request.headers.get("X-Request-Id", "")[:64] or new_request_id(),
+        )
+        if isinstance(ticket, web.Response):
+            return ticket
+        if not strip:
+            return ticket, None
+        if len(body) <= INLINE_BYTES:
+            return ticket, with_usage_requested(body)
+        # A large body is parsed again off the event loop, as `Intake` parsed it.
+        loop = asyncio.get_running_loop()
+        return ticket, await loop.run_in_executor(None, with_usage_requested, body)
+
+    async def _serve(
+        self,
+        request: web.Request,
+        body: bytes,
+        info: RoutingInfo,
+        first_choice: Choice,
+        started: float,
+        *,
+        tap: Tap | None = None,
+        headers: CIMultiDict[str] | None = None,
+    ) -> web.StreamResponse:
+        assert info.model is not None
+        choice: Choice | None = first_choice
+        backend = first_choice.backend
         key = (backend.namespace, backend.name)
         self.last_request[key] = time.time()
         prepared: web.StreamResponse | None = None
-        if not self.draining and self.holder.should_hold(key, backend, bool(choice.pick.order)):
+        if not self.draining and self.holder.should_hold(
+            key, backend, bool(first_choice.pick.order)
+        ):
             outcome, prepared = await self.holder.hold(request, info, backend, key, len(body))
             if outcome.kind == "gone" and prepared is not None:
                 # The client went away between heartbeats: it has left the queue.
@@ -270,7 +370,14 @@ class Router:
             refusal = error(503, message, "ServiceUnavailableError", retry)
             return await self._finish(info.model, prepared, refusal)
         answered = await self.proxy.forward(
-            request, body, choice, key, started=started, prepared=prepared
+            request,
+            body,
+            choice,
+            key,
+            started=started,
+            prepared=prepared,
+            tap=tap,
+            headers=headers,
         )
         if answered is not None:
             self.metrics.count_request(self._label(info.model), answered.status)

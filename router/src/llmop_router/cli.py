@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -23,9 +25,11 @@ from llmop_router.app import (
     static_table,
 )
 from llmop_router.discovery import Catalog, list_key
+from llmop_router.gateway import Gateway, store_health
 from llmop_router.kube import (
     ENDPOINT_SLICES,
     LLMDEPLOYMENTS,
+    LLMTENANTS,
     WATCH_TIMEOUT_SECONDS,
     ApiServer,
     Contact,
@@ -34,7 +38,10 @@ from llmop_router.kube import (
     list_and_watch,
     wake,
 )
+from llmop_router.metrics import GatewayMetrics
 from llmop_router.routes import Backend, RouteTable
+from llmop_router.store import Guarded, Local, Redis, Store
+from llmop_router.tenants import Tenant, parse_tenant
 
 DEFAULT_PORT = 8080
 DEFAULT_STALE_AFTER_SECONDS = 300.0
@@ -110,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "names answer 404 (default: every namespace)",
     )
     limits.add_arguments(serving)
+    _gateway_arguments(serving)
     args = parser.parse_args(argv)
     bounds = limits.from_args(args)
     if args.admin_port == args.port and args.port != 0:
@@ -122,9 +130,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.static:
         router = Router(static_table(args.static), limits=bounds)
         router.ready = True
+        if args.static_tenants is not None:
+            router.gateway = _gateway(args, router)
+            router.gateway.set_tenants(static_tenants(args.static_tenants))
+            for cr, pricing in static_prices(args.static).items():
+                router.gateway.set_price(cr, pricing)
     else:
         api = ApiServer.from_kubeconfig(args.kubeconfig) if args.kubeconfig else None
         router = Router(RouteTable(), limits=bounds)
+        if args.gateway:
+            router.gateway = _gateway(args, router)
         namespaces = tuple(ns for ns in args.namespaces.split(",") if ns)
         stale_after = args.stale_after_seconds
         serving_namespaces = tuple(ns.strip() for ns in args.serving_namespaces.split(",") if ns)
@@ -170,7 +185,7 @@ def _failure(catalog: Catalog, key: str) -> Failure:
     return lambda message: catalog.failed(key, message)
 
 
-def watching(
+def watching(  # noqa: C901
     app: web.Application,
     router: Router,
     api: ApiServer,
@@ -185,6 +200,9 @@ def watching(
     (0: never). The same credentials wake CRs at zero. Only CRs in `serving` (empty: all) are
     routed."""
     catalog = Catalog(router.table, namespaces, serving)
+    gateway = router.gateway
+    if gateway is not None:
+        catalog.cluster_lists = (LLMTENANTS[1],)
     watch_timeout = _freshness(router, catalog, stale_after)
 
     def update() -> None:
@@ -193,6 +211,15 @@ def watching(
 
     def on_llmdeployment(kind: str, obj: dict[str, object]) -> None:
         catalog.on_llmdeployment(kind, obj)
+        if gateway is not None:
+            prices_of(gateway, kind, obj)
+        update()
+
+    def on_tenant(kind: str, obj: dict[str, Any]) -> None:
+        assert gateway is not None
+        gateway.on_tenant(kind, obj)
+        if kind == "SYNC":
+            catalog.listed(LLMTENANTS[1])
         update()
 
     def on_endpoint_slice(kind: str, obj: dict[str, object]) -> None:
@@ -219,7 +246,25 @@ def watching(
             router.waker = waker
             scopes: tuple[str | None, ...] = namespaces or (None,)
             watches = ((LLMDEPLOYMENTS, on_llmdeployment), (ENDPOINT_SLICES, on_endpoint_slice))
-            tasks = [
+            if gateway is not None:
+                watches_cluster = [
+                    asyncio.create_task(
+                        list_and_watch(
+                            session,
+                            api,
+                            LLMTENANTS,
+                            None,
+                            on_tenant,
+                            problem=problem_of(LLMTENANTS, None),
+                            contact=_contact(catalog, list_key(LLMTENANTS[1], None)),
+                            failure=_failure(catalog, list_key(LLMTENANTS[1], None)),
+                            watch_timeout=watch_timeout,
+                        )
+                    )
+                ]
+            else:
+                watches_cluster = []
+            tasks = watches_cluster + [
                 asyncio.create_task(
                     list_and_watch(
                         session,
@@ -242,6 +287,115 @@ def watching(
             await asyncio.gather(*tasks, return_exceptions=True)
 
     app.cleanup_ctx.append(run)
+
+
+# --- The gateway ----------------------------------------------------------------------------------
+
+
+def _gateway_arguments(serving: argparse.ArgumentParser) -> None:
+    group = serving.add_argument_group("gateway (API keys, limits, metering: docs/gateway.md)")
+    group.add_argument(
+        "--gateway",
+        action="store_true",
+        help="require a tenant's API key on every request (LLMTenant objects, watched) and "
+        "hold each tenant to its limits",
+    )
+    group.add_argument(
+        "--static-tenants",
+        metavar="FILE",
+        help="with --static: the tenants from this YAML file (LLMTenant objects, several per "
+        "file); turns the gateway on",
+    )
+    group.add_argument(
+        "--store",
+        metavar="URL",
+        default="",
+        help="the shared store's URL (redis://host:6379/0): limits shared by every router "
+        "replica; unset: each router counts alone",
+    )
+    group.add_argument(
+        "--store-password-file",
+        metavar="FILE",
+        help="the store's password, read from this file (a mounted Secret)",
+    )
+    group.add_argument(
+        "--store-timeout-ms",
+        type=float,
+        default=DEFAULT_STORE_TIMEOUT_MS,
+        help="a store call slower than this counts as a failure",
+    )
+    group.add_argument(
+        "--store-on-error",
+        choices=("FailOpen", "FailClosed"),
+        default="FailOpen",
+        help="while the store is down: admit by this replica's share of each limit "
+        "(FailOpen), or refuse 503 (FailClosed)",
+    )
+    group.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="router replicas sharing the store: while it is down each admits 1/N of a limit",
+    )
+
+
+DEFAULT_STORE_TIMEOUT_MS = 100.0
+"""Loopback Redis answers in well under a millisecond; a breaker tripping on a busy 2-core
+machine's scheduling hiccup would cost more than it saves."""
+
+
+def _gateway(args: argparse.Namespace, router: Router) -> Gateway:
+    metrics = GatewayMetrics(router.metrics.registry)
+    store: Store
+    if args.store:
+        password = None
+        if args.store_password_file:
+            with open(args.store_password_file, encoding="utf-8") as handle:
+                password = handle.read().strip() or None
+        timeout = args.store_timeout_ms / 1000
+        store = Guarded(
+            Redis(args.store, timeout=timeout, password=password),
+            fail_open=args.store_on_error == "FailOpen",
+            replicas=args.replicas,
+            timeout=timeout,
+            health=store_health(metrics),
+        )
+    else:
+        store = Local()
+    return Gateway(store, metrics)
+
+
+def static_tenants(path: str) -> list[Tenant]:
+    """`LLMTenant` objects from a YAML file (the same shape as the CRs)."""
+    import yaml
+
+    with open(path, encoding="utf-8") as handle:
+        documents = [d for d in yaml.safe_load_all(handle) if d]
+    return [parse_tenant(d) for d in documents]
+
+
+def static_prices(path: str) -> dict[tuple[str, str], object]:
+    """The `pricing` of each entry of a static table (as `spec.router.pricing`)."""
+    with open(path, encoding="utf-8") as handle:
+        document: Any = json.load(handle)
+    return {
+        (entry["namespace"], entry["name"]): entry["pricing"]
+        for entry in document.get("models", {}).values()
+        if "pricing" in entry
+    }
+
+
+def prices_of(gateway: Gateway, kind: str, obj: dict[str, Any]) -> None:
+    """Keep each LLMDeployment's `spec.router.pricing`."""
+    items = obj.get("items") or [] if kind == "SYNC" else [obj]
+    for item in items:
+        meta = item.get("metadata") or {}
+        cr = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if kind == "DELETED":
+            gateway.prices.pop(cr, None)
+            continue
+        router_spec = (item.get("spec") or {}).get(contract.Spec.ROUTER) or {}
+        gateway.set_price(cr, router_spec.get(contract.Pricing.PRICING))
 
 
 if __name__ == "__main__":

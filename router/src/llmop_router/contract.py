@@ -15,6 +15,7 @@ through the operator's parser.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Final
 
@@ -150,3 +151,67 @@ class ActivityKey:
     """Requests waiting for a wake."""
     LAST_REQUEST_UNIX: Final = "lastRequestUnix"
     """Arrival of the newest request (Unix seconds), or null."""
+
+
+# --- The gateway: tenants and their keys --------------------------------------------------------
+
+TENANT_KIND: Final = "LLMTenant"
+TENANT_PLURAL: Final = "llmtenants"
+TENANT_CRD_NAME: Final = f"{TENANT_PLURAL}.{GROUP}"
+API_KEY_PREFIX: Final = "llmop_"
+"""Every key `llmop key new` mints starts with it, so secret scanners can recognise one."""
+API_KEY_PATTERN: Final = r"^[0-9a-f]{64}$"
+"""What `spec.apiKeys[].sha256` must be: the hex SHA-256 of the key (never the key itself)."""
+MAX_API_KEY_BYTES: Final = 256
+"""A presented key longer than this is refused unhashed (a key is ~50 characters)."""
+
+
+class TenantSpec:
+    """The `LLMTenant` spec keys the router reads (camelCase, as the API serves them)."""
+
+    API_KEYS: Final = "apiKeys"
+    KEY_NAME: Final = "name"
+    KEY_SHA256: Final = "sha256"
+    KEY_NOT_AFTER: Final = "notAfter"
+    KEY_DISABLED: Final = "disabled"
+    MODELS: Final = "models"
+    LIMITS: Final = "limits"
+    MODEL_LIMITS: Final = "modelLimits"
+    MODEL: Final = "model"
+    REQUESTS_PER_MINUTE: Final = "requestsPerMinute"
+    TOKENS_PER_MINUTE: Final = "tokensPerMinute"
+    OUTPUT_TOKENS_PER_MINUTE: Final = "outputTokensPerMinute"
+    MAX_CONCURRENT_REQUESTS: Final = "maxConcurrentRequests"
+    MAX_TOKENS_PER_REQUEST: Final = "maxTokensPerRequest"
+    RESERVE_OUTPUT_TOKENS: Final = "reserveOutputTokens"
+    BURST_SECONDS: Final = "burstSeconds"
+    MODE: Final = "mode"
+    BUDGET: Final = "budget"
+    MONTHLY: Final = "monthly"
+    CURRENCY: Final = "currency"
+
+
+DEFAULT_BURST_SECONDS: Final = 10
+"""`limits.burstSeconds` when unset: a tenant may send this many seconds of its rate at once."""
+DEFAULT_RESERVE_OUTPUT_TOKENS: Final = 512
+"""`limits.reserveOutputTokens` when unset: the output a request without `max_tokens` is
+charged at admission, settled against its real usage afterwards."""
+MODE_ENFORCE: Final = "Enforce"
+MODE_SHADOW: Final = "Shadow"
+
+
+class Pricing:
+    """`spec.router.pricing` keys of an LLMDeployment: prices per million tokens, as decimal
+    strings (so a price is exact)."""
+
+    PRICING: Final = "pricing"
+    CURRENCY: Final = "currency"
+    INPUT: Final = "inputPerMillion"
+    CACHED_INPUT: Final = "cachedInputPerMillion"
+    OUTPUT: Final = "outputPerMillion"
+
+
+def api_key_hash(key: str) -> str:
+    """The SHA-256 (hex) an `LLMTenant` stores for `key`: keys are machine-made with 256 bits
+    of entropy, so a fast hash is safe to publish and lets the router look a key up in O(1)."""
+    return hashlib.sha256(key.encode()).hexdigest()

@@ -191,6 +191,13 @@ class Catalog:
     """List → its watch's last failure, until it next hears from the API server."""
     _served: dict[Key, list[str]] = field(default_factory=dict)
     """CR → the model names it owns in the table now."""
+    cluster_lists: tuple[str, ...] = ()
+    """Cluster-scoped resources the router also needs listed before it is ready (the
+    gateway's `llmtenants`): their events go elsewhere, their list is marked by `listed`."""
+
+    def listed(self, resource: str) -> None:
+        """A cluster-scoped list of `cluster_lists` arrived."""
+        self.synced.add(list_key(resource, None))
 
     def on_llmdeployment(self, kind: str, obj: Mapping[str, Any]) -> None:
         if kind == "SYNC":
@@ -236,7 +243,8 @@ class Catalog:
     def wanted(self) -> list[str]:
         """The lists the table needs: both resources, in each watched namespace (or all)."""
         scopes = self.namespaces or ("",)
-        return [list_key(r, ns) for r in (contract.PLURAL, ENDPOINT_SLICES) for ns in scopes]
+        wanted = [list_key(r, ns) for r in (contract.PLURAL, ENDPOINT_SLICES) for ns in scopes]
+        return wanted + [list_key(r, None) for r in self.cluster_lists]
 
     def waiting(self) -> list[str]:
         """What readiness waits for, one line per list that has not arrived: why it cannot be

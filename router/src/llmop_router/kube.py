@@ -36,6 +36,8 @@ log = logging.getLogger("llmop_router.kube")
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 LLMDEPLOYMENTS = (contract.GROUP_VERSION_PATH, contract.PLURAL)
 ENDPOINT_SLICES = ("/apis/discovery.k8s.io/v1", "endpointslices")
+LLMTENANTS = (contract.GROUP_VERSION_PATH, contract.TENANT_PLURAL)
+"""Cluster-scoped: the gateway's tenants."""
 WATCH_TIMEOUT_SECONDS = 300
 """The longest a watch request runs before it is opened again (each opening is a contact)."""
 RETRY_FIRST_SECONDS = 0.5

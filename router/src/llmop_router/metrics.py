@@ -124,3 +124,67 @@ class RouterMetrics:
         for resource, age in self.watch_ages().items():
             self.watch_age.labels(resource).set(age)
         return generate_latest(self.registry)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "llmop_gateway_requests",
+            "Requests answered, by tenant ('-': no valid key), model and HTTP status",
+            ["tenant", "model", "code"],
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "llmop_gateway_tokens",
+            "Tokens used, by tenant, model and kind (input, cached_input, output)",
+            ["tenant", "model", "kind"],
+            registry=registry,
+        )
+        self.estimated = Counter(
+            "llmop_gateway_tokens_estimated",
+            "Tokens charged by estimate (answers that ended without usage: aborted streams)",
+            ["tenant", "model"],
+            registry=registry,
+        )
+        self.cost = Counter(
+            "llmop_gateway_cost",
+            "Cost of the tokens used, in the model's currency (spec.router.pricing)",
+            ["tenant", "model", "currency"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "llmop_gateway_rejected",
+            "Requests refused by the gateway, by tenant and reason",
+            ["tenant", "reason"],
+            registry=registry,
+        )
+        self.shadow_rejected = Counter(
+            "llmop_gateway_shadow_rejected",
+            "Requests a tenant in Shadow mode sent that its limits would have refused",
+            ["tenant", "reason"],
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "llmop_gateway_inflight",
+            "Admitted requests not yet answered, by tenant",
+            ["tenant"],
+            registry=registry,
+        )
+        self.store_seconds = Histogram(
+            "llmop_gateway_store_seconds",
+            "Round trip of a call to the shared store, by operation",
+            ["op"],
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1),
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "llmop_gateway_store_errors",
+            "Calls to the shared store that failed or timed out, by operation",
+            ["op"],
+            registry=registry,
+        )
+        self.store_degraded = Gauge(
+            "llmop_gateway_store_degraded",
+            "1 while the shared store is not used (its breaker is open)",
+            registry=registry,
+        )

@@ -61,6 +61,10 @@ class RoutingInfo:
     """`stream: true`: the answer is SSE (a held request then gets heartbeats)."""
     prefill: Prefill = NO_PREFILL
     """The prompt's size, whole and after the last answer."""
+    max_tokens: int | None = None
+    """`max_completion_tokens`, else `max_tokens` (the gateway reserves output by it)."""
+    include_usage: bool = False
+    """`stream_options.include_usage: true`: the client asked for the usage event itself."""
 
 
 def hash_bytes(data: bytes) -> int:
@@ -155,4 +159,13 @@ def routing_of(parsed: Mapping[str, Any]) -> RoutingInfo:
         size = text_chars(prompt)
         prefill = Prefill(size, size)
     key = head_key(head, model or "") if head else None
-    return RoutingInfo(model, key, parsed.get("stream") is True, prefill)
+    max_tokens = parsed.get("max_completion_tokens", parsed.get("max_tokens"))
+    options = parsed.get("stream_options")
+    return RoutingInfo(
+        model,
+        key,
+        parsed.get("stream") is True,
+        prefill,
+        max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None,
+        isinstance(options, dict) and options.get("include_usage") is True,
+    )

@@ -22,6 +22,7 @@ from multidict import CIMultiDict
 
 from llmop_router.answers import error_event
 from llmop_router.hold import Key
+from llmop_router.metering import Tap
 from llmop_router.metrics import RouterMetrics
 from llmop_router.routes import Choice, RouteTable
 
@@ -90,12 +91,17 @@ class Proxy:
         *,
         started: float,
         prepared: web.StreamResponse | None,
+        tap: Tap | None = None,
+        headers: CIMultiDict[str] | None = None,
     ) -> web.StreamResponse | None:
         """Try the pick's pods in order (at most `ATTEMPTS`) and relay the first answer; None
         when every attempt failed before answering. `started`: when the request arrived
         (`perf_counter`), for the routing time; `prepared`: a held stream's response, whose 200
-        headers went out already."""
-        headers = forwarded_headers(request.headers)
+        headers went out already. `tap` (the gateway's) sees the answer go by and may hold back
+        what the client did not ask for; `headers`: what to send upstream instead of the
+        client's end-to-end headers."""
+        if headers is None:
+            headers = forwarded_headers(request.headers)
         url_tail = request.rel_url.raw_path_qs
         pick = choice.pick
         attempts = pick.order[:ATTEMPTS]
@@ -114,6 +120,7 @@ class Proxy:
                 prepared=prepared,
                 last=last,
                 prefill=pick.prefill_on(endpoint),
+                tap=tap,
             )
             if answered is not None:
                 return answered
@@ -131,6 +138,7 @@ class Proxy:
         prepared: web.StreamResponse | None,
         last: bool,
         prefill: int = 0,
+        tap: Tap | None = None,
     ) -> web.StreamResponse | None:
         """Send to one pod and relay its answer; None when it failed before its first byte and
         another pod may be tried. The pod counts the request in flight until it ends, and its
@@ -163,7 +171,9 @@ class Proxy:
                     # A draining engine (or one going unready): the next pod answers instead.
                     self.metrics.upstream_errors.labels("503").inc()
                     return None
-                return await self._relay(request, upstream, prepared, first_byte)
+                if tap is not None:
+                    tap.status = upstream.status
+                return await self._relay(request, upstream, prepared, first_byte, tap)
         finally:
             first_byte()
             table.end(endpoint)
@@ -174,9 +184,10 @@ class Proxy:
         upstream: aiohttp.ClientResponse,
         prepared: web.StreamResponse | None = None,
         first_byte: Callable[[], None] = lambda: None,
+        tap: Tap | None = None,
     ) -> web.StreamResponse:
         if prepared is not None:
-            return await self._relay_into(prepared, upstream, first_byte)
+            return await self._relay_into(prepared, upstream, first_byte, tap)
         response = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
@@ -189,11 +200,16 @@ class Proxy:
             response.force_close()
         if upstream.content_length is not None:
             response.content_length = upstream.content_length
+        if upstream.status != 200:
+            tap = None  # an error answer: nothing to meter (the engine did no work for it)
         await response.prepare(request)
         try:
-            async for chunk in upstream.content.iter_any():
-                first_byte()
-                await response.write(chunk)
+            if tap is None:
+                async for chunk in upstream.content.iter_any():
+                    first_byte()
+                    await response.write(chunk)
+            else:
+                await self._relay_tapped(response, upstream, first_byte, tap)
             await response.write_eof()
         except ConnectionResetError:
             # The client stopped reading (e.g. closed after `data: [DONE]`, before the final
@@ -206,6 +222,7 @@ class Proxy:
         prepared: web.StreamResponse,
         upstream: aiohttp.ClientResponse,
         first_byte: Callable[[], None] = lambda: None,
+        tap: Tap | None = None,
     ) -> web.StreamResponse:
         """The engine's answer into a held stream whose 200 headers (and heartbeats) went out:
         its events as they come, or its error as one SSE error event."""
@@ -224,6 +241,8 @@ class Proxy:
                         }
                     ).encode()
                 await prepared.write(error_event(body))
+            elif tap is not None:
+                await self._relay_tapped(prepared, upstream, first_byte, tap)
             else:
                 async for chunk in upstream.content.iter_any():
                     first_byte()
@@ -232,3 +251,23 @@ class Proxy:
         except ConnectionResetError:
             self.metrics.client_disconnects.inc()
         return prepared
+
+    @staticmethod
+    async def _relay_tapped(
+        response: web.StreamResponse,
+        upstream: aiohttp.ClientResponse,
+        first_byte: Callable[[], None],
+        tap: Tap,
+    ) -> None:
+        """Relay through the gateway's tap (it meters the answer and may hold back the usage
+        event the client did not ask for)."""
+        async for chunk in upstream.content.iter_any():
+            first_byte()
+            if tap.first_byte is None:
+                tap.first_byte = time.monotonic()
+            out = tap.feed(chunk)
+            if out:
+                await response.write(out)
+        rest = tap.finish()
+        if rest:
+            await response.write(rest)

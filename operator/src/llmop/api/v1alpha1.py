@@ -675,6 +675,25 @@ class InferencePoolSpec(ApiModel):
     """The endpoint picker the gateway consults for this pool (you run it: docs/router.md)."""
 
 
+DECIMAL_PATTERN: Final = r"^[0-9]{1,12}(\.[0-9]{1,6})?$"
+"""An amount of money: up to 6 decimals, so a price per million tokens is a whole number of
+millionths of a millionth per token and costs add up exactly."""
+
+
+class Pricing(ApiModel):
+    """What this model's tokens cost, for the gateway's metering and tenants' budgets."""
+
+    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
+    """ISO 4217 code; tenants' budgets are in it."""
+    input_per_million: str = Field(pattern=DECIMAL_PATTERN)
+    """Price of a million prompt tokens (a decimal string, e.g. "0.10")."""
+    cached_input_per_million: str | None = Field(default=None, pattern=DECIMAL_PATTERN)
+    """Price of a million prompt tokens served from the prefix cache [default: the input
+    price]."""
+    output_per_million: str = Field(pattern=DECIMAL_PATTERN)
+    """Price of a million generated tokens."""
+
+
 class RouterSpec(ApiModel):
     """How llmop-router serves this model (docs/router.md)."""
 
@@ -687,6 +706,9 @@ class RouterSpec(ApiModel):
     Gateway API Inference Extension gateway (needs the extension's CRDs v1.x in the cluster;
     without them the CR is Degraded with reason InferencePoolUnavailable and serves through its
     Service as before). Removing this field deletes the pool."""
+    pricing: Pricing | None = None
+    """Prices per million tokens: the router's gateway meters each tenant's cost with them
+    (llmop_gateway_cost_total, LLMTenant budgets). Unset: the tokens are counted, at no cost."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -894,6 +916,9 @@ class ActualCapacity(ApiModel):
     """KV cache tokens of one replica as reported by the engine."""
 
 
+FactsSource = Literal["spec", "catalog", "files", "hub"]
+
+
 class PlanStatus(ApiModel):
     """The capacity planner's estimate for one replica."""
 
@@ -915,6 +940,15 @@ class PlanStatus(ApiModel):
     replica up to it."""
     fits: bool | None = None
     """Whether the model fits with these settings."""
+    facts_source: FactsSource | None = None
+    """Where the model's facts came from: spec.model.architecture, the planner's catalog, or
+    the model's own config.json and safetensors index at the resolved revision (hub)."""
+    max_num_batched_tokens: int | None = None
+    """The scheduler's token budget per step the engine will use (vLLM's default for the GPU
+    unless spec.engine sets one)."""
+    decode_ceiling_tokens_per_second: int | None = None
+    """Output tokens/s one replica cannot exceed at its largest batch, from memory bandwidth
+    (weights + KV read per decode step): a ceiling, not a forecast."""
     actual: ActualCapacity | None = None
     """What the running engine reported."""
 

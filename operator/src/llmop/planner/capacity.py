@@ -45,26 +45,28 @@ from llmop.planner.dtypes import (
     weight_bytes_per_param,
 )
 from llmop.planner.gpus import gpus_per_node, lookup_gpu
+from llmop.planner.kv_layout import KVLayout, build_layout
 from llmop.planner.models import ModelArchitecture
+from llmop.planner.vllm_profile import VLLM_CURRENT, VllmProfile, profile_for
 
 GIB = 1024**3
 
 BLOCK_SIZE = 16
 """vLLM's default KV block size in tokens (CacheConfig.DEFAULT_BLOCK_SIZE, contract §4)."""
 
-NON_TORCH_GIB = 0.25
+NON_TORCH_GIB = VLLM_CURRENT.non_torch_gib
 """CUDA context growth, cuBLAS/attention workspaces outside the torch allocator, at TP=1.
 Measured 0.13 GiB (vLLM 0.11, llm-d empirical results) and 0.32 GiB (newer walk-through)."""
 
-NCCL_GIB = 0.4
+NCCL_GIB = VLLM_CURRENT.nccl_gib
 """Extra non-torch memory with TP > 1 (NCCL buffers, custom all-reduce): llm-d measured 0.55 GiB
 at TP=2 against 0.13-0.14 at TP=1."""
 
-ACTIVATION_BASE_GIB = 0.25
+ACTIVATION_BASE_GIB = VLLM_CURRENT.activation_base_gib
 """Activation peak that does not scale with the vocabulary (hidden states, MLP intermediates of
 the profiling batch, sampler buffers)."""
 
-LOGITS_BYTES = 2
+LOGITS_BYTES = VLLM_CURRENT.logits_bytes
 """The activation peak is dominated by logits of the profiling batch: max_num_batched_tokens x
 vocab. vLLM 0.11 measured ≈ 4.4 bytes per logit (fp32 copies: 8B 4.76 GiB, Qwen3 5.6 GiB,
 gpt-oss 7.4 GiB scale with vocab); newer releases ≈ 0.6. We charge one bf16 tensor (2 bytes),
@@ -73,9 +75,21 @@ which lands between the two generations (see the module docstring)."""
 DEFAULT_VOCAB = 128256
 """Vocabulary assumed when the architecture does not say (CR override): Llama 3's."""
 
-CUDA_GRAPH_GIB = 0.9
+CUDA_GRAPH_GIB = VLLM_CURRENT.cuda_graph_gib
 """CUDA-graph memory vLLM (≥ 0.21) estimates and subtracts before sizing the KV cache; zero with
 --enforce-eager. Observed 0.84 GiB estimated / 0.94 GiB captured for an 8B model on H100."""
+
+MXFP4_ALLOWANCE_GIB = 0.6
+"""Per GPU beyond an MXFP4 checkpoint's share: vLLM 0.19 logged 7.01 GiB per GPU for gpt-oss-20b
+at TP 2 against 6.41 GiB of checkpoint (llm-d-planner sweep, results_raw.csv @ d3121e05; the
+reference calls the gap unexplained — one measurement, kept as an allowance)."""
+
+_QUANT_FAMILY = {
+    "awq_marlin": "awq",
+    "gptq_marlin": "gptq",
+    "compressed_tensors": "compressed-tensors",
+    "w4a16": "compressed-tensors",
+}
 
 MIN_SUGGESTED_MAX_MODEL_LEN = 1024
 """Below this a shorter context is not a useful fix."""
@@ -120,6 +134,8 @@ class PlanRequest:
     """LoRA slots (`--max-loras`; 0: LoRA off). vLLM allocates every slot at start."""
     max_lora_rank: int = 0
     """Rank each slot is sized for (`--max-lora-rank`)."""
+    vllm_version: str | None = None
+    """The vLLM release the engine runs (vllm_profile.py); None: the engine image's."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +164,20 @@ class CapacityPlan:
     max_num_seqs: int | None = None
     """The batch the engine runs with: the request's, else vLLM's default for the GPU (None:
     not planned for, the CPU engine)."""
+    max_num_batched_tokens: int | None = None
+    """The scheduler's token budget per step vLLM will use (None: the CPU engine)."""
+    kv_groups: int = 1
+    """KV-cache groups vLLM makes (more than one for sliding-window/chunked hybrids)."""
+    kv_blocks: int | None = None
+    """Blocks in the KV pool (vLLM's num_gpu_blocks)."""
+    vllm_profile: str = ""
+    """The vLLM generation the arithmetic followed (vllm_profile.py)."""
+    decode_ceiling_tokens_per_s: float | None = None
+    """Output tokens/s one replica cannot exceed at its largest batch: memory bandwidth over the
+    bytes read per decode step (active weights + every sequence's KV). A ceiling, not a
+    forecast; None when the GPU's bandwidth is unknown or it does not fit."""
+    decode_batch: int = 0
+    """The batch the ceiling is computed at: min(max_num_seqs, max concurrency)."""
 
 
 def _batch_defaults(request: PlanRequest) -> tuple[int, int]:
@@ -228,6 +258,179 @@ def stage_parameters(arch: ModelArchitecture, pipeline_parallel_size: int) -> fl
     return body / pipeline_parallel_size + embedding
 
 
+VOCAB_PADDING = 64
+"""vLLM pads the vocabulary to a multiple of 64 before splitting it over TP ranks
+(vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE)."""
+
+
+def tensor_parallel_problem(arch: ModelArchitecture, tp: int) -> str | None:
+    """Why vLLM refuses this TP for the model (None: it accepts it): TP must divide the
+    attention heads and the padded vocabulary; KV heads are split or replicated whole."""
+    heads = arch.attention_heads
+    if heads is not None and heads % tp:
+        return f"does not divide the {heads} attention heads"
+    if arch.vocab_size:
+        padded = -(-arch.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+        if padded % tp:
+            return f"does not divide the padded vocabulary of {padded:,}"
+    if not arch.is_mla and arch.attention_heads is not None:
+        kv = arch.kv_heads
+        if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+            return f"does not split or replicate the {kv} KV heads evenly"
+    return None
+
+
+def _same_quantization(runtime: str | None, checkpoint: str | None) -> bool:
+    def family(value: str | None) -> str:
+        norm = (value or "").strip().lower()
+        return _QUANT_FAMILY.get(norm, norm) if norm not in {"", "none"} else ""
+
+    return family(runtime) == family(checkpoint)
+
+
+def _weights_gib(request: PlanRequest, quantization: str | None) -> tuple[float, float]:
+    """(all weights, the heaviest GPU's share) in GiB. With the checkpoint's size known and the
+    engine loading it as it is, the weights are those bytes (quantization scales included);
+    otherwise parameters x bytes per parameter for the runtime dtype and quantization."""
+    arch = request.architecture
+    tp, pp = request.tensor_parallel_size, request.pipeline_parallel_size
+    stage_share = stage_parameters(arch, pp) / arch.parameters
+    as_stored = (
+        arch.checkpoint_bytes is not None
+        and _same_quantization(quantization, arch.default_quantization)
+        and (
+            request.dtype.strip().lower() in {"", "auto"}
+            or arch.default_quantization is not None
+            or dtype_bytes(resolve_dtype(request.dtype, arch.dtype))
+            == dtype_bytes(resolve_dtype("auto", arch.dtype))
+        )
+    )
+    if as_stored:
+        assert arch.checkpoint_bytes is not None
+        total = arch.checkpoint_bytes / GIB
+        per_gpu = total * stage_share / tp
+        if (quantization or "").lower() == "mxfp4":
+            per_gpu += MXFP4_ALLOWANCE_GIB
+        return total, per_gpu
+    bytes_per_param = weight_bytes_per_param(request.dtype, quantization, arch.dtype)
+    total = arch.parameters * bytes_per_param / GIB
+    return total, stage_parameters(arch, pp) * bytes_per_param / GIB / tp
+
+
+def _layout(
+    arch: ModelArchitecture, stage_layers: int, tp: int, kv_element: float
+) -> KVLayout | None:
+    """vLLM's grouping of the first (fullest) stage's layers; None for catalog entries, which
+    have no per-layer shapes (every layer full attention: the uniform formula)."""
+    if not arch.attention_layers:
+        return None
+    return build_layout(
+        arch.attention_layers[:stage_layers],
+        tensor_parallel_size=tp,
+        element_bytes=kv_element,
+        block_size=BLOCK_SIZE,
+    )
+
+
+def _overhead_gib(request: PlanRequest, profile: VllmProfile, batched_tokens: int) -> float:
+    """Activation peak + non-torch + CUDA graphs per GPU, by the vLLM generation's constants."""
+    arch = request.architecture
+    tp, pp = request.tensor_parallel_size, request.pipeline_parallel_size
+    vocab = arch.vocab_size or DEFAULT_VOCAB
+    activation = profile.activation_base_gib + batched_tokens * vocab * profile.logits_bytes / GIB
+    if arch.moe:
+        activation += profile.moe_activation_gib
+    multi_gpu = tp > 1 or (pp > 1 and profile.nccl_with_pipeline)
+    non_torch = profile.non_torch_gib + (profile.nccl_gib if multi_gpu else 0.0)
+    graphs = (
+        profile.cuda_graph_gib
+        if profile.subtracts_cuda_graphs and not request.enforce_eager
+        else 0.0
+    )
+    return activation + non_torch + graphs
+
+
+@dataclass(frozen=True)
+class _KV:
+    blocks: int
+    tokens: int
+    concurrency: float
+    request_gib: float
+    """What one sequence of max_model_len reserves on each GPU."""
+    enough: bool
+    groups: int
+
+
+def _kv_capacity(
+    layout: KVLayout | None,
+    *,
+    kv_gib: float,
+    kv_per_token: int,
+    max_model_len: int,
+    reserve: int,
+    profile: VllmProfile,
+) -> _KV:
+    """Blocks, tokens and concurrency of the KV memory left: the uniform formula for catalog
+    entries, vLLM's per-layer-type grouping for facts read from the model's files."""
+    if layout is None:
+        page_bytes = kv_per_token * BLOCK_SIZE
+        blocks = int(kv_gib * GIB // page_bytes) if kv_gib > 0 else 0
+        tokens = blocks * BLOCK_SIZE
+        per_request = -(-max_model_len // BLOCK_SIZE)
+        return _KV(
+            blocks,
+            tokens,
+            tokens / max_model_len,
+            per_request * page_bytes / GIB,
+            tokens >= max_model_len,
+            1,
+        )
+    blocks = layout.num_blocks(kv_gib * GIB)
+    per_request = layout.blocks_per_request(max_model_len, reserve)
+    concurrency = blocks / per_request
+    if profile.logged_tokens_from_blocks:
+        tokens = layout.logged_tokens_from_blocks(blocks)
+    else:
+        tokens = int(concurrency * max_model_len)
+    return _KV(
+        blocks,
+        tokens,
+        concurrency,
+        per_request * layout.page_bytes * layout.group_size / GIB,
+        blocks >= per_request,
+        len(layout.groups),
+    )
+
+
+def _decode_ceiling(
+    request: PlanRequest,
+    *,
+    weights_per_gpu: float,
+    request_kv_gib: float,
+    max_num_seqs: int,
+    concurrency: float,
+) -> tuple[float | None, int]:
+    """(tokens/s, batch): at the largest batch the engine runs, each decode step reads every
+    GPU's active weights once and each sequence's whole KV reserve; memory bandwidth bounds
+    the step time from below, so this bounds throughput from above."""
+    gpu = lookup_gpu(request.gpu_product) if request.gpu_product else None
+    batch = min(max_num_seqs, int(concurrency))
+    if gpu is None or not gpu.bandwidth_gbs or batch < 1:
+        return None, max(batch, 0)
+    arch = request.architecture
+    active_share = (arch.active_parameters or arch.parameters) / arch.parameters
+    step_bytes = (weights_per_gpu * active_share + batch * request_kv_gib) * GIB
+    return batch * gpu.bandwidth_gbs * 1e9 / step_bytes, batch
+
+
+def cost_per_million_tokens(
+    tokens_per_s: float, gpu_hour_price: float, gpus_per_replica: int
+) -> float:
+    """What a million output tokens cost at ``tokens_per_s`` for one replica's GPUs at
+    ``gpu_hour_price`` per GPU-hour (a floor when tokens_per_s is the ceiling)."""
+    return gpu_hour_price * gpus_per_replica / (tokens_per_s * 3600) * 1e6
+
+
 def _fmt_gib(value: float) -> str:
     return f"{value:.2f} GiB"
 
@@ -246,6 +449,7 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
     if not 0 < request.gpu_memory_utilization <= 1:
         raise ValueError("gpu_memory_utilization must be in (0, 1]")
 
+    profile = profile_for(request.vllm_version)
     quantization = request.quantization
     if quantization is None:
         quantization = arch.default_quantization
@@ -256,33 +460,45 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
     # vLLM clamps the scheduler budget to what max_num_seqs full sequences could use.
     batched_tokens = min(batched_tokens, max_num_seqs * max_model_len)
 
-    bytes_per_param = weight_bytes_per_param(request.dtype, quantization, arch.dtype)
-    weights_total = arch.parameters * bytes_per_param / GIB
-    weights_per_gpu = stage_parameters(arch, pp) * bytes_per_param / GIB / tp
+    weights_total, weights_per_gpu = _weights_gib(request, quantization)
 
     kv_element = kv_cache_bytes_per_element(request.kv_cache_dtype, request.dtype, arch.dtype)
     # Each stage keeps KV only for its own layers.
-    stage_arch = replace(arch, layers=kv_layers_per_stage(arch, min(pp, arch.layers)))
-    kv_per_token = kv_bytes_per_token_per_gpu(stage_arch, tp, kv_element)
+    stage_layers = kv_layers_per_stage(arch, min(pp, arch.layers))
+    stage_arch = replace(arch, layers=stage_layers)
+    layout = _layout(arch, stage_layers, tp, kv_element)
+    kv_per_token = (
+        layout.bytes_per_token
+        if layout is not None
+        else kv_bytes_per_token_per_gpu(stage_arch, tp, kv_element)
+    )
 
-    vocab = arch.vocab_size or DEFAULT_VOCAB
-    activation = ACTIVATION_BASE_GIB + batched_tokens * vocab * LOGITS_BYTES / GIB
-    non_torch = NON_TORCH_GIB + (NCCL_GIB if tp * pp > 1 else 0.0)
-    graphs = 0.0 if request.enforce_eager else CUDA_GRAPH_GIB
-    # LoRA weights take the activation/weight dtype (vLLM's --lora-dtype auto).
-    compute_bytes = dtype_bytes(resolve_dtype(request.dtype, arch.dtype))
-    lora = lora_slots_gib_per_gpu(request, stage_arch.layers, compute_bytes)
-    overhead = activation + non_torch + graphs + lora
+    overhead = _overhead_gib(request, profile, batched_tokens)
+    lora = lora_slots_gib_per_gpu(
+        request, stage_arch.layers, dtype_bytes(resolve_dtype(request.dtype, arch.dtype))
+    )
+    overhead += lora
 
     requested = request.gpu_memory_gib * request.gpu_memory_utilization
     kv_gib = requested - weights_per_gpu - overhead
-    page_bytes = kv_per_token * BLOCK_SIZE
-    blocks = int(kv_gib * GIB // page_bytes) if kv_gib > 0 else 0
-    kv_tokens = blocks * BLOCK_SIZE
-    concurrency = kv_tokens / max_model_len
-    # What one full-length sequence needs on each GPU beyond what is left (rounded up to blocks).
-    needed_kv_gib = -(-max_model_len // BLOCK_SIZE) * page_bytes / GIB
+    kv = _kv_capacity(
+        layout,
+        kv_gib=kv_gib,
+        kv_per_token=kv_per_token,
+        max_model_len=max_model_len,
+        reserve=profile.sliding_reserve_tokens(batched_tokens, pp),
+        profile=profile,
+    )
+    blocks, kv_tokens, concurrency = kv.blocks, kv.tokens, kv.concurrency
+    needed_kv_gib, enough, groups = kv.request_gib, kv.enough, kv.groups
     shortfall = max(0.0, needed_kv_gib - kv_gib)
+    ceiling, batch = _decode_ceiling(
+        request,
+        weights_per_gpu=weights_per_gpu,
+        request_kv_gib=needed_kv_gib,
+        max_num_seqs=max_num_seqs,
+        concurrency=concurrency,
+    )
 
     where = f"{tp}x {request.gpu_product or 'GPU'} ({request.gpu_memory_gib:.2f} GiB each)"
     if pp > 1:
@@ -295,7 +511,6 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
         f"usable {_fmt_gib(requested)}/GPU at gpuMemoryUtilization "
         f"{request.gpu_memory_utilization:g}"
     )
-    heads = arch.attention_heads
     if pp > arch.layers:
         reason = REASON_INVALID_PP
         fits = False
@@ -303,13 +518,10 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
             f"pipelineParallelSize {pp} exceeds the {arch.layers} layers of {model}; each "
             "pipeline stage needs at least one layer."
         )
-    elif heads is not None and heads % tp != 0:
+    elif (tp_problem := tensor_parallel_problem(arch, tp)) is not None:
         reason = REASON_INVALID_TP
         fits = False
-        message = (
-            f"tensorParallelSize {tp} does not divide the {heads} attention heads of {model}; "
-            "vLLM refuses to start."
-        )
+        message = f"tensorParallelSize {tp} {tp_problem} of {model}; vLLM refuses to start."
     elif weights_per_gpu + overhead >= requested:
         reason = REASON_WEIGHTS
         fits = False
@@ -318,7 +530,7 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
             f"each GPU is short by {_fmt_gib(shortfall)} for one sequence of maxModelLen "
             f"{max_model_len:,}."
         )
-    elif kv_tokens < max_model_len:
+    elif not enough:
         reason = REASON_KV
         fits = False
         message = (
@@ -351,6 +563,12 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
             0.0 if reason in (REASON_FITS, REASON_INVALID_TP, REASON_INVALID_PP) else shortfall
         ),
         max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=batched_tokens,
+        kv_groups=groups,
+        kv_blocks=blocks,
+        vllm_profile=profile.name,
+        decode_ceiling_tokens_per_s=ceiling if reason == REASON_FITS else None,
+        decode_batch=batch if reason == REASON_FITS else 0,
     )
 
 
@@ -397,11 +615,11 @@ def _node_gpus(request: PlanRequest) -> int:
 def _tensor_parallel_sizes(request: PlanRequest) -> list[int]:
     """Tensor-parallel sizes vLLM accepts for the model that one pod can have: a pod's GPUs are
     on one node, so never more than a node has."""
-    heads = request.architecture.attention_heads
+    arch = request.architecture
     return [
         size
         for size in (1, 2, 4, 8, 16, 32, 64)
-        if size <= _node_gpus(request) and (heads is None or heads % size == 0)
+        if size <= _node_gpus(request) and tensor_parallel_problem(arch, size) is None
     ]
 
 

@@ -66,6 +66,14 @@ class CpuPlanRequest:
     max_model_len: int | None = None
 
 
+def _auto(value: str) -> bool:
+    return value.strip().lower() in {"", "auto"}
+
+
+def _float32(value: str) -> bool:
+    return value.strip().lower() in {"float32", "fp32", "float"}
+
+
 def plan_cpu_capacity(request: CpuPlanRequest) -> CapacityPlan:
     """Will the model, its KV budget and vLLM's runtime fit the pod's memory? (module docstring)"""
     arch = request.architecture
@@ -74,8 +82,14 @@ def plan_cpu_capacity(request: CpuPlanRequest) -> CapacityPlan:
     quantization = request.quantization or arch.default_quantization
     max_model_len = request.max_model_len or arch.max_position_embeddings
     weights = arch.parameters * weight_bytes_per_param(request.dtype, quantization, arch.dtype)
+    if arch.checkpoint_bytes is not None and request.quantization is None:
+        weights = arch.checkpoint_bytes
     weights_gib = weights / GIB
     kv_element = kv_cache_bytes_per_element(request.kv_cache_dtype, request.dtype, arch.dtype)
+    if _auto(request.dtype) and _auto(request.kv_cache_dtype) and _float32(arch.dtype):
+        # The CPU build keeps a float32 checkpoint in float32 under --dtype auto (the GPU build
+        # halves it): the tiny model's 2,048 bytes per token in the module docstring.
+        kv_element = 4.0
     kv_per_token = kv_bytes_per_token_per_gpu(arch, 1, kv_element)
     kv_gib = request.kv_cache_gib
     blocks = int(kv_gib * GIB // (kv_per_token * CPU_BLOCK_SIZE)) if kv_gib > 0 else 0

@@ -41,6 +41,9 @@ class GPUProduct:
     """False where ``memory_gib`` is estimated rather than seen in a real log."""
     vllm_a100: bool = False
     """vLLM gives A100s the small batch defaults even at 80 GB (arg_utils.get_batch_defaults)."""
+    bandwidth_gbs: float = 0.0
+    """Nameplate memory bandwidth (GB/s, NVIDIA's data sheets) for the decode throughput
+    ceiling; 0: unknown."""
     gpus_per_node: int = 8
     """The most GPUs of this product one node usually has (8 on the usual datacenter and cloud
     servers: HGX/DGX boards, p5/a3/g5/g2 instances): a pod's GPUs cannot be spread over nodes,
@@ -48,36 +51,81 @@ class GPUProduct:
 
 
 GPU_CATALOG: tuple[GPUProduct, ...] = (
-    GPUProduct("NVIDIA-H100-80GB-HBM3", 79.18, 80, ("H100", "H100-80GB", "H100-SXM", "H100-SXM5")),
-    GPUProduct("NVIDIA-H100-PCIe", 79.18, 80, ("H100-PCIE", "H100-80GB-PCIE"), measured=False),
-    GPUProduct("NVIDIA-H100-NVL", 93.1, 94, ("H100NVL", "H100-94GB"), measured=False),
-    GPUProduct("NVIDIA-H200", 139.80, 141, ("H200", "H200-141GB", "NVIDIA-H200-141GB-HBM3e")),
-    GPUProduct("NVIDIA-H20", 94.5, 96, ("H20",), measured=False),
-    GPUProduct("NVIDIA-GH200-480GB", 94.5, 96, ("GH200",), measured=False),
-    GPUProduct("NVIDIA-B200", 178.36, 192, ("B200", "B200-192GB")),
+    GPUProduct(
+        "NVIDIA-H100-80GB-HBM3",
+        79.18,
+        80,
+        ("H100", "H100-80GB", "H100-SXM", "H100-SXM5"),
+        bandwidth_gbs=3350,
+    ),
+    GPUProduct(
+        "NVIDIA-H100-PCIe",
+        79.18,
+        80,
+        ("H100-PCIE", "H100-80GB-PCIE"),
+        measured=False,
+        bandwidth_gbs=2000,
+    ),
+    GPUProduct(
+        "NVIDIA-H100-NVL", 93.1, 94, ("H100NVL", "H100-94GB"), measured=False, bandwidth_gbs=3900
+    ),
+    GPUProduct(
+        "NVIDIA-H200",
+        139.80,
+        141,
+        ("H200", "H200-141GB", "NVIDIA-H200-141GB-HBM3e"),
+        bandwidth_gbs=4800,
+    ),
+    GPUProduct("NVIDIA-H20", 94.5, 96, ("H20",), measured=False, bandwidth_gbs=4000),
+    GPUProduct("NVIDIA-GH200-480GB", 94.5, 96, ("GH200",), measured=False, bandwidth_gbs=4000),
+    GPUProduct("NVIDIA-B200", 178.36, 192, ("B200", "B200-192GB"), bandwidth_gbs=8000),
     GPUProduct(
         "NVIDIA-A100-SXM4-80GB",
         79.15,
         80,
         ("A100-80GB", "A100-SXM4-80GB", "A100-80G", "A800-80GB"),
         vllm_a100=True,
+        bandwidth_gbs=2039,
     ),
-    GPUProduct("NVIDIA-A100-80GB-PCIe", 79.15, 80, ("A100-PCIE-80GB",), vllm_a100=True),
     GPUProduct(
-        "NVIDIA-A100-SXM4-40GB", 39.39, 40, ("A100", "A100-40GB", "A100-SXM4-40GB"), vllm_a100=True
+        "NVIDIA-A100-80GB-PCIe", 79.15, 80, ("A100-PCIE-80GB",), vllm_a100=True, bandwidth_gbs=1935
     ),
-    GPUProduct("NVIDIA-A100-PCIE-40GB", 39.39, 40, ("A100-PCIE", "A100-PCIE-40GB"), vllm_a100=True),
-    GPUProduct("NVIDIA-L40S", 44.39, 48, ("L40S",)),
-    GPUProduct("NVIDIA-L40", 44.39, 48, ("L40",), measured=False),
-    GPUProduct("NVIDIA-A40", 44.34, 48, ("A40",), measured=False),
-    GPUProduct("NVIDIA-RTX-6000-Ada-Generation", 47.4, 48, ("RTX-6000-ADA",), measured=False),
-    GPUProduct("NVIDIA-L4", 22.03, 24, ("L4",)),
-    GPUProduct("NVIDIA-A10G", 21.98, 24, ("A10G",)),
-    GPUProduct("NVIDIA-A10", 22.02, 24, ("A10",), measured=False),
-    GPUProduct("NVIDIA-GeForce-RTX-4090", 23.64, 24, ("RTX-4090", "4090", "RTX4090")),
-    GPUProduct("Tesla-T4", 14.75, 16, ("T4", "NVIDIA-T4")),
-    GPUProduct("Tesla-V100-SXM2-16GB", 15.77, 16, ("V100", "V100-16GB")),
-    GPUProduct("Tesla-V100-SXM2-32GB", 31.74, 32, ("V100-32GB",)),
+    GPUProduct(
+        "NVIDIA-A100-SXM4-40GB",
+        39.39,
+        40,
+        ("A100", "A100-40GB", "A100-SXM4-40GB"),
+        vllm_a100=True,
+        bandwidth_gbs=1555,
+    ),
+    GPUProduct(
+        "NVIDIA-A100-PCIE-40GB",
+        39.39,
+        40,
+        ("A100-PCIE", "A100-PCIE-40GB"),
+        vllm_a100=True,
+        bandwidth_gbs=1555,
+    ),
+    GPUProduct("NVIDIA-L40S", 44.39, 48, ("L40S",), bandwidth_gbs=864),
+    GPUProduct("NVIDIA-L40", 44.39, 48, ("L40",), measured=False, bandwidth_gbs=864),
+    GPUProduct("NVIDIA-A40", 44.34, 48, ("A40",), measured=False, bandwidth_gbs=696),
+    GPUProduct(
+        "NVIDIA-RTX-6000-Ada-Generation",
+        47.4,
+        48,
+        ("RTX-6000-ADA",),
+        measured=False,
+        bandwidth_gbs=960,
+    ),
+    GPUProduct("NVIDIA-L4", 22.03, 24, ("L4",), bandwidth_gbs=300),
+    GPUProduct("NVIDIA-A10G", 21.98, 24, ("A10G",), bandwidth_gbs=600),
+    GPUProduct("NVIDIA-A10", 22.02, 24, ("A10",), measured=False, bandwidth_gbs=600),
+    GPUProduct(
+        "NVIDIA-GeForce-RTX-4090", 23.64, 24, ("RTX-4090", "4090", "RTX4090"), bandwidth_gbs=1008
+    ),
+    GPUProduct("Tesla-T4", 14.75, 16, ("T4", "NVIDIA-T4"), bandwidth_gbs=320),
+    GPUProduct("Tesla-V100-SXM2-16GB", 15.77, 16, ("V100", "V100-16GB"), bandwidth_gbs=900),
+    GPUProduct("Tesla-V100-SXM2-32GB", 31.74, 32, ("V100-32GB",), bandwidth_gbs=900),
 )
 
 

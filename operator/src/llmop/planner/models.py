@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from llmop.planner.kv_layout import AttentionLayer
+
 ATTENTION_GQA = "gqa"
 """Multi-head or grouped-query attention: K and V per KV head per layer."""
 ATTENTION_MLA = "mla"
@@ -64,6 +66,20 @@ class ModelArchitecture:
     """``quantization_config.quant_method`` of the published checkpoint (DeepSeek V3: fp8)."""
     name: str = ""
     """Canonical repo id, for messages."""
+    attention_layers: tuple[AttentionLayer, ...] = ()
+    """Per-layer KV shapes read from the model's files (full, sliding, chunked, MLA), planned
+    the way vLLM groups them (kv_layout.py); empty: ``layers`` uniform layers (the catalog)."""
+    checkpoint_bytes: int | None = None
+    """Bytes of the checkpoint's tensors (safetensors index ``metadata.total_size`` or header
+    dtype counts): exact weights, quantization scales included. None: parameters x bytes."""
+    hidden_size: int | None = None
+    active_parameters: int | None = None
+    """Parameters one token passes through (MoE: the routed experts only); None: all."""
+    moe: bool = False
+    """A mixture-of-experts model (its activation peak is a little higher)."""
+    source: str = "catalog"
+    """Where the facts came from: ``catalog``, ``spec`` (model.architecture), ``files``
+    (a directory) or ``hub`` (the model's files at a revision)."""
 
     def __post_init__(self) -> None:
         for field in ("parameters", "layers", "kv_heads", "head_dim", "max_position_embeddings"):

@@ -1,0 +1,188 @@
+"""vLLM's KV-cache arithmetic per layer type: pages, groups, blocks, per-request reserve. Pure.
+
+Mirrors vLLM's v1 KV manager (../shared/reference/planner-from-files.md §2, file references to
+vLLM 0.19.0 ``v1/kv_cache_interface.py`` and ``v1/core/kv_cache_utils.py``):
+
+* every attention layer gets a spec: full attention, sliding window, chunked local attention or
+  MLA; its page (one block of ``block_size`` tokens) is ``block x kv_heads_per_rank x
+  (head_size + head_size_v) x bytes`` — MLA ``block x (kv_lora_rank + rope) x bytes``, one
+  latent replicated on every tensor-parallel rank;
+* one type → one group of all layers; several types with one page size → groups of
+  ``group_size`` layers (the fewest layers of a type, or the most when max < 1.5 x min), each
+  type split into ``ceil(n / group_size)`` groups; pages of different sizes are made equal by
+  growing the smaller blocks (``unify_kv_cache_spec_page_size``);
+* ``num_blocks = available // page // group_size``; every group draws from that pool;
+* one request of ``max_model_len`` reserves per group: full/MLA ``ceil(len / block)``,
+  sliding ``ceil(min(window - 1 + reserve, len) / block) + 1``, chunked
+  ``ceil(min(chunk + reserve, len) / block)`` blocks, where reserve is the batch in flight
+  (``VllmProfile.sliding_reserve_tokens``); max concurrency = num_blocks / Σ groups' blocks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+FULL = "full"
+SLIDING = "sliding"
+CHUNKED = "chunked"
+MLA = "mla"
+KINDS = (FULL, SLIDING, CHUNKED, MLA)
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """One layer's KV shape, before tensor parallelism."""
+
+    kind: str
+    kv_heads: int
+    """Total KV heads (1 for MLA)."""
+    head_size: int
+    """K head size (MLA: kv_lora_rank + qk_rope_head_dim)."""
+    head_size_v: int
+    """V head size (0 for MLA: the latent is stored once)."""
+    window: int | None = None
+    """Sliding window or attention chunk, in tokens (None for full and MLA)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown attention layer kind {self.kind!r}")
+        if self.kind in (SLIDING, CHUNKED) and not self.window:
+            raise ValueError(f"a {self.kind} layer needs a window")
+
+    def kv_heads_per_rank(self, tensor_parallel_size: int) -> int:
+        """vLLM keeps at least one KV head per rank (replicates when TP > heads); MLA's latent
+        is not split at all."""
+        if self.kind == MLA:
+            return 1
+        return max(1, self.kv_heads // tensor_parallel_size)
+
+    def bytes_per_token(self, tensor_parallel_size: int, element_bytes: float) -> float:
+        heads = self.kv_heads_per_rank(tensor_parallel_size)
+        return heads * (self.head_size + self.head_size_v) * element_bytes
+
+
+def full_layers(count: int, kv_heads: int, head_size: int) -> tuple[AttentionLayer, ...]:
+    """``count`` plain full-attention layers (the legacy uniform model)."""
+    return (AttentionLayer(FULL, kv_heads, head_size, head_size),) * count
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    kind: str
+    window: int | None
+    layers: int
+    """Layers in this group (the last group of a type may be padded; vLLM pads it)."""
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The KV cache of one pipeline stage on one tensor-parallel rank."""
+
+    block_size: int
+    page_bytes: int
+    """Bytes of one block of one layer (after page unification)."""
+    group_size: int
+    groups: tuple[KVGroup, ...]
+    block_sizes: tuple[int, ...]
+    """Per group: tokens per block (grows for layers whose page was unified upward)."""
+    bytes_per_token: int
+    """Sum over the stage's layers of what one token costs on this rank."""
+
+    def num_blocks(self, available_bytes: float) -> int:
+        """Blocks the pool holds: every block is one page in each of group_size tensors."""
+        if available_bytes <= 0:
+            return 0
+        return int(available_bytes // self.page_bytes // self.group_size)
+
+    def blocks_per_request(
+        self, max_model_len: int, reserve_tokens: int, *, uncapped: bool = False
+    ) -> int:
+        """Blocks one request of max_model_len holds across all groups (what max concurrency
+        divides by). ``uncapped``: sliding/chunked layers cost like full ones (the hybrid
+        manager off)."""
+        total = 0
+        for group, block in zip(self.groups, self.block_sizes, strict=True):
+            total += _group_blocks(group, block, max_model_len, reserve_tokens, uncapped)
+        return total
+
+    def logged_tokens_from_blocks(self, num_blocks: int) -> int:
+        """vLLM 0.19's "GPU KV cache size": blocks per group times the smallest block."""
+        return num_blocks // len(self.groups) * min(self.block_sizes)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _group_blocks(
+    group: KVGroup, block: int, max_model_len: int, reserve: int, uncapped: bool
+) -> int:
+    if uncapped or group.kind in (FULL, MLA):
+        return _cdiv(max_model_len, block)
+    assert group.window is not None
+    if group.kind == SLIDING:
+        return _cdiv(min(group.window - 1 + reserve, max_model_len), block) + 1
+    return _cdiv(min(group.window + reserve, max_model_len), block)
+
+
+def _group_size(counts: list[int]) -> int:
+    """vLLM's ``_get_kv_cache_groups_uniform_page_size``: the fewest layers of a type, unless
+    the most is under 1.5x that (then the most: fewer padded groups)."""
+    smallest, largest = min(counts), max(counts)
+    return largest if largest < 1.5 * smallest else smallest
+
+
+def build_layout(
+    layers: tuple[AttentionLayer, ...],
+    *,
+    tensor_parallel_size: int,
+    element_bytes: float,
+    block_size: int,
+    hybrid: bool = True,
+) -> KVLayout:
+    """Group one stage's layers as vLLM does. ``hybrid`` False (the hybrid KV manager off, as on
+    the CPU build): sliding and chunked layers become full attention."""
+    if not layers:
+        raise ValueError("a KV layout needs at least one layer")
+    tp = tensor_parallel_size
+    # A type is (kind, window, page): layers of one kind with different shapes are one group in
+    # vLLM (UniformTypeKVCacheSpecs) whose page is their sum; with one shape that sum is
+    # page x layers, which the group arithmetic below gives as well.
+    specs: list[tuple[str, int | None, int]] = []
+    for layer in layers:
+        kind, window = (layer.kind, layer.window) if hybrid or layer.kind == MLA else (FULL, None)
+        page = int(block_size * layer.bytes_per_token(tp, element_bytes))
+        specs.append((kind, window, page))
+    per_token = int(sum(layer.bytes_per_token(tp, element_bytes) for layer in layers))
+    counts = Counter(specs)
+    kinds = {(kind, window) for kind, window, _ in counts}
+    if len(kinds) == 1:
+        pages = {page for _, _, page in counts}
+        (kind, window) = next(iter(kinds))
+        if len(pages) == 1:
+            group = KVGroup(kind, window, len(layers))
+            return KVLayout(
+                block_size, pages.pop(), len(layers), (group,), (block_size,), per_token
+            )
+        total_page = sum(page for _, _, page in specs)
+        group = KVGroup(kind, window, len(layers))
+        return KVLayout(block_size, total_page, 1, (group,), (block_size,), per_token)
+    # Page unification: the largest page wins; smaller pages grow their block size to match.
+    largest = max(page for _, _, page in counts)
+    by_type: Counter[tuple[str, int | None, int]] = Counter()
+    for (kind, window, page), n in counts.items():
+        if largest % page:
+            raise ValueError(
+                "vLLM cannot give these layers one page size "
+                f"({page} and {largest} bytes per block)"
+            )
+        by_type[(kind, window, block_size * largest // page)] += n
+    size = _group_size(list(by_type.values()))
+    groups: list[KVGroup] = []
+    blocks: list[int] = []
+    for (kind, window, block), n in sorted(by_type.items(), key=lambda item: item[0][0] != FULL):
+        for _ in range(_cdiv(n, size)):
+            groups.append(KVGroup(kind, window, size))
+            blocks.append(block)
+    return KVLayout(block_size, largest, size, tuple(groups), tuple(blocks), per_token)

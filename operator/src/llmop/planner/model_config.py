@@ -1,0 +1,526 @@
+"""A model's own files → the planner's model facts (``ModelArchitecture``). Pure.
+
+Reads what vLLM reads to size memory, from the parsed ``config.json`` and the checkpoint's size
+(``model.safetensors.index.json`` ``metadata.total_size``, or the safetensors headers' dtype
+counts), the way vLLM and transformers interpret them
+(../shared/reference/planner-from-files.md §2.1 and §6):
+
+* multimodal checkpoints keep the language model under ``text_config`` (``llm_config``,
+  ``language_config``); the dtype and ``quantization_config`` may sit at the top level;
+* keys a published config omits take transformers' defaults for that ``model_type`` (gemma-3's
+  text_config omits ``head_dim``: 256, not hidden/heads; Gemma 2 and 3 derive which layers
+  slide; Llama 4 derives its NoPE layers);
+* head size: ``head_dim`` → ``hidden_size_per_head`` → hidden/heads; KV heads:
+  ``num_key_value_heads`` and its aliases, else the attention heads; MLA when the text
+  ``model_type`` is one of vLLM's MLA models and ``kv_lora_rank`` is set;
+* per layer: full attention, sliding window (``layer_types``, Gemma 2/3, gpt-oss), chunked
+  local attention (Llama 4), MLA.
+
+Anything the planner cannot size is refused, never guessed: an unknown ``model_type``, a layer
+type it does not know (linear attention, Mamba, ...), a config that contradicts itself. The error
+names the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmop.planner.kv_layout import CHUNKED, FULL, MLA, SLIDING, AttentionLayer
+from llmop.planner.models import ATTENTION_GQA, ATTENTION_MLA, ModelArchitecture
+
+CONFIG_FILE = "config.json"
+INDEX_FILE = "model.safetensors.index.json"
+
+FIX = "set spec.model.architecture to plan it by hand"
+
+
+class ModelConfigError(ValueError):
+    """config.json cannot be planned from: names the file, the field and the fix."""
+
+
+_TEXT_KEYS = ("text_config", "llm_config", "language_config")
+
+# Multimodal wrappers whose text_config may omit its own model_type.
+_TEXT_TYPE_OF: dict[str, str] = {
+    "gemma3": "gemma3_text",
+    "llama4": "llama4_text",
+    "mistral3": "mistral",
+    "llava": "llama",
+    "llava_next": "llama",
+    "kimi_vl": "deepseek_v3",
+}
+
+# vLLM's MLA models (model_arch_config_convertor.py L215-234) that are plain MLA decoders.
+_MLA_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2", "longcat_flash", "glm4_moe_lite"})
+
+# Text model types whose every layer is a softmax-attention layer vLLM sizes with the specs
+# below (plus layer_types where a config has them). Anything else is refused.
+_SUPPORTED = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "phi",
+        "phi3",
+        "granite",
+        "granitemoe",
+        "olmo",
+        "olmo2",
+        "starcoder2",
+        "gpt_oss",
+        "llama4_text",
+        *_MLA_TYPES,
+    }
+)
+
+# Layer types of Mamba / linear-attention hybrids, and config keys that only they carry.
+_HYBRID_KEYS = (
+    "mamba_d_state",
+    "mamba_expand",
+    "ssm_cfg",
+    "layers_block_type",
+    "hybrid_override_pattern",
+    "linear_num_value_heads",
+    "attn_layer_indices",
+)
+
+# transformers' configuration-class defaults for keys published configs omit.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "vocab_size": 262208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 131072,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "tie_word_embeddings": True,
+    },
+    "gemma2": {
+        "vocab_size": 256000,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 8192,
+        "sliding_window": 4096,
+        "tie_word_embeddings": True,
+    },
+    "gemma": {"head_dim": 256, "tie_word_embeddings": True},
+    "llama4_text": {
+        "vocab_size": 202048,
+        "hidden_size": 5120,
+        "intermediate_size": 8192,
+        "intermediate_size_mlp": 16384,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_local_experts": 16,
+        "num_experts_per_tok": 1,
+        "no_rope_layer_interval": 4,
+        "attention_chunk_size": 8192,
+        "interleave_moe_layer_step": 1,
+    },
+}
+
+# vLLM takes the smallest of these as the model's context (config/model.py _get_and_verify_max_len).
+_LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+_SAFETENSORS_DTYPE_BYTES: dict[str, float] = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F4": 0.5,
+}
+
+_TORCH_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float": 4, "half": 2}
+
+# Two-matrix MLPs (fc1/fc2); the others are gated (gate, up, down).
+_TWO_MATRIX_MLP = frozenset({"phi", "starcoder2"})
+
+
+def _err(field: str, problem: str, fix: str = FIX) -> ModelConfigError:
+    return ModelConfigError(f"{CONFIG_FILE}: {field}: {problem}; {fix}")
+
+
+def _int(config: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    return None
+
+
+def _need(config: Mapping[str, Any], where: str, *keys: str) -> int:
+    value = _int(config, *keys)
+    if value is None or value <= 0:
+        raise _err(f"{where}{keys[0]}", "missing or not a positive integer")
+    return value
+
+
+def text_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], str, str]:
+    """The language model's config with transformers' defaults filled in, its model_type, and
+    the prefix its fields are found under (``text_config.`` or "") for messages."""
+    top_type = str(config.get("model_type") or "")
+    for key in _TEXT_KEYS:
+        inner = config.get(key)
+        if isinstance(inner, Mapping):
+            text_type = str(inner.get("model_type") or _TEXT_TYPE_OF.get(top_type, top_type))
+            merged = {**_DEFAULTS.get(text_type, {}), **inner}
+            return merged, text_type, f"{key}."
+    if not top_type:
+        raise _err("model_type", "missing", "is this the model's config.json?")
+    return {**_DEFAULTS.get(top_type, {}), **config}, top_type, ""
+
+
+def _refuse_unknown(text: Mapping[str, Any], text_type: str, where: str) -> None:
+    for key in _HYBRID_KEYS:
+        if key in text:
+            raise _err(
+                f"{where}{key}",
+                f"model_type {text_type!r} has Mamba or linear-attention layers, which the "
+                "planner does not size",
+            )
+    if text_type not in _SUPPORTED:
+        raise _err(
+            f"{where}model_type",
+            f"{text_type!r} is not a model type the planner knows how vLLM sizes",
+        )
+
+
+def _layer_types(text: Mapping[str, Any], text_type: str, layers: int) -> list[str]:
+    """Each layer's ``layer_types`` value, from the config or transformers' rule for it."""
+    given = text.get("layer_types")
+    if isinstance(given, list) and given:
+        return [str(value) for value in given]
+    if text_type == "gemma3_text":
+        pattern = _int(text, "sliding_window_pattern") or 6
+        return [
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+        ]
+    if text_type == "gemma2":
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if text_type == "gpt_oss":
+        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if text_type.startswith("qwen") and text.get("use_sliding_window") is True:
+        first = _int(text, "max_window_layers") or layers
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    if text_type == "llama4_text":
+        interval = _int(text, "no_rope_layer_interval") or 4
+        no_rope = text.get("no_rope_layers") or [
+            int((i + 1) % interval != 0) for i in range(layers)
+        ]
+        # no_rope_layers[i] == 1: the layer uses RoPE and chunked attention; 0: NoPE, global.
+        chunked = bool(_int(text, "attention_chunk_size"))
+        return [
+            "chunked_attention" if chunked and use_rope else "full_attention"
+            for use_rope in no_rope
+        ]
+    return ["full_attention"] * layers
+
+
+def _attention_layers(
+    text: Mapping[str, Any], text_type: str, where: str, *, layers: int, kv_heads: int, head: int
+) -> tuple[AttentionLayer, ...]:
+    if text_type in _MLA_TYPES and _int(text, "kv_lora_rank"):
+        rank = _need(text, where, "kv_lora_rank")
+        rope = _need(text, where, "qk_rope_head_dim")
+        return (AttentionLayer(MLA, 1, rank + rope, 0),) * layers
+    types = _layer_types(text, text_type, layers)
+    if len(types) != layers:
+        raise _err(
+            f"{where}layer_types",
+            f"{len(types)} entries for num_hidden_layers {layers}",
+            "fix the config (the two must agree)",
+        )
+    window = _int(text, "sliding_window")
+    chunk = _int(text, "attention_chunk_size")
+    out: list[AttentionLayer] = []
+    for value in types:
+        if value == "full_attention":
+            out.append(AttentionLayer(FULL, kv_heads, head, head))
+        elif value == "sliding_attention":
+            if not window:
+                raise _err(f"{where}sliding_window", "sliding layers but no window")
+            out.append(AttentionLayer(SLIDING, kv_heads, head, head, window))
+        elif value == "chunked_attention":
+            if not chunk:
+                raise _err(f"{where}attention_chunk_size", "chunked layers but no chunk size")
+            out.append(AttentionLayer(CHUNKED, kv_heads, head, head, chunk))
+        else:
+            raise _err(
+                f"{where}layer_types",
+                f"layer type {value!r} is not one the planner knows how vLLM sizes",
+            )
+    return tuple(out)
+
+
+def _dtype(config: Mapping[str, Any], text: Mapping[str, Any]) -> str:
+    for source in (config, text):
+        for key in ("torch_dtype", "dtype"):
+            value = source.get(key)
+            if isinstance(value, str) and value:
+                return value.removeprefix("torch.")
+    return "bfloat16"
+
+
+def quantization_of(config: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:
+    """The checkpoint's quantization, as a ``--quantization`` name the planner has bytes for."""
+    qc = config.get("quantization_config") or text.get("quantization_config")
+    if not isinstance(qc, Mapping):
+        return None
+    method = str(qc.get("quant_method") or "").lower()
+    if method in ("compressed-tensors", "compressed_tensors"):
+        bits = [
+            group.get("weights", {}).get("num_bits")
+            for group in (qc.get("config_groups") or {}).values()
+            if isinstance(group, Mapping) and isinstance(group.get("weights"), Mapping)
+        ]
+        return "w4a16" if bits and max(b or 16 for b in bits) <= 4 else "compressed-tensors"
+    if method == "bitsandbytes":
+        return "bitsandbytes-8bit" if qc.get("load_in_8bit") else "bitsandbytes"
+    if method == "modelopt":
+        algo = str(qc.get("quant_algo") or "").upper()
+        return "modelopt_fp4" if "FP4" in algo else "modelopt"
+    return method or None
+
+
+def _mlp_params(text: Mapping[str, Any], text_type: str, hidden: int) -> tuple[int, int, bool]:
+    """(parameters of all MLPs, of what one token passes through, MoE?) per layer on average."""
+    matrices = 2 if text_type in _TWO_MATRIX_MLP else 3
+    experts = _int(text, "num_local_experts", "num_experts", "n_routed_experts") or 0
+    inter = _int(text, "intermediate_size") or 4 * hidden
+    if experts <= 1:
+        dense = matrices * hidden * inter
+        return dense, dense, False
+    expert_inter = _int(text, "moe_intermediate_size") or inter
+    per_expert = matrices * hidden * expert_inter
+    active = _int(text, "num_experts_per_tok", "moe_topk") or 1
+    shared = 0
+    if _int(text, "shared_expert_intermediate_size"):
+        shared = matrices * hidden * (_int(text, "shared_expert_intermediate_size") or 0)
+    elif _int(text, "n_shared_experts"):
+        shared = (_int(text, "n_shared_experts") or 0) * per_expert
+    router = hidden * experts
+    return experts * per_expert + shared + router, active * per_expert + shared + router, True
+
+
+def _attention_params(text: Mapping[str, Any], hidden: int, heads: int, kv: int, head: int) -> int:
+    rank = _int(text, "kv_lora_rank")
+    if rank:
+        rope = _int(text, "qk_rope_head_dim") or 0
+        nope = _int(text, "qk_nope_head_dim") or 0
+        v_head = _int(text, "v_head_dim") or nope
+        q_rank = _int(text, "q_lora_rank")
+        q = (
+            hidden * heads * (nope + rope)
+            if not q_rank
+            else q_rank * (hidden + heads * (nope + rope))
+        )
+        return q + hidden * (rank + rope) + rank * heads * (nope + v_head) + heads * v_head * hidden
+    return hidden * heads * head + 2 * hidden * kv * head + heads * head * hidden
+
+
+def _parameters(
+    text: Mapping[str, Any], text_type: str, *, hidden: int, heads: int, kv: int, head: int
+) -> tuple[int, int, bool]:
+    """(total, active per token, MoE?) from the config's shapes: the fallback when the
+    checkpoint's size is not known, and the active share for the throughput ceiling."""
+    layers = _int(text, "num_hidden_layers") or 1
+    vocab = _int(text, "vocab_size") or 0
+    embedding = vocab * hidden
+    head_params = 0 if text.get("tie_word_embeddings", False) else embedding
+    attention = _attention_params(text, hidden, heads, kv, head)
+    mlp_all, mlp_active, moe = _mlp_params(text, text_type, hidden)
+    dense_layers = min(layers, _int(text, "first_k_dense_replace") or 0) if moe else 0
+    dense_mlp = (
+        (2 if text_type in _TWO_MATRIX_MLP else 3)
+        * hidden
+        * (_int(text, "intermediate_size") or 4 * hidden)
+    )
+    body_all = layers * attention + dense_layers * dense_mlp + (layers - dense_layers) * mlp_all
+    body_active = (
+        layers * attention + dense_layers * dense_mlp + (layers - dense_layers) * mlp_active
+    )
+    return embedding + head_params + body_all, embedding + head_params + body_active, moe
+
+
+def checkpoint_bytes_from_dtypes(counts: Mapping[str, int]) -> int:
+    """Bytes of a checkpoint from its safetensors headers' element counts per dtype (packed
+    int4 in I32/U8 counted at its storage size: exact)."""
+    total = 0.0
+    for dtype, count in counts.items():
+        size = _SAFETENSORS_DTYPE_BYTES.get(dtype.upper())
+        if size is None:
+            raise ModelConfigError(f"safetensors header: unknown dtype {dtype!r}")
+        total += size * count
+    return int(total)
+
+
+_TOTAL_SIZE = re.compile(r'"total_size"\s*:\s*(\d+)')
+
+
+def total_size_from_index(text: str) -> int | None:
+    """``metadata.total_size`` of a safetensors index, from its text or a prefix of it (the
+    metadata comes first; a 100B model's index is megabytes of weight map after it)."""
+    match = _TOTAL_SIZE.search(text)
+    return int(match.group(1)) if match else None
+
+
+def max_length(text: Mapping[str, Any], where: str) -> int:
+    lengths = [v for v in (_int(text, key) for key in _LENGTH_KEYS) if v and v > 0]
+    if not lengths:
+        raise _err(f"{where}max_position_embeddings", "missing")
+    return min(lengths)
+
+
+def facts_from_config(
+    config: Mapping[str, Any],
+    *,
+    name: str,
+    checkpoint_bytes: int | None = None,
+    source: str = "files",
+) -> ModelArchitecture:
+    """The planner's facts for a model from its parsed config.json and, when known, the bytes
+    of its checkpoint. Raises ModelConfigError (file, field, fix) when it cannot be planned."""
+    if not isinstance(config, Mapping):
+        raise _err("(top level)", "not a JSON object", "is this the model's config.json?")
+    text, text_type, where = text_config(config)
+    _refuse_unknown(text, text_type, where)
+    layers = _need(text, where, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _need(text, where, "num_attention_heads", "n_head")
+    hidden = _need(text, where, "hidden_size", "n_embd", "d_model")
+    kv_heads = (
+        _int(text, "num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num")
+        or heads
+    )
+    if kv_heads <= 0 or heads % kv_heads:
+        raise _err(
+            f"{where}num_key_value_heads",
+            f"{kv_heads} does not divide num_attention_heads {heads}",
+            "fix the config (grouped-query attention needs whole groups)",
+        )
+    head = _int(text, "head_dim", "hidden_size_per_head")
+    if head is None:
+        if hidden % heads:
+            raise _err(
+                f"{where}head_dim",
+                f"missing, and hidden_size {hidden} is not a multiple of {heads} heads",
+            )
+        head = hidden // heads
+    attention_layers = _attention_layers(
+        text, text_type, where, layers=layers, kv_heads=kv_heads, head=head
+    )
+    mla = attention_layers[0].kind == MLA
+    dtype = _dtype(config, text)
+    quantization = quantization_of(config, text)
+    total, active, moe = _parameters(
+        text, text_type, hidden=hidden, heads=heads, kv=kv_heads, head=head
+    )
+    element = _TORCH_DTYPE_BYTES.get(dtype, 2)
+    if checkpoint_bytes is not None and checkpoint_bytes <= 0:
+        raise ModelConfigError(f"{INDEX_FILE}: metadata.total_size: not a positive size")
+    if checkpoint_bytes is not None and quantization is None:
+        # An unquantized checkpoint's bytes are its parameters at its dtype: exact count.
+        scale = checkpoint_bytes / element / total if total else 1.0
+        total, active = math.ceil(checkpoint_bytes / element), math.ceil(active * scale)
+    return ModelArchitecture(
+        name=name,
+        parameters=max(1, total),
+        layers=layers,
+        kv_heads=1 if mla else kv_heads,
+        head_dim=attention_layers[0].head_size,
+        max_position_embeddings=max_length(text, where),
+        dtype=dtype,
+        attention=ATTENTION_MLA if mla else ATTENTION_GQA,
+        kv_lora_rank=_int(text, "kv_lora_rank") if mla else None,
+        qk_rope_head_dim=_int(text, "qk_rope_head_dim") if mla else None,
+        attention_heads=heads,
+        vocab_size=_int(text, "vocab_size"),
+        sliding_window=next((x.window for x in attention_layers if x.kind == SLIDING), None),
+        default_quantization=quantization,
+        attention_layers=attention_layers,
+        checkpoint_bytes=checkpoint_bytes,
+        hidden_size=hidden,
+        active_parameters=active if moe else None,
+        moe=moe,
+        source=source,
+    )
+
+
+MAX_INDEX_PREFIX = 64 * 1024
+"""The most of a safetensors index the planner reads: ``metadata`` comes first."""
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A model's files as read (from a directory or the Hub at a commit), before parsing."""
+
+    config_text: str | None
+    """config.json's text; None when the revision has none."""
+    index_text: str | None = None
+    """The start of model.safetensors.index.json (None: no index, e.g. a single-file model)."""
+    dtype_counts: Mapping[str, int] | None = None
+    """Element counts per dtype from the safetensors headers, when read instead of an index."""
+    revision: str | None = None
+    """The commit they were read at (Hub), for messages and the cache key."""
+
+
+def facts_from_files(files: ModelFiles, *, name: str, source: str) -> ModelArchitecture:
+    """Parse and read ``files`` (see ``facts_from_config``); errors name the file and field."""
+    at = f" at {files.revision[:12]}" if files.revision else ""
+    if files.config_text is None:
+        raise ModelConfigError(
+            f"{CONFIG_FILE}: no such file in {name}{at}; point spec.model.revision at a commit "
+            "that has one, or set spec.model.architecture"
+        )
+    try:
+        config = json.loads(files.config_text)
+    except ValueError as error:
+        raise ModelConfigError(f"{CONFIG_FILE}: not valid JSON ({error}); {FIX}") from None
+    checkpoint: int | None = None
+    if files.dtype_counts:
+        checkpoint = checkpoint_bytes_from_dtypes(files.dtype_counts)
+    elif files.index_text is not None:
+        checkpoint = total_size_from_index(files.index_text)
+    return facts_from_config(config, name=name, checkpoint_bytes=checkpoint, source=source)

@@ -1,0 +1,407 @@
+"""The gateway's steps in the request path: who is calling (before the body is read), may
+they use this model, do their limits admit the request (one call to the store), and, after the
+answer, what it used and cost (settled and metered in the background, even when the client
+went away).
+
+Identity comes only from the API key (`Authorization: Bearer`, or `x-api-key`); the key never
+reaches an engine, nor do client-sent `x-llmop-*` headers. Refusals are OpenAI-shaped: 401 for
+a key, 404 for a model the tenant may not use (the same answer as a model that does not exist),
+429 with `Retry-After`, `retry-after-ms` and `x-ratelimit-*` for a limit, 403
+`insufficient_quota` for a spent budget (clients retry a 429; a budget does not come back in
+seconds), 503 when the store is down and the gateway fails closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from llmop_router import contract
+from llmop_router.answers import error
+from llmop_router.metering import Tap
+from llmop_router.metrics import GatewayMetrics
+from llmop_router.quota import (
+    FREE,
+    PICO,
+    Admission,
+    Charge,
+    Decision,
+    Price,
+    Refused,
+    Usage,
+    admission,
+    estimate,
+)
+from llmop_router.store import Health, Store, StoreUnavailableError
+from llmop_router.tenants import Directory, Identity, KeyRefusal, Tenant, TenantError, parse_tenant
+
+PRICING = contract.Pricing
+log = logging.getLogger("llmop_router.gateway")
+access_log = logging.getLogger("llmop_router.access")
+
+RENEW_SECONDS = 20.0
+"""How often the leases of requests still running are extended (they last `quota.LEASE_MS`)."""
+MAX_LABEL_VALUES = 1000
+"""Tenants named in metric labels; past it, `other` (a label per tenant is bounded by the
+platform's LLMTenants, this by a typo'd script creating thousands)."""
+NO_TENANT = "-"
+OTHER = "other"
+CLIENT_HEADER_PREFIX = "x-llmop-"
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("Authorization")
+    if value is not None:
+        scheme, _, token = value.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else None
+    return headers.get("x-api-key")
+
+
+def month_of(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m")
+
+
+def price_of(pricing: object) -> tuple[Price, str] | None:
+    """`spec.router.pricing` → picos per token and the currency; None when absent or bad."""
+    if not isinstance(pricing, Mapping):
+        return None
+    try:
+        values = {
+            key: Decimal(str(pricing[key]))
+            for key in (PRICING.INPUT, PRICING.OUTPUT, PRICING.CACHED_INPUT)
+            if pricing.get(key) is not None
+        }
+    except InvalidOperation:
+        return None
+    if any(not v.is_finite() or v < 0 for v in values.values()):
+        return None
+    price = Price.per_million(
+        values.get(PRICING.INPUT, Decimal(0)),
+        values.get(PRICING.OUTPUT, Decimal(0)),
+        values.get(PRICING.CACHED_INPUT),
+    )
+    return price, str(pricing.get(PRICING.CURRENCY) or "USD")
+
+
+def store_health(metrics: GatewayMetrics) -> Health:
+    """What the shared store's breaker reports, as the gateway's metrics."""
+    return Health(
+        degraded=lambda on: metrics.store_degraded.set(1 if on else 0),
+        error=lambda op: metrics.store_errors.labels(op).inc(),
+        latency=lambda op, seconds: metrics.store_seconds.labels(op).observe(seconds),
+    )
+
+
+@dataclass
+class Ticket:
+    """An admitted request, from admission to settlement."""
+
+    identity: Identity
+    ask: Admission
+    charged: bool
+    tap: Tap
+    started: float
+    first_byte: float | None = None
+
+
+@dataclass
+class Gateway:
+    store: Store
+    metrics: GatewayMetrics
+    directory: Directory = field(default_factory=Directory)
+    prices: dict[tuple[str, str], tuple[Price, str]] = field(default_factory=dict)
+    """CR (namespace, name) → its price per token and currency."""
+    clock: Callable[[], float] = time.time
+    running: dict[str, Ticket] = field(default_factory=dict)
+    _settling: set[asyncio.Task[None]] = field(default_factory=set)
+    _renewing: asyncio.Task[None] | None = None
+    _tenant_docs: dict[str, Tenant] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+    """Tenant name → why its object is not used (logged once, shown on `/routes`)."""
+
+    # -- tenants -------------------------------------------------------------------------
+
+    def set_tenants(self, tenants: list[Tenant]) -> None:
+        self._tenant_docs = {t.name: t for t in tenants}
+        self._rebuild()
+
+    def on_tenant(self, kind: str, obj: dict[str, Any]) -> None:
+        """A watch event of `LLMTenant`s (`SYNC` lists them all)."""
+        if kind == "SYNC":
+            self._tenant_docs = {}
+            self.problems = {}
+            for item in obj.get("items") or []:
+                self._take(item)
+        elif kind == "DELETED":
+            name = str((obj.get("metadata") or {}).get("name"))
+            self._tenant_docs.pop(name, None)
+            self.problems.pop(name, None)
+        else:
+            self._take(obj)
+        self._rebuild()
+
+    def _take(self, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name"))
+        try:
+            tenant = parse_tenant(obj)
+        except TenantError as exc:
+            # Its keys stop working: a tenant the router cannot read is not guessed at.
+            self._tenant_docs.pop(name, None)
+            if self.problems.get(name) != str(exc):
+                log.error("%s; its keys are refused until it is fixed", exc)
+            self.problems[name] = str(exc)
+            return
+        self.problems.pop(name, None)
+        self._tenant_docs[tenant.name] = tenant
+
+    def _rebuild(self) -> None:
+        self.directory = Directory.of(self._tenant_docs.values())
+        for digest, owners in self.directory.clashes.items():
+            log.error(
+                "an API key hash (%s…) is listed by LLMTenants %s: it is refused",
+                digest[:8],
+                ", ".join(owners),
+            )
+
+    def set_price(self, cr: tuple[str, str], pricing: object) -> None:
+        found = price_of(pricing)
+        if found is None:
+            self.prices.pop(cr, None)
+        else:
+            self.prices[cr] = found
+
+    def tenant_label(self, name: str) -> str:
+        if name in self.directory.tenants and len(self.directory.tenants) <= MAX_LABEL_VALUES:
+            return name
+        return OTHER if name != NO_TENANT else NO_TENANT
+
+    # -- the request path ------------------------------------------------------------------
+
+    def authenticate(self, request: web.Request) -> Identity | web.Response:
+        found = self.directory.identify(bearer(request.headers), self.clock())
+        if isinstance(found, KeyRefusal):
+            self.metrics.rejected.labels(NO_TENANT, found.reason).inc()
+            return error(
+                401,
+                found.message,
+                "AuthenticationError",
+                {"WWW-Authenticate": 'Bearer realm="llmop"'},
+            )
+        return found
+
+    def model_refusal(self, identity: Identity, model: str) -> web.Response | None:
+        if identity.tenant.may_use(model):
+            return None
+        self.metrics.rejected.labels(self.tenant_label(identity.tenant.name), "model").inc()
+        return model_not_found(model)
+
+    async def admit(
+        self,
+        identity: Identity,
+        model: str,
+        *,
+        prompt_chars: int,
+        max_tokens: int | None,
+        stream: bool,
+        strip_usage: bool,
+        request_id: str,
+    ) -> Ticket | web.Response:
+        tenant = identity.tenant
+        label = self.tenant_label(tenant.name)
+        cap = tenant.max_tokens_per_request
+        if cap is not None and max_tokens is not None and max_tokens > cap:
+            self.metrics.rejected.labels(label, "max_tokens").inc()
+            return error(
+                400,
+                f"max_tokens {max_tokens} is more than tenant {tenant.name!r} may ask for in "
+                f"one request ({cap}, spec.limits.maxTokensPerRequest)",
+                "BadRequestError",
+            )
+        now = self.clock()
+        ask = admission(
+            tenant, model, request_id, estimate(prompt_chars, max_tokens, tenant), month_of(now)
+        )
+        try:
+            decision = await self.store.admit(ask)
+        except StoreUnavailableError:
+            self.metrics.rejected.labels(label, "store_unavailable").inc()
+            return error(
+                503,
+                "the gateway's limit store does not answer and the gateway fails closed; "
+                "retry shortly",
+                "ServiceUnavailableError",
+                {"Retry-After": "5"},
+            )
+        charged = decision.admitted
+        if not decision.admitted:
+            assert decision.refused is not None
+            if not tenant.shadow:
+                self.metrics.rejected.labels(label, decision.refused.value).inc()
+                return refusal(tenant, ask, decision)
+            self.metrics.shadow_rejected.labels(label, decision.refused.value).inc()
+        self.metrics.in_flight.labels(label).inc()
+        ticket = Ticket(
+            identity, ask, charged, Tap(stream=stream, strip_usage=strip_usage), time.monotonic()
+        )
+        self.running[request_id] = ticket
+        self._ensure_renewing()
+        return ticket
+
+    def headers_for(self, decision_headers: CIMultiDict[str], ticket: Ticket) -> None:
+        """Strip what only the gateway may see: the client's key and `x-llmop-*`."""
+        for name in list(decision_headers.keys()):
+            lower = name.lower()
+            if lower in ("authorization", "x-api-key") or lower.startswith(CLIENT_HEADER_PREFIX):
+                del decision_headers[name]
+        decision_headers["X-Request-Id"] = ticket.ask.request_id
+
+    def finish(self, ticket: Ticket, status: int, cr: tuple[str, str] | None) -> None:
+        """Settle in the background: the handler may be cancelled (the client went away), the
+        settlement must not be."""
+        self.running.pop(ticket.ask.request_id, None)
+        task = asyncio.ensure_future(self._settle(ticket, status, cr))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(self, ticket: Ticket, status: int, cr: tuple[str, str] | None) -> None:
+        ask = ticket.ask
+        tenant_label = self.tenant_label(ask.tenant)
+        self.metrics.in_flight.labels(tenant_label).dec()
+        answered = 200 <= status < 300
+        usage = (
+            ticket.tap.used(ask.estimate.input_tokens)
+            if answered
+            else Usage(0, 0)  # an engine that refused did no work for it
+        )
+        price, currency = self.prices.get(cr, (FREE, "USD")) if cr else (FREE, "USD")
+        cost = price.cost_picos(usage)
+        try:
+            await self.store.settle(ask, usage, cost, charged=ticket.charged)
+        except Exception:
+            log.exception("settling request %s failed", ask.request_id)
+        metrics = self.metrics
+        metrics.requests.labels(tenant_label, ask.model, str(status)).inc()
+        if usage.input_tokens or usage.output_tokens:
+            cached = min(usage.cached_tokens, usage.input_tokens)
+            metrics.tokens.labels(tenant_label, ask.model, "input").inc(usage.input_tokens - cached)
+            if cached:
+                metrics.tokens.labels(tenant_label, ask.model, "cached_input").inc(cached)
+            metrics.tokens.labels(tenant_label, ask.model, "output").inc(usage.output_tokens)
+            if not usage.exact:
+                metrics.estimated.labels(tenant_label, ask.model).inc(
+                    usage.input_tokens + usage.output_tokens
+                )
+            if cost:
+                metrics.cost.labels(tenant_label, ask.model, currency).inc(cost / PICO)
+        ended = time.monotonic()
+        ttft = None if ticket.first_byte is None else ticket.first_byte - ticket.started
+        access_log.info(
+            "%s",
+            json.dumps(
+                {
+                    "requestId": ask.request_id,
+                    "tenant": ask.tenant,
+                    "key": ticket.identity.key_name,
+                    "model": ask.model,
+                    "status": status,
+                    "inputTokens": usage.input_tokens,
+                    "cachedTokens": usage.cached_tokens,
+                    "outputTokens": usage.output_tokens,
+                    "usageExact": usage.exact,
+                    "cost": str(Decimal(cost) / PICO),
+                    "currency": currency,
+                    "ttftMs": None if ttft is None else round(ttft * 1000, 1),
+                    "durationMs": round((ended - ticket.started) * 1000, 1),
+                    "charged": ticket.charged,
+                },
+                separators=(",", ":"),
+            ),
+        )
+
+    def _ensure_renewing(self) -> None:
+        if self._renewing is None or self._renewing.done():
+            self._renewing = asyncio.ensure_future(self._renew_forever())
+
+    async def _renew_forever(self) -> None:
+        while self.running:
+            await asyncio.sleep(RENEW_SECONDS)
+            leases = [
+                (t.ask.tenant, t.ask.request_id)
+                for t in list(self.running.values())
+                if t.charged and t.ask.concurrency is not None
+            ]
+            try:
+                await self.store.renew(leases)
+            except Exception as exc:
+                log.warning("renewing %d leases failed: %s", len(leases), exc)
+
+    async def close(self) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+        if self._settling:
+            await asyncio.wait(self._settling, timeout=5)
+        await self.store.close()
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def model_not_found(model: str) -> web.Response:
+    return error(
+        404,
+        f"The model {model!r} does not exist or you do not have access to it.",
+        "NotFoundError",
+        code="model_not_found",
+    )
+
+
+_HEADER_SUFFIX = {
+    Charge.REQUESTS: "requests",
+    Charge.TOKENS: "tokens",
+    Charge.OUTPUT_TOKENS: "output-tokens",
+}
+
+
+def refusal(tenant: Tenant, ask: Admission, decision: Decision) -> web.Response:
+    reason = decision.refused
+    if reason is Refused.BUDGET:
+        return error(
+            403,
+            f"tenant {tenant.name!r} has spent its monthly budget ({tenant.monthly_budget}, "
+            f"spec.budget.monthly) for {ask.month}; it renews on the 1st (UTC), or a platform "
+            "admin raises it",
+            "PermissionDeniedError",
+            code="insufficient_quota",
+        )
+    wait_ms = max(1, decision.retry_after_ms)
+    headers = {"Retry-After": str(math.ceil(wait_ms / 1000)), "retry-after-ms": str(wait_ms)}
+    for bucket in ask.buckets:
+        if bucket.key.startswith("m:"):
+            continue
+        suffix = _HEADER_SUFFIX[bucket.charge]
+        headers[f"x-ratelimit-limit-{suffix}"] = str(bucket.limit)
+    if reason is Refused.CONCURRENCY:
+        message = (
+            f"tenant {tenant.name!r} has {tenant.max_concurrent_requests} requests running, its "
+            "limit (spec.limits.maxConcurrentRequests); retry when one ends"
+        )
+    else:
+        assert reason is not None
+        message = (
+            f"tenant {tenant.name!r} is over its {reason.value.replace('_', ' ')} per minute "
+            f"limit; retry after {wait_ms / 1000:.3f} s"
+        )
+    return error(429, message, "RateLimitError", headers, code="rate_limit_exceeded")

@@ -1,0 +1,495 @@
+"""Where the gateway's counters live: a shared Redis (or Valkey) for every router replica, or
+this process's memory — the one module that talks to the store.
+
+Every router replica charges the same buckets, so a tenant's limit is the tenant's limit, not
+the limit times the replicas. Admission is one Lua script (one round trip, atomic: all of a
+request's buckets, its budget and its concurrency lease, or none), settlement another; both
+take the time from the store's own clock (`TIME`) so replicas never disagree about it. Keys of
+one tenant share a hash tag (`{t:<tenant>}`), so a Redis Cluster keeps them on one shard.
+
+Layout: `llmop:{t:T}:gcra:<bucket>` the bucket's TAT (ms, expires when full again);
+`llmop:{t:T}:lease` a sorted set request id → expiry (ms); `llmop:{t:T}:usage:<YYYY-MM>` a hash
+of `<model>:in|cached|out|picos` and `total:picos` (kept 400 days).
+
+`Guarded` wraps the shared store: a failed or slow call opens a breaker for a few seconds,
+during which requests are admitted by a local store holding `1/replicas` of each limit (fail
+open) or refused 503 (fail closed); usage counted meanwhile is kept and added to the shared
+store when it answers again, so none is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from llmop_router.quota import (
+    LEASE_MS,
+    Admission,
+    Bucket,
+    Decision,
+    Refused,
+    Usage,
+    bucket_delta,
+    gcra,
+    settled_tat,
+)
+
+log = logging.getLogger("llmop_router.store")
+
+USAGE_TTL_SECONDS = 400 * 86_400
+CONCURRENCY_RETRY_MS = 1000
+"""Retry-After of a request refused for the tenant's concurrency cap: when a lease frees is
+not known (it is when some answer ends), so a second, as OpenAI's clients expect."""
+
+_REFUSED_BY_CHARGE = {
+    "requests": Refused.REQUESTS,
+    "tokens": Refused.TOKENS,
+    "output_tokens": Refused.OUTPUT_TOKENS,
+}
+
+
+def usage_fields(model: str, usage: Usage, cost_picos: int) -> dict[str, int]:
+    """The usage hash's increments for one request."""
+    fields = {
+        f"{model}:in": usage.input_tokens,
+        f"{model}:cached": usage.cached_tokens,
+        f"{model}:out": usage.output_tokens,
+        f"{model}:picos": cost_picos,
+        "total:picos": cost_picos,
+    }
+    return {k: v for k, v in fields.items() if v}
+
+
+class StoreUnavailableError(Exception):
+    """The shared store did not answer and the gateway fails closed."""
+
+
+class Store(Protocol):
+    async def admit(self, ask: Admission) -> Decision: ...
+
+    async def settle(
+        self, ask: Admission, usage: Usage, cost_picos: int, *, charged: bool
+    ) -> None: ...
+
+    async def renew(self, leases: Iterable[tuple[str, str]]) -> None:
+        """Extend the leases (tenant, request id) of requests still running."""
+        ...
+
+    async def usage(self, tenant: str, month: str) -> dict[str, int]: ...
+
+    async def close(self) -> None: ...
+
+
+# --- This process's memory ----------------------------------------------------------------------
+
+
+@dataclass
+class Local:
+    """The same arithmetic in memory, with each limit scaled by `share` (1: a lone router;
+    1/replicas: this replica's part while the shared store is down)."""
+
+    share: float = 1.0
+    clock: Callable[[], float] = time.time
+    tats: dict[tuple[str, str], float] = field(default_factory=dict)
+    leases: dict[str, dict[str, float]] = field(default_factory=dict)
+    totals: dict[tuple[str, str], Counter[str]] = field(default_factory=dict)
+
+    def _scaled(self, bucket: Bucket) -> Bucket:
+        if self.share >= 1:
+            return bucket
+        return replace(bucket, limit=max(1, int(bucket.limit * self.share)))
+
+    async def admit(self, ask: Admission) -> Decision:
+        now = self.clock() * 1000
+        if ask.budget_picos is not None:
+            spent = self.totals.get((ask.tenant, ask.month), Counter())["total:picos"]
+            if spent >= ask.budget_picos:
+                return Decision(Refused.BUDGET)
+        answers = []
+        wait, why = 0.0, None
+        for bucket in ask.buckets:
+            scaled = self._scaled(bucket)
+            answer = gcra(self.tats.get((ask.tenant, bucket.key)), now, scaled)
+            if not answer.admitted and answer.retry_after_ms >= wait:
+                wait, why = answer.retry_after_ms, _REFUSED_BY_CHARGE[bucket.charge]
+            answers.append((bucket, answer))
+        if why is not None:
+            return Decision(why, retry_after_ms=max(1, int(wait + 0.999)))
+        if ask.concurrency is not None:
+            held = self.leases.setdefault(ask.tenant, {})
+            for request_id in [r for r, expiry in held.items() if expiry <= now]:
+                del held[request_id]
+            cap = max(1, int(ask.concurrency * self.share)) if self.share < 1 else ask.concurrency
+            if len(held) >= cap:
+                return Decision(Refused.CONCURRENCY, retry_after_ms=CONCURRENCY_RETRY_MS)
+            held[ask.request_id] = now + LEASE_MS
+        for bucket, answer in answers:
+            self.tats[(ask.tenant, bucket.key)] = answer.tat
+        return Decision(
+            None,
+            remaining={b.key: a.remaining for b, a in answers},
+            reset_ms={b.key: int(a.tat - now) for b, a in answers},
+        )
+
+    async def settle(self, ask: Admission, usage: Usage, cost_picos: int, *, charged: bool) -> None:
+        now = self.clock() * 1000
+        if charged:
+            for bucket in ask.buckets:
+                delta = bucket_delta(bucket, usage.input_tokens, usage.output_tokens, ask.estimate)
+                if delta:
+                    key = (ask.tenant, bucket.key)
+                    scaled = self._scaled(bucket)
+                    self.tats[key] = settled_tat(self.tats.get(key), now, delta, scaled.interval_ms)
+            self.leases.get(ask.tenant, {}).pop(ask.request_id, None)
+        self.add_usage(ask.tenant, ask.month, usage_fields(ask.model, usage, cost_picos))
+
+    def add_usage(self, tenant: str, month: str, fields: dict[str, int]) -> None:
+        self.totals.setdefault((tenant, month), Counter()).update(fields)
+
+    async def renew(self, leases: Iterable[tuple[str, str]]) -> None:
+        expiry = self.clock() * 1000 + LEASE_MS
+        for tenant, request_id in leases:
+            held = self.leases.get(tenant, {})
+            if request_id in held:
+                held[request_id] = expiry
+
+    async def usage(self, tenant: str, month: str) -> dict[str, int]:
+        return dict(self.totals.get((tenant, month), Counter()))
+
+    async def close(self) -> None:
+        return None
+
+
+# --- Redis --------------------------------------------------------------------------------------
+
+ADMIT_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local n = tonumber(ARGV[1])
+local cap = tonumber(ARGV[2])
+local id = ARGV[3]
+local lease_ms = tonumber(ARGV[4])
+local budget = tonumber(ARGV[5])
+if budget >= 0 then
+  local spent = tonumber(redis.call('HGET', KEYS[n + 2], 'total:picos') or '0')
+  if spent >= budget then return {'budget', '0', '0'} end
+end
+local tats = {}
+local out = {'ok', '0', '0'}
+local wait, which = 0, 0
+for i = 1, n do
+  local base = 5 + (i - 1) * 3
+  local interval = tonumber(ARGV[base + 1])
+  local tau = tonumber(ARGV[base + 2])
+  local cost = tonumber(ARGV[base + 3])
+  local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if tat < now then tat = now end
+  local new = tat + cost * interval
+  if new - now > tau then
+    if new - tau - now >= wait then wait, which = new - tau - now, i end
+  end
+  tats[i] = new
+  out[#out + 1] = tostring(math.floor((tau - (new - now)) / interval))
+  out[#out + 1] = tostring(math.ceil(new - now))
+end
+if which > 0 then return {'refused', tostring(math.ceil(wait)), tostring(which)} end
+if cap >= 0 then
+  local lease = KEYS[n + 1]
+  redis.call('ZREMRANGEBYSCORE', lease, '-inf', now)
+  if redis.call('ZCARD', lease) >= cap then return {'concurrency', '0', '0'} end
+  redis.call('ZADD', lease, now + lease_ms, id)
+  redis.call('PEXPIRE', lease, lease_ms * 2)
+end
+for i = 1, n do
+  redis.call('SET', KEYS[i], string.format('%.3f', tats[i]), 'PX', math.ceil(tats[i] - now) + 1000)
+end
+return out
+"""
+
+SETTLE_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local n = tonumber(ARGV[1])
+local charged = ARGV[2] == '1'
+local id = ARGV[3]
+local ttl = tonumber(ARGV[4])
+if charged then
+  for i = 1, n do
+    local interval = tonumber(ARGV[4 + (i - 1) * 2 + 1])
+    local delta = tonumber(ARGV[4 + (i - 1) * 2 + 2])
+    if delta ~= 0 then
+      local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
+      if tat < now then tat = now end
+      tat = tat + delta * interval
+      if tat < now then tat = now end
+      redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil(tat - now) + 1000)
+    end
+  end
+  redis.call('ZREM', KEYS[n + 1], id)
+end
+local first = 4 + n * 2 + 1
+for j = first, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[n + 2], ARGV[j], ARGV[j + 1])
+end
+if #ARGV >= first then redis.call('EXPIRE', KEYS[n + 2], ttl) end
+return 1
+"""
+
+RENEW_SCRIPT = """
+local t = redis.call('TIME')
+local expiry = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000 + tonumber(ARGV[1])
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[i - 1], 'XX', expiry, ARGV[i])
+end
+return 1
+"""
+
+INCREMENT_SCRIPT = """
+for j = 2, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[j], ARGV[j + 1])
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
+return 1
+"""
+
+
+def tenant_key(tenant: str, suffix: str) -> str:
+    return f"llmop:{{t:{tenant}}}:{suffix}"
+
+
+class Redis:
+    """The shared store: one script call to admit a request, one to settle it."""
+
+    def __init__(self, url: str, *, timeout: float, password: str | None = None) -> None:
+        import redis.asyncio as aioredis
+
+        self.client: Any = aioredis.Redis.from_url(
+            url,
+            password=password,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            decode_responses=True,
+            health_check_interval=0,
+        )
+        self._admit = self.client.register_script(ADMIT_SCRIPT)
+        self._settle = self.client.register_script(SETTLE_SCRIPT)
+        self._renew = self.client.register_script(RENEW_SCRIPT)
+        self._increment = self.client.register_script(INCREMENT_SCRIPT)
+
+    async def admit(self, ask: Admission) -> Decision:
+        keys = [tenant_key(ask.tenant, f"gcra:{b.key}") for b in ask.buckets]
+        keys += [tenant_key(ask.tenant, "lease"), tenant_key(ask.tenant, f"usage:{ask.month}")]
+        args: list[str | int | float] = [
+            len(ask.buckets),
+            -1 if ask.concurrency is None else ask.concurrency,
+            ask.request_id,
+            LEASE_MS,
+            -1 if ask.budget_picos is None else ask.budget_picos,
+        ]
+        for bucket in ask.buckets:
+            args += [repr(bucket.interval_ms), repr(bucket.tau_ms), bucket.cost]
+        answer = await self._admit(keys=keys, args=args)
+        verdict = answer[0]
+        if verdict == "budget":
+            return Decision(Refused.BUDGET)
+        if verdict == "concurrency":
+            return Decision(Refused.CONCURRENCY, retry_after_ms=CONCURRENCY_RETRY_MS)
+        if verdict == "refused":
+            bucket = ask.buckets[int(answer[2]) - 1]
+            return Decision(
+                _REFUSED_BY_CHARGE[bucket.charge], retry_after_ms=max(1, int(answer[1]))
+            )
+        rest = answer[3:]
+        return Decision(
+            None,
+            remaining={b.key: int(rest[2 * i]) for i, b in enumerate(ask.buckets)},
+            reset_ms={b.key: int(rest[2 * i + 1]) for i, b in enumerate(ask.buckets)},
+        )
+
+    async def settle(self, ask: Admission, usage: Usage, cost_picos: int, *, charged: bool) -> None:
+        keys = [tenant_key(ask.tenant, f"gcra:{b.key}") for b in ask.buckets]
+        keys += [tenant_key(ask.tenant, "lease"), tenant_key(ask.tenant, f"usage:{ask.month}")]
+        args: list[str | int | float] = [
+            len(ask.buckets),
+            "1" if charged else "0",
+            ask.request_id,
+            USAGE_TTL_SECONDS,
+        ]
+        for bucket in ask.buckets:
+            delta = bucket_delta(bucket, usage.input_tokens, usage.output_tokens, ask.estimate)
+            args += [repr(bucket.interval_ms), delta]
+        for name, value in usage_fields(ask.model, usage, cost_picos).items():
+            args += [name, value]
+        await self._settle(keys=keys, args=args)
+
+    async def add_usage(self, tenant: str, month: str, fields: dict[str, int]) -> None:
+        args: list[str | int] = [USAGE_TTL_SECONDS]
+        for name, value in fields.items():
+            args += [name, value]
+        await self._increment(keys=[tenant_key(tenant, f"usage:{month}")], args=args)
+
+    async def renew(self, leases: Iterable[tuple[str, str]]) -> None:
+        pairs = list(leases)
+        if not pairs:
+            return
+        keys = [tenant_key(tenant, "lease") for tenant, _ in pairs]
+        await self._renew(keys=keys, args=[LEASE_MS, *(r for _, r in pairs)])
+
+    async def usage(self, tenant: str, month: str) -> dict[str, int]:
+        raw = await self.client.hgetall(tenant_key(tenant, f"usage:{month}"))
+        return {k: int(v) for k, v in raw.items()}
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+# --- The breaker between them -------------------------------------------------------------------
+
+OPEN_SECONDS = 5.0
+"""After a failed call, how long the shared store is not asked (each request would otherwise
+wait out the timeout)."""
+
+
+@dataclass
+class Health:
+    """What `Guarded` reports to metrics."""
+
+    degraded: Callable[[bool], None] = lambda _on: None
+    error: Callable[[str], None] = lambda _op: None
+    latency: Callable[[str, float], None] = lambda _op, _s: None
+
+
+class Guarded:
+    """The shared store behind a breaker, with a local store for while it is down."""
+
+    def __init__(
+        self,
+        shared: Redis,
+        *,
+        fail_open: bool,
+        replicas: int,
+        timeout: float,
+        health: Health | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.shared = shared
+        self.local = Local(share=1.0 / max(1, replicas))
+        self.fail_open = fail_open
+        self.timeout = timeout
+        self.health = health or Health()
+        self.clock = clock
+        self.open_until = 0.0
+        self.unflushed: dict[tuple[str, str], Counter[str]] = {}
+        """Usage counted while the shared store was down: added to it when it answers."""
+        self.by_local: set[str] = set()
+        """Requests admitted by the local store (settled there too)."""
+        self._flushing: asyncio.Task[None] | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return self.clock() < self.open_until
+
+    def _trip(self, op: str, exc: BaseException) -> None:
+        if not self.degraded:
+            log.warning(
+                "the shared store failed (%s: %s): %s for %.0f s",
+                op,
+                exc or type(exc).__name__,
+                "admitting with this replica's share of each limit"
+                if self.fail_open
+                else "refusing requests",
+                OPEN_SECONDS,
+            )
+        self.health.error(op)
+        self.open_until = self.clock() + OPEN_SECONDS
+        self.health.degraded(True)
+
+    async def _call(self, op: str, call: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout):
+                result = await call()
+        except (TimeoutError, OSError, ConnectionError) as exc:
+            self._trip(op, exc)
+            raise
+        except Exception as exc:
+            # redis-py's ConnectionError/TimeoutError and anything else the client raises
+            self._trip(op, exc)
+            raise
+        self.health.latency(op, time.perf_counter() - started)
+        if self.open_until:
+            self.open_until = 0.0
+            self.health.degraded(False)
+            log.info("the shared store answers again")
+        if self.unflushed and (self._flushing is None or self._flushing.done()):
+            self._flushing = asyncio.ensure_future(self._flush())
+        return result
+
+    async def _flush(self) -> None:
+        while self.unflushed:
+            (tenant, month), fields = self.unflushed.popitem()
+            try:
+                await self.shared.add_usage(tenant, month, dict(fields))
+            except Exception as exc:
+                self.unflushed.setdefault((tenant, month), Counter()).update(fields)
+                self._trip("flush", exc)
+                return
+
+    async def admit(self, ask: Admission) -> Decision:
+        if not self.degraded:
+            try:
+                result: Decision = await self._call("admit", lambda: self.shared.admit(ask))
+            except Exception:
+                pass
+            else:
+                return result
+        if not self.fail_open:
+            raise StoreUnavailableError
+        self.by_local.add(ask.request_id)
+        return await self.local.admit(ask)
+
+    async def settle(self, ask: Admission, usage: Usage, cost_picos: int, *, charged: bool) -> None:
+        if ask.request_id in self.by_local:
+            self.by_local.discard(ask.request_id)
+            await self.local.settle(ask, usage, cost_picos, charged=charged)
+            self._keep(ask, usage, cost_picos)
+            return
+        if not self.degraded:
+            try:
+                await self._call(
+                    "settle",
+                    lambda: self.shared.settle(ask, usage, cost_picos, charged=charged),
+                )
+            except Exception:
+                pass
+            else:
+                return
+        # Its lease expires by itself; its usage must not be lost.
+        self._keep(ask, usage, cost_picos)
+
+    def _keep(self, ask: Admission, usage: Usage, cost_picos: int) -> None:
+        fields = usage_fields(ask.model, usage, cost_picos)
+        self.unflushed.setdefault((ask.tenant, ask.month), Counter()).update(fields)
+
+    async def renew(self, leases: Iterable[tuple[str, str]]) -> None:
+        pairs = list(leases)
+        await self.local.renew(pairs)
+        if not self.degraded:
+            try:
+                await self._call("renew", lambda: self.shared.renew(pairs))
+            except Exception:
+                return
+
+    async def usage(self, tenant: str, month: str) -> dict[str, int]:
+        found: dict[str, int] = await self._call("usage", lambda: self.shared.usage(tenant, month))
+        return found
+
+    async def close(self) -> None:
+        if self._flushing is not None:
+            self._flushing.cancel()
+        await self.shared.close()

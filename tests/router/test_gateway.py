@@ -1,0 +1,265 @@
+"""The gateway in the router's request path, on real sockets: the simulator engine behind a
+real router, a real client. What it proves: a request without a valid key (none, wrong,
+expired, disabled) is answered 401 before its body is read and never reaches the engine; a
+model outside the tenant's list is a 404 like a model that does not exist, and `/v1/models`
+lists only what the tenant may use; a request limit answers 429 with an exact Retry-After and
+the request refused consumes nothing; usage is asked of every stream and the usage event is
+removed again when the client did not ask for it; the metered tokens equal the usage the
+client saw, and the cost follows the price; the client's key never reaches the engine; a
+tenant in Shadow mode is counted, never refused."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from llmop_engine.simulator.server import SimServer
+from llmop_engine.simulator.sim_config import SimConfig
+from llmop_router.app import Router
+from llmop_router.contract import api_key_hash
+from llmop_router.gateway import Gateway
+from llmop_router.metrics import GatewayMetrics
+from llmop_router.routes import RouteTable
+from llmop_router.store import Local
+from llmop_router.tenants import parse_tenant
+
+KEY = "llmop_test-key-of-team-a-0123456789abcdef"
+OTHER_KEY = "llmop_test-key-of-team-b-0123456789abcdef"
+SIM = SimConfig(model="llama", max_num_seqs=8, load_seconds=0, decode_ms=2, decode_ms_per_seq=0.0)
+
+
+def synchronous(test: Callable[[], Awaitable[None]]) -> Callable[[], None]:
+    """Run an async test on its own event loop, bounded in time."""
+
+    @functools.wraps(test)
+    def run() -> None:
+        asyncio.run(asyncio.wait_for(test(), timeout=60))
+
+    return run
+
+
+def tenant(name: str, key: str, **spec: Any) -> dict[str, Any]:
+    keys = [{"name": "main", "sha256": api_key_hash(key)}]
+    return {"metadata": {"name": name}, "spec": {"apiKeys": keys, **spec}}
+
+
+@contextlib.asynccontextmanager
+async def simulator() -> AsyncIterator[tuple[SimServer, str]]:
+    server = SimServer(SIM)
+    engine = asyncio.create_task(server.engine.run())
+    site = TestServer(server.app(), host="127.0.0.1")
+    await site.start_server()
+    try:
+        yield server, f"127.0.0.1:{site.port}"
+    finally:
+        await site.close()
+        server.engine.stop()
+        engine.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await engine
+
+
+@dataclass
+class Rig:
+    url: str
+    router: Router
+    gateway: Gateway
+    sim: SimServer
+    http: aiohttp.ClientSession
+
+    async def post(
+        self, body: dict[str, Any], key: str | None = KEY, path: str = "/v1/completions"
+    ) -> tuple[int, dict[str, str], str]:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        async with self.http.post(self.url + path, json=body, headers=headers) as answer:
+            return answer.status, dict(answer.headers), await answer.text()
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.router.metrics.registry.get_sample_value(name, labels)
+        return value or 0.0
+
+
+@contextlib.asynccontextmanager
+async def rig(*tenants: dict[str, Any], pricing: Any = None) -> AsyncIterator[Rig]:
+    async with simulator() as (sim, address):
+        table = RouteTable()
+        table.set("llama", "team", "llama", [address])
+        router = Router(table)
+        router.ready = True
+        gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
+        gateway.set_tenants([parse_tenant(t) for t in tenants])
+        if pricing is not None:
+            gateway.set_price(("team", "llama"), pricing)
+        router.gateway = gateway
+        site = TestServer(router.app(), host="127.0.0.1")
+        await site.start_server()
+        try:
+            async with aiohttp.ClientSession() as http:
+                yield Rig(f"http://127.0.0.1:{site.port}", router, gateway, sim, http)
+        finally:
+            await site.close()
+
+
+def completion(max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
+    return {"model": "llama", "prompt": "hello there", "max_tokens": max_tokens, **extra}
+
+
+async def settled(gateway: Gateway) -> None:
+    """Settlement runs in the background: wait for it."""
+    for _ in range(100):
+        if not gateway._settling:
+            return
+        await asyncio.sleep(0.01)
+
+
+@synchronous
+async def test_keys_are_checked_before_anything_reaches_the_engine() -> None:
+    expired = tenant("old", OTHER_KEY)
+    expired["spec"]["apiKeys"][0]["notAfter"] = "2020-01-01T00:00:00Z"
+    async with rig(tenant("a", KEY), expired) as r:
+        for key, why in (
+            (None, "no API key"),
+            ("llmop_wrong", "not valid"),
+            (OTHER_KEY, "expired"),
+        ):
+            status, headers, text = await r.post(completion(), key=key)
+            assert status == 401, text
+            assert why in json.loads(text)["error"]["message"]
+            assert headers["WWW-Authenticate"].startswith("Bearer")
+        assert r.sim.stats["requests"] == 0
+        assert r.metric("llmop_gateway_rejected_total", tenant="-", reason="key_expired") == 1
+        status, _, _ = await r.post(completion())
+        assert status == 200
+
+
+@synchronous
+async def test_a_model_outside_the_list_is_not_found_and_not_listed() -> None:
+    async with rig(tenant("a", KEY, models=["mistral-*"]), tenant("b", OTHER_KEY)) as r:
+        status, _, text = await r.post(completion())
+        assert status == 404
+        assert json.loads(text)["error"]["code"] == "model_not_found"
+        status, _, missing = await r.post(completion() | {"model": "nope"}, key=OTHER_KEY)
+        assert status == 404
+        assert (
+            json.loads(missing)["error"]["message"].replace("'nope'", "'llama'")
+            == (json.loads(text)["error"]["message"])
+        ), "a forbidden model must read like one that does not exist"
+        for key, expected in ((KEY, []), (OTHER_KEY, ["llama"])):
+            async with r.http.get(
+                r.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}
+            ) as answer:
+                assert [m["id"] for m in (await answer.json())["data"]] == expected
+        assert r.sim.stats["requests"] == 0
+
+
+@synchronous
+async def test_a_request_limit_answers_429_with_the_exact_wait() -> None:
+    limits = {"requestsPerMinute": 60, "burstSeconds": 2}
+    async with rig(tenant("a", KEY, limits=limits)) as r:
+        codes = [(await r.post(completion(1)))[0] for _ in range(2)]
+        assert codes == [200, 200], "a burst of 2 s at 1 request/s"
+        status, headers, text = await r.post(completion(1))
+        assert status == 429, text
+        wait_ms = int(headers["retry-after-ms"])
+        assert 0 < wait_ms <= 1000
+        assert headers["Retry-After"] == "1"
+        assert headers["x-ratelimit-limit-requests"] == "60"
+        assert json.loads(text)["error"]["code"] == "rate_limit_exceeded"
+        await asyncio.sleep(wait_ms / 1000 + 0.05)
+        assert (await r.post(completion(1)))[0] == 200
+        assert r.metric("llmop_gateway_rejected_total", tenant="a", reason="requests") == 1
+
+
+@synchronous
+async def test_a_refused_request_consumes_nothing_of_the_other_limits() -> None:
+    limits = {"requestsPerMinute": 600, "tokensPerMinute": 60, "burstSeconds": 1}
+    async with rig(tenant("a", KEY, limits=limits)) as r:
+        # 3 prompt tokens + 4 reserved = 7 of a 1 s burst of 1 token/s (a request larger than
+        # the burst passes on a full bucket, then waits it out).
+        assert (await r.post(completion(4)))[0] == 200
+        for _ in range(3):
+            assert (await r.post(completion(4)))[0] == 429
+        tats = dict(r.gateway.store.tats)  # type: ignore[attr-defined]
+        for _ in range(3):
+            await r.post(completion(4))
+        assert r.gateway.store.tats == tats  # type: ignore[attr-defined]
+
+
+@synchronous
+async def test_usage_is_metered_in_streams_and_hidden_when_not_asked_for() -> None:
+    pricing = {"currency": "EUR", "inputPerMillion": "0.15", "outputPerMillion": "0.60"}
+    async with rig(tenant("a", KEY), pricing=pricing) as r:
+        status, _, plain = await r.post(completion(5, stream=True))
+        assert status == 200
+        events = [e for e in plain.split("\n\n") if e.startswith("data: {")]
+        assert all(json.loads(e[6:])["choices"] for e in events), "no usage-only event"
+        assert plain.rstrip().endswith("data: [DONE]")
+        status, _, asked = await r.post(
+            completion(5, stream=True, stream_options={"include_usage": True})
+        )
+        usage_events = [json.loads(e[6:]) for e in asked.split("\n\n") if e.startswith("data: {")]
+        usage = usage_events[-1]["usage"]
+        status, _, whole = await r.post(completion(5))
+        whole_usage = json.loads(whole)["usage"]
+        await settled(r.gateway)
+        prompt = usage["prompt_tokens"] * 2 + whole_usage["prompt_tokens"]
+        output = usage["completion_tokens"] * 2 + whole_usage["completion_tokens"]
+        assert output == 15
+        tokens = "llmop_gateway_tokens_total"
+        assert r.metric(tokens, tenant="a", model="llama", kind="input") == prompt
+        assert r.metric(tokens, tenant="a", model="llama", kind="output") == output
+        expected = (Decimal(prompt) * Decimal("0.15") + Decimal(output) * Decimal("0.60")) / (10**6)
+        cost = r.metric("llmop_gateway_cost_total", tenant="a", model="llama", currency="EUR")
+        assert abs(cost - float(expected)) <= float(expected) * 1e-9
+        spent = await r.gateway.store.usage("a", time.strftime("%Y-%m", time.gmtime()))
+        assert spent["llama:out"] == output
+        assert Decimal(spent["total:picos"]) / 10**12 == expected
+
+
+async def engine_headers(request: web.Request) -> web.Response:
+    return web.json_response(
+        {"headers": dict(request.headers), "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    )
+
+
+@synchronous
+async def test_the_client_key_never_reaches_the_engine() -> None:
+    app = web.Application()
+    app.router.add_post("/v1/completions", engine_headers)
+    engine = TestServer(app, host="127.0.0.1")
+    await engine.start_server()
+    try:
+        async with rig(tenant("a", KEY)) as r:
+            r.router.table.set("llama", "team", "llama", [f"127.0.0.1:{engine.port}"])
+            headers = {"Authorization": f"Bearer {KEY}", "x-llmop-tenant": "b", "x-api-key": KEY}
+            async with r.http.post(
+                r.url + "/v1/completions", json=completion(), headers=headers
+            ) as answer:
+                seen = (await answer.json())["headers"]
+            lowered = {k.lower(): v for k, v in seen.items()}
+            assert "authorization" not in lowered
+            assert "x-api-key" not in lowered
+            assert "x-llmop-tenant" not in lowered
+            assert len(lowered["x-request-id"]) == 32
+    finally:
+        await engine.close()
+
+
+@synchronous
+async def test_shadow_mode_counts_and_refuses_nothing() -> None:
+    limits = {"requestsPerMinute": 60, "burstSeconds": 1, "mode": "Shadow"}
+    async with rig(tenant("a", KEY, limits=limits)) as r:
+        codes = [(await r.post(completion(1)))[0] for _ in range(4)]
+        assert codes == [200] * 4
+        assert r.metric("llmop_gateway_shadow_rejected_total", tenant="a", reason="requests") == 3
