@@ -153,6 +153,7 @@ def test_default_objects() -> None:
         ("ClusterRoleBinding", "llmop-framework"),
         ("ClusterRoleBinding", "llmop-router"),
         ("CustomResourceDefinition", "llmdeployments.serving.llmop.dev"),
+        ("CustomResourceDefinition", "llmtenants.serving.llmop.dev"),
         ("Deployment", "llmop"),
         ("Deployment", "llmop-router"),
         ("NetworkPolicy", "llmop-router"),
@@ -341,6 +342,7 @@ def test_router_is_two_restricted_replicas_behind_its_service_writing_only_scale
     role = find(docs, "ClusterRole", "llmop-router")
     assert _grants(role) == {
         ("serving.llmop.dev", "llmdeployments"): {"get", "list", "watch"},
+        ("serving.llmop.dev", "llmtenants"): {"get", "list", "watch"},
         ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
         # Waking a CR at zero: its workload's scale, 0 -> 1, and nothing else of it.
         ("apps", "deployments/scale"): {"get", "patch"},
@@ -451,19 +453,20 @@ def test_router_can_be_left_out() -> None:
 # --- CRD ---------------------------------------------------------------------------------------
 
 
-def test_crd_template_is_the_generated_crd() -> None:
+@pytest.mark.parametrize("plural", ["llmdeployments", "llmtenants"])
+def test_crd_template_is_the_generated_crd(plural: str) -> None:
     generated = yaml.safe_load(
-        (REPO_ROOT / "crds" / "serving.llmop.dev_llmdeployments.yaml").read_text()
+        (REPO_ROOT / "crds" / f"serving.llmop.dev_{plural}.yaml").read_text()
     )
-    templated = find(render(), "CustomResourceDefinition")
+    name = generated["metadata"]["name"]
+    templated = find(render(), "CustomResourceDefinition", name)
     assert templated["spec"] == generated["spec"]
-    assert templated["metadata"]["name"] == generated["metadata"]["name"]
     assert templated["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
 
 
 def test_crd_keep_and_enabled_switches() -> None:
-    crd = find(render(MATRIX["namespaced"]), "CustomResourceDefinition")
-    assert "annotations" not in crd["metadata"]
+    for crd in [d for d in render(MATRIX["namespaced"]) if d["kind"] == "CustomResourceDefinition"]:
+        assert "annotations" not in crd["metadata"]
     assert not [d for d in render(MATRIX["no-crds-no-metrics"]) if d["kind"].startswith("Custom")]
     notes = render_files(MATRIX["namespaced"])["llmop/templates/NOTES.txt"]
     assert "WARNING: crds.keep=false" in notes
