@@ -96,7 +96,13 @@ release() {
 import sys
 import helm_python as helm
 action, kubeconfig, chart, name, namespace = sys.argv[1:]
-values = {"image": {"pullPolicy": "Never"}, "router": {"image": {"pullPolicy": "Never"}}}
+values = {
+    "image": {"pullPolicy": "Never"},
+    "router": {
+        "image": {"pullPolicy": "Never"},
+        "gateway": {"store": {"image": {"pullPolicy": "Never"}}},
+    },
+}
 with helm.Config(kubeconfig_path=kubeconfig, namespace=namespace) as config:
     try:
         config.status(name)
@@ -115,19 +121,24 @@ with helm.Config(kubeconfig_path=kubeconfig, namespace=namespace) as config:
 EOF
 }
 
-# The chart's router objects (templates/router.yaml, default values but the image's pull
-# policy: it is imported, never pulled) as one YAML stream, with Helm's ownership annotations of
+# The chart's router objects (templates/router.yaml and its gateway's store, router-store.yaml;
+# default values but the images' pull policy: they are imported, never pulled) as one YAML stream, with Helm's ownership annotations of
 # release llmop, so a later LLMOP_OPERATOR=pod run's `helm install` adopts them.
 router_objects() {
   "$PY" - "$ROOT/helm/llmop" "$RELEASE" "$RELEASE_NAMESPACE" <<'EOF'
 import sys, yaml
 import helm_python as helm
 chart, name, namespace = sys.argv[1:]
-values = {"router": {"image": {"pullPolicy": "Never"}}}
+values = {
+    "router": {
+        "image": {"pullPolicy": "Never"},
+        "gateway": {"store": {"image": {"pullPolicy": "Never"}}},
+    }
+}
 out = helm.Chart.load(chart).render(values, name=name, namespace=namespace)
 docs = []
 for path, text in sorted(out.items()):
-    if not path.endswith("/templates/router.yaml"):
+    if not path.endswith(("/templates/router.yaml", "/templates/router-store.yaml")):
         continue
     for doc in yaml.safe_load_all(text):
         if not doc:
@@ -145,8 +156,8 @@ EOF
 # The router as pods, as the chart runs them: every routed sample's endpoint names their Service
 # (llmop-router.llmop-system:8080), and they wake models scaled to zero.
 start_router() {
-  log "building (or reusing) the router image; importing it into the node"
-  "$PY" "$ROOT/e2e/images/images.py" import --address "$NODE_CONTAINERD" router >/dev/null
+  log "building (or reusing) the router and its store's images; importing them into the node"
+  "$PY" "$ROOT/e2e/images/images.py" import --address "$NODE_CONTAINERD" router redis >/dev/null
   release_namespace
   log "starting the router pods ($RELEASE_NAMESPACE/$RELEASE-router: the chart's router objects)"
   local existed=0
@@ -154,12 +165,38 @@ start_router() {
   router_objects | kctl apply --server-side --force-conflicts --field-manager=llmop-dev -f - >/dev/null
   # The image may be new under the same tag (this checkout changed): running pods keep the old.
   ((existed)) && kctl rollout restart -n "$RELEASE_NAMESPACE" "deployment/$RELEASE-router" >/dev/null
+  # The store first: until it answers, the routers admit by their share of each limit.
+  kctl rollout status -n "$RELEASE_NAMESPACE" "deployment/$RELEASE-router-store" --timeout=120s >&2 ||
+    log "the gateway's store is not ready yet: the routers admit by their share meanwhile"
   if ! kctl rollout status -n "$RELEASE_NAMESPACE" "deployment/$RELEASE-router" --timeout=120s >&2; then
     log "the router pods did not become ready; their state and log:"
     kctl get pods -n "$RELEASE_NAMESPACE" -o wide >&2 || true
     kctl logs -n "$RELEASE_NAMESPACE" "deployment/$RELEASE-router" --tail=40 >&2 || true
     exit 1
   fi
+}
+
+# The gateway's dev tenant: one key per local cluster, made once and kept in the cluster's state
+# directory (mode 0600; `down` removes it), its SHA-256 in `LLMTenant dev` (every model).
+dev_tenant() {
+  local key_file="$work/dev-api-key" digest
+  if [[ ! -s "$key_file" ]]; then
+    (umask 077 && "$PY" -c 'import secrets; print("llmop_" + secrets.token_urlsafe(32))' >"$key_file")
+  fi
+  digest="$(tr -d '\n' <"$key_file" | sha256sum | cut -d' ' -f1)"
+  log "applying LLMTenant dev (its key: $key_file)"
+  kctl apply --server-side --force-conflicts --field-manager=llmop-dev -f - >/dev/null <<YAML
+apiVersion: serving.llmop.dev/v1alpha1
+kind: LLMTenant
+metadata:
+  name: dev
+spec:
+  models: ["*"]
+  apiKeys:
+    - name: make-dev
+      sha256: $digest
+YAML
+  dev_key="$(cat "$key_file")"
 }
 
 # The release's namespace, enforcing Pod Security `restricted` as an installation should.
@@ -218,16 +255,18 @@ install_release() {
   stop_operator
   [[ "$(cat /run/llmop-node/owner 2>/dev/null || true)" == "$(basename "$work")" ]] ||
     { log "LLMOP_OPERATOR=pod needs the real node, which did not join (see the cluster log above)"; exit 1; }
-  log "building (or reusing) the operator and router images; importing them into the node"
-  "$PY" "$ROOT/e2e/images/images.py" import --address "$NODE_CONTAINERD" operator router >/dev/null
+  log "building (or reusing) the operator, router and store images; importing them into the node"
+  "$PY" "$ROOT/e2e/images/images.py" import --address "$NODE_CONTAINERD" operator router redis >/dev/null
   release_namespace
-  local crd=llmdeployments.serving.llmop.dev
-  if kctl get crd "$crd" >/dev/null 2>&1; then
-    # Applied by a process-mode run: Helm adopts it only with the release's ownership metadata.
-    kctl label --overwrite crd "$crd" app.kubernetes.io/managed-by=Helm >/dev/null
-    kctl annotate --overwrite crd "$crd" "meta.helm.sh/release-name=$RELEASE" \
-      "meta.helm.sh/release-namespace=$RELEASE_NAMESPACE" >/dev/null
-  fi
+  local crd=llmdeployments.serving.llmop.dev adopted
+  for adopted in "$crd" llmtenants.serving.llmop.dev; do
+    if kctl get crd "$adopted" >/dev/null 2>&1; then
+      # Applied by a process-mode run: Helm adopts it only with the release's ownership metadata.
+      kctl label --overwrite crd "$adopted" app.kubernetes.io/managed-by=Helm >/dev/null
+      kctl annotate --overwrite crd "$adopted" "meta.helm.sh/release-name=$RELEASE" \
+        "meta.helm.sh/release-namespace=$RELEASE_NAMESPACE" >/dev/null
+    fi
+  done
   log "helm install (or upgrade) of helm/llmop as $RELEASE_NAMESPACE/$RELEASE; waiting for its pods"
   release install "$kubeconfig"
   "$ROOT/e2e/cluster/crd-established.sh" 60 "crd/$crd" -- "$bin/kubectl" --kubeconfig "$kubeconfig"
@@ -314,14 +353,16 @@ samples_up() {
   url="http://$svc_ip:8000/v1/completions"
   body="{\"model\": \"$first_name\", \"prompt\": \"Hello\", \"max_tokens\": 12}"
   if ((real_node)); then
+    dev_tenant
     echo
     kctl get pods -n "$first_ns" -l "serving.llmop.dev/deployment=$first_name" -o wide
     router_url="http://$(kctl get service -n "$RELEASE_NAMESPACE" "$RELEASE-router" -o jsonpath='{.spec.clusterIP}'):8080/v1/completions"
     echo
-    echo "One completion through the router (the samples' endpoint: one OpenAI API for every LLMDeployment):"
-    echo "\$ curl -sS $router_url -H 'Content-Type: application/json' -d '$body'"
+    echo "One completion through the router (the samples' endpoint: one OpenAI API for every LLMDeployment;"
+    echo "its gateway wants a tenant's key: LLMTenant dev's is in $work/dev-api-key):"
+    echo "\$ curl -sS $router_url -H \"Authorization: Bearer \$OPENAI_API_KEY\" -H 'Content-Type: application/json' -d '$body'"
     local tries=0
-    until curl -sSf "$router_url" -H 'Content-Type: application/json' -d "$body"; do
+    until curl -sSf "$router_url" -H "Authorization: Bearer $dev_key" -H 'Content-Type: application/json' -d "$body"; do
       # The router lists a model once its endpoints are ready in the router's own watch.
       ((++tries < 20)) || { log "the completion through the router failed"; exit 1; }
       sleep 1
@@ -333,6 +374,9 @@ samples_up() {
     curl -sS "$url" -H 'Content-Type: application/json' -d "$body" || { log "the completion failed"; exit 1; }
     echo
     url="$router_url"
+    auth_line="  export OPENAI_API_KEY=\$(cat $work/dev-api-key)   # LLMTenant dev's key: the router's gateway asks for it
+  export OPENAI_BASE_URL=${router_url%/completions}"
+    auth_header=" -H \"Authorization: Bearer \$OPENAI_API_KEY\""
     # The router's table, metrics and activity are on each pod's admin port, on no Service.
     local router_pod_ip
     router_pod_ip="$(kctl get pods -n "$RELEASE_NAMESPACE" -l app.kubernetes.io/name=llmop-router \
@@ -349,7 +393,8 @@ llmop dev environment is up ($((SECONDS - start))s). To use it from this shell:
   export PATH=$bin:\$PATH
   kubectl get llmd -A                      # the LLMDeployments (short name llmd)
   kubectl describe llmd qwen-small         # conditions, capacity plan, events
-  curl -sS $url -H 'Content-Type: application/json' \\
+${auth_line:-}
+  curl -sS $url${auth_header:-} -H 'Content-Type: application/json' \\
     -d '{"model": "$first_name", "prompt": "Hello", "max_tokens": 12}'
 $operator_info
 ${router_info:-}
@@ -385,6 +430,7 @@ cmd_stop() {
   if [[ -z "$(release status "$kubeconfig")" ]]; then
     router_objects | kctl delete --ignore-not-found -f - >/dev/null
   fi
+  kctl delete llmtenant dev --ignore-not-found >/dev/null 2>&1 || true
 }
 
 case "${1:-}" in

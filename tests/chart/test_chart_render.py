@@ -156,13 +156,16 @@ def test_default_objects() -> None:
         ("CustomResourceDefinition", "llmtenants.serving.llmop.dev"),
         ("Deployment", "llmop"),
         ("Deployment", "llmop-router"),
+        ("Deployment", "llmop-router-store"),
         ("NetworkPolicy", "llmop-router"),
+        ("NetworkPolicy", "llmop-router-store"),
         ("PodDisruptionBudget", "llmop"),
         ("PodDisruptionBudget", "llmop-router"),
         ("Role", "llmop-leader-election"),
         ("RoleBinding", "llmop-leader-election"),
         ("Service", "llmop-metrics"),
         ("Service", "llmop-router"),
+        ("Service", "llmop-router-store"),
         ("ServiceAccount", "llmop"),
         ("ServiceAccount", "llmop-router"),
         ("ValidatingAdmissionPolicy", "llmop-guardrails"),
@@ -343,6 +346,7 @@ def test_router_is_two_restricted_replicas_behind_its_service_writing_only_scale
     assert _grants(role) == {
         ("serving.llmop.dev", "llmdeployments"): {"get", "list", "watch"},
         ("serving.llmop.dev", "llmtenants"): {"get", "list", "watch"},
+        ("serving.llmop.dev", "llmtenants/status"): {"patch"},
         ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
         # Waking a CR at zero: its workload's scale, 0 -> 1, and nothing else of it.
         ("apps", "deployments/scale"): {"get", "patch"},
@@ -629,7 +633,7 @@ def _dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
 
 
 def test_alerts_and_dashboards_only_use_metrics_that_exist() -> None:
-    from llmop_router.metrics import RouterMetrics
+    from llmop_router.metrics import GatewayMetrics, RouterMetrics
 
     exported = _engine_metric_names()
     docs = render(MATRIX["monitoring-all"])
@@ -639,8 +643,11 @@ def test_alerts_and_dashboards_only_use_metrics_that_exist() -> None:
     assert used, "no metrics found in the rules"
     assert used - exported == set()
     # The router's dashboard uses the router's series only, each with labels it has.
-    router = {f.name: f for f in RouterMetrics().registry.collect()}
-    collectors = {c._name: c for c in RouterMetrics().__dict__.values() if hasattr(c, "_name")}
+    metrics = RouterMetrics()
+    gateway = GatewayMetrics(metrics.registry)
+    router = {f.name: f for f in metrics.registry.collect()}
+    members = {**metrics.__dict__, **{f"gateway.{k}": v for k, v in gateway.__dict__.items()}}
+    collectors = {c._name: c for c in members.values() if hasattr(c, "_name")}
     router_exprs = _dashboard_exprs(json.loads(data["llmop-router.json"]))
     for expr in router_exprs:
         series = {SAMPLE_SUFFIX.sub("", m) for m in METRIC_RE.findall(expr)}
@@ -818,3 +825,72 @@ def test_plain_install_manifests_are_the_charts_defaults_and_up_to_date() -> Non
     assert max(
         i for i, k in enumerate(kinds_in_order) if k in ("ServiceAccount", "ClusterRoleBinding")
     ) < kinds_in_order.index("Deployment")
+
+
+# --- The gateway ----------------------------------------------------------------------------
+
+
+def _router_args(values: dict[str, Any]) -> list[str]:
+    deployment = find(render(values), "Deployment", "llmop-router")
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def test_the_gateway_is_on_by_default_with_its_own_store_only_the_routers_reach() -> None:
+    args = _router_args({})
+    at = args.index("--gateway")
+    assert args[at : at + 9] == [
+        *("--gateway", "--store", "redis://llmop-router-store.llmop-system.svc:6379/0"),
+        *("--store-timeout-ms", "100", "--store-on-error", "FailOpen", "--replicas", "2"),
+    ]
+    docs = render({"networkPolicy": {"enabled": True}})
+    store = find(docs, "Deployment", "llmop-router-store")
+    (container,) = store["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "docker.io/library/redis:7.0.15"
+    assert container["args"] == ["--save", "", "--appendonly", "no", "--protected-mode", "no"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    policy = find(docs, "NetworkPolicy", "llmop-router-store")
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/name": "llmop-router",
+                    "app.kubernetes.io/instance": "llmop",
+                    "app.kubernetes.io/component": "router",
+                }
+            }
+        }
+    ]
+    notes = render_files({})["llmop/templates/NOTES.txt"]
+    assert "answers every request 401" in notes
+    assert "llmop key new" in notes
+
+
+def test_an_existing_store_with_a_password_is_mounted_as_a_file() -> None:
+    store = {
+        "deploy": False,
+        "url": "rediss://cache.example:6380/2",
+        "passwordSecretRef": {"name": "cache", "key": "pw"},
+        "onError": "FailClosed",
+    }
+    values = {"router": {"gateway": {"enabled": True, "store": store}}}
+    docs = render(values)
+    assert not [d for d in docs if d["metadata"]["name"] == "llmop-router-store"]
+    deployment = find(docs, "Deployment", "llmop-router")
+    pod = deployment["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--store") + 1] == "rediss://cache.example:6380/2"
+    assert args[args.index("--store-on-error") + 1] == "FailClosed"
+    assert args[args.index("--store-password-file") + 1] == "/var/run/llmop/store/password"
+    volume = next(v for v in pod["volumes"] if v["name"] == "store-password")
+    assert volume["secret"] == {"secretName": "cache", "items": [{"key": "pw", "path": "password"}]}
+
+
+def test_an_open_router_is_a_warning() -> None:
+    values = {"router": {"gateway": {"enabled": False, "store": {"deploy": True}}}}
+    assert "--gateway" not in _router_args(values)
+    assert not [d for d in render(values) if d["metadata"]["name"] == "llmop-router-store"]
+    assert (
+        "WARNING: router.gateway.enabled=false" in render_files(values)["llmop/templates/NOTES.txt"]
+    )

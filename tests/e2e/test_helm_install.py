@@ -33,6 +33,7 @@ import helm_python as helm
 import pytest
 import yaml
 
+from llmop_router.contract import API_KEY_PREFIX, api_key_hash
 from support.cluster import create_namespace, wait_until
 from support.helm_release import CHART_DIR, CRD_NAME, NODE_IMAGE_VALUES, adopt_crd
 from support.operator import REPO_ROOT
@@ -66,6 +67,7 @@ ROUTER_ADMIN_PORT = 8081  # the chart's router.adminPort: /metrics, /routes, /ll
 KILLED_ROUTER_BOUND_S = 10
 """Requests sent this long after a router pod's process is killed all succeed (the other pod)."""
 METRICS_CONFIG = REPO_ROOT / "e2e" / "metrics" / "metrics_config.py"
+TENANT = "e2e-helm"
 
 
 @dataclass
@@ -79,6 +81,9 @@ class Install:
     apps: str
     sample: str
     timings: dict[str, float] = field(default_factory=dict)
+    auth: dict[str, str] = field(default_factory=dict)
+    """`Authorization` with the key of the tenant the module creates: the chart's router wants
+    one (its gateway is on by default)."""
 
     def kubectl(self, *args: str, check: bool = True) -> Any:
         return self.rc.kubectl(*args, check=check)
@@ -126,7 +131,7 @@ def _restricted_namespace(rc: RealCluster) -> str:
 @pytest.fixture(scope="module")
 def install(real_cluster: RealCluster) -> Iterator[Install]:
     rc = real_cluster
-    timings = {"image build + import": import_into_node("operator", "router")}
+    timings = {"image build + import": import_into_node("operator", "router", "redis")}
     namespace = _restricted_namespace(rc)
     apps = create_namespace(rc.cluster, "helm-apps")
     release = f"llmop-{secrets.token_hex(2)}"
@@ -145,7 +150,17 @@ def install(real_cluster: RealCluster) -> Iterator[Install]:
                     timeout=240,
                 )
                 timings["helm install --wait"] = time.monotonic() - started
-                yield Install(rc, config, release, namespace, apps, "qwen-small", timings=timings)
+                key = _tenant(rc, TENANT)
+                yield Install(
+                    rc,
+                    config,
+                    release,
+                    namespace,
+                    apps,
+                    "qwen-small",
+                    timings=timings,
+                    auth={"Authorization": f"Bearer {key}"},
+                )
             finally:
                 try:
                     config.uninstall(release, ignore_not_found=True, wait="watcher", timeout=120)
@@ -153,14 +168,29 @@ def install(real_cluster: RealCluster) -> Iterator[Install]:
                     print(f"helm uninstall {release}: {error}")
     finally:
         rc.operator.start()
+        rc.kubectl("delete", "llmtenant", TENANT, "--ignore-not-found", check=False)
         rc.kubectl("delete", "namespace", apps, namespace, "--timeout=180s", check=False)
         print("helm install e2e timings:", {k: round(v, 1) for k, v in timings.items()})
 
 
-def _completion(url: str, model: str) -> dict[str, Any]:
+def _tenant(rc: RealCluster, name: str) -> str:
+    """An LLMTenant `name` for every model, with one new key: the key."""
+    key = API_KEY_PREFIX + secrets.token_urlsafe(32)
+    tenant = {
+        "apiVersion": "serving.llmop.dev/v1alpha1",
+        "kind": "LLMTenant",
+        "metadata": {"name": name},
+        "spec": {"models": ["*"], "apiKeys": [{"name": "e2e", "sha256": api_key_hash(key)}]},
+    }
+    rc.kubectl("apply", "-f", "-", input=json.dumps(tenant))
+    return key
+
+
+def _completion(url: str, model: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
     status, body = post_json(
         f"{url}/v1/chat/completions",
         {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4},
+        headers=headers,
     )
     assert status == 200, body
     assert body["choices"][0]["message"]["content"], body
@@ -258,9 +288,56 @@ def test_sample_applied_by_kubectl_answers_through_its_service_and_the_router(
     # The router pods watch through the `kubernetes` Service too; they list the sample once
     # its endpoints are ready.
     wait_until(
-        lambda: install.sample in _models(router), timeout=60, what="the router lists the sample"
+        lambda: install.sample in _models(router, install.auth),
+        timeout=60,
+        what="the router lists the sample",
     )
-    _completion(router, install.sample)
+    _completion(router, install.sample, install.auth)
+
+
+def _status_with(url: str, model: str, headers: dict[str, str]) -> int:
+    try:
+        status, _body = post_json(
+            f"{url}/v1/chat/completions",
+            {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            headers=headers,
+        )
+    except urllib.error.HTTPError as error:
+        return error.code
+    return status
+
+
+def test_the_routers_gateway_wants_a_key_and_forgets_a_deleted_tenants(install: Install) -> None:
+    """The chart's default: the router's gateway on, its store the chart's Redis. No key is a
+    401; a tenant's key is served; once the tenant is deleted its key is a 401 again."""
+    wait_until(lambda: _sample_ready(install), timeout=120, what="the sample Ready")
+    router = service_url(install.rc.cluster, install.namespace, f"{install.release}-router")
+    wait_until(
+        lambda: install.sample in _models(router, install.auth), timeout=60, what="routed sample"
+    )
+    assert _status_with(router, install.sample, {}) == 401
+    key = _tenant(install.rc, "e2e-revoked")
+    bearer = {"Authorization": f"Bearer {key}"}
+    wait_until(
+        lambda: _status_with(router, install.sample, bearer) == 200,
+        timeout=30,
+        what="the new tenant's key served",
+    )
+    deleted = time.monotonic()
+    install.kubectl("delete", "llmtenant", "e2e-revoked")
+    wait_until(
+        lambda: _status_with(router, install.sample, bearer) == 401,
+        timeout=10,
+        interval=0.1,
+        what="the deleted tenant's key refused",
+    )
+    refused_after = time.monotonic() - deleted
+    install.timings["tenant deleted → its key refused"] = refused_after
+    print(f"gateway: a deleted tenant's key was refused {refused_after:.2f} s after the delete")
+    # Both router pods count in the chart's store, which answers (no breaker open).
+    for pod in install.router_pods():
+        text = _scrape(pod["status"]["podIP"], ROUTER_ADMIN_PORT)
+        assert _gauge(text, "llmop_gateway_store_degraded") == 0.0
 
 
 def _ready_routers(install: Install) -> list[dict[str, Any]] | None:
@@ -268,10 +345,12 @@ def _ready_routers(install: Install) -> list[dict[str, Any]] | None:
     return pods if len(pods) == 2 and all(map(pod_ready, pods)) else None
 
 
-def _router_load(router: str, model: str) -> BackgroundLoad:
+def _router_load(router: str, model: str, headers: dict[str, str]) -> BackgroundLoad:
     # Short answers (16 tokens, ~0.3 s): many new connections a second, so a moment in which
     # the Service still sends them to a router pod that stopped listening shows.
-    return BackgroundLoad(router, model=model, concurrency=8, duration=600, max_tokens=16).start()
+    return BackgroundLoad(
+        router, model=model, concurrency=8, duration=600, max_tokens=16, headers=headers
+    ).start()
 
 
 def test_a_router_pod_deleted_or_killed_under_load(install: Install) -> None:
@@ -281,11 +360,13 @@ def test_a_router_pod_deleted_or_killed_under_load(install: Install) -> None:
     wait_until(lambda: _sample_ready(install), timeout=120, what="the sample Ready")
     router = service_url(install.rc.cluster, install.namespace, f"{install.release}-router")
     pods = wait_until(lambda: _ready_routers(install), timeout=60, what="2 Ready router pods")
-    wait_until(lambda: install.sample in _models(router), timeout=60, what="routed sample")
+    wait_until(
+        lambda: install.sample in _models(router, install.auth), timeout=60, what="routed sample"
+    )
 
     # Deleted the normal way: unready but answering for router.shutdownDelaySeconds while
     # kube-proxy drops it, then its streams in flight finish.
-    load = _router_load(router, install.sample)
+    load = _router_load(router, install.sample, install.auth)
     time.sleep(3)
     victim = pods[0]["metadata"]["name"]
     started = time.monotonic()
@@ -308,7 +389,7 @@ def test_a_router_pod_deleted_or_killed_under_load(install: Install) -> None:
 
     # Killed: the streams it relayed break; new connections meet its closed port until the
     # kubelet reports the container dead and kube-proxy drops the endpoint.
-    load = _router_load(router, install.sample)
+    load = _router_load(router, install.sample, install.auth)
     time.sleep(3)
     container = pods[0]["status"]["containerStatuses"][0]["containerID"].partition("://")[2]
     killed = time.monotonic()
@@ -365,7 +446,7 @@ def test_an_idle_model_goes_to_zero_and_a_held_request_wakes_it(install: Install
 
         def answered() -> bool:
             try:
-                _completion(router, name)
+                _completion(router, name, install.auth)
             except (OSError, AssertionError):
                 return False  # not listed yet, or no ready replica yet (503)
             return True
@@ -385,6 +466,7 @@ def test_an_idle_model_goes_to_zero_and_a_held_request_wakes_it(install: Install
             f"{router}/v1/chat/completions",
             {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
             timeout=180,
+            headers=install.auth,
         )
         woke = time.monotonic() - sent
         install.timings["held request at zero → answered"] = woke
@@ -425,7 +507,7 @@ def _a_router_pod_stopping_while_holding(install: Install, name: str, router: st
     def held_request() -> None:
         try:
             outcome["status"], outcome["body"] = post_json(
-                f"{direct}/v1/chat/completions", chat, timeout=60
+                f"{direct}/v1/chat/completions", chat, timeout=60, headers=install.auth
             )
         except urllib.error.HTTPError as error:
             outcome["status"], outcome["retry_after"] = error.code, error.headers["Retry-After"]
@@ -451,7 +533,9 @@ def _a_router_pod_stopping_while_holding(install: Install, name: str, router: st
     retried = time.monotonic()
     for _ in range(30):
         try:
-            status, body = post_json(f"{router}/v1/chat/completions", chat, timeout=180)
+            status, body = post_json(
+                f"{router}/v1/chat/completions", chat, timeout=180, headers=install.auth
+            )
             break
         except urllib.error.HTTPError as error:
             if error.code != 503:
@@ -479,9 +563,10 @@ def _held(admin: str, name: str) -> float:
     )
 
 
-def _models(router: str) -> list[str]:
+def _models(router: str, headers: dict[str, str]) -> list[str]:
+    request = urllib.request.Request(f"{router}/v1/models", headers=headers)
     try:
-        with urllib.request.urlopen(f"{router}/v1/models", timeout=5) as answer:
+        with urllib.request.urlopen(request, timeout=5) as answer:
             return [m["id"] for m in json.load(answer)["data"]]
     except OSError:
         return []

@@ -254,7 +254,12 @@ def test_vllm_cpu_engine_wakes_from_zero(
     through the router's Service is held, wakes it (one replica) and is answered."""
     ns, name = e2e_namespace, "vllm-zero"
     kit = real_cluster.kit
-    with chart_on_real_node(real_cluster, NODE_IMAGE_VALUES) as release:
+    # The gateway is not what this proves: its router lets the wake's request in without a key.
+    values = {
+        **NODE_IMAGE_VALUES,
+        "router": {**NODE_IMAGE_VALUES["router"], "gateway": {"enabled": False}},
+    }
+    with chart_on_real_node(real_cluster, values) as release:
         kit.apply_llmd(ns, name, from_zero(vllm_cpu_spec(model_claim)))
         router = service_url(real_cluster.cluster, release.namespace, f"{release.name}-router")
         # The first replica starts (minReplicas 0 starts at 1), serves nothing, idles to zero.

@@ -174,6 +174,17 @@ async def _until(http: aiohttp.ClientSession, url: str, status: int, timeout: fl
     raise AssertionError(f"not {status} within {timeout} s")
 
 
+async def _status_written(cluster: Cluster, name: str) -> dict[str, Any]:
+    for _ in range(100):
+        found = cluster.kubectl("get", "llmtenant", name, "-o", "json", check=False)
+        if found.returncode == 0:
+            status: dict[str, Any] = json.loads(found.stdout).get("status") or {}
+            if status.get("conditions"):
+                return status
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the router wrote no status of LLMTenant {name}")
+
+
 def test_the_router_follows_tenants_through_its_watch(tenant_crd: Cluster) -> None:
     """No LLMDeployment routes `llama`, so an accepted key gets 404 model_not_found and a
     refused one 401: the watch's effect is seen without an engine."""
@@ -193,6 +204,14 @@ def test_the_router_follows_tenants_through_its_watch(tenant_crd: Cluster) -> No
                 assert "llmtenants/" not in " ".join(router.waiting)
                 tenant_crd.kubectl("apply", "-f", "-", input=json.dumps(valid(name)))
                 await _until(http, url, 404, 5)
+                # The router writes its status: no LLMDeployment serves `llama` here.
+                status = await _status_written(tenant_crd, name)
+                conditions = {c["type"]: c for c in status["conditions"]}
+                assert conditions["Ready"]["status"] == "True"
+                assert conditions["UnknownModels"]["status"] == "True"
+                assert "llama" in conditions["UnknownModels"]["message"]
+                assert conditions["DuplicateKeyHash"]["status"] == "False"
+                assert status["usage"]["cost"] == "0.000000"
                 disabled = valid(name)
                 disabled["spec"]["apiKeys"][0]["disabled"] = True
                 tenant_crd.kubectl("apply", "-f", "-", input=json.dumps(disabled))

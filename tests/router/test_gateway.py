@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -254,6 +255,36 @@ async def test_the_client_key_never_reaches_the_engine() -> None:
             assert len(lowered["x-request-id"]) == 32
     finally:
         await engine.close()
+
+
+@synchronous
+async def test_each_request_has_one_access_log_line_without_prompt_or_key() -> None:
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    keep = Keep()
+    access = logging.getLogger("llmop_router.access")
+    access.addHandler(keep)
+    access.setLevel(logging.INFO)
+    try:
+        async with rig(tenant("a", KEY)) as r:
+            await r.post(completion(3, stream=True), path="/v1/completions")
+            await settled(r.gateway)
+    finally:
+        access.removeHandler(keep)
+    (line,) = lines
+    entry = json.loads(line)
+    assert entry["tenant"] == "a"
+    assert entry["key"] == "main"
+    assert entry["outputTokens"] == 3
+    assert entry["usageExact"] is True
+    assert entry["ttftMs"] is not None
+    assert entry["ttftMs"] <= entry["durationMs"]
+    assert KEY not in line
+    assert "hello there" not in line
 
 
 @synchronous

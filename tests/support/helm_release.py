@@ -32,25 +32,33 @@ __all__ = [
 CHART_DIR = REPO_ROOT / "helm" / "llmop"
 NODE_IMAGE_VALUES: dict[str, Any] = {
     "image": {"pullPolicy": "Never"},
-    "router": {"image": {"pullPolicy": "Never"}},
+    "router": {
+        "image": {"pullPolicy": "Never"},
+        "gateway": {"store": {"image": {"pullPolicy": "Never"}}},
+    },
 }
 """The chart's defaults except the images' pull policy: on the real node they were imported into
 its containerd, never pulled."""
 
 
+CRD_NAMES = (CRD_NAME, "llmtenants.serving.llmop.dev")
+"""The chart's CRDs (kept on uninstall: the next release must adopt them)."""
+
+
 def adopt_crd(cluster: Cluster, release: str, namespace: str) -> None:
-    """Let `release` (in `namespace`) take over the CRD when it exists already."""
-    if cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0:
-        return
-    cluster.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")
-    cluster.kubectl(
-        "annotate",
-        "--overwrite",
-        "crd",
-        CRD_NAME,
-        f"meta.helm.sh/release-name={release}",
-        f"meta.helm.sh/release-namespace={namespace}",
-    )
+    """Let `release` (in `namespace`) take over the chart's CRDs that exist already."""
+    for crd in CRD_NAMES:
+        if cluster.kubectl("get", "crd", crd, check=False).returncode != 0:
+            continue
+        cluster.kubectl("label", "--overwrite", "crd", crd, "app.kubernetes.io/managed-by=Helm")
+        cluster.kubectl(
+            "annotate",
+            "--overwrite",
+            "crd",
+            crd,
+            f"meta.helm.sh/release-name={release}",
+            f"meta.helm.sh/release-namespace={namespace}",
+        )
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ def chart_on_real_node(rc: RealCluster, values: dict[str, Any]) -> Iterator[Rele
     router images imported into the node, `values` on top of the defaults), into a fresh
     namespace; uninstalled on exit. The host operator is stopped meanwhile (two operators would
     both reconcile every namespace) and started again after, if it ran before."""
-    import_into_node("operator", "router")
+    import_into_node("operator", "router", "redis")
     was_running = rc.operator.process is not None
     rc.operator.stop()
     namespace = create_namespace(rc.cluster, "llmop-system")

@@ -459,9 +459,13 @@ def service_url(cluster: Cluster, namespace: str, name: str) -> str:
     return f"http://{svc['spec']['clusterIP']}:{port}"
 
 
-def post_json(url: str, body: dict[str, Any], timeout: float = 30) -> tuple[int, Any]:
+def post_json(
+    url: str, body: dict[str, Any], timeout: float = 30, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         status: int = response.status
@@ -480,6 +484,8 @@ class BackgroundLoad:
     max_tokens: int = 64
     # One connection per request (see run_clients): what kube-proxy can route per request.
     keepalive: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+    """Sent with every request (a gateway's `Authorization`)."""
     result: LoadResult | None = None
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -497,6 +503,7 @@ class BackgroundLoad:
                         self.max_tokens,
                         should_stop=self._stop.is_set,
                         keepalive=self.keepalive,
+                        headers=self.headers,
                     )
                 )
             except BaseException as exc:  # surfaced by join()

@@ -214,6 +214,7 @@ ROUTER_PURE = {
     "tenants.py",
     "quota.py",
     "metering.py",
+    "tenant_status.py",
 }
 ROUTER_OWNERS = {
     "aiohttp": {

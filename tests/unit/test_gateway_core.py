@@ -26,6 +26,7 @@ from llmop_router.quota import (
     settled_tat,
 )
 from llmop_router.store import Local
+from llmop_router.tenant_status import conditions_of, status_patch, usage_of
 from llmop_router.tenants import Directory, TenantError, parse_tenant
 
 RPM_60 = Bucket("rpm", Charge.REQUESTS, 60, 1, 2)  # 1 a second, 2 s of burst
@@ -221,3 +222,55 @@ def test_costs_add_up_exactly() -> None:
     picos = price.cost_picos(Usage(1000, 333, cached_tokens=400))
     expected = (600 * Decimal("0.15") + 400 * Decimal("0.075") + 333 * Decimal("0.60")) / 10**6
     assert Decimal(picos) / 10**12 == expected
+
+
+def test_a_tenants_status_says_what_the_router_knows_of_it() -> None:
+    key = "0" * 64
+    docs = [
+        {
+            "metadata": {"name": "a"},
+            "spec": {
+                "models": ["llama", "qwen-*", "gone"],
+                "apiKeys": [
+                    {"name": "old", "sha256": key},
+                    {"name": "new", "sha256": "1" * 64, "notAfter": "1970-01-03T00:00:00Z"},
+                ],
+            },
+        },
+        {"metadata": {"name": "b"}, "spec": {"apiKeys": [{"name": "x", "sha256": key}]}},
+    ]
+    directory = Directory.of(parse_tenant(d) for d in docs)
+    found = {
+        kind: (holds, message)
+        for kind, holds, _reason, message in conditions_of("a", directory, None, ["llama"], 0.0)
+    }
+    assert found["Ready"][0] is True
+    assert found["DuplicateKeyHash"] == (True, "refused: old (also in b)")
+    assert found["KeyExpiringSoon"][0] is True
+    assert "new at 1970-01-03T00:00:00Z" in found["KeyExpiringSoon"][1]
+    assert found["UnknownModels"] == (True, "no LLMDeployment serves: gone (check spec.models)")
+    broken = conditions_of("c", directory, "LLMTenant c: spec.models must list", [], 0.0)
+    assert broken == [("Ready", False, "Invalid", "LLMTenant c: spec.models must list")]
+
+
+def test_a_status_keeps_its_transition_times_and_sums_the_months_usage() -> None:
+    usage = usage_of(
+        "2026-12",
+        {"llama:in": 10, "qwen:in": 5, "llama:out": 7, "llama:picos": 3, "total:picos": 1500000},
+    )
+    assert usage == {
+        "month": "2026-12",
+        "inputTokens": 15,
+        "cachedInputTokens": 0,
+        "outputTokens": 7,
+        "cost": "0.000002",
+    }
+    previous = [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    patch = status_patch(
+        [("Ready", True, "Serving", "ok"), ("UnknownModels", False, "AllServed", "ok")],
+        previous,
+        usage,
+        86_400.0,
+    )
+    times = [c["lastTransitionTime"] for c in patch["status"]["conditions"]]
+    assert times == ["2026-01-01T00:00:00Z", "1970-01-02T00:00:00Z"]

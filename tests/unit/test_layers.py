@@ -16,9 +16,9 @@ Operator: api < planner < foundation (periodic among them) < sizing | render < d
 Engine:   contract < vllm_metrics | simulator < health | connections | agent_settings
           | download_progress | worker | adapter_rules < supervisor | engine_client | agent_metrics
           | probe_server | drain | download | adapter_loader < agent | worker_agent < cli
-Router:   contract < prefix | hold | metrics | tenants < ring | body | quota < routes | metering
-          < discovery | answers | store < proxy | scale_to_zero | kube | intake | edge | gateway
-          < app < cli
+Router:   contract < prefix | hold | metrics | tenants < ring | body | quota
+          < routes | metering | tenant_status < discovery | answers | store
+          < proxy | scale_to_zero | kube | intake | edge | gateway < app < cli
 Across:   the operator imports of the router only `llmop_router.contract` (as of the engine only
           `llmop_engine.contract`), the router nothing of the operator or the engine, and the
           router's contract only the stdlib.
@@ -140,7 +140,7 @@ ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("llmop_router.contract", "llmop_router.limits"),
     ("llmop_router.prefix", "llmop_router.hold", "llmop_router.metrics", "llmop_router.tenants"),
     ("llmop_router.ring", "llmop_router.body", "llmop_router.quota"),
-    ("llmop_router.routes", "llmop_router.metering"),
+    ("llmop_router.routes", "llmop_router.metering", "llmop_router.tenant_status"),
     ("llmop_router.discovery", "llmop_router.answers", "llmop_router.store"),
     (
         "llmop_router.proxy",

@@ -115,6 +115,22 @@ app.kubernetes.io/part-of: llmop
 {{- end }}
 
 {{/*
+The gateway's store: the deployed Redis's Service, or the URL given.
+*/}}
+{{- define "llmop.routerStoreName" -}}
+{{- printf "%s-store" (include "llmop.routerName" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "llmop.routerStoreUrl" -}}
+{{- $store := .Values.router.gateway.store }}
+{{- if $store.deploy }}
+{{- printf "redis://%s.%s.svc:6379/0" (include "llmop.routerStoreName" .) .Release.Namespace }}
+{{- else }}
+{{- required "router.gateway.store.url is required when router.gateway.store.deploy is false" $store.url }}
+{{- end }}
+{{- end }}
+
+{{/*
 Router image reference: repository:tag, or repository@digest when a digest is pinned.
 */}}
 {{- define "llmop.routerImage" -}}

@@ -36,12 +36,15 @@ from llmop_router.kube import (
     Failure,
     Problem,
     list_and_watch,
+    patch_tenant_status,
     wake,
 )
 from llmop_router.metrics import GatewayMetrics
 from llmop_router.routes import Backend, RouteTable
 from llmop_router.store import Guarded, Local, Redis, Store
 from llmop_router.tenants import Tenant, parse_tenant
+
+log = logging.getLogger("llmop_router.cli")
 
 DEFAULT_PORT = 8080
 DEFAULT_STALE_AFTER_SECONDS = 300.0
@@ -262,6 +265,9 @@ def watching(  # noqa: C901
                         )
                     )
                 ]
+                watches_cluster.append(
+                    asyncio.create_task(report_tenants(session, api, router, gateway))
+                )
             else:
                 watches_cluster = []
             tasks = watches_cluster + [
@@ -363,6 +369,30 @@ def _gateway(args: argparse.Namespace, router: Router) -> Gateway:
     else:
         store = Local()
     return Gateway(store, metrics)
+
+
+TENANT_STATUS_SECONDS = 30.0
+"""How often each router pod writes the tenants' status: conditions and the month's usage."""
+
+
+async def report_tenants(
+    session: aiohttp.ClientSession, api: ApiServer, router: Router, gateway: Gateway
+) -> None:
+    """Write each LLMTenant's status, forever (a patch only when it changed)."""
+    written: dict[str, str] = {}
+    while True:
+        await asyncio.sleep(TENANT_STATUS_SECONDS if written else 2.0)
+        patches = await gateway.tenant_statuses(sorted(router.table.backends), time.time())
+        for name, patch in patches.items():
+            text = json.dumps(patch, sort_keys=True)
+            if written.get(name) == text:
+                continue
+            try:
+                await patch_tenant_status(session, api, name, patch)
+            except Exception as exc:
+                log.warning("status of LLMTenant %s not written: %s", name, exc)
+                continue
+            written[name] = text
 
 
 def static_tenants(path: str) -> list[Tenant]:

@@ -45,6 +45,7 @@ from llmop_router.quota import (
     estimate,
 )
 from llmop_router.store import Health, Store, StoreUnavailableError
+from llmop_router.tenant_status import conditions_of, status_patch, usage_of
 from llmop_router.tenants import Directory, Identity, KeyRefusal, Tenant, TenantError, parse_tenant
 
 PRICING = contract.Pricing
@@ -113,7 +114,6 @@ class Ticket:
     charged: bool
     tap: Tap
     started: float
-    first_byte: float | None = None
 
 
 @dataclass
@@ -129,7 +129,9 @@ class Gateway:
     _renewing: asyncio.Task[None] | None = None
     _tenant_docs: dict[str, Tenant] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
-    """Tenant name → why its object is not used (logged once, shown on `/routes`)."""
+    """Tenant name → why its object is not used (logged once, and in its status)."""
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Tenant name → its object as last watched (its status's conditions carry over)."""
 
     # -- tenants -------------------------------------------------------------------------
 
@@ -142,18 +144,21 @@ class Gateway:
         if kind == "SYNC":
             self._tenant_docs = {}
             self.problems = {}
+            self.objects = {}
             for item in obj.get("items") or []:
                 self._take(item)
         elif kind == "DELETED":
             name = str((obj.get("metadata") or {}).get("name"))
             self._tenant_docs.pop(name, None)
             self.problems.pop(name, None)
+            self.objects.pop(name, None)
         else:
             self._take(obj)
         self._rebuild()
 
     def _take(self, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
+        self.objects[name] = obj
         try:
             tenant = parse_tenant(obj)
         except TenantError as exc:
@@ -174,6 +179,22 @@ class Gateway:
                 digest[:8],
                 ", ".join(owners),
             )
+
+    async def tenant_statuses(self, routed: list[str], now: float) -> dict[str, dict[str, Any]]:
+        """Each watched tenant's status patch (`tenant_status`): conditions, and the month's
+        usage where the store answers."""
+        month = month_of(now)
+        patches = {}
+        for name, obj in list(self.objects.items()):
+            conditions = conditions_of(name, self.directory, self.problems.get(name), routed, now)
+            try:
+                usage = usage_of(month, await self.store.usage(name, month))
+            except Exception as exc:
+                log.info("usage of tenant %s not read: %s", name, exc)
+                usage = None
+            previous = ((obj.get("status") or {}).get("conditions")) or []
+            patches[name] = status_patch(conditions, previous, usage, now)
+        return patches
 
     def set_price(self, cr: tuple[str, str], pricing: object) -> None:
         found = price_of(pricing)
@@ -306,7 +327,8 @@ class Gateway:
             if cost:
                 metrics.cost.labels(tenant_label, ask.model, currency).inc(cost / PICO)
         ended = time.monotonic()
-        ttft = None if ticket.first_byte is None else ticket.first_byte - ticket.started
+        first_byte = ticket.tap.first_byte
+        ttft = None if first_byte is None else first_byte - ticket.started
         access_log.info(
             "%s",
             json.dumps(

@@ -346,3 +346,16 @@ async def wake(
         answer.raise_for_status()
     log.info("woke %s/%s: %s scale 0 -> 1", namespace, name, resource)
     return PHASE_REQUESTED
+
+
+async def patch_tenant_status(
+    session: aiohttp.ClientSession, api: ApiServer, name: str, patch: dict[str, Any]
+) -> None:
+    """Merge `patch` into an LLMTenant's status subresource (404: it was deleted meanwhile)."""
+    path = f"{resource_path(LLMTENANTS, None)}/{name}/status"
+    headers = {**api.auth_headers(), "Content-Type": "application/merge-patch+json"}
+    async with session.patch(
+        api.host + path, data=json.dumps(patch), headers=headers, ssl=api.ssl_context
+    ) as answer:
+        if answer.status != 404:
+            answer.raise_for_status()

@@ -17,7 +17,7 @@ import itertools
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -197,6 +197,7 @@ async def run_clients(
     *,
     should_stop: Callable[[], bool] = lambda: False,
     keepalive: bool = True,
+    headers: Mapping[str, str] | None = None,
 ) -> LoadResult:
     """N clients, each sending one streaming request after another until `duration` ends or
     `should_stop()` says so (checked between requests; requests in flight always finish).
@@ -204,6 +205,7 @@ async def run_clients(
     `keepalive=False` opens a new connection per request. Through a ClusterIP this matters:
     kube-proxy picks the endpoint per connection, so a pooled keep-alive connection stays pinned
     to its pod after the pod left the Service, and its next request meets the draining engine.
+    `headers` go with every request (e.g. a gateway's `Authorization`).
     """
     result = LoadResult()
     deadline = time.monotonic() + duration
@@ -231,6 +233,8 @@ async def run_clients(
                 result.reasons[f"{outcome}: {reason}"] += 1
 
     connector = aiohttp.TCPConnector(limit=concurrency * 2, force_close=not keepalive)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, headers=dict(headers or {})
+    ) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
     return result
