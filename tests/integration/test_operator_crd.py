@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from support.cluster import Cluster
+from support.manifests import cel_rules
 
 pytestmark = pytest.mark.cluster
 
@@ -285,19 +286,9 @@ TRANSITIONS: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
 ]
 
 
-def _rules(node: Any) -> Iterator[dict[str, str]]:
-    if isinstance(node, dict):
-        yield from node.get("x-kubernetes-validations", [])
-        for value in node.values():
-            yield from _rules(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _rules(value)
-
-
 def test_every_cel_rule_has_a_rejection_case() -> None:
     crd = yaml.safe_load(CRD_PATH.read_text())
-    messages = [rule["message"] for rule in _rules(crd)]
+    messages = [rule["message"] for rule in cel_rules(crd)]
     assert messages, "the CRD has no CEL rules"
     parts = [case[2] for case in CASES] + [t[3] for t in TRANSITIONS]
     uncovered = [m for m in messages if not any(part in m for part in parts)]

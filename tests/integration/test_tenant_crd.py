@@ -9,7 +9,7 @@ import asyncio
 import copy
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from llmop_router.metrics import GatewayMetrics
 from llmop_router.routes import RouteTable
 from llmop_router.store import Local
 from support.cluster import Cluster, wait_until
+from support.manifests import cel_rules
 
 pytestmark = pytest.mark.cluster
 
@@ -119,18 +120,8 @@ CASES: list[tuple[str, Mutation, str, str]] = [
 ]
 
 
-def _rules(node: Any) -> Iterator[dict[str, str]]:
-    if isinstance(node, dict):
-        yield from node.get("x-kubernetes-validations", [])
-        for value in node.values():
-            yield from _rules(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _rules(value)
-
-
 def test_every_cel_rule_has_a_rejection_case() -> None:
-    messages = [rule["message"] for rule in _rules(yaml.safe_load(CRD_PATH.read_text()))]
+    messages = [rule["message"] for rule in cel_rules(yaml.safe_load(CRD_PATH.read_text()))]
     assert messages
     assert [m for m in messages if not any(case[2] in m for case in CASES)] == []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from llmop.api.v1alpha1 import API_VERSION, KIND
@@ -73,3 +74,14 @@ def workload_status(replicas: int, ready: int) -> dict[str, Any]:
             "availableReplicas": ready,
         },
     }
+
+
+def cel_rules(node: Any) -> Iterator[dict[str, str]]:
+    """Every `x-kubernetes-validations` rule of a CRD (or any part of one), depth first."""
+    if isinstance(node, dict):
+        yield from node.get("x-kubernetes-validations", [])
+        for value in node.values():
+            yield from cel_rules(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from cel_rules(value)

@@ -34,6 +34,7 @@ from llmop_router.kube import (
     ApiServer,
     Contact,
     Failure,
+    Handler,
     Problem,
     list_and_watch,
     patch_tenant_status,
@@ -247,31 +248,12 @@ def watching(  # noqa: C901
                 )
 
             router.waker = waker
-            scopes: tuple[str | None, ...] = namespaces or (None,)
-            watches = ((LLMDEPLOYMENTS, on_llmdeployment), (ENDPOINT_SLICES, on_endpoint_slice))
-            if gateway is not None:
-                watches_cluster = [
-                    asyncio.create_task(
-                        list_and_watch(
-                            session,
-                            api,
-                            LLMTENANTS,
-                            None,
-                            on_tenant,
-                            problem=problem_of(LLMTENANTS, None),
-                            contact=_contact(catalog, list_key(LLMTENANTS[1], None)),
-                            failure=_failure(catalog, list_key(LLMTENANTS[1], None)),
-                            watch_timeout=watch_timeout,
-                        )
-                    )
-                ]
-                watches_cluster.append(
-                    asyncio.create_task(report_tenants(session, api, router, gateway))
-                )
-            else:
-                watches_cluster = []
-            tasks = watches_cluster + [
-                asyncio.create_task(
+
+            def watch(
+                resource: tuple[str, str], namespace: str | None, handler: Handler
+            ) -> asyncio.Task[None]:
+                key = list_key(resource[1], namespace)
+                return asyncio.create_task(
                     list_and_watch(
                         session,
                         api,
@@ -279,14 +261,23 @@ def watching(  # noqa: C901
                         namespace,
                         handler,
                         problem=problem_of(resource, namespace),
-                        contact=_contact(catalog, list_key(resource[1], namespace)),
-                        failure=_failure(catalog, list_key(resource[1], namespace)),
+                        contact=_contact(catalog, key),
+                        failure=_failure(catalog, key),
                         watch_timeout=watch_timeout,
                     )
                 )
+
+            scopes: tuple[str | None, ...] = namespaces or (None,)
+            watches = ((LLMDEPLOYMENTS, on_llmdeployment), (ENDPOINT_SLICES, on_endpoint_slice))
+            tasks = [
+                watch(resource, namespace, handler)
                 for namespace in scopes
                 for resource, handler in watches
             ]
+            if gateway is not None:
+                # Tenants are cluster-scoped: one watch, and their status written back.
+                tasks.append(watch(LLMTENANTS, None, on_tenant))
+                tasks.append(asyncio.create_task(report_tenants(session, api, router, gateway)))
             yield
             for task in tasks:
                 task.cancel()
