@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,7 +130,15 @@ class Result:
         return statistics.quantiles(self.ttfts, n=1000, method="inclusive")[int(q * 1000) - 1]
 
 
-async def load(address: str, path: str, streams: int, seconds: float) -> Result:
+async def load(
+    address: str,
+    path: str,
+    streams: int,
+    seconds: float,
+    headers: Mapping[str, str] | None = None,
+) -> Result:
+    """`streams` clients, each streaming one request after another for `seconds`; `headers`
+    go with every request (an API key, for the gateway bench)."""
     result = Result(path, streams, [], 0)
     deadline = time.monotonic() + seconds
     connector = aiohttp.TCPConnector(limit=0)
@@ -151,7 +159,7 @@ async def load(address: str, path: str, streams: int, seconds: float) -> Result:
                 started = time.perf_counter()
                 try:
                     async with client.post(
-                        f"http://{address}/v1/chat/completions", json=payload
+                        f"http://{address}/v1/chat/completions", json=payload, headers=headers
                     ) as answer:
                         first = True
                         async for _chunk in answer.content.iter_any():
@@ -476,9 +484,12 @@ def wait_listening(port: int, timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
-def start_router(endpoints: Sequence[str]) -> tuple[subprocess.Popen[bytes], int, str]:
-    """`llmop-router serve` over a static table routing model `bench` to `endpoints`:
-    (process, port, the table file to delete afterwards)."""
+def start_router(
+    endpoints: Sequence[str], extra_args: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], int, str]:
+    """`llmop-router serve` over a static table routing model `bench` to `endpoints`, with
+    `extra_args` (the gateway's, for the gateway bench): (process, port, the table file to
+    delete afterwards)."""
     port = free_port()
     table = {"models": {"bench": {"namespace": "bench", "name": "bench", "endpoints": endpoints}}}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
@@ -487,7 +498,7 @@ def start_router(endpoints: Sequence[str]) -> tuple[subprocess.Popen[bytes], int
     # Its own admin port: two benches (or a router) on one machine must not collide on 8081.
     argv += ["--admin-port", str(free_port())]
     # No Service in front: stop at once on SIGTERM.
-    argv += ["--static", handle.name, "--shutdown-delay", "0"]
+    argv += ["--static", handle.name, "--shutdown-delay", "0", *extra_args]
     return start(argv), port, handle.name
 
 

@@ -841,7 +841,7 @@ def test_the_gateway_is_on_by_default_with_its_own_store_only_the_routers_reach(
     at = args.index("--gateway")
     assert args[at : at + 9] == [
         *("--gateway", "--store", "redis://llmop-router-store.llmop-system.svc:6379/0"),
-        *("--store-timeout-ms", "100", "--store-on-error", "FailOpen", "--replicas", "2"),
+        *("--store-timeout-ms", "250", "--store-on-error", "FailOpen", "--replicas", "2"),
     ]
     docs = render({"networkPolicy": {"enabled": True}})
     store = find(docs, "Deployment", "llmop-router-store")

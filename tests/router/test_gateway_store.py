@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestServer
 from llmop_router.app import Router
 from llmop_router.gateway import Gateway, store_health
 from llmop_router.metrics import GatewayMetrics
+from llmop_router.quota import Estimate, Usage, admission
 from llmop_router.routes import RouteTable
 from llmop_router.store import Guarded, Redis, tenant_key
 from llmop_router.tenants import parse_tenant
@@ -113,7 +114,7 @@ def test_a_concurrency_cap_holds_across_replicas_and_leases_return(
 def test_a_store_outage_fails_open_and_loses_no_usage(redis_server: RedisServer) -> None:
     @synchronous
     async def run() -> None:
-        limits = {"requestsPerMinute": 6000}
+        limits = {"maxConcurrentRequests": 100}
         async with (
             replicas(redis_server.url, tenant("a", KEY, limits=limits)) as (urls, routers),
             aiohttp.ClientSession() as http,
@@ -164,3 +165,28 @@ def test_a_store_outage_fails_closed_when_told(redis_server: RedisServer) -> Non
             assert await post(http, urls[0], completion(1)) == 503
 
     run()
+
+
+def test_a_settlement_counts_once_however_often_it_is_sent(redis_server: RedisServer) -> None:
+    """A settlement that timed out on the router's side may still run when the store resumes,
+    and the router sends it again: the store counts it once."""
+
+    async def run() -> None:
+        store = Redis(redis_server.url, timeout=1.0)
+        try:
+            tenant_ = parse_tenant(tenant("a", KEY, limits={"maxConcurrentRequests": 2}))
+            ask = admission(tenant_, "llama", "r1", Estimate(3, 4), "2026-12")
+            assert (await store.admit(ask)).admitted
+            for _ in range(3):
+                await store.settle(ask, Usage(3, 4), 7, charged=True)
+            assert await store.usage("a", "2026-12") == {
+                "llama:in": 3,
+                "llama:out": 4,
+                "llama:picos": 7,
+                "total:picos": 7,
+            }
+            assert await store.client.zcard(tenant_key("a", "lease")) == 0
+        finally:
+            await store.close()
+
+    asyncio.run(run())

@@ -274,3 +274,21 @@ def test_a_status_keeps_its_transition_times_and_sums_the_months_usage() -> None
     )
     times = [c["lastTransitionTime"] for c in patch["status"]["conditions"]]
     assert times == ["2026-01-01T00:00:00Z", "1970-01-02T00:00:00Z"]
+
+
+def test_a_fallback_store_starts_with_empty_buckets() -> None:
+    """When the shared store goes away, it may just have admitted a burst: the local fallback
+    must not grant another (it admits at its share of the rate from the start)."""
+    tenant = parse_tenant(tenant_doc(limits={"requestsPerMinute": 120, "burstSeconds": 5}))
+    now = [0.0]
+    local = Local(share=0.5, clock=lambda: now[0])
+    local.start_empty()
+
+    async def admitted() -> bool:
+        ask = admission(tenant, "m", "r", Estimate(1, 1), "2026-12")
+        return (await local.admit(ask)).admitted
+
+    assert asyncio.run(admitted()) is False
+    now[0] = 1.0  # 60 a minute here: one a second
+    assert asyncio.run(admitted()) is True
+    assert asyncio.run(admitted()) is False

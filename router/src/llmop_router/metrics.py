@@ -130,7 +130,8 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
             "llmop_gateway_requests",
-            "Requests answered, by tenant ('-': no valid key), model and HTTP status",
+            "Requests the gateway admitted, by tenant, model and the HTTP status they were "
+            "answered with (refusals: llmop_gateway_rejected_total)",
             ["tenant", "model", "code"],
             registry=registry,
         )

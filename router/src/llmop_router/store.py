@@ -9,12 +9,14 @@ one tenant share a hash tag (`{t:<tenant>}`), so a Redis Cluster keeps them on o
 
 Layout: `llmop:{t:T}:gcra:<bucket>` the bucket's TAT (ms, expires when full again);
 `llmop:{t:T}:lease` a sorted set request id → expiry (ms); `llmop:{t:T}:usage:<YYYY-MM>` a hash
-of `<model>:in|cached|out|picos` and `total:picos` (kept 400 days).
+of `<model>:in|cached|out|picos` and `total:picos` (kept 400 days);
+`llmop:{t:T}:settled:<request id>` a marker that the request was settled (an hour).
 
-`Guarded` wraps the shared store: a failed or slow call opens a breaker for a few seconds,
-during which requests are admitted by a local store holding `1/replicas` of each limit (fail
-open) or refused 503 (fail closed); usage counted meanwhile is kept and added to the shared
-store when it answers again, so none is lost.
+`Guarded` wraps the shared store: 3 failed or slow calls in a row open a breaker for a few
+seconds, during which requests are admitted by a local store holding `1/replicas` of each
+limit, its buckets starting empty (fail open), or refused 503 (fail closed). Settlements the
+store did not confirm are sent again when it answers, and its script counts each request once,
+so usage is neither lost nor doubled.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ from llmop_router.quota import (
 log = logging.getLogger("llmop_router.store")
 
 USAGE_TTL_SECONDS = 400 * 86_400
+SETTLED_MARKER_MS = 3_600_000
+"""How long a request's settlement is remembered (so it counts once): longer than any outage
+the router waits out before sending it again."""
+MAX_CONNECTIONS = 64
+"""Connections to the store per router pod: a request waits for one (within the store timeout)
+rather than failing as the default pool does past its cap."""
 CONCURRENCY_RETRY_MS = 1000
 """Retry-After of a request refused for the tenant's concurrency cap: when a lease frees is
 not known (it is when some answer ends), so a second, as OpenAI's clients expect."""
@@ -98,6 +106,20 @@ class Local:
     tats: dict[tuple[str, str], float] = field(default_factory=dict)
     leases: dict[str, dict[str, float]] = field(default_factory=dict)
     totals: dict[tuple[str, str], Counter[str]] = field(default_factory=dict)
+    empty_since: float | None = None
+    """Set (ms): a bucket not used since starts empty at that moment, not full (the shared
+    store may have just admitted a burst: this replica's fallback must not grant another)."""
+
+    def start_empty(self) -> None:
+        """From now on, every bucket starts empty."""
+        self.tats = {}
+        self.empty_since = self.clock() * 1000
+
+    def _tat(self, key: tuple[str, str], bucket: Bucket) -> float | None:
+        tat = self.tats.get(key)
+        if tat is None and self.empty_since is not None:
+            return self.empty_since + bucket.tau_ms
+        return tat
 
     def _scaled(self, bucket: Bucket) -> Bucket:
         if self.share >= 1:
@@ -114,7 +136,7 @@ class Local:
         wait, why = 0.0, None
         for bucket in ask.buckets:
             scaled = self._scaled(bucket)
-            answer = gcra(self.tats.get((ask.tenant, bucket.key)), now, scaled)
+            answer = gcra(self._tat((ask.tenant, bucket.key), scaled), now, scaled)
             if not answer.admitted and answer.retry_after_ms >= wait:
                 wait, why = answer.retry_after_ms, _REFUSED_BY_CHARGE[bucket.charge]
             answers.append((bucket, answer))
@@ -212,16 +234,19 @@ return out
 """
 
 SETTLE_SCRIPT = """
+local n = tonumber(ARGV[1])
+if not redis.call('SET', KEYS[n + 3], '1', 'NX', 'PX', tonumber(ARGV[5])) then
+  return 0
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local n = tonumber(ARGV[1])
 local charged = ARGV[2] == '1'
 local id = ARGV[3]
 local ttl = tonumber(ARGV[4])
 if charged then
   for i = 1, n do
-    local interval = tonumber(ARGV[4 + (i - 1) * 2 + 1])
-    local delta = tonumber(ARGV[4 + (i - 1) * 2 + 2])
+    local interval = tonumber(ARGV[5 + (i - 1) * 2 + 1])
+    local delta = tonumber(ARGV[5 + (i - 1) * 2 + 2])
     if delta ~= 0 then
       local tat = tonumber(redis.call('GET', KEYS[i]) or '0')
       if tat < now then tat = now end
@@ -230,15 +255,18 @@ if charged then
       redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil(tat - now) + 1000)
     end
   end
-  redis.call('ZREM', KEYS[n + 1], id)
 end
-local first = 4 + n * 2 + 1
+redis.call('ZREM', KEYS[n + 1], id)
+local first = 5 + n * 2 + 1
 for j = first, #ARGV, 2 do
   redis.call('HINCRBY', KEYS[n + 2], ARGV[j], ARGV[j + 1])
 end
 if #ARGV >= first then redis.call('EXPIRE', KEYS[n + 2], ttl) end
 return 1
 """
+"""Once per request id (a marker key that expires), whatever retries or late deliveries: a
+settlement that timed out on the router's side may still run when the store resumes, and the
+router sends it again when the store answers (both may happen; only one counts)."""
 
 RENEW_SCRIPT = """
 local t = redis.call('TIME')
@@ -246,14 +274,6 @@ local expiry = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000 + tonumber(ARGV[1])
 for i = 2, #ARGV do
   redis.call('ZADD', KEYS[i - 1], 'XX', expiry, ARGV[i])
 end
-return 1
-"""
-
-INCREMENT_SCRIPT = """
-for j = 2, #ARGV, 2 do
-  redis.call('HINCRBY', KEYS[1], ARGV[j], ARGV[j + 1])
-end
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
 return 1
 """
 
@@ -268,18 +288,20 @@ class Redis:
     def __init__(self, url: str, *, timeout: float, password: str | None = None) -> None:
         import redis.asyncio as aioredis
 
-        self.client: Any = aioredis.Redis.from_url(
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=None,
             password=password,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             decode_responses=True,
             health_check_interval=0,
         )
+        self.client: Any = aioredis.Redis(connection_pool=pool)
         self._admit = self.client.register_script(ADMIT_SCRIPT)
         self._settle = self.client.register_script(SETTLE_SCRIPT)
         self._renew = self.client.register_script(RENEW_SCRIPT)
-        self._increment = self.client.register_script(INCREMENT_SCRIPT)
 
     async def admit(self, ask: Admission) -> Decision:
         keys = [tenant_key(ask.tenant, f"gcra:{b.key}") for b in ask.buckets]
@@ -313,12 +335,17 @@ class Redis:
 
     async def settle(self, ask: Admission, usage: Usage, cost_picos: int, *, charged: bool) -> None:
         keys = [tenant_key(ask.tenant, f"gcra:{b.key}") for b in ask.buckets]
-        keys += [tenant_key(ask.tenant, "lease"), tenant_key(ask.tenant, f"usage:{ask.month}")]
+        keys += [
+            tenant_key(ask.tenant, "lease"),
+            tenant_key(ask.tenant, f"usage:{ask.month}"),
+            tenant_key(ask.tenant, f"settled:{ask.request_id}"),
+        ]
         args: list[str | int | float] = [
             len(ask.buckets),
             "1" if charged else "0",
             ask.request_id,
             USAGE_TTL_SECONDS,
+            SETTLED_MARKER_MS,
         ]
         for bucket in ask.buckets:
             delta = bucket_delta(bucket, usage.input_tokens, usage.output_tokens, ask.estimate)
@@ -326,12 +353,6 @@ class Redis:
         for name, value in usage_fields(ask.model, usage, cost_picos).items():
             args += [name, value]
         await self._settle(keys=keys, args=args)
-
-    async def add_usage(self, tenant: str, month: str, fields: dict[str, int]) -> None:
-        args: list[str | int] = [USAGE_TTL_SECONDS]
-        for name, value in fields.items():
-            args += [name, value]
-        await self._increment(keys=[tenant_key(tenant, f"usage:{month}")], args=args)
 
     async def renew(self, leases: Iterable[tuple[str, str]]) -> None:
         pairs = list(leases)
@@ -351,8 +372,11 @@ class Redis:
 # --- The breaker between them -------------------------------------------------------------------
 
 OPEN_SECONDS = 5.0
-"""After a failed call, how long the shared store is not asked (each request would otherwise
-wait out the timeout)."""
+"""After the store failed, how long it is not asked (each request would otherwise wait out
+the timeout)."""
+FAILURES_TO_OPEN = 3
+"""Failed calls in a row that open the breaker: one slow answer on a busy node (the timeout
+counts the router's own event-loop lag too) is not an outage."""
 
 
 @dataclass
@@ -384,8 +408,12 @@ class Guarded:
         self.health = health or Health()
         self.clock = clock
         self.open_until = 0.0
-        self.unflushed: dict[tuple[str, str], Counter[str]] = {}
-        """Usage counted while the shared store was down: added to it when it answers."""
+        self.failures = 0
+        """Failed calls in a row."""
+        self.unsettled: dict[str, tuple[Admission, Usage, int, bool]] = {}
+        """Request id → a settlement the shared store has not confirmed (it was down, or the
+        request was admitted locally): sent again when it answers; the script counts each
+        request once."""
         self.by_local: set[str] = set()
         """Requests admitted by the local store (settled there too)."""
         self._flushing: asyncio.Task[None] | None = None
@@ -395,7 +423,13 @@ class Guarded:
         return self.clock() < self.open_until
 
     def _trip(self, op: str, exc: BaseException) -> None:
+        self.health.error(op)
+        self.failures += 1
+        if self.failures < FAILURES_TO_OPEN and not self.degraded:
+            log.info("a call to the shared store failed (%s: %s)", op, exc or type(exc).__name__)
+            return
         if not self.degraded:
+            self.local.start_empty()
             log.warning(
                 "the shared store failed (%s: %s): %s for %.0f s",
                 op,
@@ -405,7 +439,6 @@ class Guarded:
                 else "refusing requests",
                 OPEN_SECONDS,
             )
-        self.health.error(op)
         self.open_until = self.clock() + OPEN_SECONDS
         self.health.degraded(True)
 
@@ -422,23 +455,25 @@ class Guarded:
             self._trip(op, exc)
             raise
         self.health.latency(op, time.perf_counter() - started)
+        self.failures = 0
         if self.open_until:
             self.open_until = 0.0
             self.health.degraded(False)
             log.info("the shared store answers again")
-        if self.unflushed and (self._flushing is None or self._flushing.done()):
+        if self.unsettled and (self._flushing is None or self._flushing.done()):
             self._flushing = asyncio.ensure_future(self._flush())
         return result
 
     async def _flush(self) -> None:
-        while self.unflushed:
-            (tenant, month), fields = self.unflushed.popitem()
+        while self.unsettled:
+            request_id, (ask, usage, cost, charged) = next(iter(self.unsettled.items()))
             try:
-                await self.shared.add_usage(tenant, month, dict(fields))
+                async with asyncio.timeout(self.timeout):
+                    await self.shared.settle(ask, usage, cost, charged=charged)
             except Exception as exc:
-                self.unflushed.setdefault((tenant, month), Counter()).update(fields)
                 self._trip("flush", exc)
                 return
+            self.unsettled.pop(request_id, None)
 
     async def admit(self, ask: Admission) -> Decision:
         if not self.degraded:
@@ -457,7 +492,9 @@ class Guarded:
         if ask.request_id in self.by_local:
             self.by_local.discard(ask.request_id)
             await self.local.settle(ask, usage, cost_picos, charged=charged)
-            self._keep(ask, usage, cost_picos)
+            # To the shared store: its usage, and its lease released should the admission
+            # have reached the store after all; its buckets were not the store's to correct.
+            self.unsettled[ask.request_id] = (ask, usage, cost_picos, False)
             return
         if not self.degraded:
             try:
@@ -469,12 +506,8 @@ class Guarded:
                 pass
             else:
                 return
-        # Its lease expires by itself; its usage must not be lost.
-        self._keep(ask, usage, cost_picos)
-
-    def _keep(self, ask: Admission, usage: Usage, cost_picos: int) -> None:
-        fields = usage_fields(ask.model, usage, cost_picos)
-        self.unflushed.setdefault((ask.tenant, ask.month), Counter()).update(fields)
+        # Sent again when the store answers (counted once); its lease expires meanwhile.
+        self.unsettled[ask.request_id] = (ask, usage, cost_picos, charged)
 
     async def renew(self, leases: Iterable[tuple[str, str]]) -> None:
         pairs = list(leases)
