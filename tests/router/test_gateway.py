@@ -253,6 +253,14 @@ async def test_the_client_key_never_reaches_the_engine() -> None:
             assert "x-api-key" not in lowered
             assert "x-llmop-tenant" not in lowered
             assert len(lowered["x-request-id"]) == 32
+            # A client's id passes to the engine, but the store keys on the router's own: one
+            # reused on purpose must not share a lease or skip its metering.
+            headers["X-Request-Id"] = "mine"
+            async with r.http.post(
+                r.url + "/v1/completions", json=completion(), headers=headers
+            ) as answer:
+                seen = {k.lower(): v for k, v in (await answer.json())["headers"].items()}
+                assert seen["x-request-id"] == "mine"
     finally:
         await engine.close()
 
@@ -285,6 +293,24 @@ async def test_each_request_has_one_access_log_line_without_prompt_or_key() -> N
     assert entry["ttftMs"] <= entry["durationMs"]
     assert KEY not in line
     assert "hello there" not in line
+
+
+@synchronous
+async def test_a_reused_client_request_id_neither_shares_a_lease_nor_skips_metering() -> None:
+    async with rig(tenant("a", KEY, limits={"maxConcurrentRequests": 1})) as r:
+        headers = {"Authorization": f"Bearer {KEY}", "X-Request-Id": "same"}
+        long = completion(100)
+
+        async def send() -> int:
+            async with r.http.post(r.url + "/v1/completions", json=long, headers=headers) as a:
+                await a.read()
+                return a.status
+
+        assert sorted(await asyncio.gather(send(), send())) == [200, 429]
+        assert (await send()) == 200
+        await settled(r.gateway)
+        month = time.strftime("%Y-%m", time.gmtime())
+        assert (await r.gateway.store.usage("a", month))["llama:out"] == 200
 
 
 @synchronous

@@ -320,7 +320,10 @@ class Router:
             max_tokens=info.max_tokens,
             stream=info.stream,
             strip_usage=strip,
-            request_id=request.headers.get("X-Request-Id", "")[:64] or new_request_id(),
+            # The router's own id keys the store (a lease, the settlement's once-only marker):
+            # a client's, reused on purpose, would share a lease or skip its metering.
+            request_id=new_request_id(),
+            client_request_id=request.headers.get("X-Request-Id", "")[:64],
         )
         if isinstance(ticket, web.Response):
             return ticket

@@ -114,6 +114,8 @@ class Ticket:
     charged: bool
     tap: Tap
     started: float
+    client_request_id: str = ""
+    """The client's `X-Request-Id` (at most 64 characters), for the log and the engine only."""
 
 
 @dataclass
@@ -238,6 +240,7 @@ class Gateway:
         stream: bool,
         strip_usage: bool,
         request_id: str,
+        client_request_id: str = "",
     ) -> Ticket | web.Response:
         tenant = identity.tenant
         label = self.tenant_label(tenant.name)
@@ -274,7 +277,12 @@ class Gateway:
             self.metrics.shadow_rejected.labels(label, decision.refused.value).inc()
         self.metrics.in_flight.labels(label).inc()
         ticket = Ticket(
-            identity, ask, charged, Tap(stream=stream, strip_usage=strip_usage), time.monotonic()
+            identity,
+            ask,
+            charged,
+            Tap(stream=stream, strip_usage=strip_usage),
+            time.monotonic(),
+            client_request_id,
         )
         self.running[request_id] = ticket
         self._ensure_renewing()
@@ -286,7 +294,7 @@ class Gateway:
             lower = name.lower()
             if lower in ("authorization", "x-api-key") or lower.startswith(CLIENT_HEADER_PREFIX):
                 del decision_headers[name]
-        decision_headers["X-Request-Id"] = ticket.ask.request_id
+        decision_headers["X-Request-Id"] = ticket.client_request_id or ticket.ask.request_id
 
     def finish(self, ticket: Ticket, status: int, cr: tuple[str, str] | None) -> None:
         """Settle in the background: the handler may be cancelled (the client went away), the
@@ -334,6 +342,7 @@ class Gateway:
             json.dumps(
                 {
                     "requestId": ask.request_id,
+                    "clientRequestId": ticket.client_request_id or None,
                     "tenant": ask.tenant,
                     "key": ticket.identity.key_name,
                     "model": ask.model,
