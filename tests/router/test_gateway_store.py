@@ -62,6 +62,17 @@ async def replicas(
         yield urls, routers
 
 
+async def leases_held(router: Router, count: int, within: float = 10.0) -> None:
+    """Wait until the store holds `count` leases of tenant a (a fixed sleep raced a busy CI)."""
+    assert router.gateway is not None
+    assert isinstance(router.gateway.store, Guarded)
+    client = router.gateway.store.shared.client
+    deadline = time.monotonic() + within
+    while await client.zcard(tenant_key("a", "lease")) < count:
+        assert time.monotonic() < deadline, f"{count} leases not held within {within} s"
+        await asyncio.sleep(0.01)
+
+
 async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> int:
     headers = {"Authorization": f"Bearer {KEY}"}
     async with http.post(url + "/v1/completions", json=body, headers=headers) as answer:
@@ -95,7 +106,7 @@ def test_a_concurrency_cap_holds_across_replicas_and_leases_return(
         ):
             long = completion(150)
             first = [asyncio.create_task(post(http, urls[i % 2], long)) for i in range(2)]
-            await asyncio.sleep(0.1)
+            await leases_held(routers[0], 2)
             refused = [await post(http, url, completion(1)) for url in urls]
             assert refused == [429, 429]
             assert await asyncio.gather(*first) == [200, 200]

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from support.source import parse_file
+
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "src" / "llmop"
 
 OWNERS = {
@@ -95,7 +97,7 @@ def modules() -> list[Path]:
 
 
 def imported_roots(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parse_file(path)
     roots: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -120,7 +122,7 @@ def test_each_io_library_has_exactly_its_owners(library: str) -> None:
 def file_io_calls(path: Path) -> set[str]:
     """The file (and terminal) I/O calls in `path`: `open(…)`, `print(…)`, `x.write_text(…)`…"""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse_file(path)):
         if isinstance(node, ast.Call):
             func = node.func
             if isinstance(func, ast.Name) and func.id in FILE_IO_CALLS:
@@ -132,7 +134,7 @@ def file_io_calls(path: Path) -> set[str]:
 
 def says_pure(path: Path) -> bool:
     """Whether the module's docstring calls anything pure (a claim unless NOT_A_CLAIM)."""
-    docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    docstring = ast.get_docstring(parse_file(path)) or ""
     return re.search(r"\bpure\b", docstring, re.IGNORECASE) is not None
 
 
@@ -175,7 +177,7 @@ def test_pure_core_does_not_import_orchestration() -> None:
     for path in modules():
         if not relative(path).startswith(PURE):
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse_file(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module in orchestration:
                 pytest.fail(f"{relative(path)} imports {node.module}")
@@ -185,7 +187,7 @@ def test_operator_meets_the_engine_only_through_the_contract() -> None:
     """The operator imports one engine module, the contract, which imports only the stdlib
     (the simulator image ships `llmop_engine` alone)."""
     for path in modules():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse_file(path)
         for node in ast.walk(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
@@ -298,7 +300,7 @@ def test_engine_pure_modules_do_no_io() -> None:
         bad = roots & (IMPURE_STDLIB | ENGINE_IO_LIBRARIES)
         assert not bad, f"llmop_engine/{name} is pure but imports {bad}"
         assert not file_io_calls(path), f"llmop_engine/{name} calls {file_io_calls(path)}"
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse_file(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 parts = node.module.split(".")

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 
 from support.modules import load_file
+from support.source import parse_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
@@ -73,7 +74,7 @@ def top_level_names(path: Path) -> frozenset[str]:
     """What `from <module> import name` could take from `path`: its top-level definitions,
     assignments and imports."""
     found: set[str] = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    for node in parse_file(path).body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             found.add(node.name)
         elif isinstance(node, ast.Assign):

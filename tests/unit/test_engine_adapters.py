@@ -15,6 +15,7 @@ import pytest
 from llmop_engine import adapter_rules as a
 from llmop_engine.adapter_rules import AdapterState, DeleteFiles, Desired, Fetch, Load, Unload
 from llmop_engine.contract import ADAPTER_STORE, AdapterStatusKey
+from support.source import parse_file
 
 SHARED = "/models/llmop-adapters"
 SHA1, SHA2 = "1" * 40, "2" * 40
@@ -343,7 +344,7 @@ def test_rank_of_adapter_config(text: str, rank: int | None) -> None:
 def test_the_module_is_pure() -> None:
     """No clock, environment, filesystem or network: only the stdlib's pure parts and the
     engine's own pure modules."""
-    tree = ast.parse(Path(a.__file__).read_text(encoding="utf-8"))
+    tree = parse_file(Path(a.__file__))
     roots = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from support.source import parse_file
+
 ROOT = Path(__file__).resolve().parents[2]
 
 OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
@@ -171,7 +173,7 @@ def module_name(path: Path, src: Path) -> str:
 
 def imports(path: Path, package: str) -> set[str]:
     """Absolute names of the in-package modules `path` imports (at any depth of the file)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parse_file(path)
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -275,7 +277,7 @@ def module_graph(package: str, src: Path) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in paths:
         name = module_name(path, src)
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse_file(path)
         targets: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -352,7 +354,7 @@ def test_the_cycle_checker_catches_a_loop(tmp_path: Path) -> None:
 def foreign_imports(path: Path, packages: set[str]) -> set[str]:
     """The modules of `packages` that `path` imports (`from pkg import mod` names `pkg.mod`)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse_file(path)):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
@@ -376,7 +378,7 @@ def test_the_operator_meets_the_router_only_through_its_contract() -> None:
     for path in sorted(router.rglob("*.py")):
         wrong = foreign_imports(path, {"llmop", "llmop_engine"})
         assert not wrong, f"{path.relative_to(ROOT)} imports {sorted(wrong)}"
-    contract = ast.parse((router / "contract.py").read_text(encoding="utf-8"))
+    contract = parse_file(router / "contract.py")
     roots = {
         name.split(".")[0]
         for node in ast.walk(contract)

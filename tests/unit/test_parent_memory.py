@@ -14,6 +14,7 @@ from llmop import reconcile
 from llmop.config import OperatorConfig
 from llmop.metrics import Metrics
 from llmop.reconcile.context import NOTHING, ParentMemory
+from support.source import parse_file
 
 SRC = Path(__file__).resolve().parents[2] / "operator" / "src" / "llmop"
 KEY = ("ns", "x")
@@ -69,7 +70,7 @@ def test_no_module_reaches_into_the_contexts_private_attributes() -> None:
     for path in sorted(SRC.rglob("*.py")):
         if path == SRC / "reconcile" / "context.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse_file(path)):
             if (
                 isinstance(node, ast.Attribute)
                 and node.attr.startswith("_")
