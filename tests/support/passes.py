@@ -1,10 +1,12 @@
 """The reconcile's one pass driven the way the handlers drive it, for unit tests that feed it
 watch events and parents by hand: `noted` turns the event into a key and a hint, `quiet` says
-whether the event loop would answer it, `reconcile` runs the pass."""
+whether the event loop would answer it, `reconcile` runs the pass; `Recorded` stands where the
+operator's queue would, keeping what was put on it."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmop import reconcile
@@ -50,3 +52,16 @@ def status_pass(ctx: reconcile.Context, namespace: str, name: str) -> str:
 def deferred_pass(ctx: reconcile.Context, namespace: str, name: str) -> str:
     """The deferred status's fallback pass."""
     return reconcile.reconcile(ctx, (namespace, name), reconcile.Hint.DEFERRED)
+
+
+@dataclass
+class Recorded:
+    """A `Context.queue` that keeps what the passes put on it, (key, hint, after), and runs
+    nothing: the test runs the pass it wants, when it wants."""
+
+    put_on: list[tuple[tuple[str, str], reconcile.Hint, float | None]] = field(default_factory=list)
+
+    def put(
+        self, key: tuple[str, str], hint: reconcile.Hint, *, after: float | None = None
+    ) -> None:
+        self.put_on.append((key, hint, after))

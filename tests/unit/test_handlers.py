@@ -25,7 +25,7 @@ from llmop.metrics import Metrics
 from llmop.observed import Owner, child_event_summary
 from llmop.persistence import ProcessDiffBase
 from llmop.reconcile import Hint
-from llmop.reconcile.context import ChildEvent, Pass, Trigger
+from llmop.reconcile.context import ChildEvent, Pass
 
 
 def _handlers(kind: str) -> list[object]:
@@ -114,20 +114,27 @@ POD = {
     },
 }
 DEPLOYMENT = {"kind": "Deployment", "metadata": {"namespace": "ns", "name": "x"}}
+KINDS = {"Deployment": kinds.DEPLOYMENT, "Service": kinds.SERVICE}
 
 
 def _noted_as_event(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every event is taken as ours: the parent is the object's namespace and name, the hint
-    a pod's or a child's (carrying the event's body, so a test sees which event a pass ran for)."""
+    a pod's or a child's of the object's kind."""
 
     def noted(_ctx: Any, kind: str, type: str, obj: Any) -> tuple[tuple[str, str], Hint]:
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
         if kind == "Pod":
             return key, Hint.POD
-        event = ChildEvent(kinds.DEPLOYMENT, Owner(*key, "uid"), type, None)
-        return key, Hint(Trigger.CHILD, Pass.CHILD, body=dict(obj), child=event)
+        return key, Hint.child(ChildEvent(KINDS[kind], Owner(*key, "uid"), type, None))
 
     monkeypatch.setattr(handlers, "noted", noted)
+
+
+def _memo(run: Any, delay: float = 0.0, **pools: Any) -> SimpleNamespace:
+    """A memo as kopf hands one to a handler: the context (its caches handed over), the queue
+    (running `run` instead of the pass) and the pools."""
+    context = SimpleNamespace(children={"cached": {}})
+    return SimpleNamespace(context=context, coalescer=Coalescer(delay, run=run), **pools)
 
 
 @pytest.mark.parametrize(
@@ -143,24 +150,22 @@ def test_watch_events_take_a_worker_thread_only_to_write(
 ) -> None:
     """A quiet event is answered in the event loop; any other runs the blocking pass in the
     refresh pool (`main` puts it in the memo), never in the event loop's thread nor in kopf's
-    pool, where under a burst it would wait behind every queued reconcile."""
+    pool, where under a burst it would wait behind every queued full pass."""
     handler, body, type = case
     quiet = True
     workers: list[str] = []
     _noted_as_event(monkeypatch)
     monkeypatch.setattr(handlers, "quiet", lambda *_: quiet)
-    monkeypatch.setattr(
-        handlers, "reconcile", lambda *_: workers.append(threading.current_thread().name)
-    )
+
+    def run(*_: Any) -> str:
+        workers.append(threading.current_thread().name)
+        return "ok"
+
     with (
         ThreadPoolExecutor(1, thread_name_prefix="kopf-pool") as pool,
         ThreadPoolExecutor(1, thread_name_prefix="refresh-pool") as refresh_pool,
     ):
-        memo = SimpleNamespace(
-            context=SimpleNamespace(children={"cached": {}}),
-            executor=pool,
-            refresh_executor=refresh_pool,
-        )
+        memo = _memo(run, executor=pool, refresh_executor=refresh_pool)
         _run_event(handler, memo, body, type)
         assert workers == []
         quiet = False
@@ -169,90 +174,91 @@ def test_watch_events_take_a_worker_thread_only_to_write(
     assert workers[0].startswith("refresh-pool")
 
 
-def test_events_waiting_for_a_worker_are_coalesced_per_object(
+def test_events_waiting_for_a_worker_are_merged_per_parent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """While the pool is busy, later events of one object replace the waiting one (the refresh
-    reads the caches when it runs): each object is refreshed at most twice (the run already
-    taken, then the newest waiting event), with the newest event last; other objects are not
-    held up."""
+    """While a parent's pass runs, its later events merge into one waiting pass (which reads
+    the caches when it runs): each parent runs at most twice (the run already taken, then one
+    for everything that came meanwhile, every child kind in it); other parents are not held
+    up, and no handler waits."""
     _noted_as_event(monkeypatch)
     monkeypatch.setattr(handlers, "quiet", lambda *_: False)
     gate = threading.Event()
-    seen: list[tuple[str, str, int]] = []
+    seen: list[tuple[str, list[str]]] = []
 
-    def refresh(_ctx: Any, key: tuple[str, str], hint: Hint) -> None:
+    def run(_ctx: Any, key: tuple[str, str], hint: Hint) -> str:
         gate.wait(5)
-        assert hint.child is not None
-        assert hint.body is not None
-        version = int(hint.body["metadata"]["resourceVersion"])
-        seen.append((hint.child.type, key[1], version))
+        seen.append((key[1], [event.kind.kind for event in hint.children]))
+        return "ok"
 
-    monkeypatch.setattr(handlers, "reconcile", refresh)
-
-    def deployment(name: str, version: int) -> dict[str, Any]:
-        return {
-            "kind": "Deployment",
-            "metadata": {"namespace": "ns", "name": name, "resourceVersion": str(version)},
-        }
+    def child(kind: str, name: str) -> kopf.Body:
+        return kopf.Body(cast(Any, {"kind": kind, "metadata": {"namespace": "ns", "name": name}}))
 
     async def go(memo: Any) -> None:
         kwargs = {"namespace": "ns", "memo": memo, "logger": logging.getLogger("t")}
-        for version in range(1, 6):
-            await handlers.child_event(
-                type="MODIFIED", body=kopf.Body(cast(Any, deployment("x", version))), **kwargs
-            )
-            await handlers.child_event(
-                type="MODIFIED", body=kopf.Body(cast(Any, deployment("y", version))), **kwargs
-            )
-            await asyncio.sleep(0.01)  # the first run of each object has taken a thread
-        # Every handler returned although no refresh could finish yet.
+        for kind in ("Deployment", "Service", "Deployment", "Service", "Deployment"):
+            for name in ("x", "y"):
+                await handlers.child_event(type="MODIFIED", body=child(kind, name), **kwargs)
+            await asyncio.sleep(0.01)  # the first run of each parent has taken a thread
+        # Every handler returned although no pass could finish yet.
         assert seen == []
         gate.set()
         await handlers._coalescer(memo).idle()
 
     with ThreadPoolExecutor(2) as pool:
-        memo = SimpleNamespace(context=SimpleNamespace(children={"cached": {}}), executor=pool)
+        memo = _memo(run, executor=pool)
         asyncio.run(go(memo))
     for name in ("x", "y"):
-        runs = [version for _, n, version in seen if n == name]
-        assert runs == [1, 5]
+        runs = [children for n, children in seen if n == name]
+        assert runs == [["Deployment"], ["Service", "Deployment"]]
+    assert memo.coalescer.submitted == 10
+    assert memo.coalescer.runs == 4
 
 
-def test_events_within_the_delay_make_one_refresh_with_the_newest() -> None:
+def test_triggers_within_the_delay_make_one_pass() -> None:
     """The Deployment controller writes a new Deployment's status three times within a second;
     waiting `delay` before the first run writes the parent's status once, not once per step
-    (at 1,000 CRs with pods: 2,472 status writes instead of 2,984)."""
-    runs: list[int] = []
+    (at 1,000 CRs with pods: 2,472 status writes instead of 2,984). Triggers of every kind
+    merge into that one pass."""
+    runs: list[Hint] = []
 
-    async def go(coalescer: Coalescer, memo: Any) -> None:
-        for version in range(1, 6):
-            coalescer.submit(memo, "k", runs.append, version)
+    def run(_ctx: Any, _key: tuple[str, str], hint: Hint) -> str:
+        runs.append(hint)
+        return "ok"
+
+    deployment = ChildEvent(kinds.DEPLOYMENT, Owner("ns", "x", "uid"), "MODIFIED", None)
+
+    async def go(memo: Any) -> None:
+        for hint in (Hint.POD, Hint.child(deployment), Hint.FLEET, Hint.POD, Hint.DEFERRED):
+            memo.coalescer.submit(memo, ("ns", "x"), hint)
             await asyncio.sleep(0.01)
         assert runs == []
-        await coalescer.idle()
+        await memo.coalescer.idle()
 
     with ThreadPoolExecutor(1) as pool:
-        asyncio.run(go(Coalescer(delay=0.3), SimpleNamespace(executor=pool)))
-    assert runs == [5]
+        asyncio.run(go(_memo(run, delay=0.3, executor=pool)))
+    assert len(runs) == 1
+    assert runs[0].scope is Pass.CHILD
+    assert runs[0].children == (deployment,)
+    assert runs[0].also == {Pass.STATUS, Pass.DEFERRED}
 
 
 def test_a_waiting_event_does_not_keep_kopf_s_cause_alive() -> None:
     """kopf keeps the cause of the running handler (the whole decoded watch event) in a context
-    variable; the coalescer's task must not inherit it, or every event waiting for a thread
-    keeps its body alive (~1,900 of them at 1,000 CRs)."""
+    variable; the queue's task must not inherit it, or every event waiting for a thread keeps
+    its body alive (~1,900 of them at 1,000 CRs)."""
     cause_var: contextvars.ContextVar[object] = contextvars.ContextVar("cause_var")
     gate = threading.Event()
 
     class Cause:
         pass
 
-    async def go(coalescer: Coalescer, memo: Any) -> None:
+    async def go(memo: Any) -> None:
         cause = Cause()
 
         def handler(value: Cause) -> None:  # as kopf runs one: a copied context, a var set
             cause_var.set(value)
-            coalescer.submit(memo, "k", gate.wait, 5)
+            memo.coalescer.submit(memo, ("ns", "x"), Hint.POD)
 
         contextvars.copy_context().run(handler, cause)
         reference = weakref.ref(cause)
@@ -260,11 +266,11 @@ def test_a_waiting_event_does_not_keep_kopf_s_cause_alive() -> None:
         gc.collect()
         alive = reference() is not None
         gate.set()
-        await coalescer.idle()
+        await memo.coalescer.idle()
         assert not alive, "the waiting run kept the handler's context (and its cause) alive"
 
     with ThreadPoolExecutor(1) as pool:
-        asyncio.run(go(Coalescer(), SimpleNamespace(executor=pool)))
+        asyncio.run(go(_memo(lambda *_: str(gate.wait(5)), executor=pool)))
 
 
 def test_every_object_s_copy_of_the_memo_shares_one_coalescer(
@@ -330,20 +336,28 @@ def test_a_deleted_parent_s_diff_base_is_forgotten(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_run_timed_by_its_caller_does_not_wait_for_the_queue() -> None:
-    """The deferred statuses' fallback comes on the queue when its own timer fires: it skips the
-    queue's wait for later events (`delay=0`), while an event's run still waits for it."""
+    """A deferred status's fallback comes on the queue when its own timer fires, and a parent's
+    own handler at once: they skip the queue's wait for later events (`delay=0`), while an
+    event's run still waits for it — unless a trigger due sooner comes for the same parent,
+    which takes the waiting one along."""
     runs: list[tuple[str, float]] = []
+    started = time.monotonic()
 
-    async def go(coalescer: Coalescer, memo: Any) -> None:
-        started = time.monotonic()
-        coalescer.submit(
-            memo, "timed", lambda: runs.append(("timed", time.monotonic() - started)), delay=0.0
-        )
-        coalescer.submit(memo, "event", lambda: runs.append(("event", time.monotonic() - started)))
-        await coalescer.idle()
+    def run(_ctx: Any, key: tuple[str, str], _hint: Hint) -> str:
+        runs.append((key[1], time.monotonic() - started))
+        return "ok"
+
+    async def go(memo: Any) -> None:
+        memo.coalescer.submit(memo, ("ns", "timed"), Hint.DEFERRED, delay=0.0)
+        memo.coalescer.submit(memo, ("ns", "event"), Hint.POD)
+        memo.coalescer.submit(memo, ("ns", "joined"), Hint.POD)
+        memo.coalescer.submit(memo, ("ns", "joined"), Hint.PARENT, delay=0.0)
+        await memo.coalescer.idle()
 
     with ThreadPoolExecutor(1) as pool:
-        asyncio.run(go(Coalescer(delay=0.5), SimpleNamespace(executor=pool)))
+        asyncio.run(go(_memo(run, delay=0.5, executor=pool)))
     waited = dict(runs)
+    assert len(runs) == 3
     assert waited["timed"] < 0.25
+    assert waited["joined"] < 0.25
     assert waited["event"] >= 0.5

@@ -21,7 +21,14 @@ from llmop.kube import ExistsError, KubeError, RejectedError, TerminatingError
 from llmop.metrics import Metrics
 from llmop.reconcile import caches, first_status
 from llmop.reconcile.context import KeyedLocks, Pass, Trigger
-from support.passes import deferred_pass, event_pass, event_quiet, parent_pass, status_pass
+from support.passes import (
+    Recorded,
+    deferred_pass,
+    event_pass,
+    event_quiet,
+    parent_pass,
+    status_pass,
+)
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 API = "serving.llmop.dev/v1alpha1"
@@ -915,17 +922,26 @@ def test_a_rollout_on_a_full_node_replaces_one_pod_at_a_time(
     assert not [c for c in kube.calls if c[0] == "list" or c[0].startswith("apply")]
 
 
+class _Deferrals(Recorded):
+    """The operator's queue as the deferred statuses use it: each fallback on a timer."""
+
+    def __init__(self, runs: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.runs = runs
+
+    def put(
+        self, key: tuple[str, str], hint: reconcile.Hint, *, after: float | None = None
+    ) -> None:
+        assert hint == reconcile.Hint.DEFERRED
+        assert after == first_status.DEFER_SECONDS
+        self.runs.append(key)
+
+
 @pytest.fixture
 def scheduled(ctx: reconcile.Context) -> list[tuple[str, str]]:
-    """The handlers' scheduler of deferred statuses, recording what it was asked to run."""
+    """The operator's queue, recording the deferred statuses' fallbacks put on it."""
     runs: list[tuple[str, str]] = []
-
-    def schedule(key: tuple[str, str], hint: reconcile.Hint, seconds: float) -> None:
-        assert hint == reconcile.Hint.DEFERRED
-        assert seconds == first_status.DEFER_SECONDS
-        runs.append(key)
-
-    ctx.schedule = schedule
+    ctx.queue = _Deferrals(runs)
     return runs
 
 
@@ -1117,9 +1133,9 @@ def test_every_watch_event_becomes_its_parent_s_key_and_a_hint(
     ctx: reconcile.Context, kube: FakeKube
 ) -> None:
     """`noted` turns an event into the parent's key and the hint of the one pass: a child's
-    repairs its own kind (one queue lane per kind, so two kinds never replace each other), a
-    pod's re-derives the status only, a Job's is a full pass for its owner's uid; the initial
-    listing and objects not ours ask for nothing."""
+    repairs its own kind (two kinds merged on the queue repair both), a pod's re-derives the
+    status only, a Job's is a full pass for its owner's uid; the initial listing and objects
+    not ours ask for nothing."""
     kube.put(parent())
     run_parent(ctx, kube)
     deliver(ctx, kube)
@@ -1133,7 +1149,9 @@ def test_every_watch_event_becomes_its_parent_s_key_and_a_hint(
     assert hint.trigger is Trigger.CHILD
     other = reconcile.noted(ctx, "Service", "MODIFIED", service)
     assert other is not None
-    assert other[1].lane != hint.lane
+    merged = hint.merge(other[1])
+    assert merged.scope is Pass.CHILD
+    assert [event.kind for event in merged.children] == [kinds.DEPLOYMENT, kinds.SERVICE]
     assert reconcile.noted(ctx, "Deployment", None, deployment) is None  # initial listing
     pod = {"metadata": {"namespace": "ns", "name": "x-1", "labels": {names.LABEL_DEPLOYMENT: "x"}}}
     assert reconcile.noted(ctx, "Pod", "MODIFIED", pod) == (("ns", "x"), reconcile.Hint.POD)
@@ -1176,8 +1194,8 @@ def test_a_child_name_taken_by_someone_else_stalls_and_leaves_it_untouched(
     list by name), the CR is Stalled ChildNameConflict naming it, one retry is put on the
     queue however many passes find the conflict, and nothing flaps meanwhile; once it is
     deleted, the retry creates the child and Stalled clears."""
-    scheduled: list[tuple[Any, Any, float]] = []
-    ctx.schedule = lambda key, hint, seconds: scheduled.append((key, hint, seconds))
+    ctx.queue = queue = Recorded()
+    scheduled = queue.put_on
     kube.put(_foreign_service())
     kube.put(parent())
     before = copy.deepcopy(kube.objects["Service", "ns", "x"])

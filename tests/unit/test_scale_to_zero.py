@@ -181,6 +181,23 @@ def test_going_to_zero_and_waking_are_stamped_and_announced() -> None:
     assert served.scale_to_zero.last_scaled_to_zero_time == "2026-01-02T03:00:10Z"
 
 
+def test_a_wake_first_seen_with_its_replica_ready_is_recorded_in_one_derivation() -> None:
+    """One pass that sees the scale back to 1 and the ready replica together (the triggers of
+    a burst merged on the queue) records the whole wake, 0 s after it was seen: deriving again
+    changes nothing, so no later trigger is needed to finish the record."""
+    resource = ld({"minReplicas": 0, "maxReplicas": 3})
+    t = datetime(2026, 1, 2, 3, 0, 0, tzinfo=UTC)
+    serving = derive(resource, workload_status(1, 1), LLMDeploymentStatus(), t)
+    at_zero = derive(resource, workload_status(0, 0), serving, t + timedelta(seconds=10))
+    woke = derive(resource, workload_status(1, 1), at_zero, t + timedelta(seconds=20))
+    assert ready_of(woke) == ("True", "AllReplicasReady")
+    assert woke.scale_to_zero is not None
+    assert woke.scale_to_zero.last_wake_time == "2026-01-02T03:00:20Z"
+    assert woke.scale_to_zero.last_wake_seconds == 0.0
+    again = derive(resource, workload_status(1, 1), woke, t + timedelta(seconds=21))
+    assert again.scale_to_zero == woke.scale_to_zero
+
+
 def test_min_replicas_0_without_a_router_is_stalled_with_the_fix() -> None:
     resource = ld({"minReplicas": 0, "maxReplicas": 3})
     status = derive(resource, workload_status(1, 1), LLMDeploymentStatus(), datetime.now(UTC), None)

@@ -1,9 +1,9 @@
 """Orchestration: read running model downloads' progress into their status.
 
 A download Job emits no event while bytes flow, so one thread (a row of `llmop.runnables`)
-runs `reconcile.check(ctx, "downloads")` every `POLL_SECONDS`: a parent pass for each parent whose
-download runs (progress, rate, ETA). A plain thread, not a kopf timer: kopf timers on a resource
-add a finalizer to it.
+runs `reconcile.check(ctx, "downloads")` every `POLL_SECONDS`: a parent pass on the queue for
+each parent whose download runs (progress, rate, ETA). A plain thread, not a kopf timer: kopf
+timers on a resource add a finalizer to it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """Orchestration: read every engine agent now and then, and act on what the agents say.
 
-One asyncio task (started by the handlers at operator startup) loops:
+One asyncio task (a row of `llmop.runnables`) loops:
 
 1. the targets: every engine pod in the watch cache that runs and has an IP (not a GET);
 2. one round of `GET /status` through `llmop.pod_client` (bounded concurrency, timeouts);
 3. in a worker thread (the Kubernetes client is synchronous): per LLMDeployment, store the
-   readings in `ParentMemory.fleet` and re-derive its status when what the status shows of them
-   changed (KV capacity, deep probes, readiness, adapters) or while it is Degraded (a restart
-   ages out); then set each pod's `controller.kubernetes.io/pod-deletion-cost` to its load where
-   it moved materially (`llmop.agents.cost_changed`), at most `MAX_COST_PATCHES` per round.
+   readings in `ParentMemory.fleet` and put a status pass on the queue (`reconcile.enqueue`)
+   when what the status shows of them changed (KV capacity, deep probes, readiness, adapters)
+   or while it is Degraded (a restart ages out); then set each pod's
+   `controller.kubernetes.io/pod-deletion-cost` to its load where it moved materially
+   (`llmop.agents.cost_changed`), at most `MAX_COST_PATCHES` per round.
 
 Why not on the reconcile path: a reconcile (and an operator restart, which resumes every parent)
 must not wait on hundreds of HTTP reads, and must not write anything new. The first round runs
@@ -31,7 +32,7 @@ from llmop.kube import KubeError
 from llmop.periodic import run_rounds
 from llmop.pod_client import AgentClient, ReadResult, Target
 from llmop.pods import DELETION_COST_ANNOTATION, replica_pods
-from llmop.reconcile import Context, Hint, reconcile
+from llmop.reconcile import Context, Hint, enqueue
 
 log = logging.getLogger("llmop.fleet")
 
@@ -94,8 +95,8 @@ def apply_round(
     ctx: Context, parents: Iterable[tuple[str, str]], pods: list[_Pod], result: ReadResult
 ) -> tuple[int, int]:
     """Act on one round of readings (synchronous: Kubernetes writes); `parents` are the ones
-    with engine pods in the cache when the round started. Returns (parents refreshed,
-    deletion costs written)."""
+    with engine pods in the cache when the round started. Returns (status passes put on the
+    queue, deletion costs written)."""
     by_parent: dict[tuple[str, str], list[AgentReading]] = {key: [] for key in parents}
     for pod in pods:
         reading = result.readings.get(pod.target)
@@ -110,11 +111,8 @@ def apply_round(
         # reported); `Context.forget` drops it with the parent.
         _keep(ctx, key, readings)
         if before is None or _shown(before) != _shown(readings) or _degraded(ctx, key):
-            try:
-                reconcile(ctx, key, Hint.FLEET)
-                refreshed += 1
-            except KubeError as error:
-                log.warning("could not refresh %s/%s: %s", *key, error)
+            enqueue(ctx, key, Hint.FLEET)
+            refreshed += 1
     return refreshed, _write_costs(ctx, pods, result)
 
 
@@ -154,7 +152,7 @@ async def read_round(ctx: Context, client: AgentClient) -> tuple[int, ReadResult
     result = await client.read_all([p.target for p in pods])
     refreshed, costs = await asyncio.to_thread(apply_round, ctx, parents, pods, result)
     log.debug(
-        "read %d agents (%d failed); %d statuses refreshed, %d deletion costs written",
+        "read %d agents (%d failed); %d status passes queued, %d deletion costs written",
         len(pods),
         result.failed,
         refreshed,

@@ -2,8 +2,9 @@
 waited for the LeaderWorkerSet API.
 
 The operator does not watch LeaderWorkerSets (`llmop.reconcile.groups` says why), so one asyncio
-task (started by the handlers) does, every `CHECK_SECONDS`, only while some parent is multi-node,
-still has a LeaderWorkerSet, or waits for the API:
+task (a row of `llmop.runnables`) does, every `CHECK_SECONDS`, only while some parent is
+multi-node, still has a LeaderWorkerSet, or waits for the API (each pass it asks for goes on
+the queue):
 
 - while the API is not known to be served, it asks discovery; once it is, the parents stalled
   with `LeaderWorkerSetMissing` are reconciled (no operator restart needed);
@@ -28,7 +29,7 @@ CHECK_SECONDS = 2.0
 
 
 def check(ctx: Context) -> int:
-    """One round (`reconcile.groups.due` says what it does); how many parents it passed."""
+    """One round (`reconcile.groups.due` says what it does); how many passes it queued."""
     return reconcile_check(ctx, "groups")
 
 

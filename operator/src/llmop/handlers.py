@@ -10,22 +10,25 @@
 - Low-level `on.event` handlers on the children (filtered by our label, also server side via
   `settings.watching.label_selectors` in `main`) repair drift and re-derive the parent's status.
   Low-level handlers and indexes store nothing on the objects.
-- The index functions, the counting handler and the child and pod event handlers are `async`:
-  kopf runs a sync function in its thread pool, where every watch event would otherwise queue
-  behind the reconciles blocked on API calls. kopf 1.45 processes every queued event of an object
-  in turn (no batching), so the longer events wait, the more full decoded bodies sit in its
+- Every handler but the login and the probe is `async`: kopf runs a sync function in its
+  pool, where every watch event would otherwise queue behind the passes blocked on API calls
+  (the queue runs the full passes in that pool). kopf 1.45 processes every queued event of an
+  object in turn (no batching), so the longer events wait, the more full decoded bodies sit in its
   per-object queues: under a 1,000-CR burst that lag, not any cache, was the operator's memory.
-  Every handler turns its event into a parent's key and a hint (`reconcile.noted`) and asks
-  for the one pass, `reconcile.reconcile(ctx, key, hint)`. The event handlers decide from the
-  caches in the event loop (`reconcile.quiet`: no I/O, no blocking) and send only events that
-  lead to a write to the pool, coalesced per parent and hint lane (`llmop.coalescer`) so that a
-  handler never waits on the pool and kopf's queue of that object drains at once.
+  Every handler turns its event into a parent's key and a hint (`reconcile.noted`) and puts it
+  on the operator's one queue (`llmop.coalescer`), where the hints waiting for one parent merge
+  and one worker per parent runs the one pass, `reconcile.reconcile(ctx, key, hint)`. The event
+  handlers decide from the caches in the event loop (`reconcile.quiet`: no I/O, no blocking)
+  and queue only events that lead to a write, so that a handler never waits on the pool and
+  kopf's queue of that object drains at once; the parent's own handler awaits the run that
+  includes its hint, so kopf retries a transient failure with backoff.
 
 - kopf's memory of the last handled spec is kept in this process (`llmop.persistence`), not on
   the object; the count handler drops a deleted object's entry.
-- A startup activity lets the parent passes defer their status write to the Deployment
-  controller's first status (`reconcile.first_status`), with a fallback pass put on the same
-  queue (`Context.schedule`).
+- `install_queue` (called by `main` before kopf and the background loops start) makes the queue
+  the reconcile's `Context.queue`: the background loops put their passes there too, and the
+  parent passes may defer their status write to the Deployment controller's first status
+  (`reconcile.first_status`), with a fallback pass put on the queue on a timer.
 - The background loops (the agent reader, the router, pool, Hub, group and idle checks, the
   late-CRD check...) are no handlers: `main` starts and stops them with each leadership term
   (`llmop.runnables`), as tasks of kopf's event loop (no daemon per LLMDeployment: that would
@@ -36,7 +39,6 @@ Handlers return None so kopf writes no handler results into the status.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -45,13 +47,13 @@ import kopf
 
 from llmop import credentials, kinds, names
 from llmop.api.v1alpha1 import GROUP, PLURAL, VERSION
-from llmop.coalescer import Coalescer, in_worker
+from llmop.coalescer import Coalescer
 from llmop.hub import HubUnavailableError
 from llmop.kube import KubeError
 from llmop.observed import child_summary, controller_owner, parent_summary
 from llmop.persistence import ProcessDiffBase
 from llmop.pods import pod_summary
-from llmop.reconcile import Context, Hint, noted, quiet, reconcile
+from llmop.reconcile import Context, Hint, noted, quiet
 
 log = logging.getLogger("llmop.handlers")
 
@@ -154,11 +156,12 @@ def _coalescer(memo: Any) -> Coalescer:
     return coalescer
 
 
-def _submit(
-    memo: Any, ctx: Context, key: tuple[str, str], hint: Hint, *, delay: float | None = None
-) -> None:
-    """Put the pass of `key` on the queue; a later one of the same lane replaces it."""
-    _coalescer(memo).submit(memo, (key, hint.lane), reconcile, ctx, key, hint, delay=delay)
+def install_queue(memo: Any) -> None:
+    """Make the operator's queue the reconcile's `Context.queue`, so that every trigger — the
+    background loops', the timers' — puts its pass there. Call it on kopf's event loop before
+    kopf and the loops start."""
+    context: Context = memo.context
+    context.queue = _coalescer(memo).attach(memo)
 
 
 @kopf.on.event(kinds.POD.api_version, kinds.POD.plural, labels=MANAGED_LABELS, id=POD_HANDLER_ID)
@@ -172,7 +175,7 @@ async def pod_event(type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> Non
     found = noted(ctx, kinds.POD.kind, type, pod_summary(body))
     if found is None or quiet(ctx, *found):
         return
-    _submit(memo, ctx, *found)
+    _coalescer(memo).submit(memo, *found)
 
 
 for _kind in kinds.WATCHED:
@@ -182,28 +185,30 @@ for _kind in kinds.WATCHED:
 
 
 @kopf.on.event(kinds.JOB.api_version, kinds.JOB.plural, labels=MANAGED_LABELS, id=JOB_HANDLER_ID)
-def job_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
-    """A model download Job changed: a finished download lets the engine pods be created."""
+async def job_event(type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
+    """A model download Job changed: a finished download lets the engine pods be created, a
+    failed one stalls the parent (a full pass, queued with the Job's other events)."""
     ctx = _context(memo, kwargs)
     found = noted(ctx, kinds.JOB.kind, type, dict(body))
     if found is None:
         return  # initial listing: the parents' resume passes run anyway
-    try:
-        reconcile(ctx, *found)
-    except (KubeError, HubUnavailableError) as error:
-        logger.warning(f"Could not process a Job event: {error}")
+    _coalescer(memo).submit(memo, *found)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
 @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile")
-def reconcile_llmdeployment(body: kopf.Body, retry: int, memo: Any, **kwargs: Any) -> None:
-    """Converge one LLMDeployment; transient API errors retry with exponential backoff."""
+async def reconcile_llmdeployment(body: kopf.Body, retry: int, memo: Any, **kwargs: Any) -> None:
+    """Converge one LLMDeployment: its pass goes on the queue at once (merged with whatever
+    waits there for it) and the handler awaits that run; transient API errors retry with
+    exponential backoff."""
     ctx = _context(memo, kwargs)
     parent = parent_summary(body)
     key = (parent["metadata"]["namespace"], parent["metadata"]["name"])
+    run = _coalescer(memo).submit(memo, key, Hint.parent(parent), delay=0.0, wait=True)
+    assert run is not None
     try:
-        reconcile(ctx, key, Hint.parent(parent))
+        await run
     except (KubeError, HubUnavailableError) as error:
         delay = min(ctx.config.retry_delay_seconds * 2**retry, MAX_RETRY_DELAY_SECONDS)
         raise kopf.TemporaryError(str(error), delay=delay) from error
@@ -224,26 +229,19 @@ async def count_llmdeployment(
             diffbase.forget(uid)
 
 
-async def child_event(type: str, body: kopf.Body, memo: Any, logger: Any, **kwargs: Any) -> None:
+async def child_event(type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> None:
     """A child changed or vanished: repair it, or refresh the parent's status. Decided in the
-    event loop when nothing is to be written; a write is coalesced per parent and child kind and
-    takes a worker,
-    a deletion is awaited as it is. A transient API error is only logged: the next event, or the
-    parent's own reconcile, tries again."""
+    event loop when nothing is to be written; a write goes on the queue, merged with what waits
+    there for the parent (a deletion stays one in the merge, and is due at once: its pass reads
+    the parent fresh and recreates the child). A transient API error is only logged: the next
+    event, or the parent's own pass, tries again."""
     ctx = _context(memo, kwargs)
     # Every event, before the quiet check: the deferred statuses' fallback judges from a
     # Deployment's whether the Deployment controller is at work.
     found = noted(ctx, str(body.get("kind")), type, body)
     if found is None or quiet(ctx, *found):
         return
-    if type == "DELETED":
-        # Never replaced by a later event: a deletion reads the parent fresh and recreates.
-        try:
-            await in_worker(memo, reconcile, ctx, *found)
-        except KubeError as error:
-            logger.warning(f"Could not process a {body.get('kind')} event: {error}")
-        return
-    _submit(memo, ctx, *found)
+    _coalescer(memo).submit(memo, *found, delay=0.0 if type == "DELETED" else None)
 
 
 for _kind in kinds.WATCHED:
@@ -257,23 +255,3 @@ def reconciles_probe(memo: Any, **_: Any) -> int:
     """Liveness payload: parents currently being reconciled (cheap, never fails)."""
     context: Context = memo.context
     return len(context.locks)
-
-
-@kopf.on.startup(id="first-status")
-async def start_deferred_statuses(memo: Any, **_: Any) -> None:
-    """Let parent passes defer their status write (`reconcile.first_status`): each deferral
-    puts its fallback pass on the queue the given seconds later (and again each time the
-    fallback decides to wait longer), one pending run per parent and lane.
-    The parent passes run in kopf's threads; the queue lives on this event loop."""
-    context: Context = memo.context
-    loop = asyncio.get_running_loop()
-
-    def schedule(key: tuple[str, str], hint: Hint, seconds: float) -> None:
-        # A timer per call, not a delay per coalesced run: a fallback that decides to wait
-        # longer schedules itself again from its worker, and must wait again, not run at once;
-        # once the timer fires it waits no more (the queue's own wait is for event bursts).
-        loop.call_soon_threadsafe(
-            loop.call_later, seconds, lambda: _submit(memo, context, key, hint, delay=0.0)
-        )
-
-    context.schedule = schedule

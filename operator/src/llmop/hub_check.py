@@ -3,8 +3,8 @@
 The parent path's adapter pre-flight (`llmop.reconcile.adapter_gate`) stops at the first
 unreachable Hub answer and leaves those adapters unjudged: the pods get them as declared, with
 no pinned commit and no refusal. A parent pass would ask again, but nothing else may cause one
-(no spec change, no child event). So one asyncio task (started by the handlers) runs the parent
-pass again for each LLMDeployment whose Hub answer has been missing for
+(no spec change, no child event). So one asyncio task (a row of `llmop.runnables`) puts the
+parent pass on the queue again for each LLMDeployment whose Hub answer has been missing for
 `adapter_gate.UNREACHABLE_RETRY` (30 s), checking every `CHECK_SECONDS`. With no such parent it
 sends nothing.
 """
@@ -24,7 +24,7 @@ CHECK_SECONDS = 10.0
 
 
 def check(ctx: Context) -> int:
-    """Run the parent pass of each parent due for a Hub retry; how many ran."""
+    """Put the parent pass of each parent due for a Hub retry on the queue; how many."""
     return reconcile_check(ctx, "hub")
 
 

@@ -13,7 +13,8 @@ every `CHECK_SECONDS`:
    before the write (a request may have arrived meanwhile) and, still idle, the workload's
    scale subresource is set to 0 — the Deployment, or the LeaderWorkerSet of a multi-node CR.
    The HPA keeps `minReplicas: 1` and does not act on a target at 0; llmop-router sets it back
-   to 1 when a request comes (`docs/router.md`). The status then says `ScaledToZero`.
+   to 1 when a request comes (`docs/router.md`). A status pass on the queue then says
+   `ScaledToZero`.
 
 Why a loop and not kopf timers: a timer per CR would run for every LLMDeployment, and the
 router pods' activity is one read for all candidates together.
@@ -31,7 +32,7 @@ from llmop import conditions, idle, kinds, pod_client
 from llmop.idle import Activity, Key
 from llmop.kube import KubeError
 from llmop.periodic import run_rounds
-from llmop.reconcile import Context, Hint, reconcile
+from llmop.reconcile import Context, Hint, enqueue
 from llmop_router import contract
 from llmop_router.contract import Spec
 
@@ -157,7 +158,7 @@ async def check_once(ctx: Context) -> list[Key]:
             if await asyncio.to_thread(_scale_to_zero, ctx, key, body):
                 log.info("%s/%s: scaled to zero: %s", *key, final.reason)
                 scaled.append(key)
-                await asyncio.to_thread(reconcile, ctx, key, Hint.FLEET)
+                enqueue(ctx, key, Hint.FLEET)
         except KubeError as error:
             log.warning("%s/%s: could not scale to zero: %s", *key, error)
     return scaled

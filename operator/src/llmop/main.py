@@ -128,7 +128,8 @@ def tune_garbage_collector() -> None:
 
 
 def refresh_workers(config: OperatorConfig) -> int:
-    """Threads for the event handlers' status writes and repairs (`handlers._in_worker`)."""
+    """Threads for the queue's passes other than full ones: status writes and repairs
+    (`llmop.coalescer`)."""
     return max(1, config.max_workers // 8)
 
 
@@ -145,7 +146,7 @@ def _memo(config: OperatorConfig, metrics: Metrics) -> kopf.Memo:
         metrics=metrics,
         instance=os.environ.get("POD_NAME") or socket.gethostname(),
     )
-    # Shared by every object's copy of the memo: one pending worker run per key, operator-wide.
+    # Shared by every object's copy of the memo: one waiting pass per parent, operator-wide.
     return kopf.Memo(context=context, coalescer=Coalescer(delay=COALESCE_SECONDS))
 
 
@@ -236,8 +237,8 @@ class _Term:
         self.shutdown = shutdown
         self._catch_signals = catch_signals
         self.settings = build_settings(config)
-        # kopf's pool runs the reconciles; the event handlers' writes take a pool of their own
-        # (`handlers._in_worker`), kopf's only as a fallback.
+        # kopf's pool runs the full passes; the queue's other passes take a pool of their own
+        # (`llmop.coalescer`), kopf's only as a fallback.
         memo.executor = self.settings.execution.executor
         memo.refresh_executor = ThreadPoolExecutor(
             refresh_workers(config), thread_name_prefix="llmop-refresh"
@@ -364,6 +365,8 @@ class _Term:
             # image's 65532, or OpenShift's random one) has none of: getpwuid() raises.
             identity=cast("Any", self.context.instance),
         )
+        # Before the loops and kopf's handlers: every pass they trigger goes on the one queue.
+        handlers.install_queue(self.memo)
         # The loops' tasks inherit the context kopf's setup gave this task (its credentials
         # vault: the late-CRD check calls kopf's API client). Not kopf's to wait for or cancel
         # when it stops (it would wait 5 s for them): `_operate` stops them.

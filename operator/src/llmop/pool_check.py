@@ -3,8 +3,9 @@ InferencePools that waited for them.
 
 A parent pass that wants a pool on a cluster without the InferencePool API leaves the CR
 `Degraded` (reason `InferencePoolUnavailable`) and nothing else happens to it until its spec
-changes. So while such parents exist, one asyncio task (started by the handlers) asks discovery
-every `CHECK_SECONDS` whether the API is served now, and reconciles those parents once it is.
+changes. So while such parents exist, one asyncio task (a row of `llmop.runnables`) asks
+discovery every `CHECK_SECONDS` whether the API is served now, and once it is puts those
+parents' passes on the queue.
 With no parent waiting it sends nothing.
 """
 
@@ -23,7 +24,8 @@ CHECK_SECONDS = 5.0
 
 
 def check(ctx: Context) -> int:
-    """Reconcile the parents whose pool waited, if the API is served now; how many ran."""
+    """Put the passes of the parents whose pool waited on the queue, if the API is served now;
+    how many."""
     return reconcile_check(ctx, "pools")
 
 

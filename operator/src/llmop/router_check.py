@@ -4,7 +4,8 @@ LLMDeployments' status when its readiness changes (`Degraded` reason `RouterUnav
 One asyncio task (started by the handlers when the chart names a router, `LLMOP_ROUTER`) reads
 the router's Deployment every `CHECK_SECONDS` (a GET: the operator watches no Deployment outside
 its engines, and may read them all). Its pods come and go without any LLMDeployment event, so
-this is what brings their status up to date; every status path then reads `Context.router`.
+this is what brings their status up to date: a status pass of every parent on the queue, each
+of which reads `Context.router`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 from llmop import kinds
 from llmop.kube import KubeError
 from llmop.periodic import run_rounds
-from llmop.reconcile import Context, Hint, reconcile
+from llmop.reconcile import Context, Hint, enqueue
 from llmop.router_view import RouterView, deployment_ready
 
 log = logging.getLogger("llmop.router_check")
@@ -50,15 +51,11 @@ def check(ctx: Context) -> bool:
 
 
 def refresh_all(ctx: Context, keys: list[tuple[str, str]]) -> int:
-    """Re-derive every parent's status (written only where it changed: the routed ones)."""
-    refreshed = 0
-    for namespace, name in keys:
-        try:
-            reconcile(ctx, (namespace, name), Hint.FLEET)
-            refreshed += 1
-        except KubeError as error:
-            log.warning("could not refresh %s/%s: %s", namespace, name, error)
-    return refreshed
+    """A status pass of every parent on the queue (the status is written only where it
+    changed: the routed ones); how many."""
+    for key in keys:
+        enqueue(ctx, key, Hint.FLEET)
+    return len(keys)
 
 
 async def run(ctx: Context, *, interval: float = CHECK_SECONDS) -> None:

@@ -444,7 +444,9 @@ def scale_to_zero_status(
     """When the model last went to zero and woke, from what the previous status said and the
     workload shows now: entering zero stamps `lastScaledToZeroTime`; leaving it (the router
     set the scale to 1) stamps `lastWakeTime`; the first ready replica after that gives
-    `lastWakeSeconds`."""
+    `lastWakeSeconds` — 0 when the replica is ready already as the wake is first seen (one
+    derivation reaches what two would: a pass that sees the wake and the ready replica at once,
+    as a merged burst of triggers does, needs no later trigger to finish the record)."""
     if spec.autoscaling is None or not spec.autoscaling.scales_to_zero:
         return None
     before = previous.scale_to_zero or ScaleToZeroStatus()
@@ -454,7 +456,8 @@ def scale_to_zero_status(
     if at_zero and not was_zero:
         return before.model_copy(update={"last_scaled_to_zero_time": stamp})
     if was_zero and not at_zero:
-        return before.model_copy(update={"last_wake_time": stamp, "last_wake_seconds": None})
+        seconds = 0.0 if rollout.ready else None
+        return before.model_copy(update={"last_wake_time": stamp, "last_wake_seconds": seconds})
     woke = conditions.parse_time(before.last_wake_time)
     if not at_zero and woke is not None and before.last_wake_seconds is None and rollout.ready:
         seconds = round(max(0.0, (now - woke).total_seconds()), 1)

@@ -5,29 +5,40 @@ under its lock, whatever asked for it; `hint` (`context.Hint`) names the trigger
 label) and what the pass may skip (`context.Pass`), and nothing else:
 
 - `Pass.FULL` — the parent's create/update/resume (kopf's handler, with the body it delivered),
-  a download Job's event, the download poll and the periodic checks: observe the caches and
+  a download Job's event, the download poll, a name conflict's retry and the periodic checks:
+  observe the caches and
   this process's memory, desire (the parsed spec; the group, adapter and model gates, each
   returning a decision), plan every child, execute, write the status;
-- `Pass.CHILD` — a child's watch event: only that child kind is planned (repaired if it
+- `Pass.CHILD` — children's watch events: only those child kinds are planned (repaired if they
   drifted or vanished), then the status; a child found in sync is not compared again;
 - `Pass.STATUS` — an engine pod's event, the agents' readings (`llmop.fleet`), the router and
   idle checks, a group listing: desire is read back from memory, plan and execute are skipped,
   the status is derived again and written only if it changed;
 - `Pass.DEFERRED` — the fallback of a parent pass's status held for the Deployment
-  controller's first status (`first_status`), put on the handlers' queue by `Context.schedule`.
+  controller's first status (`first_status`), put on the queue on a timer.
+
+Every trigger is "put the key on the queue with a hint" (`Context.queue`, `llmop.coalescer`; the
+parent's own handler, the child, pod and Job events, the agents' readings, the router, name and
+idle checks, the periodic checks, the download poll, the timers): the queue keeps one waiting
+hint per parent, merging a later trigger's into it (`Hint.merge`: the wider pass, with the
+narrower ones it does not cover), and one worker per parent runs `reconcile` with it, so a
+parent is never reconciled twice at once and a burst of triggers is one pass with one status
+write.
 
 Around it: `noted(ctx, kind, type, object)` turns a watch event into its parent's key and hint
 (after feeding this process's memory: a group's pods, the Deployment controller at work);
 `quiet(ctx, key, hint)` answers in kopf's event loop, from the caches and without I/O, whether
-that pass would write nothing (most child and pod events); `check(ctx, which)` runs the pass
-for each parent a periodic check finds due. The handlers put the event passes on one
-coalescing queue keyed by parent and hint lane (`llmop.coalescer`); the parent's own handler
-runs its pass in kopf's thread, so kopf retries a transient failure with backoff.
+that pass would write nothing (most child and pod events); `enqueue(ctx, key, hint)` puts a
+trigger's pass on the queue (or, with no queue installed, as in tests and tools, runs it at
+once); `check(ctx, which)` enqueues the pass of each parent a periodic check finds due. The
+parent's own handler awaits the run that includes its hint, so kopf retries a transient
+failure with backoff.
 
 The package, by responsibility (each module's docstring says its job):
 
 - `context` — the per-parent locks, the caches, this process's memory (`Context`,
-  `ParentMemory`) and the hints; `entry` — the one pass and its fast paths, `noted`, `check`;
+  `ParentMemory`), the hints and the queue's interface; `entry` — the one pass and its fast
+  paths, `noted`, `enqueue`, `check`;
 - `caches` — reading the watch caches (live children, parsed specs, last status);
 - `problems` — the memory of found problems that every status path carries;
 - `writes` — the executor, observing and deriving the status (`observe` → `status.Observed`),
@@ -56,7 +67,7 @@ Ready=True → False → True whenever the two interleaved.
 from __future__ import annotations
 
 from llmop.reconcile.context import Context, Hint
-from llmop.reconcile.entry import check, noted, reconcile
+from llmop.reconcile.entry import check, enqueue, noted, reconcile
 from llmop.reconcile.quiet import quiet
 
-__all__ = ["Context", "Hint", "check", "noted", "quiet", "reconcile"]
+__all__ = ["Context", "Hint", "check", "enqueue", "noted", "quiet", "reconcile"]

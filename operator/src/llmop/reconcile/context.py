@@ -1,8 +1,9 @@
 """The reconcile's context: the per-parent locks, the watch caches handed in by the handlers,
 what this process remembers of each parent between events (parsed specs, its own status
 writes, applied generations, model gates, downloads, agent readings, found problems), one
-`ParentMemory` record per parent, and the hints a trigger hands the one pass (`Hint`: which
-trigger, and what the pass may skip)."""
+`ParentMemory` record per parent, the hints a trigger hands the one pass (`Hint`: which
+trigger, and what the pass may skip; hints waiting together merge into one), and the queue
+every trigger puts its pass on (`Queue`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pickle
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import Enum, StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from llmop import events, preflight
 from llmop.adapter_preflight import AdapterAnswer, AskedFor
@@ -72,22 +73,34 @@ class ChildEvent:
     hpa: Mapping[str, Any] | None  # the HPA as this event delivered it (its conditions matter)
 
 
+_RANK = {Pass.DEFERRED: 0, Pass.STATUS: 1, Pass.CHILD: 2, Pass.FULL: 3}
+"""Which pass covers which: a full pass plans every child and writes the status, a child pass
+writes the status too; the deferred fallback covers nothing else."""
+
+
 @dataclass(frozen=True)
 class Hint:
     """Which trigger asked for a pass of a parent, and what that pass may skip. The pass
     decides from the caches when it runs; the hint only picks its fast path (and carries what
     a watch event brought that the caches do not: a deletion, an HPA's conditions, the parent
-    as kopf delivered it, a Job's owner uid)."""
+    as kopf delivered it, a Job's owner uid). Hints of one parent that wait on the queue
+    together become one (`merge`), so a burst of triggers is one pass."""
 
     trigger: Trigger
     scope: Pass
     body: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     """The parent as its own watch event delivered it (else the cached one is read)."""
-    child: ChildEvent | None = None
-    """For `Pass.CHILD`: the child's event."""
+    children: tuple[ChildEvent, ...] = ()
+    """The child events the pass is for, the newest per child kind: `Pass.CHILD` repairs
+    those kinds; any pass reads the parent fresh when one was a deletion."""
     uid: str | None = None
     """The parent's uid the trigger was for (a Job's owner): another parent of that name is
     left alone."""
+    also: frozenset[Pass] = frozenset()
+    """The narrower passes merged into this one. Two are not covered by the wider pass: the
+    status (`Pass.STATUS`) beside a child pass whose children ask nothing of it, and the
+    deferred status's fallback (`Pass.DEFERRED`), run after the pass if it left the deferral
+    as it found it."""
 
     PARENT: ClassVar[Hint]
     """A full pass from the cached parent (the periodic checks)."""
@@ -101,13 +114,59 @@ class Hint:
         """Create, update or resume of the parent `body`, as kopf delivered it."""
         return cls(Trigger.PARENT, Pass.FULL, body=body)
 
+    @classmethod
+    def child(cls, event: ChildEvent) -> Hint:
+        """A watch event of one of the parent's children."""
+        return cls(Trigger.CHILD, Pass.CHILD, children=(event,))
+
     @property
-    def lane(self) -> str:
-        """What the queue coalesces by beside the parent: a later hint of the same lane
-        replaces one still waiting (one per child kind, since each repairs its own kind)."""
-        if self.child is not None:
-            return f"{self.scope.value}:{self.child.kind.kind}"
-        return f"{self.scope.value}:{self.trigger.value}"
+    def full(self) -> bool:
+        """Nothing skipped (`Pass.FULL`): the queue runs it in kopf's pool."""
+        return self.scope is Pass.FULL
+
+    @property
+    def fresh(self) -> bool:
+        """A child was deleted: the pass reads the parent from the API server, not the cache
+        (recreating a child is the one write a stale cache could get wrong)."""
+        return any(event.type == "DELETED" for event in self.children)
+
+    def merge(self, later: Hint) -> Hint:
+        """One hint that asks for everything this one and the `later` one ask for: the wider
+        pass (its trigger names the run), the other's narrower pass kept in `also` where the
+        wider one does not cover it, every child kind's newest event (a deletion stays one),
+        the newest parent body, and a uid only where both name the same one."""
+        wide = later if _RANK[later.scope] > _RANK[self.scope] else self
+        passes = {self.scope, later.scope} | self.also | later.also
+        return Hint(
+            trigger=wide.trigger,
+            scope=wide.scope,
+            body=later.body if later.body is not None else self.body,
+            children=_newest_per_kind(self.children, later.children),
+            uid=self.uid if self.uid == later.uid else None,
+            also=frozenset(p for p in passes if _RANK[p] < _RANK[wide.scope]),
+        )
+
+    def narrowed(self) -> Hint | None:
+        """The passes merged into this one without its own (the widest of them the scope), or
+        None when nothing was merged: what still runs when this pass fails."""
+        if not self.also:
+            return None
+        scope = max(self.also, key=_RANK.__getitem__)
+        also = self.also - {scope}
+        return replace(self, scope=scope, uid=None, also=also)
+
+
+def _newest_per_kind(
+    older: tuple[ChildEvent, ...], newer: tuple[ChildEvent, ...]
+) -> tuple[ChildEvent, ...]:
+    """Per child kind the newest event; a kind deleted in between still reads as deleted (its
+    pass must read the parent fresh before it recreates the child)."""
+    found = {event.kind: event for event in older}
+    for event in newer:
+        before = found.get(event.kind)
+        deleted = before is not None and before.type == "DELETED" and event.type != "DELETED"
+        found[event.kind] = replace(event, type="DELETED") if deleted else event
+    return tuple(found.values())
 
 
 Hint.PARENT = Hint(Trigger.PARENT, Pass.FULL)
@@ -115,6 +174,17 @@ Hint.POD = Hint(Trigger.POD, Pass.STATUS)
 Hint.FLEET = Hint(Trigger.FLEET, Pass.STATUS)
 Hint.DOWNLOAD = Hint(Trigger.DOWNLOAD, Pass.FULL)
 Hint.DEFERRED = Hint(Trigger.PARENT, Pass.DEFERRED)
+
+
+class Queue(Protocol):
+    """Where a trigger puts the pass of a parent: the operator's coalescing queue
+    (`llmop.coalescer`), installed by the handlers; callable from any thread."""
+
+    def put(self, key: Key, hint: Hint, *, after: float | None = None) -> None:
+        """Put the pass of `key` on the queue, merged with what waits there for `key`.
+        `after`: a timer's seconds, after which it runs with no further wait; None: it waits
+        the queue's own short while for later triggers of `key`."""
+
 
 ChildIndex = Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
 """A watch cache of one child kind: (namespace, parent name) → the live children (normally
@@ -268,6 +338,11 @@ class Found:
     child: str | None = None
 
 
+Deferral = tuple[str, int | None, datetime]
+"""(uid, generation, since when) of a parent pass's status left to the Deployment controller's
+first status (`reconcile.first_status`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ParentMemory:
     """Everything this process remembers of one parent between events, in one record: replaced
@@ -305,7 +380,7 @@ class ParentMemory:
     """Per multi-node parent: (its uid, group index → what this process saw of the group: its
     leader, its recreates within the window, the last exit), fed by every engine pod event
     (`reconcile.groups.note_pod`) in kopf's event loop."""
-    deferred: tuple[str, int | None, datetime] | None = None
+    deferred: Deferral | None = None
     """(uid, generation, since when) when the parent pass left its status write to the
     Deployment controller's first status (`reconcile.first_status`)."""
 
@@ -343,10 +418,11 @@ class Context:
     deployments_observed_at: datetime | None = None
     """When a watch event last showed the Deployment controller had observed one of our
     Deployments (`first_status.note_deployment`): it runs, if perhaps behind."""
-    schedule: Callable[[Key, Hint, float], None] | None = None
-    """`schedule(key, hint, seconds)` puts a pass (`reconcile.reconcile(ctx, key, hint)`) on
-    the handlers' queue `seconds` from now, from any thread (installed by the handlers at
-    startup; the deferred statuses' fallback); None: parent passes write their status at once."""
+    queue: Queue | None = None
+    """The operator's queue of passes (`Queue`; installed by the handlers before anything
+    triggers a pass): every trigger puts its parent's pass there. None (tests, tools): a
+    trigger runs the pass at once (`entry.enqueue`), and parent passes write their status at
+    once instead of deferring it."""
 
     names: Mapping[Key, Verdict] | None = None
     """Per routed parent: the model names it owns and the ones it lost, as `llmop.name_check`

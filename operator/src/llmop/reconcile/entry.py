@@ -1,8 +1,9 @@
 """The one pass of a parent: `reconcile(ctx, key, hint)` runs observe → desire → plan →
 execute → status for one LLMDeployment under its lock, the hint picking a fast path (a full
-pass, one child kind's repair, the status alone, or the deferred status's fallback); `noted`
-turns a watch event into its parent's key and hint, and `check` runs the keys a periodic check
-finds due through the same pass."""
+pass, the repair of the child kinds whose events it merges, the status alone, or the deferred
+status's fallback); `noted` turns a watch event into its parent's key and hint, `enqueue` puts
+a trigger's pass on the operator's queue, and `check` puts there the passes of the parents a
+periodic check finds due."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Literal
 from llmop import conditions, kinds, names, rollout_room
 from llmop.desired import DesiredState
 from llmop.hub import HubUnavailableError
+from llmop.kinds import ChildKind
 from llmop.kube import KubeError, TerminatingError
 from llmop.metrics import RESULT_OK, RESULT_SKIPPED
 from llmop.observed import child_event_summary, controller_owner
@@ -27,7 +29,7 @@ from llmop.reconcile.caches import (
     parse,
     previous_status,
 )
-from llmop.reconcile.context import ChildEvent, Context, Hint, Key, Pass, Trigger
+from llmop.reconcile.context import ChildEvent, Context, Deferral, Hint, Key, Pass, Trigger
 from llmop.reconcile.model_gate import desired_for, run_gate
 from llmop.reconcile.problems import clear_problem, problem_of
 from llmop.reconcile.writes import (
@@ -68,7 +70,7 @@ def _desire(ctx: Context, body: Mapping[str, Any]) -> DesiredState | str:
     return adapter_gate.applied(ctx, body, desired)
 
 
-def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
+def _converge_parent(ctx: Context, body: Mapping[str, Any], hint: Hint) -> str:
     """The full pass: desire, observe the live children, plan every child, execute, status."""
     wanted = _desire(ctx, body)
     if isinstance(wanted, str):
@@ -100,7 +102,7 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any]) -> str:
         done_for = (uid, generation)
         ctx.update((namespace, name), lambda memory: replace(memory, applied=done_for))
         clear_problem(ctx, body, plan, repair=done)
-        adapter_gate.nudge_pods(ctx, body, plan)
+        adapter_gate.nudge_pods(ctx, body, plan, undone_edit=_undone_edit(hint, live, plan))
         if not done:
             adapter_gate.note_lora_rollout(ctx, body, live.get(kinds.DEPLOYMENT), plan)
         pools.settle(ctx, body, desired, unserved=bool(unserved))
@@ -125,6 +127,18 @@ def _write_parent_status(
     ):
         return RESULT_OK
     return write_derived_status(ctx, body, desired, problem, applied=applied)
+
+
+def _undone_edit(hint: Hint, live: Mapping[ChildKind, Any], plan: ChildPlan) -> str | None:
+    """The resourceVersion of the adapters ConfigMap whose watch event the pass carries and
+    whose plan puts it back (an edit made out of band), else None: the pods are then all told
+    again (`adapter_gate.nudge_pods`)."""
+    edited = live.get(kinds.CONFIG_MAP)
+    if edited is None or not any(e.kind == kinds.CONFIG_MAP for e in hint.children):
+        return None
+    if not any(a.kind == kinds.CONFIG_MAP.kind for a in plan.applies):
+        return None
+    return str(edited["metadata"].get("resourceVersion"))
 
 
 def _hpa_news(parent: Mapping[str, Any], hpa: Mapping[str, Any] | None) -> bool:
@@ -215,33 +229,46 @@ def child_work(ctx: Context, event: ChildEvent, body: Mapping[str, Any] | None) 
     return ChildWork(body, desired, plan, undone_edit)
 
 
-def _child_pass(ctx: Context, event: ChildEvent) -> str:
-    """One child kind planned (repaired if it drifted or vanished), then the status."""
-    owner = event.owner
-    if event.type == "DELETED":
-        # Recreating a child is the one write a stale cache could get wrong (a parent being
-        # deleted right now): ask the API server.
-        body = ctx.kube.read(
-            kinds.LLMDEPLOYMENT.api_version, kinds.LLMDEPLOYMENT.kind, owner.namespace, owner.name
+def _parent_for(ctx: Context, key: Key, hint: Hint) -> Mapping[str, Any] | None:
+    """The parent a pass works on: read from the API server after a child's deletion
+    (`Hint.fresh`), else as kopf delivered it to its own handler, else the cached one."""
+    if hint.fresh:
+        return ctx.kube.read(
+            kinds.LLMDEPLOYMENT.api_version, kinds.LLMDEPLOYMENT.kind, key[0], key[1]
         )
-    else:
-        body = cached_parent(ctx, owner.namespace, owner.name)
+    return hint.body if hint.body is not None else cached_parent(ctx, *key)
+
+
+def _child_pass(ctx: Context, key: Key, hint: Hint) -> str:
+    """The child kinds of the hint's events planned (repaired if they drifted or vanished),
+    then one status write; with a status pass merged in, the status is derived even when no
+    child asks for it."""
+    body = _parent_for(ctx, key, hint)
     if body is None:
         return RESULT_SKIPPED
     parent = body
 
     def run() -> str:
-        work = child_work(ctx, event, parent)
-        if isinstance(work, str):
-            return work
-        problem = None
-        if work.plan:
-            problem = run_plan(ctx, parent, work.plan)
-            log.info("%s/%s: %s", owner.namespace, owner.name, "; ".join(work.plan.reasons))
-            if problem is None:
+        desired: DesiredState | None = None
+        problem: Problem | None = None
+        workloads = False
+        for event in hint.children:
+            work = child_work(ctx, event, parent)
+            if isinstance(work, str):
+                continue
+            desired = work.desired
+            if not work.plan:
+                continue
+            found = run_plan(ctx, parent, work.plan)
+            log.info("%s/%s: %s", *key, "; ".join(work.plan.reasons))
+            if found is None:
                 adapter_gate.nudge_pods(ctx, parent, work.plan, undone_edit=work.undone_edit)
-        applied = problem is None and any(a.kind in WORKLOAD_KINDS for a in work.plan.applies)
-        return write_derived_status(ctx, parent, work.desired, problem, applied=applied)
+                workloads |= any(a.kind in WORKLOAD_KINDS for a in work.plan.applies)
+            problem = problem or found
+        if desired is not None:
+            applied = problem is None and workloads
+            return write_derived_status(ctx, parent, desired, problem, applied=applied)
+        return _status_pass(ctx, key) if Pass.STATUS in hint.also else RESULT_SKIPPED
 
     return guarded(ctx, parent, run)
 
@@ -267,13 +294,13 @@ def status_target(
 
 def _full_pass(ctx: Context, key: Key, hint: Hint) -> str:
     """Observe → desire → plan → execute → status with nothing skipped."""
-    body = hint.body if hint.body is not None else cached_parent(ctx, *key)
+    body = _parent_for(ctx, key, hint)
     if body is None or (hint.uid is not None and body["metadata"].get("uid") != hint.uid):
         return RESULT_SKIPPED
     if body["metadata"].get("deletionTimestamp"):
         return RESULT_SKIPPED  # never resurrect a dying parent's children
     parent = body
-    return guarded(ctx, parent, lambda: _converge_parent(ctx, parent))
+    return guarded(ctx, parent, lambda: _converge_parent(ctx, parent, hint))
 
 
 def _status_pass(ctx: Context, key: Key) -> str:
@@ -299,20 +326,21 @@ def _deferred_pass(ctx: Context, key: Key) -> str:
     if target is None or not first_status.pending(ctx, target[0]):
         return RESULT_SKIPPED
     body, desired = target
-    if first_status.wait_longer(ctx, body, desired) and ctx.schedule is not None:
-        ctx.schedule(key, Hint.DEFERRED, first_status.DEFER_SECONDS)
+    if first_status.wait_longer(ctx, body, desired) and ctx.queue is not None:
+        ctx.queue.put(key, Hint.DEFERRED, after=first_status.DEFER_SECONDS)
         return RESULT_SKIPPED
     first_status.take(ctx, body)
     return guarded(ctx, body, lambda: write_derived_status(ctx, body, desired, None, applied=True))
 
 
 def reconcile(ctx: Context, key: Key, hint: Hint) -> str:
-    """The one pass of the parent `key` (namespace, name), for whatever trigger `hint` names:
-    returns the result (ok, stalled, skipped, error), counted under the hint's trigger. Runs
-    under the parent's lock and decides from the caches as they are when it runs (a hint only
-    picks the fast path: see `Pass`). Raises `KubeError` for transient API failures and
-    `HubUnavailableError` when the model hub cannot answer now; the caller retries (kopf with
-    backoff) or leaves it to the next trigger."""
+    """The one pass of the parent `key` (namespace, name), for whatever trigger `hint` names
+    (the triggers of a burst merged into one hint by the queue): returns the result (ok,
+    stalled, skipped, error), counted under the hint's trigger. Runs under the parent's lock
+    and decides from the caches as they are when it runs (a hint only picks the fast path: see
+    `Pass`). Raises `KubeError` for transient API failures and `HubUnavailableError` when the
+    model hub cannot answer now; the caller retries (kopf with backoff) or leaves it to the
+    next trigger."""
     if hint.uid is not None and hint.body is None:
         # A Job's event: nothing to count for a parent gone or recreated since.
         cached = cached_parent(ctx, *key)
@@ -320,19 +348,55 @@ def reconcile(ctx: Context, key: Key, hint: Hint) -> str:
             return RESULT_SKIPPED
     with ctx.locks.hold(key), ctx.metrics.reconciling(hint.trigger) as outcome:
         try:
-            if hint.scope is Pass.FULL:
-                outcome.result = _full_pass(ctx, key, hint)
-            elif hint.scope is Pass.CHILD:
-                assert hint.child is not None
-                outcome.result = _child_pass(ctx, hint.child)
-            elif hint.scope is Pass.STATUS:
-                outcome.result = _status_pass(ctx, key)
-            else:
-                outcome.result = _deferred_pass(ctx, key)
+            try:
+                outcome.result = _run(ctx, key, hint)
+            except (KubeError, HubUnavailableError):
+                _narrower(ctx, key, hint)
+                raise
         except TerminatingError:
             # The namespace is being deleted; its garbage collection takes the parent too.
             outcome.result = RESULT_SKIPPED
         return outcome.result
+
+
+def _run(ctx: Context, key: Key, hint: Hint) -> str:
+    """The pass the hint's scope names, then the deferred fallback if one was merged in."""
+    deferral = ctx.recall(key).deferred
+    if hint.scope is Pass.FULL:
+        result = _full_pass(ctx, key, hint)
+    elif hint.scope is Pass.CHILD:
+        result = _child_pass(ctx, key, hint)
+    elif hint.scope is Pass.STATUS:
+        result = _status_pass(ctx, key)
+    else:
+        result = _deferred_pass(ctx, key)
+    if Pass.DEFERRED in hint.also and deferral is not None:
+        result = _fallback_after(ctx, key, deferral, result)
+    return result
+
+
+def _narrower(ctx: Context, key: Key, hint: Hint) -> None:
+    """A merged pass failed (a transient API error, say a child still owned by a deleted
+    predecessor that kopf's retry waits out): the narrower passes merged into it still run,
+    as each would have alone — a status the name check or a pod asked for is written while
+    the full pass waits. Their own failure is left to the next trigger."""
+    narrower = hint.narrowed()
+    if narrower is None:
+        return
+    try:
+        _run(ctx, key, narrower)
+    except (KubeError, HubUnavailableError) as error:
+        log.warning("could not reconcile %s/%s (%s) either: %s", *key, narrower.scope.value, error)
+
+
+def _fallback_after(ctx: Context, key: Key, deferral: Deferral, result: str) -> str:
+    """A deferred status's fallback merged into another pass: it runs after that pass only if
+    the pass left the deferral as it found it (a pass that wrote the status ended it; one that
+    deferred again put a new fallback on the queue), so the parent's status is written once."""
+    if ctx.recall(key).deferred is not deferral:
+        return result
+    fallback = _deferred_pass(ctx, key)
+    return fallback if result == RESULT_SKIPPED else result
 
 
 def noted(
@@ -365,7 +429,7 @@ def noted(
     event = _child_event(ctx, event_type, child_event_summary(obj))
     if event is None:
         return None
-    return (event.owner.namespace, event.owner.name), Hint(Trigger.CHILD, Pass.CHILD, child=event)
+    return (event.owner.namespace, event.owner.name), Hint.child(event)
 
 
 Check = Literal["hub", "pools", "groups", "downloads"]
@@ -388,24 +452,25 @@ def _due(ctx: Context, check: Check) -> list[tuple[Key, Hint]]:
     return [(key, hint) for key in keys if cached_parent(ctx, *key) is not None]
 
 
-_WHY: Mapping[Check, str] = {
-    "hub": "re-check the adapters",
-    "pools": "create the InferencePool",
-    "groups": "act on the groups",
-    "downloads": "read the download progress",
-}
+def enqueue(ctx: Context, key: Key, hint: Hint) -> None:
+    """A trigger: the pass of `key` goes on the operator's queue (`Context.queue`), where it
+    merges with what waits there for `key` and runs on the one worker of `key`. Without a
+    queue (tests, tools) the pass runs at once here, and a transient failure is logged: the
+    next trigger tries again."""
+    if ctx.queue is not None:
+        ctx.queue.put(key, hint)
+        return
+    try:
+        reconcile(ctx, key, hint)
+    except (KubeError, HubUnavailableError) as error:
+        log.warning("could not reconcile %s/%s (%s): %s", *key, hint.trigger, error)
 
 
 def check(ctx: Context, which: Check) -> int:
-    """One round of a periodic check: a pass (`reconcile`) for each parent it finds due — the
-    adapters the Hub could not answer for, the InferencePools whose API came, the groups that
-    changed, the downloads that run. A transient failure is logged and the next round tries
-    again. Returns how many passes ran."""
-    ran = 0
-    for key, hint in _due(ctx, which):
-        try:
-            reconcile(ctx, key, hint)
-            ran += 1
-        except (KubeError, HubUnavailableError) as error:
-            log.warning("could not %s of %s/%s: %s", _WHY[which], *key, error)
-    return ran
+    """One round of a periodic check: the pass of each parent it finds due goes on the queue
+    (`enqueue`) — the adapters the Hub could not answer for, the InferencePools whose API came,
+    the groups that changed, the downloads that run. Returns how many it asked for."""
+    due = _due(ctx, which)
+    for key, hint in due:
+        enqueue(ctx, key, hint)
+    return len(due)

@@ -17,7 +17,7 @@ models) gets `DEFER_SECONDS` more, again and again up to `LONGEST_DEFER_SECONDS`
 1,000-CR burst the fallback otherwise fired for 7-43 % of the CRs before their Deployment was
 observed, each then writing "rolling out" with a RollingOut Event and, moments later, Ready with
 another (1,072-1,433 status writes per 1,000 CRs, where 1,000 say it all). Only where the
-operator's handlers installed a scheduler (`Context.schedule`); otherwise, and for
+operator's handlers installed the queue (`Context.queue`); otherwise, and for
 LeaderWorkerSets (listed, not watched), a problem, or a model that does not fit, the status is
 written at once as before."""
 
@@ -69,7 +69,7 @@ def defer(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
     fallback). False when there is nothing to wait for (the cache already shows the change
     observed: a template the apply left as it was), or nobody runs the fallback."""
     if (
-        ctx.schedule is None
+        ctx.queue is None
         or desired.llmd.spec.pipeline_parallel_size > 1
         or _observed(ctx, body, desired)
     ):
@@ -77,7 +77,7 @@ def defer(ctx: Context, body: Mapping[str, Any], desired: DesiredState) -> bool:
     namespace, name = key_of(body)
     deferred = (*_generation(body), ctx.clock())
     ctx.update((namespace, name), lambda memory: replace(memory, deferred=deferred))
-    ctx.schedule((namespace, name), Hint.DEFERRED, DEFER_SECONDS)
+    ctx.queue.put((namespace, name), Hint.DEFERRED, after=DEFER_SECONDS)
     return True
 
 

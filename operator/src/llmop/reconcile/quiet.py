@@ -61,10 +61,9 @@ def quiet(ctx: Context, key: Key, hint: Hint) -> bool:
     repair, a status that changed, a deletion (the parent is then read fresh), or an event for
     the status while a worker is busy with this parent."""
     if hint.scope is Pass.CHILD:
-        event = hint.child
-        assert event is not None
-        if event.type == "DELETED":
-            return False
+        if len(hint.children) != 1 or hint.fresh:
+            return False  # one event's hint only; a deletion reads the parent fresh
+        event = hint.children[0]
 
         def decide_child(busy: bool) -> str | None:
             work = child_work(ctx, event, cached_parent(ctx, *key))

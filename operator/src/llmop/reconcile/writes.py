@@ -347,11 +347,11 @@ def _retry_later(ctx: Context, body: Mapping[str, Any]) -> None:
     key = key_of(body)
     now = time.monotonic()
     due = ctx.recall(key).conflict_retry_at
-    if ctx.schedule is None or (due is not None and now < due):
+    if ctx.queue is None or (due is not None and now < due):
         return
     at = now + CONFLICT_RETRY_SECONDS
     ctx.update(key, lambda memory: replace(memory, conflict_retry_at=at))
-    ctx.schedule(key, Hint.PARENT, CONFLICT_RETRY_SECONDS)
+    ctx.queue.put(key, Hint.PARENT, after=CONFLICT_RETRY_SECONDS)
 
 
 def guarded(ctx: Context, body: Mapping[str, Any], run: Callable[[], str]) -> str:
