@@ -409,8 +409,13 @@ def static_prices(path: str) -> dict[tuple[str, str], object]:
 
 
 def prices_of(gateway: Gateway, kind: str, obj: dict[str, Any]) -> None:
-    """Keep each LLMDeployment's `spec.router.pricing`."""
+    """Keep each LLMDeployment's `spec.router.pricing`; a relist of a scope (a namespace, or
+    all of them) replaces that scope's prices, so a CR deleted during a watch gap loses its."""
     items = obj.get("items") or [] if kind == "SYNC" else [obj]
+    if kind == "SYNC":
+        scope = obj.get("namespace")
+        for cr in [cr for cr in gateway.prices if scope is None or cr[0] == scope]:
+            gateway.prices.pop(cr)
     for item in items:
         meta = item.get("metadata") or {}
         cr = (str(meta.get("namespace", "")), str(meta.get("name", "")))

@@ -1,0 +1,45 @@
+"""The router's prices follow the LLMDeployment watch: set, changed, removed on delete, and a
+relist of a scope replaces that scope's prices (a CR deleted during a watch gap is never seen
+as DELETED, only as missing from the next list)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from llmop_router.cli import prices_of
+from llmop_router.gateway import Gateway
+from llmop_router.metrics import GatewayMetrics
+from llmop_router.store import Local
+
+
+def cr(namespace: str, name: str, per_million: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if per_million is not None:
+        spec["router"] = {
+            "pricing": {"inputPerMillion": per_million, "outputPerMillion": per_million}
+        }
+    return {"metadata": {"namespace": namespace, "name": name}, "spec": spec}
+
+
+def listed(namespace: str | None, *items: dict[str, Any]) -> dict[str, Any]:
+    return {"namespace": namespace, "items": list(items)}
+
+
+def test_prices_follow_events_and_a_relist_replaces_its_scope() -> None:
+    gateway = Gateway(Local(), GatewayMetrics(CollectorRegistry()))
+    prices_of(gateway, "SYNC", listed("a", cr("a", "x", "1"), cr("a", "y", "2")))
+    prices_of(gateway, "SYNC", listed("b", cr("b", "z", "3")))
+    assert set(gateway.prices) == {("a", "x"), ("a", "y"), ("b", "z")}
+
+    prices_of(gateway, "MODIFIED", cr("a", "x", None))
+    prices_of(gateway, "DELETED", cr("b", "z", "3"))
+    assert set(gateway.prices) == {("a", "y")}
+
+    prices_of(gateway, "ADDED", cr("b", "w", "4"))
+    prices_of(gateway, "SYNC", listed("a", cr("a", "v", "5")))  # y went during a gap
+    assert set(gateway.prices) == {("a", "v"), ("b", "w")}, "namespace b kept"
+
+    prices_of(gateway, "SYNC", listed(None, cr("c", "u", "6")))  # every namespace
+    assert set(gateway.prices) == {("c", "u")}
