@@ -11,12 +11,14 @@ from typing import Any
 
 from llmop import reconcile
 from llmop.metrics import RESULT_SKIPPED
+from llmop.reconcile.entry import noted
+from llmop.reconcile.quiet import quiet
 
 
 def _found(
     ctx: reconcile.Context, event_type: str | None, obj: Mapping[str, Any], kind: str | None
 ) -> tuple[tuple[str, str], reconcile.Hint] | None:
-    return reconcile.noted(ctx, kind or str(obj.get("kind")), event_type, obj)
+    return noted(ctx, kind or str(obj.get("kind")), event_type, obj)
 
 
 def event_pass(
@@ -33,7 +35,7 @@ def event_quiet(
 ) -> bool:
     """The event loop answers this event without a pass (nothing would be written)."""
     found = _found(ctx, event_type, obj, kind)
-    return found is None or reconcile.quiet(ctx, *found)
+    return found is None or quiet(ctx, *found)
 
 
 def parent_pass(ctx: reconcile.Context, body: Mapping[str, Any]) -> str:

@@ -41,6 +41,7 @@ from llmop.pods import (
     pod_summary,
     worst_of,
 )
+from llmop.reconcile import quiet as quiet_module
 from llmop.reconcile.groups import note_pod, restarts_of
 from llmop.status import Observed, derive_status
 
@@ -613,7 +614,7 @@ def test_the_pod_handler_feeds_the_memory_even_for_quiet_events(
 ) -> None:
     """The recreate is in the new leader's event only: the handler records every event before
     it decides the event is quiet, or coalesces it with later ones."""
-    monkeypatch.setattr(handlers, "quiet", lambda *_: True)
+    monkeypatch.setattr(quiet_module, "quiet", lambda *_: True)
     ctx.children = {"cached": {}}  # type: ignore[dict-item]  # handed over already
     memo = SimpleNamespace(context=ctx)
 

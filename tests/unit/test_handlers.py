@@ -25,6 +25,7 @@ from llmop.metrics import Metrics
 from llmop.observed import Owner, child_event_summary
 from llmop.persistence import ProcessDiffBase
 from llmop.reconcile import Hint
+from llmop.reconcile import quiet as quiet_module
 from llmop.reconcile.context import ChildEvent, Pass
 
 
@@ -127,7 +128,7 @@ def _noted_as_event(monkeypatch: pytest.MonkeyPatch) -> None:
             return key, Hint.POD
         return key, Hint.child(ChildEvent(KINDS[kind], Owner(*key, "uid"), type, None))
 
-    monkeypatch.setattr(handlers, "noted", noted)
+    monkeypatch.setattr(quiet_module, "noted", noted)
 
 
 def _memo(run: Any, delay: float = 0.0, **pools: Any) -> SimpleNamespace:
@@ -155,7 +156,7 @@ def test_watch_events_take_a_worker_thread_only_to_write(
     quiet = True
     workers: list[str] = []
     _noted_as_event(monkeypatch)
-    monkeypatch.setattr(handlers, "quiet", lambda *_: quiet)
+    monkeypatch.setattr(quiet_module, "quiet", lambda *_: quiet)
 
     def run(*_: Any) -> str:
         workers.append(threading.current_thread().name)
@@ -182,7 +183,7 @@ def test_events_waiting_for_a_worker_are_merged_per_parent(
     for everything that came meanwhile, every child kind in it); other parents are not held
     up, and no handler waits."""
     _noted_as_event(monkeypatch)
-    monkeypatch.setattr(handlers, "quiet", lambda *_: False)
+    monkeypatch.setattr(quiet_module, "quiet", lambda *_: False)
     gate = threading.Event()
     seen: list[tuple[str, list[str]]] = []
 

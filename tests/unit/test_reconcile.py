@@ -21,6 +21,7 @@ from llmop.kube import ExistsError, KubeError, RejectedError, TerminatingError
 from llmop.metrics import Metrics
 from llmop.reconcile import caches, first_status
 from llmop.reconcile.context import KeyedLocks, Pass, Trigger
+from llmop.reconcile.entry import noted
 from support.passes import (
     Recorded,
     deferred_pass,
@@ -1141,24 +1142,24 @@ def test_every_watch_event_becomes_its_parent_s_key_and_a_hint(
     deliver(ctx, kube)
     deployment = kube.objects["Deployment", "ns", "x"]
     service = kube.objects["Service", "ns", "x"]
-    found = reconcile.noted(ctx, "Deployment", "MODIFIED", deployment)
+    found = noted(ctx, "Deployment", "MODIFIED", deployment)
     assert found is not None
     key, hint = found
     assert key == ("ns", "x")
     assert hint.scope is Pass.CHILD
     assert hint.trigger is Trigger.CHILD
-    other = reconcile.noted(ctx, "Service", "MODIFIED", service)
+    other = noted(ctx, "Service", "MODIFIED", service)
     assert other is not None
     merged = hint.merge(other[1])
     assert merged.scope is Pass.CHILD
     assert [event.kind for event in merged.children] == [kinds.DEPLOYMENT, kinds.SERVICE]
-    assert reconcile.noted(ctx, "Deployment", None, deployment) is None  # initial listing
+    assert noted(ctx, "Deployment", None, deployment) is None  # initial listing
     pod = {"metadata": {"namespace": "ns", "name": "x-1", "labels": {names.LABEL_DEPLOYMENT: "x"}}}
-    assert reconcile.noted(ctx, "Pod", "MODIFIED", pod) == (("ns", "x"), reconcile.Hint.POD)
+    assert noted(ctx, "Pod", "MODIFIED", pod) == (("ns", "x"), reconcile.Hint.POD)
     assert reconcile.Hint.POD.scope is Pass.STATUS
     job = {"metadata": {"namespace": "ns", "name": "x-download", "ownerReferences": []}}
     job["metadata"]["ownerReferences"] = deployment["metadata"]["ownerReferences"]
-    found = reconcile.noted(ctx, "Job", "MODIFIED", job)
+    found = noted(ctx, "Job", "MODIFIED", job)
     assert found is not None
     assert found[1].scope is Pass.FULL
     assert found[1].uid == "uid-1"

@@ -15,13 +15,13 @@
   (the queue runs the full passes in that pool). kopf 1.45 processes every queued event of an
   object in turn (no batching), so the longer events wait, the more full decoded bodies sit in its
   per-object queues: under a 1,000-CR burst that lag, not any cache, was the operator's memory.
-  Every handler turns its event into a parent's key and a hint (`reconcile.noted`) and puts it
+  Every handler turns its event into a parent's key and a hint (`reconcile.triggered`) and puts it
   on the operator's one queue (`llmop.coalescer`), where the hints waiting for one parent merge
   and one worker per parent runs the one pass, `reconcile.reconcile(ctx, key, hint)`. The event
-  handlers decide from the caches in the event loop (`reconcile.quiet`: no I/O, no blocking)
-  and queue only events that lead to a write, so that a handler never waits on the pool and
-  kopf's queue of that object drains at once; the parent's own handler awaits the run that
-  includes its hint, so kopf retries a transient failure with backoff.
+  handlers decide from the caches in the event loop (`triggered` is None when the pass would write
+  nothing: no I/O, no blocking) and queue only events that lead to a write, so that a handler
+  never waits on the pool and kopf's queue of that object drains at once; the parent's own handler
+  awaits the run that includes its hint, so kopf retries a transient failure with backoff.
 
 - kopf's memory of the last handled spec is kept in this process (`llmop.persistence`), not on
   the object; the count handler drops a deleted object's entry.
@@ -53,7 +53,7 @@ from llmop.kube import KubeError
 from llmop.observed import child_summary, controller_owner, parent_summary
 from llmop.persistence import ProcessDiffBase
 from llmop.pods import pod_summary
-from llmop.reconcile import Context, Hint, noted, quiet
+from llmop.reconcile import Context, Hint, triggered
 
 log = logging.getLogger("llmop.handlers")
 
@@ -172,8 +172,8 @@ async def pod_event(type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> Non
     ctx = _context(memo, kwargs)
     # Every event, before the quiet check (which derives from it) and before coalescing (which
     # may drop it): a group's recreate shows only in its new leader's event.
-    found = noted(ctx, kinds.POD.kind, type, pod_summary(body))
-    if found is None or quiet(ctx, *found):
+    found = triggered(ctx, kinds.POD.kind, type, pod_summary(body))
+    if found is None:
         return
     _coalescer(memo).submit(memo, *found)
 
@@ -189,7 +189,7 @@ async def job_event(type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> Non
     """A model download Job changed: a finished download lets the engine pods be created, a
     failed one stalls the parent (a full pass, queued with the Job's other events)."""
     ctx = _context(memo, kwargs)
-    found = noted(ctx, kinds.JOB.kind, type, dict(body))
+    found = triggered(ctx, kinds.JOB.kind, type, dict(body))
     if found is None:
         return  # initial listing: the parents' resume passes run anyway
     _coalescer(memo).submit(memo, *found)
@@ -238,8 +238,8 @@ async def child_event(type: str, body: kopf.Body, memo: Any, **kwargs: Any) -> N
     ctx = _context(memo, kwargs)
     # Every event, before the quiet check: the deferred statuses' fallback judges from a
     # Deployment's whether the Deployment controller is at work.
-    found = noted(ctx, str(body.get("kind")), type, body)
-    if found is None or quiet(ctx, *found):
+    found = triggered(ctx, str(body.get("kind")), type, body)
+    if found is None:
         return
     _coalescer(memo).submit(memo, *found, delay=0.0 if type == "DELETED" else None)
 

@@ -25,14 +25,13 @@ narrower ones it does not cover), and one worker per parent runs `reconcile` wit
 parent is never reconciled twice at once and a burst of triggers is one pass with one status
 write.
 
-Around it: `noted(ctx, kind, type, object)` turns a watch event into its parent's key and hint
-(after feeding this process's memory: a group's pods, the Deployment controller at work);
-`quiet(ctx, key, hint)` answers in kopf's event loop, from the caches and without I/O, whether
-that pass would write nothing (most child and pod events); `enqueue(ctx, key, hint)` puts a
-trigger's pass on the queue (or, with no queue installed, as in tests and tools, runs it at
-once); `check(ctx, which)` enqueues the pass of each parent a periodic check finds due. The
-parent's own handler awaits the run that includes its hint, so kopf retries a transient
-failure with backoff.
+Around it: `triggered(ctx, kind, type, object)` turns a watch event into its parent's key and hint
+(`entry.noted`, after feeding this process's memory: a group's pods, the Deployment controller at
+work), or None when `quiet.quiet` answers in kopf's event loop, from the caches and without I/O,
+that the pass would write nothing (most child and pod events); `enqueue(ctx, key, hint)` puts a
+trigger's pass on the queue (or, with no queue installed, as in tests and tools, runs it at once);
+`check(ctx, which)` enqueues the pass of each parent a periodic check finds due. The parent's own
+handler awaits the run that includes its hint, so kopf retries a transient failure with backoff.
 
 The package, by responsibility (each module's docstring says its job):
 
@@ -67,7 +66,7 @@ Ready=True → False → True whenever the two interleaved.
 from __future__ import annotations
 
 from llmop.reconcile.context import Context, Hint
-from llmop.reconcile.entry import check, enqueue, noted, reconcile
-from llmop.reconcile.quiet import quiet
+from llmop.reconcile.entry import check, enqueue, reconcile
+from llmop.reconcile.quiet import triggered
 
-__all__ = ["Context", "Hint", "check", "enqueue", "noted", "quiet", "reconcile"]
+__all__ = ["Context", "Hint", "check", "enqueue", "reconcile", "triggered"]

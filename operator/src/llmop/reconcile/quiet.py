@@ -10,7 +10,7 @@ from llmop.desired import DesiredState
 from llmop.metrics import RESULT_SKIPPED
 from llmop.reconcile.caches import cached_parent
 from llmop.reconcile.context import Context, Hint, Key, Pass, Trigger
-from llmop.reconcile.entry import child_work, status_target
+from llmop.reconcile.entry import child_work, noted, status_target
 from llmop.reconcile.writes import result_of, status_changed
 
 # Most child and pod watch events change nothing we write (a Deployment's status moving, a pod
@@ -82,3 +82,15 @@ def quiet(ctx: Context, key: Key, hint: Hint) -> bool:
         return RESULT_SKIPPED if target is None else _quiet_result(ctx, *target)
 
     return _quiet(ctx, hint.trigger, key, decide_status)
+
+
+def triggered(
+    ctx: Context, kind: str, event_type: str | None, obj: Mapping[str, Any]
+) -> tuple[Key, Hint] | None:
+    """The pass a watch event of an object of `kind` asks for, to put on the queue; None when
+    it asks none (not ours, the initial listing) or when that pass would write nothing
+    (`quiet`). Call it for every event: it first feeds this process's memory (`noted`)."""
+    found = noted(ctx, kind, event_type, obj)
+    if found is None or quiet(ctx, *found):
+        return None
+    return found
