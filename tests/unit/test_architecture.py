@@ -40,6 +40,7 @@ PURE = (
     "events.py",
     "crdgen.py",
     "preflight.py",
+    "model_facts.py",
     "pods.py",
     "group_restarts.py",
     "agents.py",
@@ -217,14 +218,15 @@ ROUTER_PURE = {
     "quota.py",
     "metering.py",
     "tenant_status.py",
+    "migration.py",
 }
 ROUTER_OWNERS = {
     "aiohttp": {
         *("app.py", "answers.py", "proxy.py", "scale_to_zero.py", "cli.py", "kube.py"),
-        *("intake.py", "edge.py", "gateway.py"),
+        *("intake.py", "edge.py", "gateway.py", "migrating.py"),
     },
     "yaml": {"kube.py", "cli.py"},  # cli.py: --static-tenants
-    "multidict": {"proxy.py", "app.py", "gateway.py"},  # headers, not I/O
+    "multidict": {"proxy.py", "app.py", "gateway.py", "migrating.py"},  # headers, not I/O
     "redis": {"store.py"},
     "prometheus_client": {"metrics.py"},
     "uvloop": {"cli.py"},
@@ -280,6 +282,7 @@ def test_every_router_module_that_says_it_is_pure_is_checked() -> None:
 ENGINE = PACKAGE.parents[2] / "engine-image" / "src" / "llmop_engine"
 ENGINE_PURE = {
     "adapter_rules.py",
+    "compile_cache_rules.py",
     "download_progress.py",
     "health.py",
     "vllm_metrics.py",

@@ -8,16 +8,17 @@ import each other around a loop (`test_no_import_cycles`), within a layer or not
 
 Operator: api < planner < foundation (periodic among them) < sizing | render < desired < status
           | adapter_status | adapter_preflight | plan | rollout_room | events | preflight
-          < cache_gate < credentials < config
+          | model_facts < cache_gate < credentials < config
           | kube | metrics | hub | pod_client | persistence
           < reconcile < fleet | leader | router_check | name_check | pool_check | hub_check
-          | group_check | idle_check | late_crds | crd_check | download_poll | standby | coalescer
+          | facts_check | group_check | idle_check | late_crds | crd_check | download_poll
+          | standby | coalescer
           < runnables (the table of background loops) < handlers | main < cli | crdgen_io
 Engine:   contract < vllm_metrics | simulator < health | connections | agent_settings
           | download_progress | worker | adapter_rules < supervisor | engine_client | agent_metrics
           | probe_server | drain | download | adapter_loader < agent | worker_agent < cli
-Router:   contract < prefix | hold | metrics | tenants < ring | body | quota
-          < routes | metering | tenant_status < discovery | answers | store
+Router:   contract < prefix | hold | metrics | tenants < ring | body | quota | migration
+          < routes | metering | tenant_status < discovery | answers | store | migrating
           < proxy | scale_to_zero | kube | intake | edge | gateway < app < cli
 Across:   the operator imports of the router only `llmop_router.contract` (as of the engine only
           `llmop_engine.contract`), the router nothing of the operator or the engine, and the
@@ -69,6 +70,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.rollout_room",
         "llmop.events",
         "llmop.preflight",
+        "llmop.model_facts",
     ),
     ("llmop.cache_gate",),
     ("llmop.credentials",),
@@ -88,6 +90,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.name_check",
         "llmop.pool_check",
         "llmop.hub_check",
+        "llmop.facts_check",
         "llmop.group_check",
         "llmop.idle_check",
         "llmop.late_crds",
@@ -121,6 +124,7 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_engine.download_progress",
         "llmop_engine.worker",
         "llmop_engine.adapter_rules",
+        "llmop_engine.compile_cache_rules",
     ),
     (
         "llmop_engine.supervisor",
@@ -130,6 +134,7 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_engine.drain",
         "llmop_engine.download",
         "llmop_engine.adapter_loader",
+        "llmop_engine.compile_cache",
     ),
     ("llmop_engine.agent", "llmop_engine.worker_agent"),
     ("llmop_engine.cli", "llmop_engine.__main__"),
@@ -141,9 +146,14 @@ ENGINE_INDEPENDENT = (
 ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("llmop_router.contract", "llmop_router.limits"),
     ("llmop_router.prefix", "llmop_router.hold", "llmop_router.metrics", "llmop_router.tenants"),
-    ("llmop_router.ring", "llmop_router.body", "llmop_router.quota"),
+    ("llmop_router.ring", "llmop_router.body", "llmop_router.quota", "llmop_router.migration"),
     ("llmop_router.routes", "llmop_router.metering", "llmop_router.tenant_status"),
-    ("llmop_router.discovery", "llmop_router.answers", "llmop_router.store"),
+    (
+        "llmop_router.discovery",
+        "llmop_router.answers",
+        "llmop_router.store",
+        "llmop_router.migrating",
+    ),
     (
         "llmop_router.proxy",
         "llmop_router.scale_to_zero",

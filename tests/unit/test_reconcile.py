@@ -236,9 +236,9 @@ def test_the_desired_state_is_planned_once_per_generation_and_kept_packed(
     planned: list[int] = []
     real = caches.desired_state
 
-    def counting(llmd: Any, settings: Any) -> Any:
+    def counting(llmd: Any, settings: Any, **options: Any) -> Any:
         planned.append(llmd.metadata.generation)
-        return real(llmd, settings)
+        return real(llmd, settings, **options)
 
     monkeypatch.setattr(caches, "desired_state", counting)
     body = parent()

@@ -34,7 +34,10 @@ def _enabled(config: OperatorConfig) -> list[str]:
 def test_each_loop_has_one_row_and_the_config_decides_which_run() -> None:
     names = [row.name for row in runnables.TABLE]
     assert len(names) == len(set(names))
-    always = ["group-check", "hub-check", "pool-check", "late-crds", "download-poller", "crd-check"]
+    always = [
+        *("group-check", "hub-check", "pool-check", "late-crds"),
+        *("download-poller", "facts-reader", "crd-check"),
+    ]
     assert _enabled(OperatorConfig()) == ["fleet-reader", *always]
     with_router = load(["--router", "llmop-system/llmop-router:8080"], {})
     assert _enabled(with_router) == [

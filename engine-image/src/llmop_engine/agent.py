@@ -24,6 +24,7 @@ from llmop_engine import connections, health
 from llmop_engine.adapter_loader import AdapterLoader
 from llmop_engine.agent_metrics import AgentMetrics
 from llmop_engine.agent_settings import AgentSettings, flag_value
+from llmop_engine.compile_cache import CompileCache
 from llmop_engine.contract import EngineFlag, drain_flag_path
 from llmop_engine.drain import DrainOutcome, Load, drain_sequence, stop_hung
 from llmop_engine.engine_client import EngineClient
@@ -79,6 +80,8 @@ class Agent:
             AdapterLoader(settings, self.client) if settings.adapters_dir is not None else None
         )
         self._adapter_task: asyncio.Task[None] | None = None
+        self.compile_cache = compile_cache(settings)
+        self._publish_task: asyncio.Task[None] | None = None
 
     # -- views for the probe server ---------------------------------------------------------
 
@@ -101,7 +104,7 @@ class Agent:
         # Only what the latest poll read: an unreachable engine's last queue is not its queue.
         m = self.published_load()
         probe = self.state.last_probe
-        return {
+        status: dict[str, object] = {
             "phase": v.phase.value,
             "ready": v.ready,
             "live": v.live,
@@ -129,6 +132,9 @@ class Agent:
             "drainDurationSeconds": self.drain_duration,
             "drainCutRequests": self.drain_cut,
         } | ({} if self.adapters is None else {"adapters": self.adapters.statuses()})
+        if self.compile_cache is not None:
+            status["compileCache"] = self.compile_cache.status()
+        return status
 
     def metrics_text(self) -> bytes:
         self.metrics.update(self.verdict(), self.published_load())
@@ -232,10 +238,20 @@ class Agent:
         self.metrics.update(v, self.published_load())
         if v.ready:
             self.ever_ready = True
+            self._publish_compile_cache()
         last = self._last
         if last is None or (last.phase, last.live, last.ready) != (v.phase, v.live, v.ready):
             log.info("phase=%s live=%s ready=%s: %s", v.phase.value, v.live, v.ready, v.reason)
         self._last = v
+
+    def _publish_compile_cache(self) -> None:
+        """Once, when the engine is first ready: its compile warm-up is over, so what it compiled
+        is complete. In a thread: copying and hashing must not hold the probes up."""
+        if self.compile_cache is None or self._publish_task is not None or self.state.draining:
+            return
+        self._publish_task = asyncio.create_task(
+            asyncio.to_thread(self.compile_cache.publish), name="compile-cache-publish"
+        )
 
     async def poll_once(self) -> None:
         s = self.settings
@@ -313,6 +329,10 @@ class Agent:
             "agent probes on %s:%d, drain socket %s", s.probe_host, s.probe_port, s.agent_socket
         )
         clear_drain_mark(self.drain_flag)
+        if self.compile_cache is not None:
+            # Before the engine exists: it reads the variables once, at its start.
+            extra = await asyncio.to_thread(self.compile_cache.prepare, os.environ)
+            self.supervisor.env = {**(self.supervisor.env or os.environ), **extra}
         self.supervisor.start()
         self.state = health.initial(time.monotonic())
         loop.add_signal_handler(signal.SIGTERM, self.request_drain, "SIGTERM")
@@ -328,6 +348,9 @@ class Agent:
             outcome = await self.drain_task if self.drain_task is not None else None
             return self.exit_code(code, outcome)
         finally:
+            if self.compile_cache is not None:
+                # A publish still copying gives up at its next chunk: the pod is going away.
+                self.compile_cache.stop.set()
             monitor.cancel()
             if self._probe_task is not None:
                 self._probe_task.cancel()
@@ -346,6 +369,19 @@ class Agent:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(s.agent_socket)
             clear_drain_mark(self.drain_flag)
+
+
+def compile_cache(settings: AgentSettings) -> CompileCache | None:
+    """The persistent compile cache, when the operator rendered its key (a model cache is
+    mounted and `model.cache.compileCache` is on)."""
+    if not settings.compile_cache_key or not settings.model_cache_dir:
+        return None
+    return CompileCache.from_settings(
+        settings.model_cache_dir,
+        settings.compile_cache_key,
+        settings.compile_cache_local_dir,
+        settings.compile_cache_keep,
+    )
 
 
 def run(settings: AgentSettings) -> int:

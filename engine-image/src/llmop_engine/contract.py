@@ -237,6 +237,18 @@ LOAD_LORA_PATH: Final = "/v1/load_lora_adapter"
 UNLOAD_LORA_PATH: Final = "/v1/unload_lora_adapter"
 
 
+# --- Compile cache -----------------------------------------------------------------------------
+
+COMPILE_CACHE_DIR: Final = ".llmop/compile"
+"""Under the model cache's mount: one directory per compile cache entry (`llmop_engine.
+compile_cache`), named by `LLMOP_COMPILE_CACHE_KEY` and the node's platform."""
+COMPILE_CACHE_LOCAL_DIR: Final = "/tmp/llmop-compile-cache"
+"""The engine's private copy (the container's own filesystem): the engine never writes to the
+shared entry, so a crash or a concurrent pod cannot leave it half-written."""
+COMPILE_CACHE_KEEP: Final = 4
+"""Entries kept per model cache; each is a few MB to a few GB."""
+
+
 # --- Timings that are not settings ---------------------------------------------------------------
 
 ENGINE_EXIT_GRACE_SECONDS: Final = 10
@@ -411,6 +423,27 @@ class AgentSettings:
         env="LLMOP_ADAPTER_READY_TIMEOUT_SECONDS",
         help="how long a new pod's readiness waits for adapters that keep failing transiently "
         "(deterministic failures never wait); past it the pod serves the base and retries",
+    )
+    compile_cache_key: str | None = setting(
+        None,
+        flag="--compile-cache-key",
+        env="LLMOP_COMPILE_CACHE_KEY",
+        help="key of the engine's compiled artifacts on the model cache (`<model-cache-dir>/"
+        f"{COMPILE_CACHE_DIR}/<key>-<platform>`), rendered when `model.cache.compileCache` is "
+        "on; unset: no persistent compile cache",
+    )
+    compile_cache_local_dir: str = setting(
+        COMPILE_CACHE_LOCAL_DIR,
+        flag="--compile-cache-local-dir",
+        env="LLMOP_COMPILE_CACHE_LOCAL_DIR",
+        help="the engine's private compile cache: seeded from the model cache before the engine "
+        "starts, published back once it is ready",
+    )
+    compile_cache_keep: int = setting(
+        COMPILE_CACHE_KEEP,
+        flag="--compile-cache-keep",
+        env="LLMOP_COMPILE_CACHE_KEEP",
+        help="compile cache entries kept on the model cache (the least recently used go first)",
     )
     # Not rows: the engine's command line, and the API key the deep probe sends (the engine
     # flag `--api-key`, else vLLM's own `VLLM_API_KEY`, a Secret the operator references).

@@ -206,7 +206,8 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--hub-endpoint",
         default=default("HUB_ENDPOINT", "") or None,
-        help="model hub base URL (HF_ENDPOINT) for pre-flight checks and download Jobs "
+        help="model hub base URL (HF_ENDPOINT) for pre-flight checks, the capacity plan of "
+        "models outside the catalog and download Jobs "
         "[default: the public Hugging Face Hub]",
     )
     parser.add_argument(

@@ -13,7 +13,7 @@ from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment
 from llmop.render import Children, render_children
 from llmop.settings import RenderSettings
-from llmop.sizing import SizingResult, plan_for
+from llmop.sizing import FactsVerdict, SizingResult, plan_from
 
 
 class DesiredState:
@@ -51,7 +51,8 @@ class DesiredState:
 
     @property
     def children(self) -> Children | None:
-        """None when the capacity plan says the model does not fit: nothing may be created."""
+        """None when the capacity plan says the model does not fit, or waits for the model's
+        files: nothing may be created or changed."""
         held = self._children
         if isinstance(held, bytes):
             children: Children | None = pickle.loads(held)
@@ -90,18 +91,24 @@ def _template_hash(children: Children | None) -> str | None:
 
 
 def desired_state(
-    llmd: LLMDeployment, settings: RenderSettings, *, resolved_revision: str | None = None
+    llmd: LLMDeployment,
+    settings: RenderSettings,
+    *,
+    resolved_revision: str | None = None,
+    facts: FactsVerdict | None = None,
 ) -> DesiredState:
-    """Plan, then render unless the plan says it cannot fit (a simulated engine is given the
-    planned KV cache as its own, so what it reports matches the plan). `resolved_revision` (the
-    commit the model pre-flight resolved) replaces spec.model.revision in what is rendered, so
-    engine pods serve exactly the commit the cache holds."""
+    """Plan, then render unless the plan says it cannot fit or waits for the model's files (a
+    simulated engine is given the planned KV cache as its own, so what it reports matches the
+    plan). `resolved_revision` (the commit the model pre-flight resolved) replaces
+    spec.model.revision in what is rendered, so engine pods serve exactly the commit the cache
+    holds. `facts`: what the model's own files say, for a model outside the catalog
+    (`llmop.model_facts`)."""
     if resolved_revision is not None:
         model = llmd.spec.model.model_copy(update={"revision": resolved_revision})
         llmd = llmd.model_copy(update={"spec": llmd.spec.model_copy(update={"model": model})})
-    sizing = plan_for(llmd.spec)
+    sizing = plan_from(llmd.spec, facts)
     children = None
-    if sizing.fits is not False:
+    if sizing.fits is not False and not sizing.waiting:
         children = render_children(
             llmd,
             settings,

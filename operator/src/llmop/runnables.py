@@ -26,6 +26,7 @@ from typing import Any
 from llmop import (
     crd_check,
     download_poll,
+    facts_check,
     fleet,
     group_check,
     hub_check,
@@ -102,6 +103,7 @@ TABLE: tuple[Runnable, ...] = (
     Runnable("pool-check", lambda term: pool_check.run(term.context)),
     Runnable("late-crds", _late_crds),
     Runnable("download-poller", _thread(download_poll.run)),
+    Runnable("facts-reader", _thread(facts_check.run)),
     Runnable("crd-check", _thread(crd_check.run)),
 )
 """Every background loop of a leadership term."""

@@ -1,4 +1,6 @@
-"""Pure: an LLMDeployment spec → a capacity plan, with the facts looked up from the catalogs.
+"""Pure: an LLMDeployment spec → a capacity plan, with the facts looked up from the catalogs
+or handed in as read from the model's own files (`FactsVerdict`, decided by
+`llmop.model_facts`).
 
 The planner itself knows nothing of the API; this module maps spec fields onto a planner request,
 decides when there are too few facts to plan (unknown model or GPU), and derives the engine's load
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from llmop.api.v1alpha1 import FactsSource, LLMDeploymentSpec, PlanStatus
 from llmop.cpu_engine import cpu_engine, cpu_kv_cache_gib
@@ -52,15 +55,31 @@ class SizingResult:
     """The batch the engine runs with (`effective_max_num_seqs`); None: unknown."""
     facts_source: FactsSource | None = None
     """Where the model facts came from: spec, catalog, files or hub (None: no facts)."""
+    facts_revision: str | None = None
+    """The commit the model's files were read at (facts from the hub)."""
+    waiting: bool = False
+    """No plan yet: the model's files are being read, or the Hub cannot be reached now. Nothing
+    is created or changed until there is one (`reason`, `message` say why)."""
+    refused: bool = False
+    """The model's files say it cannot be planned (none at that revision, no access, a layer
+    type or quantization the planner cannot size): stalled, nothing created."""
+    held: PlanStatus | None = None
+    """status.plan as last written from the model's files, kept while they are read again."""
 
     @property
     def fits(self) -> bool | None:
-        """True/False from the planner; None when it could not plan."""
+        """True/False from the planner (False also when the files refuse it); None when it
+        could not plan."""
+        if self.refused:
+            return False
         return None if self.plan is None else self.plan.fits
 
     def plan_status(self) -> PlanStatus | None:
-        """The `status.plan` stanza (without a plan, only the engine's batch when known)."""
+        """The `status.plan` stanza (without a plan, the one held while the model's files are
+        read again, else only the engine's batch when known)."""
         if self.plan is None:
+            if self.held is not None:
+                return self.held
             return None if self.max_num_seqs is None else PlanStatus(max_num_seqs=self.max_num_seqs)
         plan = self.plan
         return PlanStatus(
@@ -73,6 +92,7 @@ class SizingResult:
             max_num_seqs=self.max_num_seqs,
             fits=plan.fits,
             facts_source=self.facts_source,
+            facts_revision=self.facts_revision,
             max_num_batched_tokens=plan.max_num_batched_tokens,
             decode_ceiling_tokens_per_second=(
                 None
@@ -80,6 +100,25 @@ class SizingResult:
                 else round(plan.decode_ceiling_tokens_per_s)
             ),
         )
+
+
+FactsOutcome = Literal["plan", "wait", "refuse"]
+
+
+@dataclass(frozen=True)
+class FactsVerdict:
+    """For a model outside the catalog: the facts read from its files, or why there are none
+    (`llmop.model_facts` decides it). `plan`: plan with `architecture` (None: without facts,
+    `message` saying why); `wait`: no plan until the files are read; `refuse`: stall."""
+
+    outcome: FactsOutcome = "plan"
+    architecture: ModelArchitecture | None = None
+    revision: str | None = None
+    """The commit the files were read at."""
+    reason: str = ""
+    message: str = ""
+    held: PlanStatus | None = None
+    """With `wait`: status.plan as last written from the files (see `SizingResult.held`)."""
 
 
 def architecture_for(
@@ -149,6 +188,32 @@ def plan_for(
         result,
         max_num_seqs=effective_max_num_seqs(spec, result.plan),
         facts_source=None if architecture is None else _source(architecture.source),
+    )
+
+
+def plan_from(
+    spec: LLMDeploymentSpec, verdict: FactsVerdict | None, *, vllm_version: str | None = None
+) -> SizingResult:
+    """Plan `spec` as `plan_for` does, with the facts `verdict` gives for a model outside the
+    catalog (None: the catalog or spec.model.architecture alone). Waiting for the files or
+    refused by them, the result keeps the GPU memory and load budget of the plan without
+    facts, with the verdict's reason and message."""
+    if verdict is None:
+        return plan_for(spec, vllm_version=vllm_version)
+    if verdict.outcome == "plan":
+        result = plan_for(spec, facts=verdict.architecture, vllm_version=vllm_version)
+        if verdict.architecture is not None:
+            return replace(result, facts_revision=verdict.revision)
+        if verdict.message and result.reason == REASON_MODEL_UNKNOWN:
+            return replace(result, message=f"{result.message} {verdict.message}")
+        return result
+    return replace(
+        plan_for(spec, vllm_version=vllm_version),
+        reason=verdict.reason,
+        message=verdict.message,
+        waiting=verdict.outcome == "wait",
+        refused=verdict.outcome == "refuse",
+        held=verdict.held if verdict.outcome == "wait" else None,
     )
 
 

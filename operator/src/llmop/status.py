@@ -178,12 +178,13 @@ def find_problem(sizing: SizingResult | None, rollout: Rollout) -> Problem | Non
     return None
 
 
-def _progress(rollout: Rollout, waiting: str | None = None) -> tuple[str, str] | None:
-    """(reason, message) of why the rollout is not finished; None when it is. `waiting` says
-    what the engine Deployment waits for before it is created (the model download)."""
+def _progress(rollout: Rollout, waiting: tuple[str, str] | None = None) -> tuple[str, str] | None:
+    """(reason, message) of why the rollout is not finished; None when it is. `waiting` is
+    (reason, message) of what the engine Deployment waits for before it is created (the model
+    download, or the model's files for its capacity plan)."""
     if not rollout.exists:
         if waiting is not None:
-            return conditions.REASON_DOWNLOADING_MODEL, waiting
+            return waiting
         return conditions.REASON_CREATING, "Creating the engine Deployment."
     if not (rollout.current_generation_observed and rollout.template_current):
         return conditions.REASON_ROLLING_OUT, "Rolling out the new engine template."
@@ -279,7 +280,11 @@ def _observe(
             capacity,
         ]
     not_stalled = Observation(conditions.STALLED, "False", conditions.REASON_AS_EXPECTED)
-    progress = _progress(rollout, waiting)
+    pending = None if waiting is None else (conditions.REASON_DOWNLOADING_MODEL, waiting)
+    if sizing is not None and sizing.waiting:
+        # No plan yet: nothing is created until the model's files are read (llmop.model_facts).
+        pending = (sizing.reason, sizing.message)
+    progress = _progress(rollout, pending)
     if progress is not None:
         reason, message = progress
         ready_reason = reason

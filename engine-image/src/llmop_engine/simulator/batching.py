@@ -47,6 +47,9 @@ class SimRequest:
     prefix: tuple[int, ...] = ()
     """Chained hashes of the prompt's full blocks (prefix caching)."""
     cached_tokens: int = 0
+    stop_after: int | None = None
+    """Tokens after which the request finishes with "stop" (its stop string or stop token id,
+    known up front: the simulated model is deterministic, `decoding.plan`)."""
     generated: int = 0
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -103,6 +106,7 @@ class BatchEngine:
         max_tokens: int,
         is_probe: bool = False,
         prefix: tuple[int, ...] = (),
+        stop_after: int | None = None,
     ) -> SimRequest:
         total = prompt_tokens + max_tokens
         if total > self.cfg.max_model_len:
@@ -122,6 +126,7 @@ class BatchEngine:
             blocks=blocks,
             is_probe=is_probe,
             prefix=prefix,
+            stop_after=stop_after,
         )
         if self.shutting_down or self.dead:
             # vLLM drain mode: new ADD requests are rejected with an immediate abort.
@@ -314,7 +319,10 @@ class BatchEngine:
             elif req.last_token_at is not None:
                 self.metrics.itl.observe(now - req.last_token_at)
             req.last_token_at = now
-            if req.generated >= req.max_tokens:
+            if req.stop_after is not None and req.generated >= req.stop_after:
+                self._finish(req, "stop")  # a stop on the last allowed token wins, as in vLLM
+                done.append(req)
+            elif req.generated >= req.max_tokens:
                 self._finish(req, "length")
                 done.append(req)
             else:

@@ -13,12 +13,17 @@
 
 Switch at start with `--sim-fault MODE [--sim-fault-after S]`, or at run time with
 `POST /sim/fault {"mode": "hang"}` (optional `"slowFactor": 20`) on the API port.
+
+Faults of single requests at a chosen token (crash, hang, cut, error: `request_faults`) come with
+the request's `X-Sim-Fault` header, or from a default held here: `--sim-request-fault SPEC` or
+`POST /sim/fault {"requestFault": "cut@5"}` (`mode` may then be left out; "" clears it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmop_engine.simulator import request_faults
 from llmop_engine.simulator.sim_config import FAULTS
 
 
@@ -31,6 +36,8 @@ class FaultState:
     mode: str = "none"
     slow_factor: float = 10.0
     since: float = 0.0
+    request_fault: str = ""
+    """The request fault spec for requests without an `X-Sim-Fault` header."""
 
     def set(self, mode: str, now: float, slow_factor: float | None = None) -> None:
         if mode not in FAULTS:
@@ -42,9 +49,20 @@ class FaultState:
         self.mode = mode
         self.since = now
 
+    def set_request_fault(self, spec: str) -> None:
+        try:
+            request_faults.parse(spec)
+        except request_faults.RequestFaultError as exc:
+            raise FaultError(str(exc)) from exc
+        self.request_fault = spec.strip()
+
     @property
     def step_factor(self) -> float:
         return self.slow_factor if self.mode == "slow" else 1.0
 
     def as_json(self) -> dict[str, object]:
-        return {"mode": self.mode, "slowFactor": self.slow_factor}
+        return {
+            "mode": self.mode,
+            "slowFactor": self.slow_factor,
+            "requestFault": self.request_fault,
+        }

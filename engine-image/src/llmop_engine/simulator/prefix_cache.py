@@ -6,7 +6,8 @@ block hits only when everything before it matches too. A request hits whole bloc
 the ones before its last prompt token (vLLM recomputes that token for its logits, so a prompt of
 exactly n blocks hits at most n - 1), and prefills the tokens after its hit. Without a tokenizer
 the simulator cuts the templated prompt text into blocks of `block_size` x 4 characters (its own
-token estimate is 4 characters a token).
+token estimate is 4 characters a token); a prompt sent as token ids is cut into blocks of ids
+(`id_blocks`), so it shares no block with the same prompt sent as text.
 
 Capacity is the engine's KV blocks less vLLM's reserved null block: cached content lives in free
 blocks until they are reused, so an engine whose working set of prefixes exceeds its KV cache
@@ -40,6 +41,17 @@ def prompt_blocks(text: str, block_size: int) -> tuple[int, ...]:
     for start in range(0, len(text) - width + 1, width):
         digest = hashlib.blake2b(parent + text[start : start + width].encode(), digest_size=8)
         parent = digest.digest()
+        hashes.append(int.from_bytes(parent, "big"))
+    return tuple(hashes)
+
+
+def id_blocks(ids: Sequence[int], block_size: int) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of a prompt given as token ids (vLLM hashes ids)."""
+    parent = b""
+    hashes = []
+    for start in range(0, len(ids) - block_size + 1, block_size):
+        chunk = b",".join(str(t).encode() for t in ids[start : start + block_size])
+        parent = hashlib.blake2b(b"ids:" + parent + chunk, digest_size=8).digest()
         hashes.append(int.from_bytes(parent, "big"))
     return tuple(hashes)
 

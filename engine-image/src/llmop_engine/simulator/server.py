@@ -8,6 +8,12 @@ are requests whose User-Agent starts with `llmop-engine-probe`). With `--enable-
 `VLLM_ALLOW_RUNTIME_LORA_UPDATING`, vLLM's runtime LoRA API too (`simulator.lora`): loaded
 adapters are listed in `/v1/models` and served as models of their own.
 
+Generation speaks what a router needs to migrate a stream (vLLM ≥ 0.10.2): `return_token_ids`,
+token-id prompts (`generation`), output that follows the whole context so a continuation from
+`prompt ids + generated ids` is the rest of the run (`tokens`, `decoding`), vLLM's stop rules, and
+faults of one request at a chosen token (`X-Sim-Fault`, `request_faults`); the answers' shapes are
+`openai_shapes` and `streaming`'s.
+
 Connections like vLLM's under the agent: idle keep-alive connections close after
 `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` seconds (5), and once the agent's drain flag exists
 (`LLMOP_DRAIN_FLAG`) every response says `Connection: close` and its connection closes after it.
@@ -54,55 +60,61 @@ from llmop_engine.contract import (
     UNLOAD_LORA_PATH,
     Env,
 )
-from llmop_engine.simulator.batching import BatchEngine, RequestTooLongError, SimRequest
+from llmop_engine.simulator import decoding, generation, request_faults
+from llmop_engine.simulator.batching import BatchEngine, RequestTooLongError
 from llmop_engine.simulator.faults import FaultError, FaultState
 from llmop_engine.simulator.group import Rendezvous, run_headless
 from llmop_engine.simulator.lora import Answer, LoraRegistry, runtime_updating_allowed, text_shift
 from llmop_engine.simulator.metrics import SimMetrics
-from llmop_engine.simulator.prefix_cache import chat_text, prompt_blocks
+from llmop_engine.simulator.openai_shapes import Choice, StreamShape, response
 from llmop_engine.simulator.sim_config import SimConfig
+from llmop_engine.simulator.streaming import END, MORE, Job, Stream
+from llmop_engine.simulator.tokens import WORDS
 
 log = logging.getLogger("llmop_engine.simulator")
 
 PROBE_USER_AGENT = "llmop-engine-probe"
 VLLM_VERSION = "0.33.0"
-_WORDS = (
-    " the",
-    " model",
-    " is",
-    " serving",
-    " tokens",
-    " from",
-    " a",
-    " simulated",
-    " GPU",
-    " with",
-    " continuous",
-    " batching",
-    ".",
-    " It",
-    " keeps",
-    " going",
-)
 
 
 def estimate_tokens(text: str) -> int:
-    """Roughly four characters per token, as for English with a BPE tokenizer."""
+    """Roughly four characters per token, as for English with a BPE tokenizer (the simulated
+    tokenizer's count: `tokens.encode`)."""
     return max(1, (len(text) + 3) // 4)
 
 
-def _prompt_text(body: dict[str, Any], chat: bool) -> str:
-    """What the engine's prefix cache sees: the templated messages, or the prompt."""
-    if chat:
-        return chat_text(body.get("messages") or [])
-    prompt = body.get("prompt")
-    if isinstance(prompt, list):
-        return " ".join(str(p) for p in prompt)
-    return str(prompt or "")
-
-
 def token_text(index: int) -> str:
-    return _WORDS[index % len(_WORDS)]
+    """The `index`-th word of the model's vocabulary (`bench/router_replay.py`'s stand-in for an
+    answer's text; the model itself picks words from the context, `tokens.next_id`)."""
+    return WORDS[index % len(WORDS)]
+
+
+def _request_id(request: web.Request, body: dict[str, Any], chat: bool) -> str:
+    """vLLM's response id: the `X-Request-Id` header, else the body's `request_id`, else random
+    (`serve/engine/serving.py::_base_request_id`), after `cmpl-` or `chatcmpl-`."""
+    base = request.headers.get("X-Request-Id") or body.get("request_id") or uuid.uuid4().hex
+    return f"{'chatcmpl' if chat else 'cmpl'}-{base}"
+
+
+def _choice(job: Job, cut_at: int | None) -> Choice:
+    """A finished prompt's choice of a non-streaming answer; `cut_at`: tokens before a cut."""
+    produced, reason = job.req.generated, job.req.finish_reason
+    if cut_at is not None:
+        produced, reason = min(produced, cut_at), "abort"
+    plan = job.plan
+    text = "".join(plan.texts[:produced]) + (plan.flush(produced) if reason == "abort" else "")
+    return Choice(
+        text=text,
+        ids=plan.ids[:produced],
+        prompt_ids=job.prompt_ids,
+        finish=reason,
+        stop_reason=plan.stop_reason if reason == "stop" else None,
+    )
+
+
+def _gone(request: web.Request) -> bool:
+    """The client closed the connection (nothing was written that would have told us)."""
+    return request.transport is None or request.transport.is_closing()
 
 
 def _error(
@@ -122,7 +134,9 @@ class SimServer:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.metrics = SimMetrics(cfg)
-        self.faults = FaultState(mode="none", slow_factor=cfg.slow_factor)
+        self.faults = FaultState(
+            mode="none", slow_factor=cfg.slow_factor, request_fault=cfg.request_fault
+        )
         self.engine = BatchEngine(cfg, self.metrics, self.faults)
         self.stats: Counter[str] = Counter()
         self.active_handlers = 0
@@ -256,9 +270,11 @@ class SimServer:
     async def post_fault(self, request: web.Request) -> web.Response:
         try:
             body = await request.json()
-            mode = str(body["mode"])
-            factor = body.get("slowFactor")
-            self.apply_fault(mode, None if factor is None else float(factor))
+            if "requestFault" in body:
+                self.faults.set_request_fault(str(body["requestFault"] or ""))
+            if "mode" in body or "requestFault" not in body:
+                factor = body.get("slowFactor")
+                self.apply_fault(str(body["mode"]), None if factor is None else float(factor))
         except (ValueError, KeyError, TypeError, FaultError) as exc:
             return _error(400, f"bad fault request: {exc}")
         return web.json_response(self.faults.as_json())
@@ -295,29 +311,6 @@ class SimServer:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
-    def _prompt_tokens(self, body: dict[str, Any], chat: bool) -> int:
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise ValueError("messages must be a non-empty list")
-            total = 0
-            for m in messages:
-                content = m.get("content", "") if isinstance(m, dict) else ""
-                if isinstance(content, list):
-                    content = " ".join(
-                        str(p.get("text", "")) for p in content if isinstance(p, dict)
-                    )
-                total += estimate_tokens(str(content)) + 4  # chat template overhead per message
-            return total
-        prompt = body.get("prompt")
-        if isinstance(prompt, list):
-            if prompt and all(isinstance(t, int) for t in prompt):
-                return len(prompt)
-            prompt = " ".join(str(p) for p in prompt)
-        if not isinstance(prompt, str):
-            raise ValueError("prompt must be a string or a list")
-        return estimate_tokens(prompt)
-
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:  # noqa: C901
         if (denied := self._auth(request)) is not None:
             return denied
@@ -343,33 +336,69 @@ class SimServer:
             shift = self._model_shift(str(model), names)
             if isinstance(shift, web.Response):
                 return shift
-            prompt_tokens = self._prompt_tokens(body, chat)
-            raw_max = body.get("max_completion_tokens") if chat else None
-            raw_max = raw_max or body.get("max_tokens")
-            default = self.cfg.default_max_tokens if chat else 16  # vLLM's completions default
-            max_tokens = int(raw_max) if raw_max is not None else default
-            if max_tokens < 1:
-                raise ValueError("max_tokens must be at least 1")
-            prefix = prompt_blocks(_prompt_text(body, chat), self.cfg.block_size)
-            req = self.engine.submit(prompt_tokens, max_tokens, is_probe=is_probe, prefix=prefix)
+            gen = generation.read(
+                body,
+                chat=chat,
+                default_max_tokens=self.cfg.default_max_tokens,
+                block_size=self.cfg.block_size,
+            )
+            spec = request.headers.get(request_faults.HEADER, self.faults.request_fault)
+            faults = request_faults.parse(spec)
+            jobs = self._submit(gen, shift, is_probe)
         except RequestTooLongError as exc:
             return _error(400, str(exc))
         except (ValueError, TypeError, json.JSONDecodeError) as exc:
             return _error(400, str(exc))
+        fault = request_faults.first(faults, len(jobs[0].prompt_ids))
+        rid = _request_id(request, body, chat)
         self.active_handlers += 1
         try:
-            if body.get("stream"):
-                opts = body.get("stream_options") or {}
-                usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
-                return await self._stream(request, req, chat, str(model), usage, shift=shift)
-            return await self._complete(req, chat, str(model), shift)
+            if gen.stream:
+                shape = StreamShape(chat, rid, int(time.time()), str(model), gen.return_token_ids)
+                stream = Stream(shape, jobs, include_usage=gen.include_usage, fault=fault)
+                return await self._stream(request, stream)
+            return await self._complete(
+                request, jobs, gen, chat=chat, model=str(model), rid=rid, fault=fault
+            )
         finally:
             self.active_handlers -= 1
 
-    async def _wait_finished(self, req: SimRequest) -> None:
-        while not req.finished:
-            await req.changed.wait()
-            req.changed.clear()
+    def _submit(self, gen: generation.Generation, shift: int, is_probe: bool) -> list[Job]:
+        """One engine request per prompt, its output planned; all or none submitted."""
+        jobs: list[Job] = []
+        try:
+            for prompt in gen.prompts:
+                plan = decoding.plan(
+                    prompt.ids, gen.max_tokens, gen.spec, shift, self.cfg.eos_probability
+                )
+                req = self.engine.submit(
+                    len(prompt.ids),
+                    gen.max_tokens,
+                    is_probe=is_probe,
+                    prefix=prompt.prefix,
+                    stop_after=len(plan.ids) if plan.finish == "stop" else None,
+                )
+                jobs.append(Job(req, prompt.ids, plan))
+        except RequestTooLongError:
+            for job in jobs:
+                self.engine.abort(job.req)
+            raise
+        return jobs
+
+    async def _changed(self, jobs: list[Job]) -> None:
+        """Until the engine moved one of `jobs`' unfinished requests."""
+        waiting = [job.req for job in jobs if not job.req.finished]
+        if len(waiting) == 1:
+            await waiting[0].changed.wait()
+        elif waiting:
+            tasks = [asyncio.ensure_future(req.changed.wait()) for req in waiting]
+            try:
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
+        for job in jobs:
+            job.req.changed.clear()
 
     def _model_shift(self, model: str, names: tuple[str, ...]) -> int | web.Response:
         """How far the model's words are shifted from the base's (0: the base), or the error
@@ -377,7 +406,7 @@ class SimServer:
         if model in self.lora.adapters:
             if not self.lora.files_present(model):
                 return self._lost_lora_files(model)
-            return text_shift(model, len(_WORDS))
+            return text_shift(model, len(WORDS))
         if model in names:
             return 0
         return _error(
@@ -404,140 +433,92 @@ class SimServer:
         )
 
     async def _complete(
-        self, req: SimRequest, chat: bool, model: str, shift: int = 0
-    ) -> web.Response:
-        try:
-            await self._wait_finished(req)
-        except asyncio.CancelledError:
-            self.engine.abort(req)
-            raise
-        text = "".join(token_text(i + shift) for i in range(req.generated))
-        usage = {
-            "prompt_tokens": req.prompt_tokens,
-            "completion_tokens": req.generated,
-            "total_tokens": req.prompt_tokens + req.generated,
-        }
-        created = int(time.time())
-        if chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": req.finish_reason,
-                "stop_reason": None,
-            }
-            obj = "chat.completion"
-            rid = f"chatcmpl-{uuid.uuid4().hex}"
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": req.finish_reason,
-                "stop_reason": None,
-            }
-            obj = "text_completion"
-            rid = f"cmpl-{uuid.uuid4().hex}"
-        return web.json_response(
-            {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": model,
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
-
-    async def _stream(  # noqa: C901, PLR0912
         self,
         request: web.Request,
-        req: SimRequest,
+        jobs: list[Job],
+        gen: generation.Generation,
+        *,
         chat: bool,
         model: str,
-        include_usage: bool,
-        *,
-        shift: int = 0,
+        rid: str,
+        fault: tuple[str, int] | None,
     ) -> web.StreamResponse:
+        if fault is not None and fault[1] >= len(jobs[0].plan.ids):
+            fault = None
+        try:
+            while not all(job.req.finished for job in jobs):
+                if fault is not None and jobs[0].req.generated >= fault[1]:
+                    break
+                await self._changed(jobs)
+        except asyncio.CancelledError:
+            self._abort(jobs)
+            raise
+        if fault is not None:
+            if fault[0] in ("crash", "hang"):
+                return await self._drop(request, jobs, fault[0])
+            self._abort(jobs)
+            if fault[0] == "error":
+                return _error(500, "Internal server error", "InternalServerError")
+        return web.json_response(
+            response(
+                chat=chat,
+                rid=rid,
+                created=int(time.time()),
+                model=model,
+                choices=[
+                    _choice(job, cut_at=fault[1] if fault and not i else None)
+                    for i, job in enumerate(jobs)
+                ],
+                return_token_ids=gen.return_token_ids,
+            )
+        )
+
+    async def _stream(self, request: web.Request, stream: Stream) -> web.StreamResponse:
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        created = int(time.time())
-        if chat:
-            rid = f"chatcmpl-{uuid.uuid4().hex}"
-            head = json.dumps(
-                {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-            )[:-1]
-        else:
-            rid = f"cmpl-{uuid.uuid4().hex}"
-            head = json.dumps(
-                {"id": rid, "object": "text_completion", "created": created, "model": model}
-            )[:-1]
-
-        def chunk(text: str | None, finish: str | None, role: bool = False) -> str:
-            if chat:
-                delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
-                if text is not None:
-                    delta["content"] = text
-                choice: dict[str, Any] = {
-                    "index": 0,
-                    "delta": delta,
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
-            else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            return f'data: {head}, "choices": [{json.dumps(choice)}]}}\n\n'
-
-        sent = 0
-        # Like vLLM, chat's role chunk rides on the first output, not on the response headers.
-        role_pending = chat
         try:
             await resp.prepare(request)
             while True:
-                if not req.finished:
-                    await req.changed.wait()
-                    req.changed.clear()
-                parts: list[str] = []
-                upto = req.generated
-                while sent < upto:
-                    last = sent == upto - 1 and req.finished
-                    parts.append(
-                        chunk(token_text(sent + shift), req.finish_reason if last else None)
-                    )
-                    sent += 1
-                # vLLM 0.32 (measured): a request still queued when the engine aborts everything
-                # yields no output at all, so its stream has no choice and no finish reason, only
-                # the usage chunk and [DONE].
-                never_started = (
-                    req.finished and req.finish_reason == "abort" and req.admitted_at is None
-                )
-                if req.finished and not parts and not never_started:
-                    parts.append(chunk("" if not chat else None, req.finish_reason))
-                if role_pending and parts:
-                    parts.insert(0, chunk(None, None, role=True))
-                    role_pending = False
-                if req.finished:
-                    if include_usage:
-                        usage = {
-                            "prompt_tokens": req.prompt_tokens,
-                            "completion_tokens": req.generated,
-                            "total_tokens": req.prompt_tokens + req.generated,
-                        }
-                        parts.append(
-                            f'data: {head}, "choices": [], "usage": {json.dumps(usage)}}}\n\n'
-                        )
-                    if req.finish_reason != "error":
-                        parts.append("data: [DONE]\n\n")
-                if parts:
-                    await resp.write("".join(parts).encode())
-                if req.finished:
-                    break
+                events, then = stream.advance()
+                if events:
+                    await resp.write(events.encode())
+                if then == MORE:
+                    await self._changed(stream.jobs)
+                    continue
+                if then in ("crash", "hang"):
+                    return await self._drop(request, stream.jobs, then, resp)
+                if then != END:
+                    self._abort(stream.jobs)  # cut, error: the engine aborts the request
+                break
             await resp.write_eof()
         except (ConnectionError, asyncio.CancelledError):
-            self.engine.abort(req)
+            self._abort(stream.jobs)
             raise
         return resp
+
+    def _abort(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.engine.abort(job.req)
+
+    async def _drop(
+        self,
+        request: web.Request,
+        jobs: list[Job],
+        kind: str,
+        resp: web.StreamResponse | None = None,
+    ) -> web.StreamResponse:
+        """A request fault that leaves the connection without an answer: `crash` closes it at
+        once, `hang` keeps it open, silent, until the client (or the server's stop) ends it."""
+        log.warning("request fault %s after %d tokens", kind, jobs[0].sent or jobs[0].req.generated)
+        if kind == "hang":
+            while not _gone(request) and not self.stop_event.is_set():
+                await asyncio.sleep(0.05)
+        self._abort(jobs)
+        if request.transport is not None:
+            request.transport.abort()
+        # aiohttp ends an answer it cannot write to a closed connection quietly.
+        return resp if resp is not None else web.StreamResponse()
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llmop_engine.contract import DEFAULT_BLOCK_SIZE, MASTER_ADDR, MASTER_PORT, EngineFlag
+from llmop_engine.simulator import request_faults
 from llmop_engine.simulator.group import GroupConfig
 
 log = logging.getLogger("llmop_engine.simulator")
@@ -54,6 +55,10 @@ class SimConfig:
     fault: str = "none"
     fault_after_seconds: float = 0.0
     slow_factor: float = 10.0
+    request_fault: str = ""
+    eos_probability: float = 0.0
+    """Chance per token that an answer ends (EOS) unless `ignore_eos`: `decoding.plan`."""
+    """Default `X-Sim-Fault` spec for requests without the header (`request_faults`)."""
     crash_exit_delay_seconds: float = 1.0
     # vLLM's API server exits 0 after its EngineCore died: the simulator does the same.
     crash_exit_code: int = 0
@@ -135,6 +140,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds after listening before --sim-fault applies",
     )
     sim.add_argument("--sim-slow-factor", type=float, default=10.0)
+    sim.add_argument(
+        "--sim-eos-probability",
+        type=float,
+        default=0.0,
+        help="chance per token that an answer ends early (EOS, finish 'stop') unless the request "
+        "sets ignore_eos; decided by the context, so repeatable [0: always to max_tokens]",
+    )
+    sim.add_argument(
+        "--sim-request-fault",
+        default="",
+        help="fault every request without an X-Sim-Fault header: KIND@N or KIND@ctx:N, "
+        "comma-separated, KIND crash|hang|cut|error",
+    )
     sim.add_argument("--sim-crash-exit-delay", type=float, default=1.0)
     sim.add_argument(
         "--sim-crash-exit-code",
@@ -191,6 +209,8 @@ def parse(argv: Sequence[str]) -> SimConfig:
         fault=ns.sim_fault,
         fault_after_seconds=max(0.0, ns.sim_fault_after),
         slow_factor=max(1.0, ns.sim_slow_factor),
+        request_fault=_request_fault(parser, ns.sim_request_fault),
+        eos_probability=min(1.0, max(0.0, ns.sim_eos_probability)),
         crash_exit_delay_seconds=max(0.0, ns.sim_crash_exit_delay),
         crash_exit_code=ns.sim_crash_exit_code,
         group=GroupConfig(
@@ -201,3 +221,11 @@ def parse(argv: Sequence[str]) -> SimConfig:
             master_port=ns.master_port,
         ),
     )
+
+
+def _request_fault(parser: argparse.ArgumentParser, spec: str) -> str:
+    try:
+        request_faults.parse(spec)
+    except request_faults.RequestFaultError as exc:
+        parser.error(str(exc))
+    return spec.strip()

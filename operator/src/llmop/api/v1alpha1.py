@@ -172,6 +172,12 @@ class ModelCacheSpec(ApiModel):
     )
     """Name of a PersistentVolumeClaim in the LLMDeployment's namespace to use as the cache.
     The operator never deletes it."""
+    compile_cache: bool = True
+    """Keep the engine's compiled artifacts (vLLM's torch.compile cache, TorchInductor's and
+    Triton's) on this claim under `.llmop/compile/<key>`, so that a restart, a new replica or a
+    wake from zero loads them instead of compiling again. The key covers the model, revision,
+    engine image and vLLM version and the engine flags that shape the compiled graph; a change of
+    any of them compiles afresh. `false`: every pod compiles for itself."""
 
 
 class ModelSpec(ApiModel):
@@ -943,6 +949,9 @@ class PlanStatus(ApiModel):
     facts_source: FactsSource | None = None
     """Where the model's facts came from: spec.model.architecture, the planner's catalog, or
     the model's own config.json and safetensors index at the resolved revision (hub)."""
+    facts_revision: str | None = Field(default=None, max_length=128)
+    """The commit whose config.json and safetensors index the facts were read from (with
+    factsSource hub)."""
     max_num_batched_tokens: int | None = None
     """The scheduler's token budget per step the engine will use (vLLM's default for the GPU
     unless spec.engine sets one)."""

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmop.planner.dtypes import UnknownDtypeError, is_quantized, weight_bytes_per_param
 from llmop.planner.kv_layout import CHUNKED, FULL, MLA, SLIDING, AttentionLayer
 from llmop.planner.models import ATTENTION_GQA, ATTENTION_MLA, ModelArchitecture
 
@@ -304,6 +305,16 @@ def _dtype(config: Mapping[str, Any], text: Mapping[str, Any]) -> str:
     return "bfloat16"
 
 
+def _check_sizes(dtype: str, quantization: str | None) -> None:
+    """The checkpoint's dtype and quantization are ones the planner has bytes for: anything
+    else is refused naming the field, never sized as if it were 16 bit."""
+    try:
+        weight_bytes_per_param("auto", quantization, dtype)
+    except UnknownDtypeError as error:
+        field = "quantization_config.quant_method" if is_quantized(quantization) else "torch_dtype"
+        raise _err(field, f"{error}: the planner has no size for it") from None
+
+
 def quantization_of(config: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:
     """The checkpoint's quantization, as a ``--quantization`` name the planner has bytes for."""
     qc = config.get("quantization_config") or text.get("quantization_config")
@@ -454,6 +465,7 @@ def facts_from_config(
     mla = attention_layers[0].kind == MLA
     dtype = _dtype(config, text)
     quantization = quantization_of(config, text)
+    _check_sizes(dtype, quantization)
     total, active, moe = _parameters(
         text, text_type, hidden=hidden, heads=heads, kv=kv_heads, head=head
     )

@@ -1,6 +1,6 @@
 """Reading the watch caches: a parent's live children (owned as `llmop.observed.controller_owner`
-says), the cached parent, its parsed spec (once per generation) and the status as last
-written."""
+says), the cached parent, its parsed spec (once per generation, and again when the files of a
+model outside the catalog are read: `llmop.model_facts`) and the status as last written."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llmop import kinds
-from llmop.api.v1alpha1 import LLMDeployment
+from llmop import kinds, model_facts
+from llmop.api.v1alpha1 import LLMDeployment, PlanStatus
 from llmop.cache_gate import waiting_message
-from llmop.desired import DesiredState, desired_state
+from llmop.desired import desired_state
 from llmop.kinds import ChildKind
 from llmop.observed import controller_owner
 from llmop.reconcile.context import Context, PackedParse, Parsed
@@ -64,7 +64,9 @@ def generation_of(body: Mapping[str, Any]) -> tuple[str, int | None]:
 
 
 def parse(ctx: Context, body: Mapping[str, Any]) -> Parsed:
-    """The parent's desired state, computed once per generation."""
+    """The parent's desired state, computed once per generation — and again when the files
+    of a model outside the catalog that its plan waited for have been read (no I/O: the
+    answer known now comes from `Context.facts`, which has them read if nobody did yet)."""
     key = key_of(body)
     uid, generation = generation_of(body)
     cached = ctx.recall(key).parsed
@@ -72,18 +74,59 @@ def parse(ctx: Context, body: Mapping[str, Any]) -> Parsed:
         if cached.planned is None:
             return cached.unpack(None)
         with contextlib.suppress(ValidationError):  # else parsed afresh, the error recorded
-            return cached.unpack(LLMDeployment.model_validate(body))
+            llmd = LLMDeployment.model_validate(body)
+            asked = cached.asked
+            if asked is None or ctx.facts.want(asked, key, (uid, generation)) is cached.answer:
+                return cached.unpack(llmd)
+            return _keep(ctx, key, _planned(ctx, body, llmd))
     try:
-        desired: DesiredState | None = desired_state(
-            LLMDeployment.model_validate(body), ctx.render_settings
-        )
-        error = None
+        parsed = _planned(ctx, body, LLMDeployment.model_validate(body))
     except ValidationError as invalid:
-        desired, error = None, _summary(invalid)
-    parsed = Parsed(uid, generation, desired, error)
+        parsed = Parsed(uid, generation, None, _summary(invalid))
+    return _keep(ctx, key, parsed)
+
+
+def _keep(ctx: Context, key: tuple[str, str], parsed: Parsed) -> Parsed:
     packed = PackedParse.pack(parsed)
     ctx.update(key, lambda memory: replace(memory, parsed=packed))
     return parsed
+
+
+def _planned(ctx: Context, body: Mapping[str, Any], llmd: LLMDeployment) -> Parsed:
+    """Plan and render `llmd`, with the facts of its model's files when its plan needs them
+    (`model_facts.request_for`): the answer known now, and this parent registered as waiting
+    for one (`FactsMemory.want`)."""
+    uid, generation = generation_of(body)
+    asked = model_facts.request_for(llmd)
+    answer = None
+    verdict = None
+    if asked is not None:
+        answer = ctx.facts.want(asked, key_of(body), (uid, generation))
+        held = None if isinstance(answer, model_facts.Read) else _planned_from_files(ctx, body)
+        verdict = model_facts.verdict(
+            asked, answer, tolerant=llmd.spec.engine.backend == "simulator", held=held
+        )
+    desired = desired_state(llmd, ctx.render_settings, facts=verdict)
+    return Parsed(uid, generation, desired, None, asked, answer, verdict)
+
+
+def _planned_from_files(ctx: Context, body: Mapping[str, Any]) -> PlanStatus | None:
+    """status.plan as last written for this very generation from the model's files at the
+    Hub: the plan this process (or the one before a restart) made, kept while they are read
+    again."""
+    stored = previous_status(ctx, body)
+    if not isinstance(stored, Mapping):
+        return None
+    plan = stored.get("plan")
+    if (
+        stored.get("observedGeneration") != body["metadata"].get("generation")
+        or not isinstance(plan, Mapping)
+        or plan.get("factsSource") != "hub"
+    ):
+        return None
+    with contextlib.suppress(ValidationError):
+        return PlanStatus.model_validate(plan)
+    return None
 
 
 def previous_status(ctx: Context, body: Mapping[str, Any]) -> Any:

@@ -27,11 +27,14 @@ from llmop.group_restarts import GroupHistory
 from llmop.kinds import ChildKind
 from llmop.kube import Kube, KubeError
 from llmop.metrics import Metrics
+from llmop.model_facts import Answer, FactsRequest
 from llmop.name_owners import Verdict
 from llmop.observed import Owner
 from llmop.pool_view import PoolVerdict
+from llmop.reconcile.facts import FactsMemory
 from llmop.router_view import RouterView
 from llmop.settings import RenderSettings
+from llmop.sizing import FactsVerdict
 from llmop.status import Problem
 
 Key = tuple[str, str]
@@ -237,6 +240,13 @@ class Parsed:
     generation: int | None
     desired: DesiredState | None
     error: str | None
+    asked: FactsRequest | None = None
+    """The model files its plan needs read (`llmop.model_facts`; None: it needs none)."""
+    answer: Answer | None = None
+    """What this process knew of those files when it planned (None: nothing yet): the plan is
+    made again once the memory holds another answer (`Context.facts`)."""
+    facts: FactsVerdict | None = None
+    """What the plan was given of them (the model gate plans again with it)."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +268,11 @@ class PackedParse:
     rendered: bytes = b""
     """The pickled children of the desired state."""
     template_hash: str | None = None
+    asked: FactsRequest | None = None
+    """As `Parsed.asked`, `answer` and `facts` (kept as they are: the facts are shared with
+    `Context.facts`, not copied)."""
+    answer: Answer | None = None
+    facts: FactsVerdict | None = None
 
     @classmethod
     def pack(cls, parsed: Parsed) -> PackedParse:
@@ -271,6 +286,9 @@ class PackedParse:
             parsed.error,
             pickle.dumps(desired.children, protocol=5),
             desired.template_hash,
+            parsed.asked,
+            parsed.answer,
+            parsed.facts,
         )
 
     def unpack(self, llmd: LLMDeployment | None) -> Parsed:
@@ -279,7 +297,9 @@ class PackedParse:
         if self.planned is not None and llmd is not None:
             sizing = pickle.loads(self.planned)
             desired = DesiredState.packed(llmd, sizing, self.rendered, self.template_hash)
-        return Parsed(self.uid, self.generation, desired, self.error)
+        return Parsed(
+            self.uid, self.generation, desired, self.error, self.asked, self.answer, self.facts
+        )
 
 
 @dataclass(frozen=True)
@@ -429,6 +449,9 @@ class Context:
     last decided (replaced whole); None: not decided yet in this process."""
     router: RouterView | None = field(init=False)
     """The installed router and whether it had a ready pod at the last check (`check_router`)."""
+    facts: FactsMemory = field(default_factory=FactsMemory)
+    """The files of models outside the catalog: the facts read and the reads asked for
+    (`reconcile.facts`; read by `llmop.facts_check`)."""
 
     def __post_init__(self) -> None:
         self.render_settings = self.config.render_settings()

@@ -58,7 +58,9 @@ def _desire(ctx: Context, body: Mapping[str, Any]) -> DesiredState | str:
         return write_stalled(ctx, body, groups.missing())
     # Before the model gate: an adapter's refusal shows in status while the model downloads.
     adapter_gate.check(ctx, body, parsed)
-    if desired.llmd.spec.model.cache is not None:
+    # No download either for a model whose plan waits for its files or was refused by them.
+    sized = desired.sizing.waiting or desired.sizing.refused
+    if desired.llmd.spec.model.cache is not None and not sized:
         decision = run_gate(ctx, body, parsed)
         if isinstance(decision, Problem):
             return write_stalled(ctx, body, decision)
@@ -98,9 +100,12 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any], hint: Hint) -> str:
             pools.forget_served(ctx)
             groups.forget_served(ctx)
         raise
-    if problem is None:
+    if problem is None and desired.children is not None:
+        # Nothing was applied while the plan waits for the model's files: its first apply,
+        # once they are read, is a full one (a create-only apply of each new child).
         done_for = (uid, generation)
         ctx.update((namespace, name), lambda memory: replace(memory, applied=done_for))
+    if problem is None:
         clear_problem(ctx, body, plan, repair=done)
         adapter_gate.nudge_pods(ctx, body, plan, undone_edit=_undone_edit(hint, live, plan))
         if not done:

@@ -196,7 +196,10 @@ def run_gate(ctx: Context, body: Mapping[str, Any], parsed: Parsed) -> Decision:
         return WAITING
     if gate.desired is None:
         gate.desired = desired_state(
-            LLMDeployment.model_validate(body), settings, resolved_revision=plan.revision
+            LLMDeployment.model_validate(body),
+            settings,
+            resolved_revision=plan.revision,
+            facts=parsed.facts,
         )
     return gate.desired
 

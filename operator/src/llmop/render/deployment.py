@@ -11,7 +11,7 @@ from typing import Any
 from llmop import kinds, names
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentSpec
 from llmop.cpu_engine import cpu_engine
-from llmop.render import adapters, engine_args, model_cache
+from llmop.render import adapters, compile_cache_key, engine_args, model_cache
 from llmop.render.hashing import template_hash
 from llmop.render.metadata import child_metadata
 from llmop.render.model_source import hub_token_mount, hub_token_volume, pvc_claim
@@ -215,12 +215,18 @@ def _engine_container(
     if role.serves_api:
         api_port = {"name": names.API_PORT_NAME, "containerPort": spec.service.port}
         ports.insert(0, {**api_port, "protocol": "TCP"})
-    env = engine_args.agent_env(llmd, load_timeout_seconds=load_timeout_seconds)
+    image = _image(spec, settings)
+    args = engine_args.agent_args(llmd, role.engine_flags, kv_cache_tokens=kv_cache_tokens)
+    flags = contract.split_engine_args(args)[1]
+    key = compile_cache_key.compile_cache_key(llmd, image=image, flags=flags)
+    env = engine_args.agent_env(
+        llmd, load_timeout_seconds=load_timeout_seconds, compile_cache_key=key
+    )
     return {
         "name": names.ENGINE_CONTAINER,
-        "image": _image(spec, settings),
+        "image": image,
         "imagePullPolicy": settings.image_pull_policy,
-        "args": engine_args.agent_args(llmd, role.engine_flags, kv_cache_tokens=kv_cache_tokens),
+        "args": args,
         "env": [*role.env, *env, *adapters.hub_env(spec, settings)],
         "ports": ports,
         "resources": _resources(spec, settings),

@@ -19,6 +19,7 @@ from llmop import names
 from llmop.api.v1alpha1 import LLMDeployment, SecretKeyRef, SpeculativeSpec
 from llmop.cpu_engine import cpu_kv_cache_gib
 from llmop.render import adapters
+from llmop.render.compile_cache_key import compile_cache_env
 from llmop.render.model_source import PVC_SCHEME, hub_token_env, model_location
 from llmop_engine import contract
 from llmop_engine.contract import EngineFlag, Env
@@ -107,8 +108,11 @@ def agent_args(
     )
 
 
-def agent_env(llmd: LLMDeployment, *, load_timeout_seconds: int) -> list[dict[str, Any]]:
-    """Environment of the engine container: the agent's settings, secrets, then the user's env."""
+def agent_env(
+    llmd: LLMDeployment, *, load_timeout_seconds: int, compile_cache_key: str | None = None
+) -> list[dict[str, Any]]:
+    """Environment of the engine container: the agent's settings, secrets, then the user's env.
+    `compile_cache_key`: the persistent compile cache's (`render.compile_cache_key`; None: off)."""
     spec = llmd.spec
     # The rows the CR has no field for, and the fallback of a field left unset.
     derived: dict[str, object] = {
@@ -116,6 +120,7 @@ def agent_env(llmd: LLMDeployment, *, load_timeout_seconds: int) -> list[dict[st
         "load_timeout_seconds": load_timeout_seconds,
         "model_cache_dir": names.MODEL_CACHE_PATH,
         "agent_socket": f"{names.AGENT_SOCKET_DIR}/agent.sock",
+        "compile_cache_key": compile_cache_key,
     }
     plain: dict[str, str] = {}
     for setting in contract.SETTINGS:
@@ -130,6 +135,7 @@ def agent_env(llmd: LLMDeployment, *, load_timeout_seconds: int) -> list[dict[st
     if kv_gib is not None and Env.VLLM_CPU_KVCACHE_SPACE not in user_vars:
         plain[Env.VLLM_CPU_KVCACHE_SPACE] = str(kv_gib)
     plain |= adapters.lora_env(spec)
+    plain |= compile_cache_env(llmd)
     if spec.model.cache is not None:
         # The download Job filled the cache: the engine reads it and never the network, so a
         # restart or a new replica cannot stall on the Hub (and needs no token).

@@ -1,0 +1,231 @@
+"""Pure: the router's request-migration bookkeeping (`llmop_router.migration`): which streams can
+be continued, what is recorded of the events forwarded, the continuation's body, and how its
+events are rewritten as the first attempt's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llmop_router.migration import (
+    CHAT,
+    COMPLETIONS,
+    Record,
+    Settings,
+    Verdict,
+    first_body,
+    refusal,
+    stream_body,
+)
+
+
+def completion(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "prompt": "hi there", "stream": True, **extra}
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, **extra}
+
+
+def chunk(
+    ids: list[int],
+    text: str,
+    *,
+    prompt: list[int] | None = None,
+    finish: str | None = None,
+    rid: str = "cmpl-1",
+    created: int = 7,
+) -> dict[str, Any]:
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "prompt_token_ids": prompt,
+        "token_ids": ids,
+    }
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": "m",
+        "choices": [choice],
+    }
+
+
+def test_only_streaming_completions_and_chat_are_parsed() -> None:
+    assert stream_body("POST", COMPLETIONS, b'{"stream": true, "prompt": "x"}') is not None
+    assert stream_body("POST", COMPLETIONS, b'{"stream": false}') is None
+    assert stream_body("POST", "/v1/embeddings", b'{"stream": true}') is None
+    assert stream_body("GET", CHAT, b'{"stream": true}') is None
+    assert stream_body("POST", CHAT, b'{"stream": tru') is None
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "why"),
+    [
+        (COMPLETIONS, completion(), None),
+        (COMPLETIONS, completion(prompt=[1, 2, 3]), None),
+        (COMPLETIONS, completion(temperature=0.8), None),  # unseeded: another valid answer
+        (COMPLETIONS, completion(seed=1, temperature=0), None),  # greedy: the seed is moot
+        (COMPLETIONS, completion(n=2), "n > 1"),
+        (COMPLETIONS, completion(best_of=3), "best_of or beam search"),
+        (COMPLETIONS, completion(echo=True), "echo"),
+        (COMPLETIONS, completion(logprobs=2), "logprobs"),
+        (COMPLETIONS, completion(stop=["END"]), "stop strings"),
+        (COMPLETIONS, completion(seed=4), "seeded sampling"),
+        (COMPLETIONS, completion(presence_penalty=0.5), "frequency or presence penalty"),
+        (COMPLETIONS, completion(prompt=["a", "b"]), "a batch of prompts"),
+        (COMPLETIONS, completion(prompt=[[1], [2]]), "a batch of prompts"),
+        (COMPLETIONS, completion(prompt_embeds="xx"), "prompt embeddings"),
+        (CHAT, chat(), None),
+        (CHAT, chat(tools=[{"type": "function"}], tool_choice="auto"), None),
+        (CHAT, chat(tool_choice="required"), "forced tool choice"),
+        (CHAT, chat(tool_choice={"type": "function"}), "forced tool choice"),
+        (CHAT, chat(response_format={"type": "json_object"}), "structured output"),
+        (CHAT, chat(response_format={"type": "text"}), None),
+        (CHAT, chat(structured_outputs={"regex": "a+"}), "structured output"),
+        (CHAT, chat(top_logprobs=2), "logprobs"),
+        (
+            CHAT,
+            chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+            "media input",
+        ),
+        (CHAT, chat(messages=[{"role": "user", "content": [{"type": "text"}]}]), None),
+    ],
+)
+def test_eligibility_is_decided_from_the_body(
+    path: str, body: dict[str, Any], why: str | None
+) -> None:
+    assert refusal(path, body) == why
+
+
+def test_migration_off_refuses_everything() -> None:
+    assert Record.of(COMPLETIONS, completion(), Settings(limit=0)).refused == "migration is off"
+
+
+def test_the_first_attempt_asks_for_ids() -> None:
+    assert b'"return_token_ids":true' in first_body(completion())
+
+
+def test_completions_events_are_recorded_and_the_router_ids_hidden() -> None:
+    record = Record.of(COMPLETIONS, completion(max_tokens=10, min_tokens=4, echo=False), Settings())
+    first = chunk([1000], "a", prompt=[5, 6, 7])
+    assert record.see(first).verdict is Verdict.FORWARD
+    assert first["choices"][0]["prompt_token_ids"] is None
+    assert first["choices"][0]["token_ids"] is None
+    record.see(chunk([1001, 1002], "bc"))
+    assert record.prompt_ids == [5, 6, 7]
+    assert record.generated == [1000, 1001, 1002]
+    body = record.continuation()
+    assert body is not None
+    assert body["prompt"] == [5, 6, 7, 1000, 1001, 1002]
+    assert body["max_tokens"] == 7
+    assert body["min_tokens"] == 1
+    assert body["return_token_ids"] is True
+    assert "echo" not in body
+
+
+def test_an_omitted_completions_budget_is_vllms_16() -> None:
+    record = Record.of(COMPLETIONS, completion(), Settings())
+    record.see(chunk([1, 2, 3, 4, 5], "x", prompt=[9]))
+    body = record.continuation()
+    assert body is not None
+    assert body["max_tokens"] == 11
+
+
+def test_no_budget_left_means_the_answer_is_whole_at_its_length() -> None:
+    record = Record.of(COMPLETIONS, completion(max_tokens=2), Settings())
+    record.see(chunk([1, 2], "ab", prompt=[9]))
+    assert record.continuation() is None
+    end = record.ending("length")
+    assert b'"finish_reason":"length"' in end
+    assert end.endswith(b"data: [DONE]\n\n")
+
+
+def test_failures_are_not_forwarded() -> None:
+    record = Record.of(COMPLETIONS, completion(), Settings())
+    assert record.see(chunk([], "", finish="abort")).verdict is Verdict.FAIL
+    assert record.see({"error": {"code": 500}}).reason == "error"
+    assert record.generated == []
+    assert record.events == 0
+
+
+def test_the_continuation_is_rewritten_as_the_first_attempt() -> None:
+    record = Record.of(
+        COMPLETIONS,
+        completion(max_tokens=5, stream_options={"include_usage": True}, return_token_ids=True),
+        Settings(),
+    )
+    record.see(chunk([1000], "a", prompt=[5, 6]))
+    record.see(chunk([1001], "b"))
+    record.next_attempt()
+    follow = chunk([1002], "c", prompt=[5, 6, 1000, 1001], rid="cmpl-2", created=9)
+    record.see(follow)
+    assert (follow["id"], follow["created"]) == ("cmpl-1", 7)
+    assert follow["choices"][0]["prompt_token_ids"] is None  # the client has P already
+    assert follow["choices"][0]["token_ids"] == [1002]  # it asked for ids
+    usage = {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    record.see({"id": "cmpl-2", "created": 9, "model": "m", "choices": [], "usage": usage})
+    assert usage == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+
+
+def test_a_chat_continuation_carries_the_ids_and_drops_its_role_chunk() -> None:
+    record = Record.of(CHAT, chat(max_completion_tokens=8, kv_transfer_params={"x": 1}), Settings())
+    role = {
+        "id": "c1",
+        "created": 1,
+        "model": "m",
+        "prompt_token_ids": [3, 4],
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+    }
+    record.see(role)
+    assert role["prompt_token_ids"] is None
+    record.see(
+        {
+            "id": "c1",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "w"}, "token_ids": [1000]}],
+        }
+    )
+    body = record.continuation()
+    assert body is not None
+    assert body["kv_transfer_params"] == {"x": 1, "prompt_token_ids": [3, 4, 1000]}
+    assert body["max_completion_tokens"] == 7
+    assert "max_tokens" not in body
+    record.next_attempt()
+    again = {
+        "id": "c2",
+        "created": 2,
+        "model": "m",
+        "prompt_token_ids": [3, 4, 1000],
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+    }
+    assert record.see(again).verdict is Verdict.DROP
+
+
+def test_a_tool_call_or_reasoning_on_the_way_stops_migration() -> None:
+    record = Record.of(CHAT, chat(), Settings())
+    record.see(
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [{}]}, "token_ids": [1]}]}
+    )
+    assert record.refused == "a tool call or reasoning is in progress"
+
+
+def test_text_without_ids_stops_migration() -> None:
+    record = Record.of(COMPLETIONS, completion(), Settings())
+    record.see({"id": "c", "choices": [{"index": 0, "text": "hello"}]})
+    assert record.refused == "the engine sent no token ids"
+
+
+def test_a_failure_before_any_event_restarts_the_original_request() -> None:
+    body = completion(max_tokens=3)
+    record = Record.of(COMPLETIONS, body, Settings())
+    assert record.continuation() == body
+    record.next_attempt()
+    record.see(chunk([1], "a", prompt=[5]))
+    assert record.attempt == 0
+    assert record.prompt_ids == [5]
