@@ -92,6 +92,10 @@ class Row:
     peak_rss_mib: float
     status_writes: float
     cpu_seconds: float = float("nan")
+    passes: float = float("nan")
+    """Reconcile passes the operator ran (`llmop_reconciles_total`, every trigger)."""
+    pass_seconds: float = float("nan")
+    """Their summed duration (`llmop_reconcile_duration_seconds_sum`): the work the passes did."""
     observed_lag_median: float = float("nan")
     """Per CR, seconds from its apply to its first status with observedGeneration (median)."""
     observed_lag_max: float = float("nan")
@@ -550,6 +554,10 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         nan = float("nan")
         rss = _rss_mib(process.pid) if process is not None else nan
         writes = _metric(metrics_port, "llmop_status_writes_total") if metrics_port else nan
+        passes = _metric(metrics_port, "llmop_reconciles_total") if metrics_port else nan
+        pass_seconds = (
+            _metric(metrics_port, "llmop_reconcile_duration_seconds_sum") if metrics_port else nan
+        )
         cpu = cpu_seconds(process.pid) - cpu_at_start if process is not None else nan
         lags = ready_lags(kube, namespace) if replicas else Lags([], [])
         observed_lags = sorted(
@@ -585,6 +593,8 @@ def run_one(  # noqa: C901, PLR0912, PLR0915
         max(peak, rss),
         writes,
         cpu_seconds=cpu,
+        passes=passes,
+        pass_seconds=pass_seconds,
         observed_lag_median=_median(observed_lags),
         observed_lag_max=observed_lags[-1] if observed_lags else nan,
         ready_seconds=ready_at if ready_at is not None and replicas else nan,
@@ -621,6 +631,7 @@ def _table_line(row: Row, *, replicas: int) -> str:
         f"{row.status_seconds:>9.1f} {rate:>7.1f} {row.rss_mib:>8.0f} "
         f"{row.peak_rss_mib:>9.0f} {row.status_writes:>14.0f} {row.cpu_seconds:>7.1f}"
         f" {row.observed_lag_median:>13.1f} {row.observed_lag_max:>13.1f}"
+        f" {row.passes:>7.0f} {row.pass_seconds:>8.1f}"
     )
     if replicas:
         line += (
@@ -683,7 +694,7 @@ def main() -> int:
     header = (
         f"{'N':>6} {'apply s':>8} {'children s':>11} {'status s':>9} {'CR/s':>7} "
         f"{'RSS MiB':>8} {'peak MiB':>9} {'status writes':>14} {'CPU s':>7}"
-        f" {'obs.gen p50 s':>13} {'obs.gen max s':>13}"
+        f" {'obs.gen p50 s':>13} {'obs.gen max s':>13} {'passes':>7} {'pass s':>8}"
     )
     if args.replicas:
         header += (

