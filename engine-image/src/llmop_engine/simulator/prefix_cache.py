@@ -30,6 +30,8 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from llmop_engine.simulator.tokens import role_and_content
+
 CHARS_PER_TOKEN = 4
 
 
@@ -65,13 +67,8 @@ def chat_text(messages: Sequence[object]) -> str:
     """The text a chat template would produce: role markers around each message's content."""
     parts = []
     for message in messages:
-        role, content = "user", ""
-        if isinstance(message, dict):
-            role = str(message.get("role", "user"))
-            raw = message.get("content", "")
-            if isinstance(raw, list):
-                raw = " ".join(str(p.get("text", "")) for p in raw if isinstance(p, dict))
-            content = str(raw)
+        role, raw = role_and_content(message)
+        content = str(raw) if isinstance(message, dict) else ""
         parts.append(f"<|{role}|>\n{content}<|end|>\n")
     return "".join(parts)
 

@@ -77,17 +77,23 @@ def encode(text: str) -> list[int]:
     return ids or [span[0]]
 
 
+def role_and_content(message: object) -> tuple[str, object]:
+    """A chat message's role and content as the simulator's template reads them: a content
+    made of parts is their texts joined by spaces (None stays None)."""
+    if not isinstance(message, dict):
+        return "user", ""
+    raw = message.get("content", "")
+    if isinstance(raw, list):
+        raw = " ".join(str(p.get("text", "")) for p in raw if isinstance(p, dict))
+    return str(message.get("role", "user")), raw
+
+
 def chat_ids(messages: Sequence[object]) -> list[int]:
     """A chat prompt's ids: per message 4 template ids, then its content's ids."""
     ids: list[int] = []
     for message in messages:
-        role, content = "user", ""
-        if isinstance(message, dict):
-            role = str(message.get("role", "user"))
-            raw = message.get("content", "")
-            if isinstance(raw, list):
-                raw = " ".join(str(p.get("text", "")) for p in raw if isinstance(p, dict))
-            content = str(raw or "")
+        role, raw = role_and_content(message)
+        content = str(raw or "")
         role_id = _ROLES.index(role) if role in _ROLES else len(_ROLES)
         ids += [
             _TEMPLATE_BASE,
