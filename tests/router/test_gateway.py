@@ -320,3 +320,29 @@ async def test_shadow_mode_counts_and_refuses_nothing() -> None:
         codes = [(await r.post(completion(1)))[0] for _ in range(4)]
         assert codes == [200] * 4
         assert r.metric("llmop_gateway_shadow_rejected_total", tenant="a", reason="requests") == 3
+
+
+@synchronous
+async def test_admitted_answers_say_what_is_left_of_each_limit() -> None:
+    """OpenAI's `x-ratelimit-*` on every admitted answer, JSON or stream: 2 s of burst at 1
+    request/s leaves 1 request after the first and 0 after the second; 3 prompt tokens + 4
+    reserved of a 200-token burst at 100 tokens/s leave 193, full again in 70 ms."""
+    limits = {"requestsPerMinute": 60, "tokensPerMinute": 6000, "burstSeconds": 2}
+    async with rig(tenant("a", KEY, limits=limits)) as r:
+        status, headers, _ = await r.post(completion(4))
+        assert status == 200
+        assert headers["x-ratelimit-limit-requests"] == "60"
+        assert headers["x-ratelimit-remaining-requests"] == "1"
+        assert headers["x-ratelimit-reset-requests"] == "1s"
+        assert headers["x-ratelimit-limit-tokens"] == "6000"
+        assert headers["x-ratelimit-remaining-tokens"] == "193"
+        assert headers["x-ratelimit-reset-tokens"] == "70ms"
+        status, headers, text = await r.post(completion(4, stream=True))
+        assert status == 200
+        assert text.rstrip().endswith("data: [DONE]")
+        assert headers["x-ratelimit-remaining-requests"] == "0"
+        assert headers["x-ratelimit-reset-requests"].endswith("s")
+        assert int(headers["x-ratelimit-remaining-tokens"]) < 193
+        status, headers, _ = await r.post(completion(4))
+        assert status == 429
+        assert "x-ratelimit-remaining-requests" not in headers

@@ -94,6 +94,30 @@ def test_a_request_limit_is_shared_by_both_replicas(redis_server: RedisServer) -
     run()
 
 
+def test_what_is_left_of_a_limit_is_the_tenants_across_replicas(redis_server: RedisServer) -> None:
+    """The `x-ratelimit-remaining-*` of admitted answers count down across both replicas."""
+
+    @synchronous
+    async def run() -> None:
+        limits = {"requestsPerMinute": 60, "burstSeconds": 3}
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with (
+            replicas(redis_server.url, tenant("a", KEY, limits=limits)) as (urls, _),
+            aiohttp.ClientSession() as http,
+        ):
+            left = []
+            for i in range(3):
+                async with http.post(
+                    urls[i % 2] + "/v1/completions", json=completion(1), headers=headers
+                ) as answer:
+                    await answer.read()
+                    assert answer.headers["x-ratelimit-limit-requests"] == "60"
+                    left.append(answer.headers["x-ratelimit-remaining-requests"])
+        assert left == ["2", "1", "0"]
+
+    run()
+
+
 def test_a_concurrency_cap_holds_across_replicas_and_leases_return(
     redis_server: RedisServer,
 ) -> None:
@@ -197,6 +221,78 @@ def test_a_settlement_counts_once_however_often_it_is_sent(redis_server: RedisSe
                 "total:picos": 7,
             }
             assert await store.client.zcard(tenant_key("a", "lease")) == 0
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+def test_admissions_share_round_trips_and_survive_a_flushed_script_cache(
+    redis_server: RedisServer,
+) -> None:
+    """50 admissions asked for at once go to Redis in one batch (one write, one read), not 50
+    round trips; a store that forgot the scripts (a restart, SCRIPT FLUSH) still runs them."""
+
+    async def run() -> None:
+        store = Redis(redis_server.url, timeout=1.0)
+        sent: list[int] = []
+        send = store.pipe._send
+
+        async def counting(batch: Any) -> None:
+            sent.append(len(batch))
+            await send(batch)
+
+        store.pipe._send = counting  # type: ignore[method-assign]
+        try:
+            tenant_ = parse_tenant(tenant("a", KEY, limits={"requestsPerMinute": 1000}))
+            asks = [
+                admission(tenant_, "llama", f"r{i}", Estimate(3, 4), "2026-12") for i in range(50)
+            ]
+            decisions = await asyncio.gather(*(store.admit(a) for a in asks))
+            assert all(d.admitted for d in decisions)
+            assert sent == [50]
+            await store.client.script_flush()
+            assert (await store.admit(asks[0])).admitted
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+def test_an_admission_nobody_waits_for_gives_its_lease_back(redis_server: RedisServer) -> None:
+    """A client that goes away while its admission is at the store (or a call that timed out
+    while the script ran) must not hold one of the tenant's concurrent slots until the lease
+    expires: the admission's answer, when it comes, releases the lease."""
+
+    async def run() -> None:
+        store = Redis(redis_server.url, timeout=1.0)
+        answers: list[str] = []
+        release = store._release
+
+        def recording(ask: Any) -> Any:
+            def answered(answer: str) -> None:
+                answers.append(answer)
+                release(ask)(answer)
+
+            return answered
+
+        store._release = recording  # type: ignore[method-assign]
+        try:
+            tenant_ = parse_tenant(tenant("a", KEY, limits={"maxConcurrentRequests": 1}))
+            ask = admission(tenant_, "llama", "gone", Estimate(3, 4), "2026-12")
+            waiting = asyncio.ensure_future(store.admit(ask))
+            await asyncio.sleep(0)  # queued for the next batch
+            waiting.cancel()
+            deadline = time.monotonic() + 5
+            while not answers:
+                assert time.monotonic() < deadline, "the admission never reached the store"
+                await asyncio.sleep(0.001)
+            assert answers == ["ok"], "admitted: it took the lease"
+            while await store.client.zcard(tenant_key("a", "lease")) != 0:
+                assert time.monotonic() < deadline, "the abandoned admission kept its lease"
+                await asyncio.sleep(0.005)
+            again = admission(tenant_, "llama", "next", Estimate(3, 4), "2026-12")
+            assert (await store.admit(again)).admitted
         finally:
             await store.close()
 

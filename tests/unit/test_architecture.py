@@ -226,7 +226,7 @@ ROUTER_OWNERS = {
         *("intake.py", "edge.py", "gateway.py", "migrating.py"),
     },
     "yaml": {"kube.py", "cli.py"},  # cli.py: --static-tenants
-    "multidict": {"proxy.py", "app.py", "gateway.py", "migrating.py"},  # headers, not I/O
+    "multidict": {"answers.py", "proxy.py", "app.py", "gateway.py", "migrating.py"},  # headers
     "redis": {"store.py"},
     "prometheus_client": {"metrics.py"},
     "uvloop": {"cli.py"},

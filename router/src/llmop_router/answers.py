@@ -1,7 +1,8 @@
 """How the router answers when it cannot relay an engine's answer: an OpenAI-shaped JSON error,
 or, once a held stream's 200 headers went out, the same error as one SSE event
-(`event: error` with the OpenAI error object as its data); and the SSE response a held stream
-gets its heartbeats in."""
+(`event: error` with the OpenAI error object as its data); the SSE response a held stream
+gets its heartbeats in; and the headers of a request or an answer that go on through the router
+(`forwarded_headers`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 from http import HTTPStatus
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 
 def error_body(status: int, message: str, kind: str, code: str | None = None) -> dict[str, object]:
@@ -74,3 +76,25 @@ async def prepare_stream(request: web.Request) -> web.StreamResponse:
     response.headers["X-Accel-Buffering"] = "no"
     await response.prepare(request)
     return response
+
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+
+def forwarded_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    """End-to-end headers (Authorization included: the engine checks its API key)."""
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)

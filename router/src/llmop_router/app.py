@@ -27,7 +27,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from llmop_router import contract, edge
-from llmop_router.answers import error, send_error_event
+from llmop_router.answers import error, forwarded_headers, send_error_event
 from llmop_router.contract import ActivityKey
 from llmop_router.gateway import Gateway, Ticket, model_not_found, new_request_id
 from llmop_router.hold import Holding, Key
@@ -36,14 +36,18 @@ from llmop_router.limits import DEFAULT as DEFAULT_LIMITS
 from llmop_router.limits import Limits
 from llmop_router.metering import Tap, with_usage_requested
 from llmop_router.metrics import UNKNOWN_MODEL, RouterMetrics
+from llmop_router.migration import Settings as MigrationSettings
 from llmop_router.prefix import RoutingInfo
-from llmop_router.proxy import Proxy, forwarded_headers
+from llmop_router.proxy import Proxy
 from llmop_router.routes import Choice, RouteTable, Wake
 from llmop_router.scale_to_zero import HEARTBEAT_SECONDS, Holder, Waker
 from llmop_router.tenants import Identity
 
 log = logging.getLogger("llmop_router.app")
 
+RATE_LIMITS = web.RequestKey("llmop_rate_limits", dict[str, str])
+"""An admitted request's `x-ratelimit-*` headers, for whichever answer it gets (relayed,
+continued elsewhere, or an error)."""
 INFERENCE_ROUTES = (
     "/v1/chat/completions",
     "/v1/completions",
@@ -77,6 +81,7 @@ class Router:
         heartbeat: float = HEARTBEAT_SECONDS,
         waker: Waker | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        migration: MigrationSettings | None = None,
     ) -> None:
         self.table = table
         self.limits = limits
@@ -85,7 +90,11 @@ class Router:
         self.metrics = metrics or RouterMetrics()
         self.metrics.in_flight.set_function(table.total_in_flight)
         self.proxy = Proxy(
-            table, self.metrics, connect_timeout=connect_timeout, draining=lambda: self.draining
+            table,
+            self.metrics,
+            connect_timeout=connect_timeout,
+            draining=lambda: self.draining,
+            migration=migration,
         )
         self.holder = Holder(table, self.metrics, heartbeat=heartbeat, waker=waker, limits=limits)
         self.last_request: dict[Key, float] = {}
@@ -136,6 +145,7 @@ class Router:
         )
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
+        app.on_response_prepare.append(_rate_limit_headers)
         app.router.add_get(MODELS_ROUTE, self.list_models)
         for route in INFERENCE_ROUTES:
             app.router.add_post(route, self.route)
@@ -289,6 +299,8 @@ class Router:
         if isinstance(admitted, web.Response):
             return self._answered(info.model, admitted)
         ticket, body = admitted[0], admitted[1] or body
+        if ticket.headers:
+            request[RATE_LIMITS] = ticket.headers
         headers = forwarded_headers(request.headers)
         gateway.headers_for(headers, ticket)
         key = (choice.backend.namespace, choice.backend.name)
@@ -407,6 +419,14 @@ class Router:
         if not await send_error_event(prepared, response):
             self.metrics.client_disconnects.inc()
         return prepared
+
+
+async def _rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Before an answer's headers go out: the gateway's rate-limit headers, when it admitted
+    the request (the engine's own, if it sent any, are not the tenant's)."""
+    headers = request.get(RATE_LIMITS)
+    if headers:
+        response.headers.update(headers)
 
 
 async def serve(

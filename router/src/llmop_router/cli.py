@@ -41,6 +41,7 @@ from llmop_router.kube import (
     wake,
 )
 from llmop_router.metrics import GatewayMetrics
+from llmop_router.migration import Settings as MigrationSettings
 from llmop_router.routes import Backend, RouteTable
 from llmop_router.store import Guarded, Local, Redis, Store
 from llmop_router.tenants import Tenant, parse_tenant
@@ -120,10 +121,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="comma-separated namespaces whose LLMDeployments may be routed; the others' model "
         "names answer 404 (default: every namespace)",
     )
+    serving.add_argument(
+        "--migration-limit",
+        type=int,
+        default=MigrationSettings.limit,
+        help="times one stream may be continued on another replica after its engine failed "
+        'mid-answer (docs/router.md, "Request migration"); 0: off (a cut stream then ends '
+        "with an error event)",
+    )
+    serving.add_argument(
+        "--migration-inactivity-seconds",
+        type=float,
+        default=MigrationSettings.inactivity_seconds,
+        help="a stream with no event for this long after its first is taken as hung",
+    )
     limits.add_arguments(serving)
     _gateway_arguments(serving)
     args = parser.parse_args(argv)
     bounds = limits.from_args(args)
+    if args.migration_inactivity_seconds <= 0:
+        parser.error("--migration-inactivity-seconds must be more than 0")
+    migration = MigrationSettings(
+        limit=max(0, args.migration_limit), inactivity_seconds=args.migration_inactivity_seconds
+    )
     if args.admin_port == args.port and args.port != 0:
         parser.error(
             f"--admin-port {args.admin_port} is --port too: give the admin routes their own "
@@ -132,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     _event_loop_policy()
     if args.static:
-        router = Router(static_table(args.static), limits=bounds)
+        router = Router(static_table(args.static), limits=bounds, migration=migration)
         router.ready = True
         if args.static_tenants is not None:
             router.gateway = _gateway(args, router)
@@ -141,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 router.gateway.set_price(cr, pricing)
     else:
         api = ApiServer.from_kubeconfig(args.kubeconfig) if args.kubeconfig else None
-        router = Router(RouteTable(), limits=bounds)
+        router = Router(RouteTable(), limits=bounds, migration=migration)
         if args.gateway:
             router.gateway = _gateway(args, router)
         namespaces = tuple(ns for ns in args.namespaces.split(",") if ns)

@@ -14,11 +14,12 @@ seconds), 503 when the store is down and the gateway fails closed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
+import os
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,6 +37,7 @@ from llmop_router.quota import (
     FREE,
     PICO,
     Admission,
+    Bucket,
     Charge,
     Decision,
     Price,
@@ -71,7 +73,13 @@ def bearer(headers: Mapping[str, str]) -> str | None:
 
 
 def month_of(unix: float) -> str:
-    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m")
+    return _month_of_day(int(unix // 86_400))
+
+
+@functools.lru_cache(maxsize=4)
+def _month_of_day(day: int) -> str:
+    # Per day, not per request: formatting a date costs more than the rest of an admission.
+    return datetime.fromtimestamp(day * 86_400, UTC).strftime("%Y-%m")
 
 
 def price_of(pricing: object) -> tuple[Price, str] | None:
@@ -100,8 +108,8 @@ def store_health(metrics: GatewayMetrics) -> Health:
     """What the shared store's breaker reports, as the gateway's metrics."""
     return Health(
         degraded=lambda on: metrics.store_degraded.set(1 if on else 0),
-        error=lambda op: metrics.store_errors.labels(op).inc(),
-        latency=lambda op, seconds: metrics.store_seconds.labels(op).observe(seconds),
+        error=lambda op: metrics.of(metrics.store_errors, op).inc(),
+        latency=lambda op, seconds: metrics.of(metrics.store_seconds, op).observe(seconds),
     )
 
 
@@ -116,6 +124,8 @@ class Ticket:
     started: float
     client_request_id: str = ""
     """The client's `X-Request-Id` (at most 64 characters), for the log and the engine only."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """`x-ratelimit-*` for the answer: what the admission left of each limit."""
 
 
 @dataclass
@@ -215,7 +225,7 @@ class Gateway:
     def authenticate(self, request: web.Request) -> Identity | web.Response:
         found = self.directory.identify(bearer(request.headers), self.clock())
         if isinstance(found, KeyRefusal):
-            self.metrics.rejected.labels(NO_TENANT, found.reason).inc()
+            self.metrics.of(self.metrics.rejected, NO_TENANT, found.reason).inc()
             return error(
                 401,
                 found.message,
@@ -227,7 +237,9 @@ class Gateway:
     def model_refusal(self, identity: Identity, model: str) -> web.Response | None:
         if identity.tenant.may_use(model):
             return None
-        self.metrics.rejected.labels(self.tenant_label(identity.tenant.name), "model").inc()
+        self.metrics.of(
+            self.metrics.rejected, self.tenant_label(identity.tenant.name), "model"
+        ).inc()
         return model_not_found(model)
 
     async def admit(
@@ -246,7 +258,7 @@ class Gateway:
         label = self.tenant_label(tenant.name)
         cap = tenant.max_tokens_per_request
         if cap is not None and max_tokens is not None and max_tokens > cap:
-            self.metrics.rejected.labels(label, "max_tokens").inc()
+            self.metrics.of(self.metrics.rejected, label, "max_tokens").inc()
             return error(
                 400,
                 f"max_tokens {max_tokens} is more than tenant {tenant.name!r} may ask for in "
@@ -260,7 +272,7 @@ class Gateway:
         try:
             decision = await self.store.admit(ask)
         except StoreUnavailableError:
-            self.metrics.rejected.labels(label, "store_unavailable").inc()
+            self.metrics.of(self.metrics.rejected, label, "store_unavailable").inc()
             return error(
                 503,
                 "the gateway's limit store does not answer and the gateway fails closed; "
@@ -272,10 +284,10 @@ class Gateway:
         if not decision.admitted:
             assert decision.refused is not None
             if not tenant.shadow:
-                self.metrics.rejected.labels(label, decision.refused.value).inc()
+                self.metrics.of(self.metrics.rejected, label, decision.refused.value).inc()
                 return refusal(tenant, ask, decision)
-            self.metrics.shadow_rejected.labels(label, decision.refused.value).inc()
-        self.metrics.in_flight.labels(label).inc()
+            self.metrics.of(self.metrics.shadow_rejected, label, decision.refused.value).inc()
+        self.metrics.of(self.metrics.in_flight, label).inc()
         ticket = Ticket(
             identity,
             ask,
@@ -283,6 +295,7 @@ class Gateway:
             Tap(stream=stream, strip_usage=strip_usage),
             time.monotonic(),
             client_request_id,
+            rate_limit_headers(ask, decision),
         )
         self.running[request_id] = ticket
         self._ensure_renewing()
@@ -297,17 +310,11 @@ class Gateway:
         decision_headers["X-Request-Id"] = ticket.client_request_id or ticket.ask.request_id
 
     def finish(self, ticket: Ticket, status: int, cr: tuple[str, str] | None) -> None:
-        """Settle in the background: the handler may be cancelled (the client went away), the
-        settlement must not be."""
-        self.running.pop(ticket.ask.request_id, None)
-        task = asyncio.ensure_future(self._settle(ticket, status, cr))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
-
-    async def _settle(self, ticket: Ticket, status: int, cr: tuple[str, str] | None) -> None:
+        """Meter and log now; settle with the store in the background: the handler may be
+        cancelled (the client went away), the settlement must not be."""
+        ended = time.monotonic()
         ask = ticket.ask
-        tenant_label = self.tenant_label(ask.tenant)
-        self.metrics.in_flight.labels(tenant_label).dec()
+        self.running.pop(ask.request_id, None)
         answered = 200 <= status < 300
         usage = (
             ticket.tap.used(ask.estimate.input_tokens)
@@ -316,50 +323,38 @@ class Gateway:
         )
         price, currency = self.prices.get(cr, (FREE, "USD")) if cr else (FREE, "USD")
         cost = price.cost_picos(usage)
+        task = asyncio.ensure_future(self._settle(ask, usage, cost, ticket.charged))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        self._meter(ticket, status, usage, cost, currency)
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info("%s", access_line(ticket, status, usage, cost, currency, ended=ended))
+
+    async def _settle(self, ask: Admission, usage: Usage, cost: int, charged: bool) -> None:
         try:
-            await self.store.settle(ask, usage, cost, charged=ticket.charged)
+            await self.store.settle(ask, usage, cost, charged=charged)
         except Exception:
             log.exception("settling request %s failed", ask.request_id)
-        metrics = self.metrics
-        metrics.requests.labels(tenant_label, ask.model, str(status)).inc()
+
+    def _meter(self, ticket: Ticket, status: int, usage: Usage, cost: int, currency: str) -> None:
+        ask, metrics = ticket.ask, self.metrics
+        tenant_label = self.tenant_label(ask.tenant)
+        metrics.of(metrics.in_flight, tenant_label).dec()
+        metrics.of(metrics.requests, tenant_label, ask.model, str(status)).inc()
         if usage.input_tokens or usage.output_tokens:
             cached = min(usage.cached_tokens, usage.input_tokens)
-            metrics.tokens.labels(tenant_label, ask.model, "input").inc(usage.input_tokens - cached)
+            metrics.of(metrics.tokens, tenant_label, ask.model, "input").inc(
+                usage.input_tokens - cached
+            )
             if cached:
-                metrics.tokens.labels(tenant_label, ask.model, "cached_input").inc(cached)
-            metrics.tokens.labels(tenant_label, ask.model, "output").inc(usage.output_tokens)
+                metrics.of(metrics.tokens, tenant_label, ask.model, "cached_input").inc(cached)
+            metrics.of(metrics.tokens, tenant_label, ask.model, "output").inc(usage.output_tokens)
             if not usage.exact:
-                metrics.estimated.labels(tenant_label, ask.model).inc(
+                metrics.of(metrics.estimated, tenant_label, ask.model).inc(
                     usage.input_tokens + usage.output_tokens
                 )
             if cost:
-                metrics.cost.labels(tenant_label, ask.model, currency).inc(cost / PICO)
-        ended = time.monotonic()
-        first_byte = ticket.tap.first_byte
-        ttft = None if first_byte is None else first_byte - ticket.started
-        access_log.info(
-            "%s",
-            json.dumps(
-                {
-                    "requestId": ask.request_id,
-                    "clientRequestId": ticket.client_request_id or None,
-                    "tenant": ask.tenant,
-                    "key": ticket.identity.key_name,
-                    "model": ask.model,
-                    "status": status,
-                    "inputTokens": usage.input_tokens,
-                    "cachedTokens": usage.cached_tokens,
-                    "outputTokens": usage.output_tokens,
-                    "usageExact": usage.exact,
-                    "cost": str(Decimal(cost) / PICO),
-                    "currency": currency,
-                    "ttftMs": None if ttft is None else round(ttft * 1000, 1),
-                    "durationMs": round((ended - ticket.started) * 1000, 1),
-                    "charged": ticket.charged,
-                },
-                separators=(",", ":"),
-            ),
-        )
+                metrics.of(metrics.cost, tenant_label, ask.model, currency).inc(cost / PICO)
 
     def _ensure_renewing(self) -> None:
         if self._renewing is None or self._renewing.done():
@@ -387,7 +382,38 @@ class Gateway:
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    # 128 random bits as 32 hex digits, as `uuid4().hex`, without building a UUID.
+    return os.urandom(16).hex()
+
+
+def access_line(
+    ticket: Ticket, status: int, usage: Usage, cost: int, currency: str, *, ended: float
+) -> str:
+    """The request's access-log line (JSON): who, which model, what it used and cost, how
+    long it took; never the prompt or the key."""
+    ask = ticket.ask
+    first_byte = ticket.tap.first_byte
+    ttft = None if first_byte is None else first_byte - ticket.started
+    return json.dumps(
+        {
+            "requestId": ask.request_id,
+            "clientRequestId": ticket.client_request_id or None,
+            "tenant": ask.tenant,
+            "key": ticket.identity.key_name,
+            "model": ask.model,
+            "status": status,
+            "inputTokens": usage.input_tokens,
+            "cachedTokens": usage.cached_tokens,
+            "outputTokens": usage.output_tokens,
+            "usageExact": usage.exact,
+            "cost": str(Decimal(cost) / PICO),
+            "currency": currency,
+            "ttftMs": None if ttft is None else round(ttft * 1000, 1),
+            "durationMs": round((ended - ticket.started) * 1000, 1),
+            "charged": ticket.charged,
+        },
+        separators=(",", ":"),
+    )
 
 
 def model_not_found(model: str) -> web.Response:
@@ -404,6 +430,37 @@ _HEADER_SUFFIX = {
     Charge.TOKENS: "tokens",
     Charge.OUTPUT_TOKENS: "output-tokens",
 }
+
+
+def rate_limit_headers(ask: Admission, decision: Decision) -> dict[str, str]:
+    """OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (and `-output-tokens`)
+    of an admitted request: per kind, the bucket with the least left (the tenant's, or a
+    stricter one of the model's), after this request's charge; `reset` is when that bucket is
+    full again, as OpenAI writes it (`1s`, `6m0s`, `20ms`)."""
+    tightest: dict[Charge, Bucket] = {}
+    for bucket in ask.buckets:
+        left = decision.remaining.get(bucket.key)
+        if left is None:
+            continue
+        kept = tightest.get(bucket.charge)
+        if kept is None or left < decision.remaining[kept.key]:
+            tightest[bucket.charge] = bucket
+    headers = {}
+    for charge, bucket in tightest.items():
+        suffix = _HEADER_SUFFIX[charge]
+        headers[f"x-ratelimit-limit-{suffix}"] = str(bucket.limit)
+        headers[f"x-ratelimit-remaining-{suffix}"] = str(max(0, decision.remaining[bucket.key]))
+        headers[f"x-ratelimit-reset-{suffix}"] = duration(decision.reset_ms.get(bucket.key, 0))
+    return headers
+
+
+def duration(ms: int) -> str:
+    """A wait as OpenAI's headers write it: `20ms`, `1.5s`, `6m0s`."""
+    if ms < 1000:
+        return f"{max(0, ms)}ms"
+    minutes, rest = divmod(ms, 60_000)
+    seconds = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
+    return f"{minutes}m{seconds}s" if minutes else f"{seconds}s"
 
 
 def refusal(tenant: Tenant, ask: Admission, decision: Decision) -> web.Response:

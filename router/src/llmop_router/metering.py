@@ -23,8 +23,19 @@ TAIL_BYTES = 8192
 EVENT_END = b"\n\n"
 
 
+USAGE_OPTION = b'"stream_options":{"include_usage":true}'
+
+
 def with_usage_requested(body: bytes) -> bytes:
-    """The body with `stream_options.include_usage: true` (the engine then sends usage)."""
+    """The body with `stream_options.include_usage: true` (the engine then sends usage).
+
+    `body` is a JSON object (`body.scan` parsed it). Without `stream_options` the member is
+    appended to its bytes, with no second parse; a body that has one, or has `\\u` escapes
+    (which could spell the name so a byte search misses it), is parsed and written again."""
+    if b'"stream_options"' not in body and b"\\u" not in body:
+        end = body.rstrip()
+        if end.endswith(b"}"):
+            return end[:-1] + b"," + USAGE_OPTION + b"}"
     parsed: dict[str, Any] = json.loads(body)
     options = parsed.get("stream_options")
     options = dict(options) if isinstance(options, dict) else {}
@@ -73,7 +84,11 @@ class Tap:
                 return b""
             self._pending = data[-TAIL_BYTES:]
             return chunk
-        complete, self._pending = data[: end + 2], data[end + 2 :]
+        cut = end + 2
+        if cut == len(data):  # the usual chunk: whole events (no copy)
+            complete, self._pending = data, b""
+        else:
+            complete, self._pending = data[:cut], data[cut:]
         if not self.strip_usage:
             self._scan(complete)
             return chunk

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -10,6 +11,7 @@ ROUTING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.
 WAKE_BUCKETS = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200)
 """Cold starts run from seconds (a cached small model) to many minutes (a node to add, weights
 to download)."""
+SEAM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 CR_LABELS = ("llmdeployment_namespace", "llmdeployment")
 """Which CR a scale-to-zero series is about. Not `namespace`: Prometheus sets that target label
 to the router pod's own namespace and would rename a scraped one to `exported_namespace`."""
@@ -92,6 +94,22 @@ class RouterMetrics:
             registry=self.registry,
         )
 
+        self.migrations = Counter(
+            "llmop_router_migrations",
+            "Streams whose engine failed after the first byte, by why (reset, eof, error, "
+            "abort, idle, unready, status, connect) and what the router did (continued, "
+            "restarted: nothing was sent yet, completed: only the end was lost, not_eligible, "
+            "limit, no_replica: ended with an error event)",
+            ["reason", "outcome"],
+            registry=self.registry,
+        )
+        self.migration_seam_seconds = Histogram(
+            "llmop_router_migration_seam_seconds",
+            "From a stream's failure detected to the continuation's first event relayed",
+            ["reason"],
+            buckets=SEAM_BUCKETS,
+            registry=self.registry,
+        )
         self.watch_age = Gauge(
             "llmop_router_watch_age_seconds",
             "Seconds since the watch of a resource last heard from the API server (a list, a "
@@ -189,3 +207,14 @@ class GatewayMetrics:
             "1 while the shared store is not used (its breaker is open)",
             registry=registry,
         )
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+    def of(self, metric: Counter | Gauge | Histogram, *labels: str) -> Any:
+        """`metric.labels(*labels)`, bound once: a request's few counters then cost no label
+        lookup (and no lock around one). The labels are bounded (declared tenants, routed
+        models, HTTP codes), so is this."""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child

@@ -14,42 +14,24 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from llmop_router.answers import error_event
+from llmop_router.answers import error_event, forwarded_headers
 from llmop_router.hold import Key
 from llmop_router.metering import Tap
 from llmop_router.metrics import RouterMetrics
+from llmop_router.migrating import StreamForward
+from llmop_router.migration import Record, Settings, stream_body
 from llmop_router.routes import Choice, RouteTable
 
 log = logging.getLogger("llmop_router.proxy")
 
 ATTEMPTS = 2
 """The first pick and one retry on a different pod."""
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
-
-
-def forwarded_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
-    """End-to-end headers (Authorization included: the engine checks its API key)."""
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
 
 
 class Proxy:
@@ -62,8 +44,11 @@ class Proxy:
         *,
         connect_timeout: float,
         draining: Callable[[], bool],
+        migration: Settings | None = None,
     ) -> None:
         self.table = table
+        self.migration = migration or Settings()
+        """How streams whose engine fails after the first byte continue (`migrating`)."""
         self.metrics = metrics
         self.connect_timeout = connect_timeout
         self.draining = draining
@@ -103,6 +88,30 @@ class Proxy:
         if headers is None:
             headers = forwarded_headers(request.headers)
         url_tail = request.rel_url.raw_path_qs
+        parsed = stream_body(request.method, request.path, body)
+        if parsed is not None:
+            # Completions and chat streams: whole events, continued elsewhere on a failure.
+            assert self._session is not None
+            return await StreamForward(
+                session=self._session,
+                table=self.table,
+                metrics=self.metrics,
+                settings=self.migration,
+                record=Record.of(request.path, parsed, self.migration),
+                raw_body=body,
+                request=request,
+                url_tail=url_tail,
+                headers=headers,
+                choice=choice,
+                cr=cr,
+                started=started,
+                prepared=prepared,
+                tap=tap,
+                draining=self.draining(),
+                relay_plain=lambda upstream, first_byte: self._relay(
+                    request, upstream, prepared, first_byte, tap
+                ),
+            ).forward()
         pick = choice.pick
         attempts = pick.order[:ATTEMPTS]
         for attempt, endpoint in enumerate(attempts):

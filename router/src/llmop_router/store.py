@@ -2,9 +2,11 @@
 this process's memory — the one module that talks to the store.
 
 Every router replica charges the same buckets, so a tenant's limit is the tenant's limit, not
-the limit times the replicas. Admission is one Lua script (one round trip, atomic: all of a
-request's buckets, its budget and its concurrency lease, or none), settlement another; both
-take the time from the store's own clock (`TIME`) so replicas never disagree about it. Keys of
+the limit times the replicas. Admission is one Lua script (atomic: all of a request's
+buckets, its budget and its concurrency lease, or none), settlement another; both take the
+time from the store's own clock (`TIME`) so replicas never disagree about it. The scripts of
+many requests share round trips (`Pipe`): the router's CPU per request, not Redis, is what a
+round trip costs. Keys of
 one tenant share a hash tag (`{t:<tenant>}`), so a Redis Cluster keeps them on one shard.
 
 Layout: `llmop:{t:T}:gcra:<bucket>` the bucket's TAT (ms, expires when full again);
@@ -22,6 +24,8 @@ so usage is neither lost nor doubled.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
 import logging
 import time
 from collections import Counter
@@ -47,6 +51,9 @@ USAGE_TTL_SECONDS = 400 * 86_400
 SETTLED_MARKER_MS = 3_600_000
 """How long a request's settlement is remembered (so it counts once): longer than any outage
 the router waits out before sending it again."""
+LINGER_SECONDS = 0.005
+"""How long a settlement may wait for an admission's batch to go with: a lease comes back
+and a refund lands that much later, never lost."""
 MAX_CONNECTIONS = 64
 """Connections to the store per router pod: a request waits for one (within the store timeout)
 rather than failing as the default pool does past its cap."""
@@ -199,10 +206,10 @@ local lease_ms = tonumber(ARGV[4])
 local budget = tonumber(ARGV[5])
 if budget >= 0 then
   local spent = tonumber(redis.call('HGET', KEYS[n + 2], 'total:picos') or '0')
-  if spent >= budget then return {'budget', '0', '0'} end
+  if spent >= budget then return 'budget' end
 end
 local tats = {}
-local out = {'ok', '0', '0'}
+local out = {'ok'}
 local wait, which = 0, 0
 for i = 1, n do
   local base = 5 + (i - 1) * 3
@@ -216,21 +223,21 @@ for i = 1, n do
     if new - tau - now >= wait then wait, which = new - tau - now, i end
   end
   tats[i] = new
-  out[#out + 1] = tostring(math.floor((tau - (new - now)) / interval))
-  out[#out + 1] = tostring(math.ceil(new - now))
+  out[#out + 1] = string.format('%d', math.floor((tau - (new - now)) / interval))
+  out[#out + 1] = string.format('%d', math.ceil(new - now))
 end
-if which > 0 then return {'refused', tostring(math.ceil(wait)), tostring(which)} end
+if which > 0 then return string.format('refused %d %d', math.ceil(wait), which) end
 if cap >= 0 then
   local lease = KEYS[n + 1]
   redis.call('ZREMRANGEBYSCORE', lease, '-inf', now)
-  if redis.call('ZCARD', lease) >= cap then return {'concurrency', '0', '0'} end
+  if redis.call('ZCARD', lease) >= cap then return 'concurrency' end
   redis.call('ZADD', lease, now + lease_ms, id)
   redis.call('PEXPIRE', lease, lease_ms * 2)
 end
 for i = 1, n do
   redis.call('SET', KEYS[i], string.format('%.3f', tats[i]), 'PX', math.ceil(tats[i] - now) + 1000)
 end
-return out
+return table.concat(out, ' ')
 """
 
 SETTLE_SCRIPT = """
@@ -278,12 +285,189 @@ return 1
 """
 
 
+SCRIPTS = (ADMIT_SCRIPT, SETTLE_SCRIPT, RENEW_SCRIPT)
+
+
 def tenant_key(tenant: str, suffix: str) -> str:
     return f"llmop:{{t:{tenant}}}:{suffix}"
 
 
+class Pipe:
+    """Commands to the store, batched: every command asked for in one turn of the event loop
+    goes out in one write on one connection, and the replies are read back in order.
+
+    A round trip costs the router far more CPU than the script costs Redis (a redis-py call is
+    ~120 µs of the router's CPU on the bench machine, most of it in the client's layers and one
+    socket write and read each): under load, dozens of admissions and settlements share one.
+    A lone admission goes out on the next turn, so it waits for no batch to fill; commands
+    nobody waits on (settlements, renewals) linger up to `LINGER_SECONDS` for the next
+    admission's batch, so a request costs one round trip, not two. Batches are
+    sent concurrently, each on a connection of its own (at most `MAX_CONNECTIONS`); a batch
+    that does not finish within `timeout` fails every command in it and drops its connection.
+    Scripts go as `EVALSHA`; one the server does not know (it restarted) is sent again as
+    `EVAL`, which loads it."""
+
+    def __init__(self, connect: Callable[[], Any], timeout: float) -> None:
+        self._connect = connect
+        """A new (unconnected) redis-py connection."""
+        self.timeout = timeout
+        self._idle: list[Any] = []
+        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self._queue: list[_Call] = []
+        self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def call(
+        self,
+        *args: Any,
+        script: str | None = None,
+        abandoned: Callable[[Any], None] | None = None,
+        linger: bool = False,
+    ) -> asyncio.Future[Any]:
+        """The reply of one command (`script`: the body of an `EVALSHA`'s script).
+        `abandoned` gets the reply of a command whose caller stopped waiting for it; `linger`:
+        no request waits on it, it may go with the next batch."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append(_Call(args, future, script, abandoned))
+        if self._scheduled:
+            pass
+        elif not linger:
+            # The task starts on the next turn, after every request ready in this one has
+            # queued its command: they go together, and none waits longer than that turn.
+            self._scheduled = True
+            self._start()
+        elif self._timer is None:
+            self._timer = loop.call_later(LINGER_SECONDS, self._start)
+        return future
+
+    def script(
+        self,
+        body: str,
+        sha: str,
+        keys: list[str],
+        args: list[Any],
+        *,
+        abandoned: Callable[[Any], None] | None = None,
+        linger: bool = False,
+    ) -> asyncio.Future[Any]:
+        return self.call(
+            "EVALSHA", sha, len(keys), *keys, *args, script=body, abandoned=abandoned, linger=linger
+        )
+
+    def send(self, *args: Any) -> None:
+        """A command whose reply nobody needs (a failure is logged)."""
+        self.call(*args, linger=True).add_done_callback(_log_failure)
+
+    def _start(self) -> None:
+        task = asyncio.ensure_future(self._flush())
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _flush(self) -> None:
+        """Send what is queued now as one batch."""
+        self._scheduled = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._queue:
+            batch, self._queue = self._queue, []
+            await self._send(batch)
+
+    async def _send(self, batch: list[_Call]) -> None:
+        async with self._slots:
+            connection = self._idle.pop() if self._idle else self._connect()
+            try:
+                async with asyncio.timeout(self.timeout):
+                    replies = await _round_trip(connection, batch)
+            except BaseException as exc:
+                await connection.disconnect(nowait=True)
+                failure = exc if isinstance(exc, Exception) else ConnectionError("cancelled")
+                for call in batch:
+                    if not call.future.done():
+                        call.future.set_exception(failure)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            self._idle.append(connection)
+        for call, reply in zip(batch, replies, strict=True):
+            if call.future.done():  # its caller stopped waiting (cancelled, timed out)
+                if call.abandoned is not None and not isinstance(reply, Exception):
+                    call.abandoned(reply)
+            elif isinstance(reply, Exception):
+                call.future.set_exception(reply)
+            else:
+                call.future.set_result(reply)
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in list(self._sending):
+            task.cancel()
+        for connection in self._idle:
+            await connection.disconnect()
+        self._idle = []
+
+
+@dataclass(slots=True)
+class _Call:
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+    script: str | None
+    abandoned: Callable[[Any], None] | None
+
+
+def _log_failure(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.info("a store command failed: %s", future.exception())
+
+
+def pack(commands: list[tuple[Any, ...]]) -> bytes:
+    """Commands as RESP, in one buffer. The client's own packer checks each argument's type
+    through a general encoder (~5 µs an argument here, ~20 arguments a script call); these
+    are only ever `str` and `int`."""
+    out = []
+    for args in commands:
+        out.append(b"*%d\r\n" % len(args))
+        for arg in args:
+            data = arg.encode() if isinstance(arg, str) else b"%d" % arg
+            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+async def _round_trip(connection: Any, batch: list[_Call]) -> list[Any]:
+    """The batch's replies; scripts the server did not know are sent again as `EVAL`."""
+    from redis.exceptions import NoScriptError
+
+    replies = await _exchange(connection, [c.args for c in batch])
+    unknown = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+    if unknown:
+        again = [("EVAL", batch[i].script, *batch[i].args[2:]) for i in unknown]
+        for i, reply in zip(unknown, await _exchange(connection, again), strict=True):
+            replies[i] = reply
+    return replies
+
+
+async def _exchange(connection: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """Send `commands` in one write and read their replies (an error reply is its exception)."""
+    from redis.exceptions import ResponseError
+
+    if not connection.is_connected:
+        await connection.connect()
+    await connection.send_packed_command(pack(commands), check_health=False)
+    replies: list[Any] = []
+    for _ in commands:
+        try:
+            replies.append(await connection.read_response())
+        except ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
 class Redis:
-    """The shared store: one script call to admit a request, one to settle it."""
+    """The shared store: one script call to admit a request, one to settle it, batched with
+    the other requests' (`Pipe`)."""
 
     def __init__(self, url: str, *, timeout: float, password: str | None = None) -> None:
         import redis.asyncio as aioredis
@@ -299,14 +483,17 @@ class Redis:
             health_check_interval=0,
         )
         self.client: Any = aioredis.Redis(connection_pool=pool)
-        self._admit = self.client.register_script(ADMIT_SCRIPT)
-        self._settle = self.client.register_script(SETTLE_SCRIPT)
-        self._renew = self.client.register_script(RENEW_SCRIPT)
+        """For the rare calls (a tenant's usage); requests go through `pipe`."""
+        # The pipe's connections have no per-read timeout (each would cost a timer per reply):
+        # the pipe bounds a whole batch instead.
+        options = {**pool.connection_kwargs, "socket_timeout": None}
+        self.pipe = Pipe(lambda: pool.connection_class(**options), timeout)
+        self._shas = {s: hashlib.sha1(s.encode()).hexdigest() for s in SCRIPTS}
 
     async def admit(self, ask: Admission) -> Decision:
         keys = [tenant_key(ask.tenant, f"gcra:{b.key}") for b in ask.buckets]
         keys += [tenant_key(ask.tenant, "lease"), tenant_key(ask.tenant, f"usage:{ask.month}")]
-        args: list[str | int | float] = [
+        args: list[str | int] = [
             len(ask.buckets),
             -1 if ask.concurrency is None else ask.concurrency,
             ask.request_id,
@@ -315,7 +502,15 @@ class Redis:
         ]
         for bucket in ask.buckets:
             args += [repr(bucket.interval_ms), repr(bucket.tau_ms), bucket.cost]
-        answer = await self._admit(keys=keys, args=args)
+        answer = await self.pipe.script(
+            ADMIT_SCRIPT,
+            self._shas[ADMIT_SCRIPT],
+            keys,
+            args,
+            abandoned=None if ask.concurrency is None else self._release(ask),
+        )
+        # One string, not an array: the client parses one reply, not one per bucket.
+        answer = answer.split()
         verdict = answer[0]
         if verdict == "budget":
             return Decision(Refused.BUDGET)
@@ -326,7 +521,7 @@ class Redis:
             return Decision(
                 _REFUSED_BY_CHARGE[bucket.charge], retry_after_ms=max(1, int(answer[1]))
             )
-        rest = answer[3:]
+        rest = answer[1:]
         return Decision(
             None,
             remaining={b.key: int(rest[2 * i]) for i, b in enumerate(ask.buckets)},
@@ -340,7 +535,7 @@ class Redis:
             tenant_key(ask.tenant, f"usage:{ask.month}"),
             tenant_key(ask.tenant, f"settled:{ask.request_id}"),
         ]
-        args: list[str | int | float] = [
+        args: list[str | int] = [
             len(ask.buckets),
             "1" if charged else "0",
             ask.request_id,
@@ -352,20 +547,33 @@ class Redis:
             args += [repr(bucket.interval_ms), delta]
         for name, value in usage_fields(ask.model, usage, cost_picos).items():
             args += [name, value]
-        await self._settle(keys=keys, args=args)
+        await self.pipe.script(SETTLE_SCRIPT, self._shas[SETTLE_SCRIPT], keys, args, linger=True)
 
     async def renew(self, leases: Iterable[tuple[str, str]]) -> None:
         pairs = list(leases)
         if not pairs:
             return
         keys = [tenant_key(tenant, "lease") for tenant, _ in pairs]
-        await self._renew(keys=keys, args=[LEASE_MS, *(r for _, r in pairs)])
+        args = [LEASE_MS, *(r for _, r in pairs)]
+        await self.pipe.script(RENEW_SCRIPT, self._shas[RENEW_SCRIPT], keys, args, linger=True)
+
+    def _release(self, ask: Admission) -> Callable[[Any], None]:
+        """What to do with the answer of an admission nobody waits for any more (the client
+        went away, or the call timed out while the script ran): give its lease back, or the
+        tenant's cap counts a request that never runs until the lease expires."""
+
+        def release(answer: Any) -> None:
+            if answer.startswith("ok"):
+                self.pipe.send("ZREM", tenant_key(ask.tenant, "lease"), ask.request_id)
+
+        return release
 
     async def usage(self, tenant: str, month: str) -> dict[str, int]:
         raw = await self.client.hgetall(tenant_key(tenant, f"usage:{month}"))
         return {k: int(v) for k, v in raw.items()}
 
     async def close(self) -> None:
+        await self.pipe.close()
         await self.client.aclose()
 
 
@@ -374,6 +582,7 @@ class Redis:
 OPEN_SECONDS = 5.0
 """After the store failed, how long it is not asked (each request would otherwise wait out
 the timeout)."""
+FLUSH_BATCH = 256
 FAILURES_TO_OPEN = 3
 """Failed calls in a row that open the breaker: one slow answer on a busy node (the timeout
 counts the router's own event-loop lag too) is not an outage."""
@@ -405,6 +614,9 @@ class Guarded:
         self.local = Local(share=1.0 / max(1, replicas))
         self.fail_open = fail_open
         self.timeout = timeout
+        # Each call's bound, applied by the shared store's pipe to whole batches (a timer per
+        # call here would cost more than the call's share of the round trip).
+        shared.pipe.timeout = timeout
         self.health = health or Health()
         self.clock = clock
         self.open_until = 0.0
@@ -443,15 +655,12 @@ class Guarded:
         self.health.degraded(True)
 
     async def _call(self, op: str, call: Callable[[], Any]) -> Any:
+        # No timer of its own: `Redis` bounds every call by `timeout` (its pipe a whole batch).
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self.timeout):
-                result = await call()
-        except (TimeoutError, OSError, ConnectionError) as exc:
-            self._trip(op, exc)
-            raise
+            result = await call()
         except Exception as exc:
-            # redis-py's ConnectionError/TimeoutError and anything else the client raises
+            # A timeout, a refused or reset connection, or anything else the client raises
             self._trip(op, exc)
             raise
         self.health.latency(op, time.perf_counter() - started)
@@ -465,15 +674,23 @@ class Guarded:
         return result
 
     async def _flush(self) -> None:
+        """Send the settlements the store missed, `FLUSH_BATCH` at a time (they share round
+        trips: `Pipe`), until it fails again."""
         while self.unsettled:
-            request_id, (ask, usage, cost, charged) = next(iter(self.unsettled.items()))
-            try:
-                async with asyncio.timeout(self.timeout):
-                    await self.shared.settle(ask, usage, cost, charged=charged)
-            except Exception as exc:
-                self._trip("flush", exc)
+            batch = list(itertools.islice(self.unsettled.items(), FLUSH_BATCH))
+            results = await asyncio.gather(
+                *(self.shared.settle(a, u, c, charged=ch) for _, (a, u, c, ch) in batch),
+                return_exceptions=True,
+            )
+            failed = None
+            for (request_id, _), result in zip(batch, results, strict=True):
+                if isinstance(result, BaseException):
+                    failed = result
+                else:
+                    self.unsettled.pop(request_id, None)
+            if failed is not None:
+                self._trip("flush", failed)
                 return
-            self.unsettled.pop(request_id, None)
 
     async def admit(self, ask: Admission) -> Decision:
         if not self.degraded:

@@ -1,0 +1,407 @@
+"""Pure: request migration, the bookkeeping that lets a stream whose engine failed after its
+first byte continue on another replica, token for token.
+
+For an eligible streaming request (`refusal` says which are not, and why) the router asks the
+engine for token ids (`return_token_ids`, vLLM ≥ 0.10.2), and a `Record` watches every event it
+forwards: the prompt's ids `P`, the ids `G` of the events the client actually received, the
+answer's identity (`id`, `created`, `model`). When the upstream fails, `continuation` is the
+request to send to another replica: `prompt = P + G` with the budgets reduced by `|G|`
+(completions), or the same messages with `kv_transfer_params.prompt_token_ids = P + G` (chat,
+vLLM ≥ 0.32, PR #48145: chat-shaped output, the engine's own parsers). `Record.see` then
+rewrites the continuation's events as if they were the first attempt's: same identity, no second
+role chunk, no router-asked ids, usage counted over all attempts (`prompt_tokens = |P|`,
+`completion_tokens = |G| + new`). Research, pitfalls and citations:
+`../shared/reference/request-migration.md`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""vLLM's `CompletionRequest.max_tokens` default: an omitted budget is this, not unbounded."""
+DONE = b"data: [DONE]\n\n"
+
+STRIPPED_FROM_COMPLETIONS = ("echo", "suffix", "prompt_logprobs", "truncate_prompt_tokens")
+"""Prompt transformations the ids already contain (or that would echo `P + G`)."""
+GUIDED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the router migrates (router flags; a CR field later, see docs/router.md)."""
+
+    limit: int = 2
+    """Migrations per request; 0 turns migration off (a failed stream still ends with an
+    error event, never silently)."""
+    inactivity_seconds: float = 30.0
+    """No event for this long after the first byte: the engine is taken as hung."""
+    unready_idle_seconds: float = 2.0
+    """No event for this long while the endpoint is no longer in the route table: hung (a pod
+    that left the ready set while its stream stalls)."""
+
+
+def stream_body(method: str, path: str, body: bytes) -> dict[str, Any] | None:
+    """The parsed body of a streaming completions or chat request, else None (those requests
+    are relayed as bytes, untouched)."""
+    if method != "POST" or path not in (COMPLETIONS, CHAT) or b'"stream"' not in body:
+        return None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict) or parsed.get("stream") is not True:
+        return None
+    return parsed
+
+
+def _set(value: object) -> bool:
+    return value is not None and value is not False and value != 0
+
+
+def refusal(path: str, body: dict[str, Any]) -> str | None:
+    """Why this streaming request cannot be continued exactly (its state is not all in the
+    tokens); None when it can. Decided once, from the body."""
+    for check in (_choices_refusal, _sampling_refusal, _format_refusal):
+        why = check(body)
+        if why is not None:
+            return why
+    return _prompt_refusal(body) if path == COMPLETIONS else _messages_refusal(body)
+
+
+def _choices_refusal(body: dict[str, Any]) -> str | None:
+    n = body.get("n")
+    if n is not None and n != 1:
+        return "n > 1"
+    best_of = body.get("best_of")
+    if (best_of is not None and best_of != 1) or body.get("use_beam_search"):
+        return "best_of or beam search"
+    if _set(body.get("echo")):
+        return "echo"
+    if _set(body.get("logprobs")) or _set(body.get("top_logprobs")):
+        return "logprobs"
+    return None
+
+
+def _sampling_refusal(body: dict[str, Any]) -> str | None:
+    if body.get("stop"):
+        # vLLM checks stop strings on the continuation's own text only and holds back text
+        # for them: a stop spanning the seam would be missed, held-back text lost.
+        return "stop strings"
+    if body.get("seed") is not None and body.get("temperature") != 0:
+        # A seeded sampler restarts at draw 0 on the continuation: not reproducible.
+        return "seeded sampling"
+    if _set(body.get("frequency_penalty")) or _set(body.get("presence_penalty")):
+        # They count output tokens; after a seam the output so far is prompt.
+        return "frequency or presence penalty"
+    return None
+
+
+def _format_refusal(body: dict[str, Any]) -> str | None:
+    """Grammar state (structured output, a forced tool choice: vLLM implements it with a
+    JSON schema) is not in the tokens: a fresh grammar would restart mid-document."""
+    format_ = body.get("response_format")
+    if isinstance(format_, dict) and format_.get("type") not in (None, "text"):
+        return "structured output"
+    if any(body.get(key) is not None for key in GUIDED):
+        return "structured output"
+    tool_choice = body.get("tool_choice")
+    if tool_choice == "required" or isinstance(tool_choice, dict):
+        return "forced tool choice"
+    if body.get("prompt_embeds") is not None:
+        return "prompt embeddings"
+    return None
+
+
+def _prompt_refusal(body: dict[str, Any]) -> str | None:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return None
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return None
+    return "a batch of prompts"
+
+
+def _messages_refusal(body: dict[str, Any]) -> str | None:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return "no messages"
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(
+            not isinstance(part, dict) or part.get("type") != "text" for part in content
+        ):
+            # The ids hold placeholders, not the media (vLLM ignores forwarded ids then).
+            return "media input"
+    return None
+
+
+def first_body(body: dict[str, Any]) -> bytes:
+    """The first attempt's body: the client's, asking for token ids."""
+    upstream = dict(body)
+    upstream["return_token_ids"] = True
+    return dumps(upstream)
+
+
+def dumps(document: object) -> bytes:
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class Verdict(Enum):
+    FORWARD = "forward"
+    """Send the (rewritten) event on."""
+    DROP = "drop"
+    """Not for the client (the continuation's role chunk)."""
+    FAIL = "fail"
+    """The attempt failed (abort, an in-band error): not forwarded; continue elsewhere."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    verdict: Verdict
+    reason: str = ""
+
+
+@dataclass
+class Record:
+    """One stream's migration state: what the client has received so far."""
+
+    chat: bool
+    body: dict[str, Any]
+    """The request as the router received it (the gateway's changes included)."""
+    refused: str | None
+    """Why it cannot be continued (None: it can); set later by a tool call or reasoning."""
+    client_ids: bool = False
+    """The client asked for token ids itself (else the router's are removed)."""
+    attempt: int = 0
+    identity: dict[str, Any] = field(default_factory=dict)
+    """`id`, `created`, `model`, `system_fingerprint` of the first attempt's first event."""
+    prompt_ids: list[int] | None = None
+    generated: list[int] = field(default_factory=list)
+    """Ids of the events forwarded to the client, over all attempts."""
+    base: int = 0
+    """`len(generated)` when the current attempt started (its usage counts from there)."""
+    events: int = 0
+    """Data events forwarded to the client."""
+    finished: str | None = None
+    """The `finish_reason` forwarded (stop, length): the answer is complete."""
+    prompt_tokens: int | None = None
+    """The first attempt's usage `prompt_tokens` (`|P|` when no ids came)."""
+
+    @classmethod
+    def of(cls, path: str, body: dict[str, Any], settings: Settings) -> Record:
+        refused = "migration is off" if settings.limit <= 0 else refusal(path, body)
+        return cls(
+            chat=path == CHAT,
+            body=body,
+            refused=refused,
+            client_ids=body.get("return_token_ids") is True,
+        )
+
+    @property
+    def usage_wanted(self) -> bool:
+        options = self.body.get("stream_options")
+        return isinstance(options, dict) and options.get("include_usage") is True
+
+    def next_attempt(self) -> None:
+        """The next attempt starts; one before any event reached the client is a restart,
+        still the first as far as the client can tell."""
+        if self.events or self.generated:
+            self.attempt += 1
+        self.base = len(self.generated)
+
+    # -- the events --------------------------------------------------------------------
+
+    def see(self, doc: Any) -> Seen:
+        """Record and rewrite (in place) one data event's JSON before it is forwarded."""
+        if not isinstance(doc, dict):
+            self.refused = self.refused or "an event that is not a JSON object"
+            return Seen(Verdict.FORWARD)
+        if "error" in doc and not doc.get("choices"):
+            return Seen(Verdict.FAIL, "error")
+        choices = doc.get("choices")
+        choices = choices if isinstance(choices, list) else []
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("finish_reason") in ("abort", "error"):
+                return Seen(Verdict.FAIL, str(choice["finish_reason"]))
+        self._identity(doc)
+        continuing = self.attempt > 0
+        self._prompt_ids(doc, continuing)
+        new: list[int] = []
+        content = False
+        for choice in choices:
+            if isinstance(choice, dict):
+                content = self._choice(choice, continuing, new) or content
+        usage = doc.get("usage")
+        if isinstance(usage, dict):
+            self._usage(usage)
+        if continuing and self.chat and not new and not content and not isinstance(usage, dict):
+            return Seen(Verdict.DROP)  # the continuation's role chunk
+        self.generated.extend(new)
+        if choices:
+            self.events += 1
+        return Seen(Verdict.FORWARD)
+
+    def _prompt_ids(self, holder: dict[str, Any], continuing: bool) -> None:
+        """The prompt's ids (chat: top level; completions: per choice), recorded from the first
+        attempt; the client sees them once, and only when it asked."""
+        ids = holder.get("prompt_token_ids")
+        if isinstance(ids, list) and not continuing:
+            self.prompt_ids = [int(i) for i in ids]
+        if "prompt_token_ids" in holder and (continuing or not self.client_ids):
+            holder["prompt_token_ids"] = None
+
+    def _choice(self, choice: dict[str, Any], continuing: bool, new: list[int]) -> bool:
+        """Record and rewrite one choice; its ids go to `new`. Whether it carries anything
+        for the client (text, a finish)."""
+        self._prompt_ids(choice, continuing)
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            new.extend(int(i) for i in ids)
+        elif self.refused is None and _output(choice):
+            # Text without its ids (an engine older than vLLM 0.10.2): nothing to carry.
+            self.refused = "the engine sent no token ids"
+        if "token_ids" in choice and not self.client_ids:
+            choice["token_ids"] = None
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            if any(delta.get(key) for key in ("tool_calls", "reasoning", "reasoning_content")):
+                # A fresh parser on another engine would not know it is mid-call.
+                self.refused = self.refused or "a tool call or reasoning is in progress"
+            if continuing:
+                delta.pop("role", None)
+        if choice.get("finish_reason") is not None:
+            self.finished = str(choice["finish_reason"])
+            return True
+        return _output(choice)
+
+    def _identity(self, doc: dict[str, Any]) -> None:
+        if not self.identity:
+            for key in ("id", "created", "model", "system_fingerprint"):
+                if key in doc:
+                    self.identity[key] = doc[key]
+            return
+        for key, value in self.identity.items():
+            if key in doc:
+                doc[key] = value
+
+    def _usage(self, usage: dict[str, Any]) -> None:
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens")
+        if not isinstance(prompt, int) or not isinstance(completion, int):
+            return
+        if self.attempt == 0:
+            self.prompt_tokens = prompt
+            return
+        first = self.prompt_tokens
+        if first is None:
+            first = len(self.prompt_ids) if self.prompt_ids is not None else prompt - self.base
+        completion += self.base
+        usage["prompt_tokens"] = first
+        usage["completion_tokens"] = completion
+        usage["total_tokens"] = first + completion
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            details["cached_tokens"] = min(details["cached_tokens"], first)
+
+    # -- what comes next ----------------------------------------------------------------
+
+    def continuation(self) -> dict[str, Any] | None:
+        """The next attempt's body: the original before any token reached the client (a plain
+        restart), else the continuation from `P + G`; None when no budget is left (the answer
+        is complete at its length: `ending` then ends it)."""
+        if not self.generated and self.events == 0:
+            return dict(self.body)
+        assert self.prompt_ids is not None
+        body = dict(self.body)
+        so_far = len(self.generated)
+        context = [*self.prompt_ids, *self.generated]
+        if self.chat:
+            kv = body.get("kv_transfer_params")
+            kv = dict(kv) if isinstance(kv, dict) else {}
+            kv["prompt_token_ids"] = context
+            body["kv_transfer_params"] = kv
+            body.pop("echo", None)
+            budgets = [k for k in ("max_completion_tokens", "max_tokens") if body.get(k)]
+        else:
+            for key in STRIPPED_FROM_COMPLETIONS:
+                body.pop(key, None)
+            body["prompt"] = context
+            body.setdefault("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
+            if body["max_tokens"] is None:
+                body["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS
+            budgets = ["max_tokens"]
+        for key in budgets:
+            left = int(body[key]) - so_far
+            if left < 1:
+                return None
+            body[key] = left
+        if isinstance(body.get("min_tokens"), int):
+            body["min_tokens"] = max(0, body["min_tokens"] - so_far)
+        body["return_token_ids"] = True
+        return body
+
+    def ending(self, finish: str | None) -> bytes:
+        """The end of an answer whose last events were lost: a `finish` chunk (when the
+        answer had none yet), the usage the request asked for, `[DONE]`."""
+        out = b""
+        if finish is not None:
+            ids: list[int] | None = [] if self.client_ids else None
+            choice: dict[str, Any]
+            if self.chat:
+                choice = {"index": 0, "delta": {}, "logprobs": None}
+                choice.update(finish_reason=finish, stop_reason=None, token_ids=ids)
+            else:
+                choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": finish}
+                choice.update(stop_reason=None, prompt_token_ids=None, token_ids=ids)
+            out += self._event([choice])
+        if self.usage_wanted:
+            prompt = self.prompt_tokens
+            if prompt is None:
+                prompt = len(self.prompt_ids or ())
+            completion = len(self.generated)
+            usage = {
+                "prompt_tokens": prompt,
+                "total_tokens": prompt + completion,
+                "completion_tokens": completion,
+            }
+            out += self._event([], usage=usage)
+        return out + DONE
+
+    def _event(self, choices: list[dict[str, Any]], **top: Any) -> bytes:
+        doc: dict[str, Any] = {
+            "id": self.identity.get("id", ""),
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.identity.get("created", 0),
+            "model": self.identity.get("model", self.body.get("model")),
+            "choices": choices,
+            **top,
+        }
+        return b"data: " + dumps(doc) + b"\n\n"
+
+
+def _output(choice: dict[str, Any]) -> bool:
+    """Whether a choice carries generated text (the chat role chunk does not)."""
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return bool(delta.get("content"))
+    return bool(choice.get("text"))
+
+
+def error_document(message: str) -> bytes:
+    """The OpenAI error object a stream that cannot go on ends with (as one `event: error`)."""
+    return dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "ServiceUnavailableError",
+                "param": None,
+                "code": 503,
+            }
+        }
+    )
