@@ -412,3 +412,43 @@ def test_pipeline_parallel_size_must_not_exceed_the_layers() -> None:
     assert plan_capacity(_h100(arch, pipeline_parallel_size=2)).fits
     with pytest.raises(ValueError, match="pipeline_parallel_size"):
         plan_capacity(_h100(arch, pipeline_parallel_size=0))
+
+
+@pytest.mark.parametrize(
+    ("product", "fp8", "awq", "kv_fp8"),
+    [
+        ("NVIDIA-H100-80GB-HBM3", "engine.quantization: fp8", True, True),
+        ("NVIDIA-L40S", "engine.quantization: fp8", True, True),
+        ("NVIDIA-A100-SXM4-80GB", "engine.quantization: fp8 (weight-only", True, True),
+        ("Tesla-T4", None, True, False),
+        ("Tesla-V100-SXM2-32GB", None, False, False),
+        ("a GPU the catalog does not know", "engine.quantization: fp8", True, True),
+    ],
+)
+def test_suggestions_are_only_what_vllm_runs_on_the_gpu(
+    product: str, fp8: str | None, awq: bool, kv_fp8: bool
+) -> None:
+    """FP8 compute from compute capability 8.9, FP8 weight-only (Marlin) and an FP8 KV cache
+    from 8.0, AWQ from 7.5: a V100 is never told to quantize to FP8 or AWQ. The memory is the
+    same in every row, so only the GPU's capability differs."""
+
+    def fixes(arch: ModelArchitecture, memory: float, max_model_len: int) -> tuple[str, ...]:
+        request = PlanRequest(
+            architecture=arch,
+            gpu_memory_gib=memory,
+            gpu_product=product,
+            max_model_len=max_model_len,
+        )
+        assert not plan_capacity(request).fits
+        return suggest_fixes(request, limit=99)
+
+    weights = fixes(LLAMA_70B, H100.memory_gib, 131_072)  # weights that need quantizing
+    fp8_rows = [s for s in weights if "quantization: fp8" in s]
+    if fp8 is None:
+        assert fp8_rows == [], weights
+    else:
+        assert fp8_rows, weights
+        assert fp8_rows[0].startswith(fp8), fp8_rows
+    assert any("quantization: awq" in s for s in weights) == awq, weights
+    kv = fixes(LLAMA_8B, 28.0, 131_072)  # a KV cache an FP8 one would hold
+    assert ("engine.kvCacheDtype: fp8" in kv) == kv_fp8, kv

@@ -645,18 +645,32 @@ def _pipeline_fix(request: PlanRequest, sizes: list[int]) -> str | None:
     return None
 
 
+FP8_COMPUTE = (8, 9)
+"""vLLM's FP8 W8A8 kernels need Ada or Hopper (compute capability 8.9+)."""
+FP8_WEIGHT_ONLY = (8, 0)
+"""From Ampere, vLLM runs an FP8 checkpoint weight-only (FP8 Marlin), and an FP8 KV cache."""
+AWQ_KERNELS = (7, 5)
+"""vLLM's AWQ kernels need Turing or newer (compute capability 7.5+)."""
+UNKNOWN_CAPABILITY = (99, 0)
+
+
 def suggest_fixes(request: PlanRequest, limit: int = 5) -> tuple[str, ...]:  # noqa: C901, PLR0912
     """The smallest changes that make ``request`` fit, cheapest first (pure: re-plans only).
 
     Order: raise gpuMemoryUtilization to 0.95, fp8 KV cache, a shorter maxModelLen (all free),
     then more GPUs per pod (tensor parallelism), then quantized weights. Each suggestion names
     the CR fields to change; changes that fit only together with a shorter context say so.
+    Only what vLLM's kernels run on the GPU is suggested (`FP8_COMPUTE`, `FP8_WEIGHT_ONLY`,
+    `AWQ_KERNELS` against the catalog's compute capability).
     """
     plan = _plan_core(request)
     if plan.fits:
         return ()
     arch = request.architecture
     out: list[str] = []
+    gpu = lookup_gpu(request.gpu_product) if request.gpu_product else None
+    # Unknown GPU: no claim either way (every suggestion stays, as before the table knew it).
+    capability = gpu.compute_capability if gpu is not None else UNKNOWN_CAPABILITY
 
     def add(text: str | None) -> None:
         if text is not None and text not in out:
@@ -668,7 +682,11 @@ def suggest_fixes(request: PlanRequest, limit: int = 5) -> tuple[str, ...]:  # n
             if _plan_core(changed).fits:
                 add(f"engine.gpuMemoryUtilization: {SUGGESTED_UTILIZATION}")
         kv_element = kv_cache_bytes_per_element(request.kv_cache_dtype, request.dtype, arch.dtype)
-        if kv_element > 1 and _plan_core(replace(request, kv_cache_dtype="fp8")).fits:
+        if (
+            kv_element > 1
+            and capability >= FP8_WEIGHT_ONLY
+            and _plan_core(replace(request, kv_cache_dtype="fp8")).fits
+        ):
             add("engine.kvCacheDtype: fp8")
         length = _fitting_max_model_len(request, plan)
         if length is not None:
@@ -700,9 +718,15 @@ def suggest_fixes(request: PlanRequest, limit: int = 5) -> tuple[str, ...]:  # n
 
     quantization = request.quantization or arch.default_quantization
     current = weight_bytes_per_param(request.dtype, quantization, arch.dtype)
-    if current > 1:
+    if current > 1 and capability >= FP8_COMPUTE:
         add(_with_context_fix(replace(request, quantization="fp8"), "engine.quantization: fp8"))
-    if current > 0.6:
+    elif current > 1 and capability >= FP8_WEIGHT_ONLY:
+        text = (
+            "engine.quantization: fp8 (weight-only on this GPU: vLLM's FP8 Marlin kernels; "
+            "FP8 compute needs compute capability 8.9)"
+        )
+        add(_with_context_fix(replace(request, quantization="fp8"), text))
+    if current > 0.6 and capability >= AWQ_KERNELS:
         add(
             _with_context_fix(
                 replace(request, quantization="awq"),

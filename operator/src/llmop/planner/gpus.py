@@ -48,6 +48,9 @@ class GPUProduct:
     """The most GPUs of this product one node usually has (8 on the usual datacenter and cloud
     servers: HGX/DGX boards, p5/a3/g5/g2 instances): a pod's GPUs cannot be spread over nodes,
     so the planner never suggests more GPUs per pod than this."""
+    compute_capability: tuple[int, int] = (9, 0)
+    """CUDA compute capability (NVIDIA's table): which of vLLM's kernels the GPU runs — FP8
+    compute from 8.9, FP8 weight-only (Marlin) from 8.0, AWQ from 7.5."""
 
 
 GPU_CATALOG: tuple[GPUProduct, ...] = (
@@ -78,7 +81,14 @@ GPU_CATALOG: tuple[GPUProduct, ...] = (
     ),
     GPUProduct("NVIDIA-H20", 94.5, 96, ("H20",), measured=False, bandwidth_gbs=4000),
     GPUProduct("NVIDIA-GH200-480GB", 94.5, 96, ("GH200",), measured=False, bandwidth_gbs=4000),
-    GPUProduct("NVIDIA-B200", 178.36, 192, ("B200", "B200-192GB"), bandwidth_gbs=8000),
+    GPUProduct(
+        "NVIDIA-B200",
+        178.36,
+        192,
+        ("B200", "B200-192GB"),
+        bandwidth_gbs=8000,
+        compute_capability=(10, 0),
+    ),
     GPUProduct(
         "NVIDIA-A100-SXM4-80GB",
         79.15,
@@ -86,9 +96,16 @@ GPU_CATALOG: tuple[GPUProduct, ...] = (
         ("A100-80GB", "A100-SXM4-80GB", "A100-80G", "A800-80GB"),
         vllm_a100=True,
         bandwidth_gbs=2039,
+        compute_capability=(8, 0),
     ),
     GPUProduct(
-        "NVIDIA-A100-80GB-PCIe", 79.15, 80, ("A100-PCIE-80GB",), vllm_a100=True, bandwidth_gbs=1935
+        "NVIDIA-A100-80GB-PCIe",
+        79.15,
+        80,
+        ("A100-PCIE-80GB",),
+        vllm_a100=True,
+        bandwidth_gbs=1935,
+        compute_capability=(8, 0),
     ),
     GPUProduct(
         "NVIDIA-A100-SXM4-40GB",
@@ -97,6 +114,7 @@ GPU_CATALOG: tuple[GPUProduct, ...] = (
         ("A100", "A100-40GB", "A100-SXM4-40GB"),
         vllm_a100=True,
         bandwidth_gbs=1555,
+        compute_capability=(8, 0),
     ),
     GPUProduct(
         "NVIDIA-A100-PCIE-40GB",
@@ -105,10 +123,27 @@ GPU_CATALOG: tuple[GPUProduct, ...] = (
         ("A100-PCIE", "A100-PCIE-40GB"),
         vllm_a100=True,
         bandwidth_gbs=1555,
+        compute_capability=(8, 0),
     ),
-    GPUProduct("NVIDIA-L40S", 44.39, 48, ("L40S",), bandwidth_gbs=864),
-    GPUProduct("NVIDIA-L40", 44.39, 48, ("L40",), measured=False, bandwidth_gbs=864),
-    GPUProduct("NVIDIA-A40", 44.34, 48, ("A40",), measured=False, bandwidth_gbs=696),
+    GPUProduct("NVIDIA-L40S", 44.39, 48, ("L40S",), bandwidth_gbs=864, compute_capability=(8, 9)),
+    GPUProduct(
+        "NVIDIA-L40",
+        44.39,
+        48,
+        ("L40",),
+        measured=False,
+        bandwidth_gbs=864,
+        compute_capability=(8, 9),
+    ),
+    GPUProduct(
+        "NVIDIA-A40",
+        44.34,
+        48,
+        ("A40",),
+        measured=False,
+        bandwidth_gbs=696,
+        compute_capability=(8, 6),
+    ),
     GPUProduct(
         "NVIDIA-RTX-6000-Ada-Generation",
         47.4,
@@ -116,16 +151,46 @@ GPU_CATALOG: tuple[GPUProduct, ...] = (
         ("RTX-6000-ADA",),
         measured=False,
         bandwidth_gbs=960,
+        compute_capability=(8, 9),
     ),
-    GPUProduct("NVIDIA-L4", 22.03, 24, ("L4",), bandwidth_gbs=300),
-    GPUProduct("NVIDIA-A10G", 21.98, 24, ("A10G",), bandwidth_gbs=600),
-    GPUProduct("NVIDIA-A10", 22.02, 24, ("A10",), measured=False, bandwidth_gbs=600),
+    GPUProduct("NVIDIA-L4", 22.03, 24, ("L4",), bandwidth_gbs=300, compute_capability=(8, 9)),
+    GPUProduct("NVIDIA-A10G", 21.98, 24, ("A10G",), bandwidth_gbs=600, compute_capability=(8, 6)),
     GPUProduct(
-        "NVIDIA-GeForce-RTX-4090", 23.64, 24, ("RTX-4090", "4090", "RTX4090"), bandwidth_gbs=1008
+        "NVIDIA-A10",
+        22.02,
+        24,
+        ("A10",),
+        measured=False,
+        bandwidth_gbs=600,
+        compute_capability=(8, 6),
     ),
-    GPUProduct("Tesla-T4", 14.75, 16, ("T4", "NVIDIA-T4"), bandwidth_gbs=320),
-    GPUProduct("Tesla-V100-SXM2-16GB", 15.77, 16, ("V100", "V100-16GB"), bandwidth_gbs=900),
-    GPUProduct("Tesla-V100-SXM2-32GB", 31.74, 32, ("V100-32GB",), bandwidth_gbs=900),
+    GPUProduct(
+        "NVIDIA-GeForce-RTX-4090",
+        23.64,
+        24,
+        ("RTX-4090", "4090", "RTX4090"),
+        bandwidth_gbs=1008,
+        compute_capability=(8, 9),
+    ),
+    GPUProduct(
+        "Tesla-T4", 14.75, 16, ("T4", "NVIDIA-T4"), bandwidth_gbs=320, compute_capability=(7, 5)
+    ),
+    GPUProduct(
+        "Tesla-V100-SXM2-16GB",
+        15.77,
+        16,
+        ("V100", "V100-16GB"),
+        bandwidth_gbs=900,
+        compute_capability=(7, 0),
+    ),
+    GPUProduct(
+        "Tesla-V100-SXM2-32GB",
+        31.74,
+        32,
+        ("V100-32GB",),
+        bandwidth_gbs=900,
+        compute_capability=(7, 0),
+    ),
 )
 
 
