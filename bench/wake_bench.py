@@ -60,6 +60,14 @@ from support.wake import COLUMNS, describe, from_zero, one_wake  # noqa: E402
 
 SAMPLE = REPO_ROOT / "examples" / "simulator-small.yaml"
 NAME = "sleepy"
+
+
+def name_of(compile_cache: bool | None) -> str:
+    """Each mode's CR has its own name (a model name is the router's across namespaces: the
+    previous mode's, still terminating, would own it)."""
+    return {None: NAME, False: f"{NAME}-cold", True: f"{NAME}-cached"}[compile_cache]
+
+
 CLAIM = "tiny-model"
 TINY_REPO = "llmop-test/tiny-random"
 """The tiny model's name on the Hub stand-in (`--compile-cache`: it comes through a model cache)."""
@@ -91,7 +99,7 @@ def vllm_cpu_cr(namespace: str, compile_cache: bool | None = None) -> dict[str, 
     return {
         "apiVersion": "serving.llmop.dev/v1alpha1",
         "kind": "LLMDeployment",
-        "metadata": {"name": NAME, "namespace": namespace},
+        "metadata": {"name": name_of(compile_cache), "namespace": namespace},
         "spec": from_zero(spec),
     }
 
@@ -114,7 +122,7 @@ def served(
                 model = tiny_model.ensure(str(real_vllm.venv() / "bin" / "python"))
                 volume = create_model_volume(rc.cluster, apps, CLAIM, model)
             else:
-                claim = f"{NAME}-model-cache"
+                claim = f"{name_of(compile_cache)}-model-cache"
                 volume = create_cache_volume(rc.cluster, apps, claim, "1Gi")
             cr = vllm_cpu_cr(apps, compile_cache)
         rc.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
@@ -126,12 +134,19 @@ def served(
 
 
 def _wakes(
-    rc: RealCluster, router: str, apps: str, wakes: int, label: str
+    rc: RealCluster, router: str, apps: str, wakes: int, *, label: str, name: str
 ) -> list[tuple[str, dict[str, float]]]:
     rows = []
     for index in range(wakes):
         # The first wait includes the first replica's start (minReplicas 0 starts at 1).
-        row = one_wake(rc, apps, NAME, router, zero_timeout=600)
+        try:
+            row = one_wake(rc, apps, name, router, zero_timeout=600)
+        except TimeoutError:
+            # What held it: the CR's conditions and the namespace's pods, for the reader.
+            for what in (["get", "llmd", name, "-o", "yaml"], ["get", "pods,jobs", "-o", "wide"]):
+                shown = rc.kubectl(*what, "-n", apps, check=False)
+                print(getattr(shown, "stdout", shown), file=sys.stderr)
+            raise
         rows.append((label, row))
         print(f"{label} wake {index + 1}: {describe(row)}", file=sys.stderr, flush=True)
     return rows
@@ -171,7 +186,7 @@ def main() -> int:
         for mode in modes:
             label = {None: "-", False: "off", True: "on"}[mode]
             with served(rc, args.engine, args.load_seconds, mode) as apps:
-                rows += _wakes(rc, router, apps, args.wakes, label)
+                rows += _wakes(rc, router, apps, args.wakes, label=label, name=name_of(mode))
     engine = (
         f"simulator engine (model load {args.load_seconds:g} s)"
         if args.engine == "simulator"

@@ -56,7 +56,13 @@ def live_pods(rc: RealCluster, namespace: str, name: str) -> list[dict[str, Any]
     pods = rc.kit.kube.list(
         "v1", "Pod", namespace, label_selector=f"app.kubernetes.io/instance={name}"
     )
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    # A finished pod (the model cache's download Job's) is not serving and never goes away.
+    return [
+        p
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    ]
 
 
 def at_zero(rc: RealCluster, namespace: str, name: str) -> bool:
