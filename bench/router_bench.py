@@ -65,12 +65,34 @@ SYSTEM_PROMPT = "You answer questions about the llmop operator precisely. " * 36
 # --- the processes ----------------------------------------------------------------------------
 
 
+def _chunk(delta: dict[str, str], ids: list[int] | None, finish: str | None = None) -> bytes:
+    """One event in vLLM's chat chunk shape (what the router parses for migration)."""
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    if ids is not None:
+        choice["token_ids"] = ids
+    doc = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "bench",
+        "choices": [choice],
+    }
+    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+
+
 async def _engine(request: web.Request) -> web.StreamResponse:
-    await request.read()
+    """A stand-in engine: `CHUNKS` chat chunks `CHUNK_GAP` apart, each with its token id when
+    the request asks for ids (the router does for migration), as vLLM ≥ 0.10.2 does."""
+    body = await request.json()
+    with_ids = body.get("return_token_ids") is True
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    for i in range(CHUNKS):
-        await response.write(f'data: {{"i": {i}}}\n\n'.encode())
+    await response.write(_chunk({"role": "assistant", "content": ""}, [] if with_ids else None))
+    for i in range(CHUNKS - 1):
+        finish = "stop" if i == CHUNKS - 2 else None
+        await response.write(
+            _chunk({"content": f" w{i}"}, [1000 + i] if with_ids else None, finish)
+        )
         await asyncio.sleep(CHUNK_GAP)
     await response.write(b"data: [DONE]\n\n")
     return response
@@ -555,6 +577,8 @@ def main() -> None:
     engine_port, pass_port = free_port(), free_port()
     engine = f"127.0.0.1:{engine_port}"
     router, router_port, table_file = start_router([engine])
+    # The same router with migration off: what parsing every event for migration costs.
+    plain, plain_port, plain_table = start_router([engine], ["--migration-limit", "0"])
     processes = [
         start([this, "engine", "--port", str(engine_port)]),
         start(
@@ -568,16 +592,23 @@ def main() -> None:
             ]
         ),
         router,
+        plain,
     ]
     try:
-        for port in (engine_port, pass_port, router_port):
+        for port in (engine_port, pass_port, router_port, plain_port):
             wait_listening(port)
         paths = {
             "direct": f"127.0.0.1:{engine_port}",
             "passthrough": f"127.0.0.1:{pass_port}",
             "router": f"127.0.0.1:{router_port}",
+            "router, migration off": f"127.0.0.1:{plain_port}",
         }
-        hop = {"direct": None, "passthrough": processes[1].pid, "router": processes[2].pid}
+        hop = {
+            "direct": None,
+            "passthrough": processes[1].pid,
+            "router": router.pid,
+            "router, migration off": plain.pid,
+        }
         results: list[Result] = []
         uvloop.install()
         for round_ in range(max(1, args.repeat)):
@@ -592,6 +623,7 @@ def main() -> None:
     finally:
         stop_all(processes)
         os.unlink(table_file)
+        os.unlink(plain_table)
     report(results, args.seconds)
 
 
@@ -640,6 +672,18 @@ def report(results: list[Result], seconds: float) -> None:
             f"- {streams} streams: router adds {median(adds):.2f} ms to p50 TTFT (goal ≤ 2; "
             f"rounds {', '.join(f'{a:.2f}' for a in adds)}), p99 {median(ratios):.2f}x the bare "
             f"passthrough's (goal ≤ 1.25; rounds {', '.join(f'{x:.2f}' for x in ratios)})"
+        )
+        on, off = (
+            median(
+                r.hop_cpu * 1000 / max(1, len(r.ttfts))
+                for n in rounds
+                if (r := by[(path, streams, n)]).hop_cpu is not None
+            )
+            for path in ("router", "router, migration off")
+        )
+        print(
+            f"  migration (every event parsed for it) costs the router {on - off:+.2f} ms CPU a "
+            f"request: {on:.2f} vs {off:.2f} ms with it off"
         )
 
 

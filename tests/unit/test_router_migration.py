@@ -4,6 +4,7 @@ events are rewritten as the first attempt's."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -229,3 +230,70 @@ def test_a_failure_before_any_event_restarts_the_original_request() -> None:
     record.see(chunk([1], "a", prompt=[5]))
     assert record.attempt == 0
     assert record.prompt_ids == [5]
+
+
+def _bytes(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def test_ordinary_events_take_the_byte_path_and_agree_with_the_parsed_one() -> None:
+    body = completion(max_tokens=10)
+    fast, slow = Record.of(COMPLETIONS, body, Settings()), Record.of(COMPLETIONS, body, Settings())
+    first = chunk([1000], "a", prompt=[5, 6, 7])
+    assert fast.see_bytes(_bytes(first)) is None  # the prompt's ids: parsed
+    fast.see(first)
+    slow.see(chunk([1000], "a", prompt=[5, 6, 7]))
+    for ids, text in (([1001, 1002], 'b"c'), ([], ""), ([7], '"token_ids":[1,2]')):
+        event = chunk(ids, text)
+        forwarded = fast.see_bytes(_bytes(event))
+        assert forwarded is not None, text
+        slow.see(event)
+        assert json.loads(forwarded) == event  # the same document the parsed path sends
+    assert (fast.generated, fast.events) == (slow.generated, slow.events)
+    assert fast.continuation() == slow.continuation()
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        chunk([1], "a", finish="stop"),
+        chunk([1], "a", finish="abort"),
+        {**chunk([1], "a"), "usage": {"prompt_tokens": 1, "completion_tokens": 1}},
+        {"error": {"code": 500}, "choices": [{"token_ids": [1]}]},
+        {**chunk([1], ""), "choices": [{"delta": {"tool_calls": []}, "token_ids": [1]}]},
+        {**chunk([1], ""), "choices": [{"delta": {"reasoning": "x"}, "token_ids": [1]}]},
+        {**chunk([1], "a"), "choices": [chunk([1], "a")["choices"][0]] * 2},
+        {**chunk([1], "a"), "choices": []},
+        chunk(["x"], "a"),  # type: ignore[list-item]
+    ],
+)
+def test_anything_but_an_ordinary_token_event_is_parsed(event: dict[str, Any]) -> None:
+    record = Record.of(COMPLETIONS, completion(), Settings())
+    record.see(chunk([9], "z", prompt=[1]))
+    assert record.see_bytes(_bytes(event)) is None
+
+
+def test_the_byte_path_is_off_after_a_seam_and_when_the_client_asked_for_ids() -> None:
+    record = Record.of(COMPLETIONS, completion(), Settings())
+    assert record.see_bytes(_bytes(chunk([1], "a"))) is None  # no identity yet
+    record.see(chunk([9], "z", prompt=[1]))
+    record.next_attempt()
+    assert record.see_bytes(_bytes(chunk([1], "a"))) is None  # a continuation: rewritten
+    asked = Record.of(COMPLETIONS, completion(return_token_ids=True), Settings())
+    asked.see(chunk([9], "z", prompt=[1]))
+    assert asked.see_bytes(_bytes(chunk([1], "a"))) is None
+
+
+def test_a_refused_stream_without_ids_is_relayed_on_the_byte_path() -> None:
+    record = Record.of(COMPLETIONS, completion(), Settings())
+    first = chunk([], "a", prompt=[1])
+    del first["choices"][0]["token_ids"]
+    record.see(first)
+    assert record.refused == "the engine sent no token ids"
+    event = chunk([], "b")
+    del event["choices"][0]["token_ids"]
+    assert record.see_bytes(_bytes(event)) == _bytes(event)
+    assert record.events == 2
+    fresh = Record.of(COMPLETIONS, completion(), Settings())
+    fresh.see(chunk([9], "z", prompt=[1]))
+    assert fresh.see_bytes(_bytes(event)) is None  # `see` must look: text without its ids

@@ -247,6 +247,23 @@ class Record:
             self.events += 1
         return Seen(Verdict.FORWARD)
 
+    def see_bytes(self, data: bytes) -> bytes | None:
+        """`see` without parsing, for the bulk of a first attempt's events (`strip_ids`): the
+        event's bytes to forward, or None when it needs `see`."""
+        if self.attempt or self.client_ids or not self.identity:
+            return None
+        stripped = strip_ids(data)
+        if stripped is None:
+            return None
+        forwarded, ids = stripped
+        if ids is None:
+            if self.refused is None:
+                return None  # `see` decides whether text came without its ids
+        else:
+            self.generated.extend(ids)
+        self.events += 1
+        return forwarded
+
     def _prompt_ids(self, holder: dict[str, Any], continuing: bool) -> None:
         """The prompt's ids (chat: top level; completions: per choice), recorded from the first
         attempt; the client sees them once, and only when it asked."""
@@ -383,6 +400,44 @@ class Record:
             **top,
         }
         return b"data: " + dumps(doc) + b"\n\n"
+
+
+IDS_KEY = b'"token_ids":['
+SLOW_MARKS = (
+    b'"prompt_token_ids":[',
+    b'"finish_reason":"',
+    b'"usage":{',
+    b'"error"',
+    b'"tool_calls"',
+    b'"reasoning',
+)
+"""Keys whose presence needs the whole event understood (`Record.see`). In valid JSON a key
+pattern (quote, name, quote) can never match inside a string value, where every quote is
+escaped, so a plain search is exact: a miss proves the key absent."""
+
+
+def strip_ids(data: bytes) -> tuple[bytes, list[int] | None] | None:
+    """The fast path of a first attempt's ordinary event (no finish, usage, error, tool call
+    or reasoning; one choice): the bytes to forward, with the router-asked `token_ids` read
+    (None when the event has none) and set to null, everything else as the engine sent it.
+    None when the event needs `Record.see` (anything else)."""
+    if b'"choices":[{' not in data or any(mark in data for mark in SLOW_MARKS):
+        return None
+    at = data.find(IDS_KEY)
+    if at < 0:
+        return data, None
+    if data.find(IDS_KEY, at + 1) >= 0:
+        return None
+    start = at + len(IDS_KEY)
+    end = data.find(b"]", start)
+    if end < 0:
+        return None
+    listed = data[start:end].strip()
+    try:
+        ids = [int(part) for part in listed.split(b",")] if listed else []
+    except ValueError:
+        return None
+    return data[: start - 1] + b"null" + data[end + 1 :], ids
 
 
 def _output(choice: dict[str, Any]) -> bool:
