@@ -31,3 +31,9 @@ bench-gateway: install ## The gateway over 2 routers sharing Redis: limit accura
 	$(PY) bench/gateway_bench.py $(if $(ONLY),--only $(ONLY))
 
 bench: bench-gateway
+
+.PHONY: bench-migration
+bench-migration: install ## Streams faulted mid-answer (crash, hang, drain cut, in-band error) at random tokens over 3 simulator replicas: continued token for token? seam latency (table, ~1 min; FAULTS=504).
+	$(PY) bench/migration_bench.py $(if $(FAULTS),--faults $(FAULTS))
+
+bench: bench-migration
