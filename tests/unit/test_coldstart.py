@@ -137,3 +137,30 @@ def test_breakdown_is_bounded_and_skips_pods_going_away() -> None:
     leaving = pod("gone")
     leaving["metadata"]["deletionTimestamp"] = "2026-11-23T10:10:00Z"
     assert startup_status([leaving]) is None
+
+
+def test_the_compile_cache_outcome_comes_from_the_agent_and_is_kept() -> None:
+    report = {"phase": "loading", "compileCache": {"seed": "hit", "seedSeconds": 1.2}}
+    reading = parse_status("x-1", report)
+    assert reading.compile_cache == "hit"
+    loading = replica_startup(pod("x-1", ready=None), reading)
+    assert loading is not None
+    assert loading.compile_cache == "hit"
+    # A restarted operator has no reading yet: what the last status said stays.
+    ready = replica_startup(pod("x-1"), None, loading)
+    assert ready is not None
+    assert ready.compile_cache == "hit"
+    status = startup_status([pod("x-1")], [reading])
+    assert status is not None
+    assert status.summary == "all ready; slowest 240s (x-1, compile cache hit)"
+    starting = startup_status([pod("x-2", ready=None)], [parse_status("x-2", report)])
+    assert starting is not None
+    assert starting.summary == "x-2 Loading, compile cache hit"
+
+
+def test_an_unknown_compile_cache_report_is_no_outcome() -> None:
+    for report in ({"seed": "warm"}, "hit", None, {"seed": 1}):
+        assert parse_status("x", {"phase": "ready", "compileCache": report}).compile_cache is None
+    plain = replica_startup(pod("x"), parse_status("x", {"phase": "ready"}))
+    assert plain is not None
+    assert plain.compile_cache is None

@@ -82,6 +82,8 @@ class AgentReading:
     deep_probe_error: str | None = None
     adapters: tuple[PodAdapter, ...] | None = None
     """The pod's LoRA adapters as its agent reported them (None: none reported)."""
+    compile_cache: str | None = None
+    """How this start used the compile cache (`COMPILE_CACHE_OUTCOMES`); None without one."""
 
     @property
     def load(self) -> int | None:
@@ -118,7 +120,17 @@ def parse_status(pod: str, payload: Any) -> AgentReading:
         deep_probe_ok=ok if isinstance(ok, bool) else None,
         deep_probe_error=str(error) if error else None,
         adapters=parse_pod_adapters(payload.get("adapters")),
+        compile_cache=_compile_cache(payload.get("compileCache")),
     )
+
+
+COMPILE_CACHE_OUTCOMES = ("hit", "miss", "off", "rejected", "error")
+"""The agent's `/status.compileCache.seed`: what a start found in the compile cache."""
+
+
+def _compile_cache(report: Any) -> str | None:
+    seed = report.get("seed") if isinstance(report, Mapping) else None
+    return seed if seed in COMPILE_CACHE_OUTCOMES else None
 
 
 def actual_kv_tokens(readings: Iterable[AgentReading]) -> int | None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from llmop.agents import AgentReading
-from llmop.api.v1alpha1 import ReplicaStartup, StartupPhase, StartupStatus
+from llmop.api.v1alpha1 import CompileCacheOutcome, ReplicaStartup, StartupPhase, StartupStatus
 from llmop.conditions import parse_time
 
 MAX_REPLICAS = 10
@@ -45,6 +45,14 @@ def _downloaded(reading: AgentReading | None, known: ReplicaStartup | None) -> i
     if reading is not None:
         return reading.model_cache_bytes
     return None if known is None else known.downloaded_bytes
+
+
+def _compile_cache(
+    reading: AgentReading | None, known: ReplicaStartup | None
+) -> CompileCacheOutcome | None:
+    if reading is not None and reading.compile_cache is not None:
+        return cast(CompileCacheOutcome, reading.compile_cache)
+    return None if known is None else known.compile_cache
 
 
 def replica_startup(
@@ -85,6 +93,7 @@ def replica_startup(
             _after(created, ready.get("lastTransitionTime")) if phase == "Ready" else None
         ),
         downloaded_bytes=None if phase != "Downloading" else _downloaded(reading, known),
+        compile_cache=_compile_cache(reading, known),
     )
 
 
@@ -96,12 +105,18 @@ def _summary(replicas: Sequence[ReplicaStartup]) -> str:
         others = f" (+{len(starting) - 1} starting)" if len(starting) > 1 else ""
         got = slowest.downloaded_bytes
         progress = f" {got / 2**30:.2f} GiB" if got is not None else ""
-        return f"{slowest.pod} {slowest.phase}{progress}{others}"
+        return f"{slowest.pod} {slowest.phase}{progress}{_cache(slowest)}{others}"
     timed = [r for r in replicas if r.ready_after_seconds is not None]
     if not timed:
         return ""
     slowest = max(timed, key=lambda r: r.ready_after_seconds or 0)
-    return f"all ready; slowest {slowest.ready_after_seconds}s ({slowest.pod})"
+    return f"all ready; slowest {slowest.ready_after_seconds}s ({slowest.pod}{_cache(slowest)})"
+
+
+def _cache(replica: ReplicaStartup) -> str:
+    """Whether a start loads what an earlier one compiled: the part of its seconds a person
+    can change."""
+    return f", compile cache {replica.compile_cache}" if replica.compile_cache else ""
 
 
 def startup_status(

@@ -1001,6 +1001,7 @@ class ModelStatus(ApiModel):
 
 
 StartupPhase = Literal["Scheduling", "PullingImage", "Starting", "Downloading", "Loading", "Ready"]
+CompileCacheOutcome = Literal["hit", "miss", "off", "rejected", "error"]
 
 
 class ReplicaStartup(ApiModel):
@@ -1022,6 +1023,11 @@ class ReplicaStartup(ApiModel):
     downloaded_bytes: int | None = Field(default=None, ge=0)
     """While the engine downloads the weights itself (no `spec.model.cache`): the bytes in the
     pod's model directory so far, as its agent measured them."""
+    compile_cache: CompileCacheOutcome | None = None
+    """With `spec.model.cache.compileCache`, what this start found: hit (it loads what an
+    earlier start compiled for the same key), miss (it compiles, and publishes for the next),
+    off (not used: the agent's `/status.compileCache.seedMessage` says why), rejected (an entry
+    that failed its checks: compiled afresh) or error. Unset without a compile cache."""
 
 
 class StartupStatus(ApiModel):
