@@ -12,6 +12,7 @@ import asyncio
 import random
 
 from llmop_router.migration import Settings
+from llmop_router.routes import Wake
 from support.migration_rig import (
     CHAT,
     COMPLETIONS,
@@ -207,3 +208,18 @@ async def test_a_hung_stream_whose_pod_left_the_table_moves_before_the_inactivit
         assert asyncio.get_running_loop().time() - started < 5
         assert_same(migrated, reference)
         assert r.metric("llmop_router_migrations_total", reason="unready", outcome="continued") == 1
+
+
+@synchronous
+async def test_a_crs_migration_limit_overrides_the_routers() -> None:
+    async with rig() as r:
+        _, reference = await r.stream(COMPLETIONS, completion(return_token_ids=True))
+        n = len(reference.prompt_ids)
+        endpoints = [rep.address for rep in r.replicas]
+        r.router.table.set("llama", "team", "llama", endpoints, Wake(), migration_limit=0)
+        text, answer = await r.stream(COMPLETIONS, completion(), f"crash@ctx:{n + 6}")
+        assert text.count("event: error") == 1
+        assert "migration is off" in answer.errors[0]["error"]["message"]
+        r.router.table.set("llama", "team", "llama", endpoints, Wake(), migration_limit=None)
+        _, migrated = await r.stream(COMPLETIONS, completion(), f"crash@ctx:{n + 6}")
+        assert migrated.text == reference.text

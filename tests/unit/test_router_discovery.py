@@ -316,3 +316,23 @@ def test_the_watch_backs_off_exponentially_bounded_with_jitter() -> None:
     assert max(highest) == pytest.approx(RETRY_MAX_SECONDS, rel=1e-3)
     assert lowest == pytest.approx([h / 2 for h in highest], rel=1e-3)
     assert retry_delay(10_000) <= RETRY_MAX_SECONDS
+
+
+def test_a_crs_migration_limit_follows_it_into_the_table() -> None:
+    assert claim_of(llmd("llama")).migration_limit is None  # type: ignore[union-attr]
+    for bad in (-1, "2", True, None):
+        claim = claim_of(llmd("llama", router={"migrationLimit": bad}))
+        assert claim is not None
+        assert claim.migration_limit is None, bad
+    table = RouteTable()
+    catalog = Catalog(table)
+    catalog.on_llmdeployment("SYNC", {"items": [llmd("llama", router={"migrationLimit": 0})]})
+    catalog.on_endpoint_slice("SYNC", {"items": [endpoint_slice("llama", ("10.244.7.2", READY))]})
+    assert table.backends["llama"].migration_limit == 0
+    # A slice event keeps it; a spec change moves it.
+    catalog.on_endpoint_slice("ADDED", endpoint_slice("llama", ("10.244.7.3", READY), name="b"))
+    assert table.backends["llama"].migration_limit == 0
+    catalog.on_llmdeployment("MODIFIED", llmd("llama", router={"migrationLimit": 3}))
+    assert table.backends["llama"].migration_limit == 3
+    catalog.on_llmdeployment("MODIFIED", llmd("llama"))
+    assert table.backends["llama"].migration_limit is None

@@ -43,6 +43,8 @@ class Spec:
     ROUTER: Final = "router"
     ENABLED: Final = "enabled"
     """`spec.router.enabled`: false keeps the CR out of the router."""
+    MIGRATION_LIMIT: Final = "migrationLimit"
+    """`spec.router.migrationLimit`: migrations per streaming request for this CR (0: off)."""
     MODEL: Final = "model"
     SERVED_NAME: Final = "servedName"
     """`spec.model.servedName`: the model name, else the CR's own name."""

@@ -56,6 +56,8 @@ class Claim:
     owned: tuple[str, ...] | None = None
     """The names the operator decided this CR owns (`status.routing.servedNames`); None: its
     status says nothing of ownership yet."""
+    migration_limit: int | None = None
+    """`spec.router.migrationLimit`; None: the router's own flag."""
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -106,7 +108,17 @@ def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
         if isinstance(a, Mapping) and isinstance(a.get(Spec.ADAPTER_NAME), str)
     )
     created = meta.get("creationTimestamp") or ""
-    return Claim(namespace, name, model, created, wake_of(llmd), adapters, owned_of(llmd))
+    limit = router.get(Spec.MIGRATION_LIMIT)
+    return Claim(
+        namespace,
+        name,
+        model,
+        created,
+        wake_of(llmd),
+        adapters,
+        owned_of(llmd),
+        limit if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0 else None,
+    )
 
 
 def owned_of(llmd: Mapping[str, Any]) -> tuple[str, ...] | None:
@@ -232,8 +244,10 @@ class Catalog:
             self._store_slice(obj)
         claim = self.claims.get(service)
         wake = claim.wake if claim is not None else None
+        limit = claim.migration_limit if claim is not None else None
         for model in self._served.get(service, ()):
-            self.table.set(model, service[0], service[1], self.endpoints(service), wake)
+            endpoints = self.endpoints(service)
+            self.table.set(model, *service, endpoints, wake, migration_limit=limit)
 
     @property
     def ready(self) -> bool:
@@ -328,7 +342,11 @@ class Catalog:
             self.table.remove(model)
         for model, claim in chosen.items():
             key = (claim.namespace, claim.name)
-            self.table.set(model, claim.namespace, claim.name, self.endpoints(key), claim.wake)
+            endpoints = self.endpoints(key)
+            limit = claim.migration_limit
+            self.table.set(
+                model, claim.namespace, claim.name, endpoints, claim.wake, migration_limit=limit
+            )
         self._served = served
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import aiohttp
 from aiohttp import web
@@ -92,12 +93,16 @@ class Proxy:
         if parsed is not None:
             # Completions and chat streams: whole events, continued elsewhere on a failure.
             assert self._session is not None
+            settings = self.migration
+            limit = choice.backend.migration_limit
+            if limit is not None and limit != settings.limit:
+                settings = replace(settings, limit=limit)
             return await StreamForward(
                 session=self._session,
                 table=self.table,
                 metrics=self.metrics,
-                settings=self.migration,
-                record=Record.of(request.path, parsed, self.migration),
+                settings=settings,
+                record=Record.of(request.path, parsed, settings),
                 raw_body=body,
                 request=request,
                 url_tail=url_tail,

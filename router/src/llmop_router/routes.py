@@ -39,6 +39,8 @@ class Backend:
     name: str
     ring: Ring = field(default_factory=lambda: Ring.of(()))
     wake: Wake = field(default_factory=Wake)
+    migration_limit: int | None = None
+    """The CR's `spec.router.migrationLimit`; None: the router's `--migration-limit`."""
 
 
 @dataclass(frozen=True)
@@ -69,16 +71,22 @@ class RouteTable:
         name: str,
         endpoints: Iterable[str],
         wake: Wake | None = None,
+        *,
+        migration_limit: int | None = None,
     ) -> None:
-        """Route `model` to these endpoints (the ring is rebuilt only when the set changed);
-        `wake` None keeps what the backend had."""
+        """Route `model` to these endpoints (the ring is rebuilt only when the set changed).
+        `wake` and `migration_limit` are what the CR says; `wake` None (the CR not known) keeps
+        what the backend had of both."""
         wanted = tuple(sorted(set(endpoints)))
         current = self.backends.get(model)
-        wake = wake or (current.wake if current is not None else Wake())
+        if wake is None and current is not None:
+            wake, migration_limit = current.wake, current.migration_limit
+        wake = wake or Wake()
         if current is not None and current.ring.endpoints == wanted:
-            current.namespace, current.name, current.wake = namespace, name, wake
+            current.namespace, current.name = namespace, name
+            current.wake, current.migration_limit = wake, migration_limit
             return
-        self.backends[model] = Backend(namespace, name, Ring.of(wanted), wake)
+        self.backends[model] = Backend(namespace, name, Ring.of(wanted), wake, migration_limit)
 
     def remove(self, model: str) -> None:
         self.backends.pop(model, None)

@@ -715,6 +715,11 @@ class RouterSpec(ApiModel):
     pricing: Pricing | None = None
     """Prices per million tokens: the router's gateway meters each tenant's cost with them
     (llmop_gateway_cost_total, LLMTenant budgets). Unset: the tokens are counted, at no cost."""
+    migration_limit: int | None = Field(default=None, ge=0, le=10)
+    """How many times the router may continue one streaming answer on another replica when
+    its engine fails, hangs or drains mid-answer (request migration, docs/router.md); 0 turns
+    migration off for this model (a cut stream then ends with an error event). Unset: the
+    router's `--migration-limit` (2 by default)."""
 
 
 # --------------------------------------------------------------------------------------------
