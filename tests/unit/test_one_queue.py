@@ -176,19 +176,25 @@ def test_a_burst_of_mixed_triggers_is_one_pass_with_one_status_write(
 def test_two_parents_run_side_by_side_and_one_never_beside_itself() -> None:
     """(b) One worker per parent: a parent's triggers that come while its pass runs wait for
     it (and merge), so it is never in two passes at once; another parent's pass runs
-    meanwhile on another thread."""
+    meanwhile on another thread. The first passes hold until both run (side by side, or the
+    barrier breaks) and until every later trigger has come, so no timing is assumed."""
     lock = threading.Lock()
     running: dict[str, int] = {"a": 0, "b": 0}
     most = {"a": 0, "b": 0, "both": 0}
     runs: list[str] = []
+    both_running = threading.Barrier(2, timeout=10)
+    release = threading.Event()
 
     def run(_ctx: Any, key: tuple[str, str], _hint: Hint) -> str:
         with lock:
             running[key[1]] += 1
             most[key[1]] = max(most[key[1]], running[key[1]])
             most["both"] = max(most["both"], running["a"] + running["b"])
+            first = key[1] not in runs
             runs.append(key[1])
-        time.sleep(0.05)
+        if first:
+            both_running.wait()
+            release.wait(10)
         with lock:
             running[key[1]] -= 1
         return "ok"
@@ -197,20 +203,27 @@ def test_two_parents_run_side_by_side_and_one_never_beside_itself() -> None:
     memo.refresh_executor = ThreadPoolExecutor(4)
 
     async def go() -> None:
-        for _ in range(20):
+        for name in ("a", "b"):
+            memo.coalescer.submit(memo, ("ns", name), Hint.POD)
+        for _ in range(1000):
+            if runs.count("a") and runs.count("b"):
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(19):
             for name in ("a", "b"):
                 memo.coalescer.submit(memo, ("ns", name), Hint.POD)
-            await asyncio.sleep(0.01)
+        release.set()
         await memo.coalescer.idle()
 
     try:
         asyncio.run(go())
     finally:
+        release.set()
         _close(memo)
     assert most == {"a": 1, "b": 1, "both": 2}
-    # 40 triggers over ~0.2 s, passes of 0.05 s: each parent ran a handful, not 20 times.
-    assert 2 <= runs.count("a") <= 6
-    assert 2 <= runs.count("b") <= 6
+    # The 19 triggers each parent got while its first pass ran are one pass after it.
+    assert runs.count("a") == 2
+    assert runs.count("b") == 2
     assert memo.coalescer.submitted == 40
 
 
