@@ -30,6 +30,7 @@ from support.realnode import (
     RealCluster,
     group_pods,
     group_recreated,
+    group_story,
     post_json,
     ready_status,
     real_node_spec,
@@ -135,7 +136,10 @@ def test_rolling_update_of_two_groups_under_load_loses_nothing(
             and ready_status(rc.kit.get_llmd(ns, name)) == "True"
         )
 
-    wait_until(rolled, timeout=420, interval=1, what="both groups replaced and Ready")
+    try:
+        wait_until(rolled, timeout=420, interval=1, what="both groups replaced and Ready")
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}\n{group_story(rc, ns, name)}") from None
     rollout = time.monotonic() - started
     time.sleep(SETTLE_SECONDS)
     result = load.stop()

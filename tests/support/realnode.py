@@ -616,3 +616,39 @@ def wait_pods(
 
 def monotonic_since(start: float) -> float:
     return time.monotonic() - start
+
+
+def group_story(rc: RealCluster, namespace: str, name: str, *, log_lines: int = 15) -> str:
+    """What a multi-node CR's rollout left behind, for a failed wait's message: the
+    LeaderWorkerSet's status, the CR's conditions, and each group pod (deleting ones included)
+    with its phase, readiness, restarts, containers' states and the last lines of their logs."""
+    lines: list[str] = []
+    lws = rc.kit.get("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", namespace, name) or {}
+    lines.append(f"LeaderWorkerSet status: {json.dumps(lws.get('status') or {}, sort_keys=True)}")
+    cr = rc.kit.get_llmd(namespace, name) or {}
+    for condition in (cr.get("status") or {}).get("conditions") or []:
+        lines.append(
+            f"CR {condition['type']}={condition['status']} {condition.get('reason')}: "
+            f"{condition.get('message')}"
+        )
+    for pod in rc.pods(namespace, f"{LWS_NAME_LABEL}={name}"):
+        meta, status = pod["metadata"], pod.get("status") or {}
+        lines.append(
+            f"pod {meta['name']} uid={meta['uid'][:8]} phase={status.get('phase')} "
+            f"ready={pod_ready(pod)} deleting={bool(meta.get('deletionTimestamp'))} "
+            f"created={meta.get('creationTimestamp')}"
+        )
+        for container in status.get("containerStatuses") or []:
+            lines.append(
+                f"  {container['name']}: restarts={container.get('restartCount', 0)} "
+                f"state={json.dumps(container.get('state'), sort_keys=True)} "
+                f"last={json.dumps(container.get('lastState'), sort_keys=True)}"
+            )
+            for previous in (False, True) if container.get("restartCount") else (False,):
+                args = ["logs", "-n", namespace, meta["name"], "-c", container["name"]]
+                args += ["--tail", str(log_lines)] + (["--previous"] if previous else [])
+                out = rc.kubectl(*args, check=False)
+                tail = (out.stdout or out.stderr or "").strip()
+                label = "previous log" if previous else "log"
+                lines.append(f"  {label}:\n    " + tail.replace("\n", "\n    "))
+    return "\n".join(lines)
