@@ -16,6 +16,7 @@ from llmop_router.routes import Wake
 from support.migration_rig import (
     CHAT,
     COMPLETIONS,
+    KEY,
     Answer,
     chat,
     completion,
@@ -223,3 +224,54 @@ async def test_a_crs_migration_limit_overrides_the_routers() -> None:
         r.router.table.set("llama", "team", "llama", endpoints, Wake(), migration_limit=None)
         _, migrated = await r.stream(COMPLETIONS, completion(), f"crash@ctx:{n + 6}")
         assert migrated.text == reference.text
+
+
+@synchronous
+async def test_a_non_streaming_answer_cut_mid_generation_runs_again_once_elsewhere() -> None:
+    async with rig() as r:
+        faulted, healthy = r.replicas
+        for kind, reason in (("cut", "abort"), ("error", "error")):
+            for rep in r.replicas:
+                rep.seen.clear()
+            async with r.http.post(
+                f"http://{faulted.address}/sim/fault", json={"requestFault": f"{kind}@3"}
+            ) as set_fault:
+                assert set_fault.status == 200
+            for n in range(8):
+                body = completion(prompt=f"question {n} about foxes", stream=False)
+                del body["stream_options"]
+                async with r.http.post(
+                    f"http://{healthy.address}{COMPLETIONS}", json=body
+                ) as direct:
+                    want = await direct.json()
+                async with r.http.post(
+                    r.url + COMPLETIONS, json=body, headers={"Authorization": f"Bearer {KEY}"}
+                ) as routed:
+                    assert routed.status == 200, await routed.text()
+                    got = await routed.json()
+                assert got["choices"][0]["text"] == want["choices"][0]["text"]
+                assert got["choices"][0]["finish_reason"] == "length"
+            cut = len(faulted.seen)
+            assert cut >= 1, "no request landed first on the faulted replica"
+            assert r.metric("llmop_router_migrations_total", reason=reason, outcome="rerun") == cut
+        # Never twice: with every replica cutting, the second answer goes to the client as it is.
+        for rep in r.replicas:
+            async with r.http.post(
+                f"http://{rep.address}/sim/fault", json={"requestFault": "cut@3"}
+            ) as set_fault:
+                assert set_fault.status == 200
+        body = completion(stream=False)
+        del body["stream_options"]
+        async with r.http.post(
+            r.url + COMPLETIONS, json=body, headers={"Authorization": f"Bearer {KEY}"}
+        ) as routed:
+            assert (await routed.json())["choices"][0]["finish_reason"] == "abort"
+        # Off for the model: not run again.
+        endpoints = [rep.address for rep in r.replicas]
+        r.router.table.set("llama", "team", "llama", endpoints, Wake(), migration_limit=0)
+        before = r.metric("llmop_router_migrations_total", reason="abort", outcome="rerun")
+        async with r.http.post(
+            r.url + COMPLETIONS, json=body, headers={"Authorization": f"Bearer {KEY}"}
+        ) as routed:
+            assert (await routed.json())["choices"][0]["finish_reason"] == "abort"
+        assert r.metric("llmop_router_migrations_total", reason="abort", outcome="rerun") == before

@@ -15,6 +15,7 @@ from llmop_router.migration import (
     Record,
     Settings,
     Verdict,
+    cut_answer,
     first_body,
     refusal,
     stream_body,
@@ -297,3 +298,17 @@ def test_a_refused_stream_without_ids_is_relayed_on_the_byte_path() -> None:
     fresh = Record.of(COMPLETIONS, completion(), Settings())
     fresh.see(chunk([9], "z", prompt=[1]))
     assert fresh.see_bytes(_bytes(event)) is None  # `see` must look: text without its ids
+
+
+def test_a_non_streaming_answer_is_cut_when_it_ended_in_abort_or_a_500() -> None:
+    def answer(finish: str) -> bytes:
+        return _bytes({"id": "x", "choices": [{"index": 0, "text": "ab", "finish_reason": finish}]})
+
+    assert cut_answer(COMPLETIONS, 200, answer("abort")) == "abort"
+    assert cut_answer(CHAT, 200, answer("error")) == "error"
+    assert cut_answer(CHAT, 500, b"Internal Server Error") == "error"
+    assert cut_answer(COMPLETIONS, 200, answer("length")) is None
+    assert cut_answer(COMPLETIONS, 200, _bytes({"text": "the abort was an error"})) is None
+    assert cut_answer(COMPLETIONS, 200, b'{"abort": ') is None
+    assert cut_answer(COMPLETIONS, 400, answer("abort")) is None
+    assert cut_answer("/v1/embeddings", 500, b"") is None

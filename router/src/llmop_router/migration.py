@@ -448,6 +448,34 @@ def _output(choice: dict[str, Any]) -> bool:
     return bool(choice.get("text"))
 
 
+RERUN_BODY_LIMIT = 8 << 20
+"""A non-streaming answer larger than this (or of unknown length) is relayed as it comes,
+never held to be checked for a cut."""
+
+
+def cut_answer(path: str, status: int, body: bytes) -> str | None:
+    """Why a non-streaming completions or chat answer was cut mid-generation, so that re-running
+    it from scratch on another replica is safe (none of it reached the client, and an engine
+    keeps no state of a request it ended): "abort" (a 200 whose choice ended `abort`: a drain's
+    or a shutdown's abort) or "error" (a 500: vLLM's generation error). None for a whole answer
+    and for any other status (a 4xx is the request's own doing)."""
+    if path not in (COMPLETIONS, CHAT):
+        return None
+    if status == 500:
+        return "error"
+    if status != 200 or (b'"abort"' not in body and b'"error"' not in body):
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    for choice in choices if isinstance(choices, list) else []:
+        if isinstance(choice, dict) and choice.get("finish_reason") in ("abort", "error"):
+            return str(choice["finish_reason"])
+    return None
+
+
 def error_document(message: str) -> bytes:
     """The OpenAI error object a stream that cannot go on ends with (as one `event: error`)."""
     return dumps(

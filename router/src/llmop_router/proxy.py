@@ -3,7 +3,9 @@ byte, and relay the answer chunk by chunk as the engine writes it.
 
 A request that fails before the engine's first response byte (connection refused or reset, or
 503 from a draining engine) is retried once on a different pod; after the first byte nothing is
-retried (the client has part of an answer). Answers go out with `X-Accel-Buffering: no` so that
+retried (the client has part of an answer), except a non-streaming completions or chat answer
+cut mid-generation (`migration.cut_answer`): read whole before any of it is relayed, it runs
+again once on the next pod. Streams are `migrating`'s. Answers go out with `X-Accel-Buffering: no` so that
 an nginx in front does not hold chunks either. A client that disconnects cancels the handler,
 which closes the upstream connection, which makes vLLM abort the request. The pod counts the
 request in flight (`RouteTable.start`) until it ends, its prompt as queued until the first byte.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 import aiohttp
@@ -26,7 +28,7 @@ from llmop_router.hold import Key
 from llmop_router.metering import Tap
 from llmop_router.metrics import RouterMetrics
 from llmop_router.migrating import StreamForward
-from llmop_router.migration import Record, Settings, stream_body
+from llmop_router.migration import RERUN_BODY_LIMIT, Record, Settings, cut_answer, stream_body
 from llmop_router.routes import Choice, RouteTable
 
 log = logging.getLogger("llmop_router.proxy")
@@ -89,14 +91,14 @@ class Proxy:
         if headers is None:
             headers = forwarded_headers(request.headers)
         url_tail = request.rel_url.raw_path_qs
+        settings = self.migration
+        limit = choice.backend.migration_limit
+        if limit is not None and limit != settings.limit:
+            settings = replace(settings, limit=limit)
         parsed = stream_body(request.method, request.path, body)
         if parsed is not None:
             # Completions and chat streams: whole events, continued elsewhere on a failure.
             assert self._session is not None
-            settings = self.migration
-            limit = choice.backend.migration_limit
-            if limit is not None and limit != settings.limit:
-                settings = replace(settings, limit=limit)
             return await StreamForward(
                 session=self._session,
                 table=self.table,
@@ -135,6 +137,7 @@ class Proxy:
                 last=last,
                 prefill=pick.prefill_on(endpoint),
                 tap=tap,
+                rerun=not last and settings.limit > 0 and request.method == "POST",
             )
             if answered is not None:
                 return answered
@@ -153,10 +156,13 @@ class Proxy:
         last: bool,
         prefill: int = 0,
         tap: Tap | None = None,
+        rerun: bool = False,
     ) -> web.StreamResponse | None:
         """Send to one pod and relay its answer; None when it failed before its first byte and
         another pod may be tried. The pod counts the request in flight until it ends, and its
-        `prefill` (prompt characters) as queued until the answer's first byte."""
+        `prefill` (prompt characters) as queued until the answer's first byte. With `rerun`, a
+        non-streaming completions or chat answer cut mid-generation (`cut_answer`) is held back
+        and None returned: the request runs again, once, on the next pod."""
         assert self._session is not None
         table = self.table
         table.start(endpoint, cr, prefill)
@@ -185,12 +191,36 @@ class Proxy:
                     # A draining engine (or one going unready): the next pod answers instead.
                     self.metrics.upstream_errors.labels("503").inc()
                     return None
+                data = await self._held(upstream) if rerun else None
+                if data is not None:
+                    why = cut_answer(request.path, upstream.status, data)
+                    if why is not None:
+                        self.metrics.migrations.labels(why, "rerun").inc()
+                        log.info(
+                            "migration request=%s reason=%s outcome=rerun from=%s: a "
+                            "non-streaming answer cut mid-generation runs again on the next pod",
+                            str(request.headers.get("X-Request-Id", ""))[:64],
+                            why,
+                            endpoint,
+                        )
+                        return None
                 if tap is not None:
                     tap.status = upstream.status
-                return await self._relay(request, upstream, prepared, first_byte, tap)
+                return await self._relay(request, upstream, prepared, first_byte, tap, data=data)
         finally:
             first_byte()
             table.end(endpoint)
+
+    @staticmethod
+    async def _held(upstream: aiohttp.ClientResponse) -> bytes | None:
+        """A whole JSON answer of bounded, known length, read to be checked before any of it is
+        relayed; None for anything else (relayed as it comes)."""
+        length = upstream.content_length
+        if upstream.content_type != "application/json" or length is None:
+            return None
+        if length > RERUN_BODY_LIMIT:
+            return None
+        return await upstream.read()
 
     async def _relay(
         self,
@@ -199,9 +229,12 @@ class Proxy:
         prepared: web.StreamResponse | None = None,
         first_byte: Callable[[], None] = lambda: None,
         tap: Tap | None = None,
+        *,
+        data: bytes | None = None,
     ) -> web.StreamResponse:
+        """Relay the answer: its bytes as they come, or `data` when it was read already."""
         if prepared is not None:
-            return await self._relay_into(prepared, upstream, first_byte, tap)
+            return await self._relay_into(prepared, upstream, first_byte, tap, data)
         response = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
@@ -219,11 +252,11 @@ class Proxy:
         await response.prepare(request)
         try:
             if tap is None:
-                async for chunk in upstream.content.iter_any():
+                async for chunk in _chunks(upstream, data):
                     first_byte()
                     await response.write(chunk)
             else:
-                await self._relay_tapped(response, upstream, first_byte, tap)
+                await self._relay_tapped(response, upstream, first_byte, tap, data)
             await response.write_eof()
         except ConnectionResetError:
             # The client stopped reading (e.g. closed after `data: [DONE]`, before the final
@@ -237,12 +270,13 @@ class Proxy:
         upstream: aiohttp.ClientResponse,
         first_byte: Callable[[], None] = lambda: None,
         tap: Tap | None = None,
+        data: bytes | None = None,
     ) -> web.StreamResponse:
         """The engine's answer into a held stream whose 200 headers (and heartbeats) went out:
         its events as they come, or its error as one SSE error event."""
         try:
             if upstream.status != 200:
-                body = await upstream.read()
+                body = data if data is not None else await upstream.read()
                 try:
                     json.loads(body)
                 except ValueError:
@@ -256,9 +290,9 @@ class Proxy:
                     ).encode()
                 await prepared.write(error_event(body))
             elif tap is not None:
-                await self._relay_tapped(prepared, upstream, first_byte, tap)
+                await self._relay_tapped(prepared, upstream, first_byte, tap, data)
             else:
-                async for chunk in upstream.content.iter_any():
+                async for chunk in _chunks(upstream, data):
                     first_byte()
                     await prepared.write(chunk)
             await prepared.write_eof()
@@ -272,10 +306,11 @@ class Proxy:
         upstream: aiohttp.ClientResponse,
         first_byte: Callable[[], None],
         tap: Tap,
+        data: bytes | None = None,
     ) -> None:
         """Relay through the gateway's tap (it meters the answer and may hold back the usage
         event the client did not ask for)."""
-        async for chunk in upstream.content.iter_any():
+        async for chunk in _chunks(upstream, data):
             first_byte()
             if tap.first_byte is None:
                 tap.first_byte = time.monotonic()
@@ -285,3 +320,13 @@ class Proxy:
         rest = tap.finish()
         if rest:
             await response.write(rest)
+
+
+async def _chunks(upstream: aiohttp.ClientResponse, data: bytes | None) -> AsyncIterator[bytes]:
+    """The answer's bytes: `data` when it was read whole already, else as they arrive."""
+    if data is not None:
+        if data:
+            yield data
+        return
+    async for chunk in upstream.content.iter_any():
+        yield chunk
