@@ -34,6 +34,7 @@ from llmop_router.metrics import GatewayMetrics
 from llmop_router.routes import RouteTable
 from llmop_router.store import Local
 from llmop_router.tenants import parse_tenant
+from support.migration_rig import replica
 
 KEY = "llmop_test-key-of-team-a-0123456789abcdef"
 OTHER_KEY = "llmop_test-key-of-team-b-0123456789abcdef"
@@ -57,18 +58,8 @@ def tenant(name: str, key: str, **spec: Any) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def simulator() -> AsyncIterator[tuple[SimServer, str]]:
-    server = SimServer(SIM)
-    engine = asyncio.create_task(server.engine.run())
-    site = TestServer(server.app(), host="127.0.0.1")
-    await site.start_server()
-    try:
-        yield server, f"127.0.0.1:{site.port}"
-    finally:
-        await site.close()
-        server.engine.stop()
-        engine.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await engine
+    async with replica(SIM) as found:
+        yield found.sim, found.address
 
 
 @dataclass

@@ -66,8 +66,9 @@ class Replica:
 
 
 @contextlib.asynccontextmanager
-async def replica() -> AsyncIterator[Replica]:
-    server = SimServer(SIM)
+async def replica(config: SimConfig = SIM) -> AsyncIterator[Replica]:
+    """A simulator on a loopback port, its engine loop running, recording what it is sent."""
+    server = SimServer(config)
     found = Replica(server)
 
     @web.middleware
