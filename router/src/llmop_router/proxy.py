@@ -5,10 +5,11 @@ A request that fails before the engine's first response byte (connection refused
 503 from a draining engine) is retried once on a different pod; after the first byte nothing is
 retried (the client has part of an answer), except a non-streaming completions or chat answer
 cut mid-generation (`migration.cut_answer`): read whole before any of it is relayed, it runs
-again once on the next pod. Streams are `migrating`'s. Answers go out with `X-Accel-Buffering: no` so that
-an nginx in front does not hold chunks either. A client that disconnects cancels the handler,
-which closes the upstream connection, which makes vLLM abort the request. The pod counts the
-request in flight (`RouteTable.start`) until it ends, its prompt as queued until the first byte.
+again once on the next pod. Streams are `migrating`'s. Answers go out with
+`X-Accel-Buffering: no` so that an nginx in front does not hold chunks either. A client that
+disconnects cancels the handler, which closes the upstream connection, which makes vLLM abort
+the request. The pod counts the request in flight (`RouteTable.start`) until it ends, its
+prompt as queued until the first byte.
 """
 
 from __future__ import annotations
