@@ -178,3 +178,32 @@ def test_plan_of_a_config_it_cannot_size_names_file_and_field(tmp_path: Path) ->
     )
     assert result.returncode == 2
     assert "config.json: model_type: 'qwen3_next'" in result.stderr
+
+
+def test_render_plans_from_model_files_as_the_operator_does(tmp_path: Path) -> None:
+    """`llmop render` of a model outside the catalog: with its files, the children the
+    operator would create from them (the load budget follows the weights' size); without, the
+    catalog-less defaults."""
+    directory = _write_model(tmp_path / "gemma", "google/gemma-3-12b-it")
+    stdin = _manifest("google/gemma-3-12b-it")
+    offline = {"HF_ENDPOINT": "http://127.0.0.1:9"}
+    planned = _llmop("render", "-f", "-", "--model-files", str(directory), stdin=stdin, env=offline)
+    plain = _llmop("render", "-f", "-", stdin=stdin, env=offline)
+    assert planned.returncode == plain.returncode == 0, planned.stderr + plain.stderr
+
+    def load_timeout(out: str) -> str:
+        (deployment,) = [d for d in yaml.safe_load_all(out) if d["kind"] == "Deployment"]
+        env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        return next(e["value"] for e in env if e["name"] == "LLMOP_LOAD_TIMEOUT_SECONDS")
+
+    assert load_timeout(plain.stdout) == "1800"
+    assert int(load_timeout(planned.stdout)) < 1800
+    hybrid = tmp_path / "hybrid"
+    hybrid.mkdir()
+    config = {"model_type": "qwen3_next", "layer_types": ["linear_attention"]}
+    (hybrid / "config.json").write_text(json.dumps(config))
+    refused = _llmop(
+        "render", "-f", "-", "--model-files", str(hybrid), stdin=_manifest("Qwen/Qwen3-Next")
+    )
+    assert refused.returncode == 2
+    assert "config.json: model_type: 'qwen3_next'" in refused.stderr

@@ -60,6 +60,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _facts_arguments(command: argparse.ArgumentParser, *, default_source: str) -> None:
+    """Where `plan` and `render` take the facts of a model outside the catalog from."""
+    command.add_argument(
+        "--model-files",
+        type=Path,
+        metavar="DIR",
+        help="plan from DIR/config.json (and DIR/model.safetensors.index.json): no network",
+    )
+    command.add_argument(
+        "--source",
+        choices=("auto", "hub", "catalog"),
+        default=default_source,
+        help="without --model-files: auto = the catalog for models it knows, else the Hub "
+        "(HF_TOKEN, HF_ENDPOINT), as the operator plans; hub = the Hub for every model, the "
+        f"catalog if unreachable; catalog = no network (default {default_source})",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmop", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -76,24 +94,13 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("--vllm-image", default=DEFAULT_VLLM_IMAGE)
     render.add_argument("--simulator-image", default=DEFAULT_SIMULATOR_IMAGE)
     render.add_argument("--service-monitor", action="store_true", help="also a ServiceMonitor")
+    _facts_arguments(render, default_source="catalog")
     render.set_defaults(handler=_render)
 
     plan = commands.add_parser("plan", help="check that LLMDeployments fit their GPUs")
     plan.add_argument("-f", "--filename", required=True, type=Path, help="manifest ('-': stdin)")
     plan.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    plan.add_argument(
-        "--model-files",
-        type=Path,
-        metavar="DIR",
-        help="plan from DIR/config.json (and DIR/model.safetensors.index.json): no network",
-    )
-    plan.add_argument(
-        "--source",
-        choices=("auto", "hub", "catalog"),
-        default="auto",
-        help="without --model-files: auto = the catalog for models it knows, else the Hub "
-        "(HF_TOKEN, HF_ENDPOINT); hub = the Hub for every model, the catalog if unreachable",
-    )
+    _facts_arguments(plan, default_source="auto")
     plan.add_argument(
         "--vllm-version",
         default=ENGINE_VLLM_VERSION,
@@ -178,8 +185,11 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
     manifests: list[dict[str, Any]] = []
     for llmd in load_deployments(args.filename):
         # The operator's own desired state: what it would create, and nothing for a plan that
-        # does not fit (said on stderr, so the YAML on stdout stays appliable).
-        desired = desired_state(llmd, settings)
+        # does not fit (said on stderr, so the YAML on stdout stays appliable). A model outside
+        # the catalog is planned from its files, as the operator does, when they are given.
+        architecture, _ = _model_facts(args, llmd)
+        facts = None if architecture is None else sizing.FactsVerdict(architecture=architecture)
+        desired = desired_state(llmd, settings, facts=facts)
         if desired.children is None:
             print(
                 f"llmop: {llmd.metadata.name}: {desired.sizing.message} "
