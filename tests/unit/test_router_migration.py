@@ -312,3 +312,14 @@ def test_a_non_streaming_answer_is_cut_when_it_ended_in_abort_or_a_500() -> None
     assert cut_answer(COMPLETIONS, 200, b'{"abort": ') is None
     assert cut_answer(COMPLETIONS, 400, answer("abort")) is None
     assert cut_answer("/v1/embeddings", 500, b"") is None
+
+
+def test_an_engine_writing_spaced_json_never_takes_the_byte_path() -> None:
+    record = Record.of(COMPLETIONS, completion(), Settings())
+    record.see(chunk([9], "z", prompt=[1]))
+    spaced = json.dumps(chunk([1], "a")).encode()
+    assert b'"finish_reason": null' in spaced
+    assert record.see_bytes(spaced) is None
+    abort = json.dumps(chunk([], "", finish="abort")).encode()
+    record.refused = "a tool call or reasoning is in progress"
+    assert record.see_bytes(abort) is None  # its abort is seen by `see`, spaced or not

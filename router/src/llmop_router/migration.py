@@ -403,6 +403,9 @@ class Record:
 
 
 IDS_KEY = b'"token_ids":['
+ORDINARY = b'"finish_reason":null'
+"""In every ordinary event of an engine writing compact JSON (vLLM's pydantic, the simulator):
+an engine writing spaces never takes the byte path, so no spaced key can slip past a search."""
 SLOW_MARKS = (
     b'"prompt_token_ids":[',
     b'"finish_reason":"',
@@ -421,7 +424,9 @@ def strip_ids(data: bytes) -> tuple[bytes, list[int] | None] | None:
     or reasoning; one choice): the bytes to forward, with the router-asked `token_ids` read
     (None when the event has none) and set to null, everything else as the engine sent it.
     None when the event needs `Record.see` (anything else)."""
-    if b'"choices":[{' not in data or any(mark in data for mark in SLOW_MARKS):
+    if b'"choices":[{' not in data or ORDINARY not in data:
+        return None
+    if any(mark in data for mark in SLOW_MARKS):
         return None
     at = data.find(IDS_KEY)
     if at < 0:
