@@ -453,6 +453,8 @@ def _output(choice: dict[str, Any]) -> bool:
     return bool(choice.get("text"))
 
 
+RERUN_PATHS = (COMPLETIONS, CHAT)
+"""The non-streaming answers `cut_answer` judges (and the proxy reads whole to judge)."""
 RERUN_BODY_LIMIT = 8 << 20
 """A non-streaming answer larger than this (or of unknown length) is relayed as it comes,
 never held to be checked for a cut."""
@@ -464,7 +466,7 @@ def cut_answer(path: str, status: int, body: bytes) -> str | None:
     keeps no state of a request it ended): "abort" (a 200 whose choice ended `abort`: a drain's
     or a shutdown's abort) or "error" (a 500: vLLM's generation error). None for a whole answer
     and for any other status (a 4xx is the request's own doing)."""
-    if path not in (COMPLETIONS, CHAT):
+    if path not in RERUN_PATHS:
         return None
     if status == 500:
         return "error"

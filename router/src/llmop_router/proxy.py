@@ -29,7 +29,14 @@ from llmop_router.hold import Key
 from llmop_router.metering import Tap
 from llmop_router.metrics import RouterMetrics
 from llmop_router.migrating import StreamForward
-from llmop_router.migration import RERUN_BODY_LIMIT, Record, Settings, cut_answer, stream_body
+from llmop_router.migration import (
+    RERUN_BODY_LIMIT,
+    RERUN_PATHS,
+    Record,
+    Settings,
+    cut_answer,
+    stream_body,
+)
 from llmop_router.routes import Choice, RouteTable
 
 log = logging.getLogger("llmop_router.proxy")
@@ -138,7 +145,7 @@ class Proxy:
                 last=last,
                 prefill=pick.prefill_on(endpoint),
                 tap=tap,
-                rerun=not last and settings.limit > 0 and request.method == "POST",
+                rerun=not last and settings.limit > 0 and request.path in RERUN_PATHS,
             )
             if answered is not None:
                 return answered
