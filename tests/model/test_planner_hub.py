@@ -168,13 +168,14 @@ def test_plan_without_a_reachable_hub_says_it_could_not_plan(standin: HubStandin
     assert "not planned" in result.stdout
 
 
-def test_plan_of_a_config_it_cannot_size_names_file_and_field(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_a_config_it_cannot_size_names_file_and_field(tmp_path: Path, command: str) -> None:
     directory = tmp_path / "hybrid"
     directory.mkdir()
     config = {"model_type": "qwen3_next", "layer_types": ["linear_attention"]}
     (directory / "config.json").write_text(json.dumps(config))
     result = _llmop(
-        "plan", "-f", "-", "--model-files", str(directory), stdin=_manifest("Qwen/Qwen3-Next")
+        command, "-f", "-", "--model-files", str(directory), stdin=_manifest("Qwen/Qwen3-Next")
     )
     assert result.returncode == 2
     assert "config.json: model_type: 'qwen3_next'" in result.stderr
@@ -183,7 +184,7 @@ def test_plan_of_a_config_it_cannot_size_names_file_and_field(tmp_path: Path) ->
 def test_render_plans_from_model_files_as_the_operator_does(tmp_path: Path) -> None:
     """`llmop render` of a model outside the catalog: with its files, the children the
     operator would create from them (the load budget follows the weights' size); without, the
-    catalog-less defaults."""
+    catalog-less defaults. A config it cannot size: the test above."""
     directory = _write_model(tmp_path / "gemma", "google/gemma-3-12b-it")
     stdin = _manifest("google/gemma-3-12b-it")
     offline = {"HF_ENDPOINT": "http://127.0.0.1:9"}
@@ -198,12 +199,3 @@ def test_render_plans_from_model_files_as_the_operator_does(tmp_path: Path) -> N
 
     assert load_timeout(plain.stdout) == "1800"
     assert int(load_timeout(planned.stdout)) < 1800
-    hybrid = tmp_path / "hybrid"
-    hybrid.mkdir()
-    config = {"model_type": "qwen3_next", "layer_types": ["linear_attention"]}
-    (hybrid / "config.json").write_text(json.dumps(config))
-    refused = _llmop(
-        "render", "-f", "-", "--model-files", str(hybrid), stdin=_manifest("Qwen/Qwen3-Next")
-    )
-    assert refused.returncode == 2
-    assert "config.json: model_type: 'qwen3_next'" in refused.stderr
