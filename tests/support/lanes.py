@@ -16,8 +16,9 @@ Each lane is a whole pytest session with its own fixtures and clusters (names ca
 ends with the ``suite_end`` check, so the two checked windows together cover the whole run.
 
 Output: every line of a lane is printed as it comes, prefixed with the lane's name; each lane's
-full log is also kept under ``.pytest_cache/lanes/``; the end repeats each lane's summary and
-prints one closing line counting both. Exit status: 0 only when both lanes passed.
+full log is also kept under ``.pytest_cache/lanes/``; the end repeats each lane's summary, the
+end of each failure's report, and prints one closing line counting both. Exit status: 0 only
+when both lanes passed.
 
 ``LLMOP_TEST_LANES=serial`` runs the lanes one after the other (same sessions, same order),
 for a machine where running them together would only slow both.
@@ -59,6 +60,10 @@ class Lane:
     args: tuple[str, ...]
 
 
+FAILURE_LINES = 100
+"""Lines of each failure's report repeated at the end of the run."""
+
+
 def lanes(durations: int) -> tuple[Lane, ...]:
     common = ("-q", f"--durations={durations}")
     real_node = Lane("real-node", (*common, *REAL_NODE_PATHS, EGRESS_CHECK))
@@ -87,6 +92,21 @@ class Outcome:
             failed += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
             skipped += int(suite.get("skipped", 0))
         return total - failed - skipped, failed, skipped
+
+    def failures(self, lines: int = FAILURE_LINES) -> list[str]:
+        """Each failed or errored test's name and the last `lines` of its report (the
+        assertion, a timeout's message and what it printed about the state it found)."""
+        try:
+            root = ET.parse(self.junit).getroot()
+        except (OSError, ET.ParseError):
+            return []
+        found = []
+        for case in root.iter("testcase"):
+            for problem in (*case.findall("failure"), *case.findall("error")):
+                text = (problem.text or problem.get("message") or "").rstrip().splitlines()
+                name = f"{case.get('classname')}::{case.get('name')}"
+                found.append("\n".join([f"--- {name}", *text[-lines:]]))
+        return found
 
 
 def _pump(stream: IO[bytes], prefix: str, log: IO[bytes], lock: threading.Lock) -> None:
@@ -215,6 +235,11 @@ def run(
             f"{outcome.seconds:.0f} s (log: {outcome.log}) ====="
         )
         print(_tail(outcome.log))
+    # Last but the count: what a CI page that keeps only the end of the output still shows.
+    reports = [report for outcome in outcomes for report in outcome.failures()]
+    if reports:
+        print(f"\n===== failures ({len(reports)}), the end of each report =====")
+        print("\n".join(reports))
     passed = failed = skipped = 0
     for outcome in outcomes:
         p, f, s = outcome.counts()

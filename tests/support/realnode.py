@@ -618,7 +618,7 @@ def monotonic_since(start: float) -> float:
     return time.monotonic() - start
 
 
-def group_story(rc: RealCluster, namespace: str, name: str, *, log_lines: int = 15) -> str:
+def group_story(rc: RealCluster, namespace: str, name: str, *, log_lines: int = 8) -> str:
     """What a multi-node CR's rollout left behind, for a failed wait's message: the
     LeaderWorkerSet's status, the CR's conditions, and each group pod (deleting ones included)
     with its phase, readiness, restarts, containers' states and the last lines of their logs."""

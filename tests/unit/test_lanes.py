@@ -82,6 +82,11 @@ def test_a_red_lane_fails_the_run_and_is_counted(
     assert CLOSING.findall(out) == [("2", "1", "1")], out
     assert "===== lane red: exit 1" in out
     assert "FAILED test_red.py::test_fails" in out, "the red lane's short summary is repeated"
+    # The failure's own report is repeated last, before the count.
+    end = out[out.index("===== failures (1)") :]
+    assert "--- test_red::test_fails" in end, end
+    assert "assert 1 == 2" in end, end
+    assert end.rstrip().splitlines()[-1].startswith("suite: 2 passed, 1 failed"), end
 
 
 def test_a_lane_that_breaks_before_any_report_still_fails(
