@@ -72,6 +72,8 @@ def test_every_case_passes_the_schema_and_renders(case: str) -> None:
         ({"image": {"digest": "latest"}}, "digest"),
         ({"monitoring": {"prometheusRule": {"errorRatio": 5}}}, "errorRatio"),
         ({"replicaCount": 2}, "replicaCount"),
+        ({"router": {"migration": {"limit": 11}}}, "limit"),
+        ({"router": {"migration": {"inactivitySeconds": 0}}}, "inactivitySeconds"),
     ],
 )
 def test_schema_rejects_typos_and_bad_values(values: dict[str, Any], offender: str) -> None:
@@ -320,8 +322,9 @@ def test_router_is_two_restricted_replicas_behind_its_service_writing_only_scale
     (container,) = pod["spec"]["containers"]
     assert container["image"] == "ghcr.io/llmop/router:0.1.0"
     # Then the limits (test_router_limits_default_to_the_routers_own_and_reach_its_args).
-    assert container["args"][:11] == [
+    assert container["args"][:15] == [
         *("serve", "--port", "8080", "--admin-port", "8081", "--stale-after-seconds", "300"),
+        *("--migration-limit", "2", "--migration-inactivity-seconds", "30"),
         *("--shutdown-delay", "5", "--drain", "60"),
     ]
     # The kubelet waits out the delay, the drain and the exit before it kills.
@@ -395,6 +398,8 @@ def test_router_admin_port_is_on_its_pods_for_the_operator_and_prometheus_not_it
     args = container["args"]
     assert args[args.index("--admin-port") + 1] == "9100"
     assert args[args.index("--stale-after-seconds") + 1] == "45"
+    assert args[args.index("--migration-limit") + 1] == "2"
+    assert args[args.index("--migration-inactivity-seconds") + 1] == "30"
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
         "http": 8080,
         router_contract.ADMIN_PORT_NAME: 9100,
