@@ -130,3 +130,18 @@ def test_runs_as_a_process_for_the_real_client(model_dir: Path, tmp_path: Path) 
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_stopped_standin_answers_nothing_even_on_a_kept_alive_connection(
+    model_dir: Path,
+) -> None:
+    """Stopped is an outage: a client that keeps connections alive (httpx, as huggingface_hub
+    does) must not still be answered on one opened before the stop."""
+    import httpx
+
+    standin = HubStandin([HubRepo("acme/tiny", model_dir)]).start()
+    with httpx.Client(base_url=standin.url, timeout=5) as client:
+        assert client.get("/api/models/acme/tiny").status_code == 200
+        standin.stop()
+        with pytest.raises(httpx.TransportError):
+            client.get("/api/models/acme/tiny")

@@ -41,12 +41,14 @@ import contextlib
 import hashlib
 import json
 import random
+import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 LFS_THRESHOLD = 1 << 20
@@ -152,7 +154,7 @@ class HubStandin:
         class Handler(_Handler):
             hub = standin
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = _Server((host, port), Handler)
         self.server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -173,8 +175,11 @@ class HubStandin:
         return self
 
     def stop(self) -> None:
+        """Stop as an outage does: the port refuses, and the keep-alive connections clients
+        hold close too (a stopped server's handler threads would go on answering on them)."""
         self.server.shutdown()
         self.server.server_close()
+        self.server.close_connections()
 
     def __enter__(self) -> HubStandin:
         return self.start()
@@ -197,6 +202,34 @@ class HubStandin:
     def downloads(self, file: str) -> list[Logged]:
         """GET requests that fetched `file`'s bytes (any repo, any revision)."""
         return [r for r in self.requests if r.method == "GET" and r.path.endswith("/" + file)]
+
+
+class _Server(ThreadingHTTPServer):
+    """Keeps its open client connections, so that stopping can close them."""
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        connection, address = super().get_request()
+        with self._open_lock:
+            self._open.add(connection)
+        return connection, address
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        with self._open_lock:
+            connections, self._open = list(self._open), set()
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+            connection.close()
 
 
 class _Handler(BaseHTTPRequestHandler):
