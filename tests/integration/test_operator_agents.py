@@ -130,11 +130,17 @@ def test_agents_feed_capacity_degraded_and_least_loaded_scale_down(  # noqa: PLR
         assert "50% below" in message
         assert conds(obj)["CapacityPlanned"]["status"] == "True"
         assert conds(obj)["Ready"]["status"] == "True"
-        warnings = [
-            e
-            for e in kit.kube.list("v1", "Event", namespace)
-            if e["reason"] == "CapacityShortfall" and e["involvedObject"]["name"] == "agents"
-        ]
+
+        def shortfall_events() -> list[dict[str, Any]]:
+            return [
+                e
+                for e in kit.kube.list("v1", "Event", namespace)
+                if e["reason"] == "CapacityShortfall" and e["involvedObject"]["name"] == "agents"
+            ]
+
+        # The Event follows the status write that earned it: wait for it, then count.
+        wait_until(lambda: shortfall_events() or None, timeout=10, what="the shortfall Event")
+        warnings = shortfall_events()
         assert len(warnings) == 1
         assert warnings[0]["type"] == "Warning"
 

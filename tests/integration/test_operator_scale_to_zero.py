@@ -227,10 +227,17 @@ def _scenario(kit: Kit, namespace: str, router: StandinRouter, router_pod: dict[
         )
         assert ready(woke)["reason"] == "AllReplicasReady"
         assert 0 <= woke["status"]["scaleToZero"]["lastWakeSeconds"] < 60
-        reasons = [
-            e["reason"]
-            for e in kit.kube.list("v1", "Event", namespace)
-            if e["involvedObject"]["name"] == "sleepy"
-        ]
-        assert reasons.count("ScaledToZero") == 1
-        assert reasons.count("Waking") == 1
+
+        def reasons() -> list[str]:
+            return [
+                e["reason"]
+                for e in kit.kube.list("v1", "Event", namespace)
+                if e["involvedObject"]["name"] == "sleepy"
+            ]
+
+        # Events are posted after the status write that earns them: a pass that saw the wake
+        # and the ready replica at once wrote lastWakeSeconds a moment before its Waking Event.
+        wait_until(lambda: "Waking" in reasons(), timeout=10, what="the Waking Event")
+        time.sleep(2)  # a second Waking (a repeated transition) would be posted by now
+        assert reasons().count("ScaledToZero") == 1
+        assert reasons().count("Waking") == 1
