@@ -155,6 +155,7 @@ def test_default_objects() -> None:
         ("ClusterRoleBinding", "llmop-framework"),
         ("ClusterRoleBinding", "llmop-router"),
         ("CustomResourceDefinition", "llmdeployments.serving.llmop.dev"),
+        ("CustomResourceDefinition", "llmpriorityclasses.serving.llmop.dev"),
         ("CustomResourceDefinition", "llmtenants.serving.llmop.dev"),
         ("Deployment", "llmop"),
         ("Deployment", "llmop-router"),
@@ -350,6 +351,7 @@ def test_router_is_two_restricted_replicas_behind_its_service_writing_only_scale
         ("serving.llmop.dev", "llmdeployments"): {"get", "list", "watch"},
         ("serving.llmop.dev", "llmtenants"): {"get", "list", "watch"},
         ("serving.llmop.dev", "llmtenants/status"): {"patch"},
+        ("serving.llmop.dev", "llmpriorityclasses"): {"get", "list", "watch"},
         ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
         # Waking a CR at zero: its workload's scale, 0 -> 1, and nothing else of it.
         ("apps", "deployments/scale"): {"get", "patch"},
@@ -462,7 +464,7 @@ def test_router_can_be_left_out() -> None:
 # --- CRD ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("plural", ["llmdeployments", "llmtenants"])
+@pytest.mark.parametrize("plural", ["llmdeployments", "llmtenants", "llmpriorityclasses"])
 def test_crd_template_is_the_generated_crd(plural: str) -> None:
     generated = yaml.safe_load(
         (REPO_ROOT / "crds" / f"serving.llmop.dev_{plural}.yaml").read_text()
@@ -638,7 +640,7 @@ def _dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
 
 
 def test_alerts_and_dashboards_only_use_metrics_that_exist() -> None:
-    from llmop_router.metrics import GatewayMetrics, RouterMetrics
+    from llmop_router.metrics import GatewayMetrics, QueueMetrics, RouterMetrics
 
     exported = _engine_metric_names()
     docs = render(MATRIX["monitoring-all"])
@@ -650,8 +652,13 @@ def test_alerts_and_dashboards_only_use_metrics_that_exist() -> None:
     # The router's dashboard uses the router's series only, each with labels it has.
     metrics = RouterMetrics()
     gateway = GatewayMetrics(metrics.registry)
+    queue = QueueMetrics(metrics.registry)
     router = {f.name: f for f in metrics.registry.collect()}
-    members = {**metrics.__dict__, **{f"gateway.{k}": v for k, v in gateway.__dict__.items()}}
+    members = {
+        **metrics.__dict__,
+        **{f"gateway.{k}": v for k, v in gateway.__dict__.items()},
+        **{f"queue.{k}": v for k, v in queue.__dict__.items()},
+    }
     collectors = {c._name: c for c in members.values() if hasattr(c, "_name")}
     router_exprs = _dashboard_exprs(json.loads(data["llmop-router.json"]))
     for expr in router_exprs:

@@ -1,7 +1,8 @@
-"""The LLMTenant CRD from crds/ on a real API server: a valid tenant is accepted, each CEL rule
-and pattern refuses what the router could not use with a message naming the field; and the
-router's gateway follows the objects through its watch: a key works once its tenant exists and
-is refused within 2 s of being disabled."""
+"""The LLMTenant and LLMPriorityClass CRDs from crds/ on a real API server: a valid tenant is
+accepted, each CEL rule and pattern refuses what the router could not use with a message naming
+the field (and a class's bounds likewise); and the router's gateway follows the objects through
+its watches: a key works once its tenant exists and is refused within 2 s of being disabled, and
+a tenant's status says whether the priority class it names exists."""
 
 from __future__ import annotations
 
@@ -32,28 +33,30 @@ from support.manifests import cel_rules
 pytestmark = pytest.mark.cluster
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "serving.llmop.dev_llmtenants.yaml"
+CLASS_CRD_PATH = CRD_PATH.with_name("serving.llmop.dev_llmpriorityclasses.yaml")
 KEY = "llmop_integration-test-key-0123456789abcdefghijkl"
 Mutation = Callable[[dict[str, Any]], None]
 
 
 @pytest.fixture(scope="module")
 def tenant_crd(llmop_crd: Cluster) -> Cluster:
-    llmop_crd.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
     established = '{.status.conditions[?(@.type=="Established")].status}'
-    wait_until(
-        lambda: (
-            llmop_crd.kubectl(
-                "get",
-                "crd/llmtenants.serving.llmop.dev",
-                "-o",
-                f"jsonpath={established}",
-                check=False,
-            ).stdout.strip()
-            == "True"
-        ),
-        timeout=60,
-        what="crd/llmtenants Established",
-    )
+    for path, plural in ((CRD_PATH, "llmtenants"), (CLASS_CRD_PATH, "llmpriorityclasses")):
+        llmop_crd.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+        wait_until(
+            lambda plural=plural: (
+                llmop_crd.kubectl(
+                    "get",
+                    f"crd/{plural}.serving.llmop.dev",
+                    "-o",
+                    f"jsonpath={established}",
+                    check=False,
+                ).stdout.strip()
+                == "True"
+            ),
+            timeout=60,
+            what=f"crd/{plural} Established",
+        )
     return llmop_crd
 
 
@@ -134,6 +137,32 @@ def test_a_valid_tenant_is_accepted(tenant_crd: Cluster) -> None:
 
 
 @pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"value": 10_000_000}, "spec.value"),
+        ({"value": 1, "maxSharePercent": 101}, "spec.maxSharePercent"),
+        ({"value": 1, "queue": {"maxWaitSeconds": 0}}, "spec.queue.maxWaitSeconds"),
+        ({"sheddable": True}, "spec.value"),
+    ],
+    ids=["value-bounded", "share-a-percentage", "wait-positive", "value-required"],
+)
+def test_a_priority_class_out_of_bounds_is_refused_naming_the_field(
+    tenant_crd: Cluster, spec: dict[str, Any], field: str
+) -> None:
+    obj = {
+        "apiVersion": "serving.llmop.dev/v1alpha1",
+        "kind": "LLMPriorityClass",
+        "metadata": {"name": "bounds"},
+        "spec": spec,
+    }
+    result = tenant_crd.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False
+    )
+    assert result.returncode != 0, f"accepted: {json.dumps(obj)}"
+    assert field in result.stderr
+
+
+@pytest.mark.parametrize(
     ("mutation", "message", "field"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
 )
 def test_an_invalid_tenant_is_refused_naming_the_field(
@@ -193,7 +222,17 @@ def test_the_router_follows_tenants_through_its_watch(tenant_crd: Cluster) -> No
             async with aiohttp.ClientSession() as http:
                 await _until(http, url, 401, 30)
                 assert "llmtenants/" not in " ".join(router.waiting)
-                tenant_crd.kubectl("apply", "-f", "-", input=json.dumps(valid(name)))
+                gold = {
+                    "apiVersion": "serving.llmop.dev/v1alpha1",
+                    "kind": "LLMPriorityClass",
+                    "metadata": {"name": "watched-gold"},
+                    "spec": {"value": 50},
+                }
+                tenant_crd.kubectl("apply", "-f", "-", input=json.dumps(gold))
+                named = valid(name)
+                named["spec"]["priorityClassName"] = "watched-gold"
+                await asyncio.sleep(0.5)  # the class's watch event before the tenant's
+                tenant_crd.kubectl("apply", "-f", "-", input=json.dumps(named))
                 await _until(http, url, 404, 5)
                 # The router writes its status: no LLMDeployment serves `llama` here.
                 status = await _status_written(tenant_crd, name)
@@ -202,6 +241,8 @@ def test_the_router_follows_tenants_through_its_watch(tenant_crd: Cluster) -> No
                 assert conditions["UnknownModels"]["status"] == "True"
                 assert "llama" in conditions["UnknownModels"]["message"]
                 assert conditions["DuplicateKeyHash"]["status"] == "False"
+                assert conditions["UnknownPriorityClass"]["status"] == "False"
+                assert "'watched-gold'" in conditions["UnknownPriorityClass"]["message"]
                 assert status["usage"]["cost"] == "0.000000"
                 disabled = valid(name)
                 disabled["spec"]["apiKeys"][0]["disabled"] = True
@@ -210,6 +251,9 @@ def test_the_router_follows_tenants_through_its_watch(tenant_crd: Cluster) -> No
                 assert revoked_after <= 2.0
         finally:
             tenant_crd.kubectl("delete", "llmtenant", name, "--ignore-not-found", check=False)
+            tenant_crd.kubectl(
+                "delete", "llmpriorityclass", "watched-gold", "--ignore-not-found", check=False
+            )
             await site.close()
 
     asyncio.run(asyncio.wait_for(run(), timeout=90))

@@ -212,6 +212,8 @@ ROUTER_PURE = {
     "routes.py",
     "discovery.py",
     "hold.py",
+    "fairqueue.py",
+    "priorities.py",
     "body.py",
     "limits.py",
     "tenants.py",
@@ -223,7 +225,7 @@ ROUTER_PURE = {
 ROUTER_OWNERS = {
     "aiohttp": {
         *("app.py", "answers.py", "proxy.py", "scale_to_zero.py", "cli.py", "kube.py"),
-        *("intake.py", "edge.py", "gateway.py", "migrating.py"),
+        *("intake.py", "edge.py", "gateway.py", "migrating.py", "sharing.py"),
     },
     "yaml": {"kube.py", "cli.py"},  # cli.py: --static-tenants
     "multidict": {"answers.py", "proxy.py", "app.py", "gateway.py", "migrating.py"},  # headers
@@ -267,6 +269,7 @@ def test_router_is_its_own_package_with_a_pure_core() -> None:
 ROUTER_NOT_A_CLAIM = {
     "__init__.py": "the package's summary: it names its pure core",
     "scale_to_zero.py": "the I/O around the pure queues of hold.py, which it names",
+    "sharing.py": "the I/O around the pure queues of fairqueue.py, which it names",
 }
 
 

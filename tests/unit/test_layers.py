@@ -17,9 +17,10 @@ Operator: api < planner < foundation (periodic among them) < sizing | render < d
 Engine:   contract < vllm_metrics | simulator < health | connections | agent_settings
           | download_progress | worker | adapter_rules < supervisor | engine_client | agent_metrics
           | probe_server | drain | download | adapter_loader < agent | worker_agent < cli
-Router:   contract < prefix | hold | metrics | tenants < ring | body | quota | migration
-          < routes | metering | tenant_status < discovery | answers | store | migrating
-          < proxy | scale_to_zero | kube | intake | edge | gateway < app < cli
+Router:   contract < prefix | hold | fairqueue | priorities | metrics | tenants < ring | body
+          | quota | migration < routes | metering | tenant_status < discovery | answers | store
+          | migrating < proxy | scale_to_zero | kube | intake | edge | gateway | sharing < app
+          < cli
 Across:   the operator imports of the router only `llmop_router.contract` (as of the engine only
           `llmop_engine.contract`), the router nothing of the operator or the engine, and the
           router's contract only the stdlib.
@@ -145,7 +146,14 @@ ENGINE_INDEPENDENT = (
 
 ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("llmop_router.contract", "llmop_router.limits"),
-    ("llmop_router.prefix", "llmop_router.hold", "llmop_router.metrics", "llmop_router.tenants"),
+    (
+        "llmop_router.prefix",
+        "llmop_router.hold",
+        "llmop_router.fairqueue",
+        "llmop_router.priorities",
+        "llmop_router.metrics",
+        "llmop_router.tenants",
+    ),
     ("llmop_router.ring", "llmop_router.body", "llmop_router.quota", "llmop_router.migration"),
     ("llmop_router.routes", "llmop_router.metering", "llmop_router.tenant_status"),
     (
@@ -161,6 +169,7 @@ ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_router.intake",
         "llmop_router.edge",
         "llmop_router.gateway",
+        "llmop_router.sharing",
     ),
     ("llmop_router.app",),
     ("llmop_router.cli", "llmop_router.__main__"),
@@ -171,6 +180,8 @@ ROUTER_INDEPENDENT = (
     ("llmop_router.scale_to_zero", "llmop_router.kube"),  # the waker comes in as a function
     ("llmop_router.gateway", "llmop_router.proxy"),  # the gateway's tap comes in as a value
     ("llmop_router.gateway", "llmop_router.kube"),  # tenants come in as watch events
+    ("llmop_router.sharing", "llmop_router.gateway"),  # a tenant's turn: the app joins them
+    ("llmop_router.sharing", "llmop_router.scale_to_zero"),  # held at zero or queued: one each
 )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from llmop.api import tenant
+from llmop.api import priority, tenant
 from llmop.api import v1alpha1 as api
 from llmop_engine import contract
 
@@ -30,6 +30,11 @@ API_REFERENCE_PATH = PurePosixPath("docs/api-reference.md")
 TENANT_CRD_PATH = PurePosixPath("crds") / f"{api.GROUP}_{tenant.PLURAL}.yaml"
 HELM_TENANT_CRD_PATH = PurePosixPath("helm/llmop/templates/crds") / f"{tenant.PLURAL}.yaml"
 TENANT_REFERENCE_PATH = PurePosixPath("docs/api-reference-llmtenant.md")
+PRIORITY_CLASS_CRD_PATH = PurePosixPath("crds") / f"{api.GROUP}_{priority.PLURAL}.yaml"
+HELM_PRIORITY_CLASS_CRD_PATH = (
+    PurePosixPath("helm/llmop/templates/crds") / f"{priority.PLURAL}.yaml"
+)
+PRIORITY_CLASS_REFERENCE_PATH = PurePosixPath("docs/api-reference-llmpriorityclass.md")
 ENGINE_CONTRACT_PATH = PurePosixPath("docs/engine-contract.md")
 SETTINGS_BEGIN = "<!-- agent settings: generated from llmop_engine.contract by `make generate` -->"
 SETTINGS_END = "<!-- end of agent settings -->"
@@ -192,52 +197,86 @@ def build_crd() -> dict[str, Any]:
 
 def build_tenant_crd() -> dict[str, Any]:
     """The CustomResourceDefinition for LLMTenant (cluster-scoped)."""
-    root: dict[str, Any] = {
-        "type": "object",
-        "description": inspect.cleandoc(tenant.LLMTenant.__doc__ or ""),
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string", "description": "API version of the object."},
-            "kind": {"type": "string", "description": "Kind of the object."},
-            "metadata": {"type": "object"},
-            "spec": structural_schema(tenant.LLMTenantSpec),
-            "status": structural_schema(tenant.LLMTenantStatus),
-        },
-    }
     columns = [
         {"name": "Models", "type": "string", "jsonPath": ".spec.models"},
         {"name": "Keys", "type": "string", "jsonPath": ".spec.apiKeys[*].name"},
+        {"name": "Class", "type": "string", "jsonPath": ".spec.priorityClassName"},
         {"name": "Spent", "type": "string", "jsonPath": ".status.usage.cost"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
+    names = (tenant.KIND, tenant.PLURAL, tenant.SINGULAR, tenant.SHORT_NAMES)
+    return _cluster_crd(
+        tenant.LLMTenant, tenant.LLMTenantSpec, tenant.LLMTenantStatus, names, columns
+    )
+
+
+def build_priority_class_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition for LLMPriorityClass (cluster-scoped, no status)."""
+    columns = [
+        {"name": "Value", "type": "integer", "jsonPath": ".spec.value"},
+        {"name": "Sheddable", "type": "boolean", "jsonPath": ".spec.sheddable"},
+        {"name": "Share", "type": "integer", "jsonPath": ".spec.maxSharePercent"},
+        {"name": "Default", "type": "boolean", "jsonPath": ".spec.globalDefault"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    names = (priority.KIND, priority.PLURAL, priority.SINGULAR, priority.SHORT_NAMES)
+    return _cluster_crd(
+        priority.LLMPriorityClass, priority.LLMPriorityClassSpec, None, names, columns
+    )
+
+
+def _cluster_crd(
+    kind: type[BaseModel],
+    spec: type[BaseModel],
+    status: type[BaseModel] | None,
+    names: tuple[str, str, str, tuple[str, ...]],
+    columns: list[dict[str, str]],
+) -> dict[str, Any]:
+    """A cluster-scoped CustomResourceDefinition of `kind` (names: kind, plural, singular,
+    short names)."""
+    kind_name, plural, singular, short_names = names
+    properties: dict[str, Any] = {
+        "apiVersion": {"type": "string", "description": "API version of the object."},
+        "kind": {"type": "string", "description": "Kind of the object."},
+        "metadata": {"type": "object"},
+        "spec": structural_schema(spec),
+    }
+    if status is not None:
+        properties["status"] = structural_schema(status)
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": inspect.cleandoc(kind.__doc__ or ""),
+        "required": ["spec"],
+        "properties": properties,
+    }
+    version: dict[str, Any] = {
+        "name": api.VERSION,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": root},
+    }
+    if status is not None:
+        version["subresources"] = {"status": {}}
+    version["additionalPrinterColumns"] = columns
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{tenant.PLURAL}.{api.GROUP}",
+            "name": f"{plural}.{api.GROUP}",
             "labels": {"app.kubernetes.io/name": "llmop", "app.kubernetes.io/part-of": "llmop"},
         },
         "spec": {
             "group": api.GROUP,
             "scope": "Cluster",
             "names": {
-                "kind": tenant.KIND,
-                "listKind": f"{tenant.KIND}List",
-                "plural": tenant.PLURAL,
-                "singular": tenant.SINGULAR,
-                "shortNames": list(tenant.SHORT_NAMES),
+                "kind": kind_name,
+                "listKind": f"{kind_name}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": list(api.CATEGORIES),
             },
-            "versions": [
-                {
-                    "name": api.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": root},
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
-                }
-            ],
+            "versions": [version],
         },
     }
 
@@ -265,7 +304,8 @@ def render_api_reference(crd: dict[str, Any] | None = None) -> str:
     crd = crd or build_crd()
     root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     names = crd["spec"]["names"]
-    subresources = ", ".join(f"`{s}`" for s in crd["spec"]["versions"][0]["subresources"])
+    found = crd["spec"]["versions"][0].get("subresources") or {}
+    subresources = ", ".join(f"`{s}`" for s in found) or "none"
     lines = [
         "<!-- Code generated by llmop.crdgen (make generate). DO NOT EDIT. -->",
         f"# API reference: `{names['kind']}` ({api.API_VERSION})",
@@ -278,9 +318,14 @@ def render_api_reference(crd: dict[str, Any] | None = None) -> str:
         "## Validation rules enforced at admission",
         "",
     ]
-    for path, rule in _walk_rules(root, ""):
+    rules = _walk_rules(root, "")
+    for path, rule in rules:
         lines.append(f"- `{path or '.'}`: {rule['message']}")
+    if not rules:
+        lines.append("None beyond each field's type and bounds below.")
     for section in ("spec", "status"):
+        if section not in root["properties"]:
+            continue
         lines += ["", f"## `.{section}`", ""]
         lines += _field_table(root["properties"][section], f".{section}")
     return "\n".join(lines) + "\n"
@@ -299,7 +344,9 @@ def _field_table(node: dict[str, Any], path: str) -> list[str]:
     rows = ["| field | type | default | description |", "|---|---|---|---|"]
     for field_path, sub in _walk_fields(node, path):
         default = sub.get("default")
-        shown_default = "" if default is None else f"`{yaml.safe_dump(default).strip()}`"
+        # A scalar's YAML ends with the document end marker (`...`): not part of the value.
+        dumped = yaml.safe_dump(default).strip().removesuffix("\n...")
+        shown_default = "" if default is None else f"`{dumped}`"
         description = " ".join(str(sub.get("description", "")).split())
         rows.append(f"| `{field_path}` | {_type_name(sub)} | {shown_default} | {description} |")
     return rows
@@ -376,5 +423,8 @@ def generated_files(engine_contract: str) -> dict[PurePosixPath, str]:
         TENANT_CRD_PATH: render_crd_yaml(build_tenant_crd()),
         HELM_TENANT_CRD_PATH: render_helm_crd_template(build_tenant_crd()),
         TENANT_REFERENCE_PATH: render_api_reference(build_tenant_crd()),
+        PRIORITY_CLASS_CRD_PATH: render_crd_yaml(build_priority_class_crd()),
+        HELM_PRIORITY_CLASS_CRD_PATH: render_helm_crd_template(build_priority_class_crd()),
+        PRIORITY_CLASS_REFERENCE_PATH: render_api_reference(build_priority_class_crd()),
         ENGINE_CONTRACT_PATH: render_engine_contract(engine_contract),
     }

@@ -30,17 +30,18 @@ from llmop_router import contract, edge
 from llmop_router.answers import error, forwarded_headers, send_error_event
 from llmop_router.contract import ActivityKey
 from llmop_router.gateway import Gateway, Ticket, model_not_found, new_request_id
-from llmop_router.hold import Holding, Key
+from llmop_router.hold import DEFAULT_CONCURRENCY, Holding, Key
 from llmop_router.intake import INLINE_BYTES, Intake
 from llmop_router.limits import DEFAULT as DEFAULT_LIMITS
 from llmop_router.limits import Limits
 from llmop_router.metering import Tap, with_usage_requested
-from llmop_router.metrics import UNKNOWN_MODEL, RouterMetrics
+from llmop_router.metrics import UNKNOWN_MODEL, QueueMetrics, RouterMetrics
 from llmop_router.migration import Settings as MigrationSettings
 from llmop_router.prefix import RoutingInfo
 from llmop_router.proxy import Proxy
 from llmop_router.routes import Choice, RouteTable, Wake
 from llmop_router.scale_to_zero import HEARTBEAT_SECONDS, Holder, Waker
+from llmop_router.sharing import Refusal, Sharing, Turn, cost_of, priority_of
 from llmop_router.tenants import Identity
 
 log = logging.getLogger("llmop_router.app")
@@ -97,6 +98,8 @@ class Router:
             migration=migration,
         )
         self.holder = Holder(table, self.metrics, heartbeat=heartbeat, waker=waker, limits=limits)
+        self.sharing = Sharing(table, QueueMetrics(self.metrics.registry), limits)
+        """With the gateway: each saturated model's fair queue (priority, then tenant)."""
         self.last_request: dict[Key, float] = {}
         """Per CR this router has seen a request for: when the newest one arrived (Unix)."""
         self.ready = False
@@ -132,6 +135,7 @@ class Router:
 
     async def _on_cleanup(self, _app: web.Application) -> None:
         self.holder.close()
+        self.sharing.close()
         self.intake.close()
         await self.proxy.close()
         if self.gateway is not None:
@@ -173,8 +177,10 @@ class Router:
         return [*reasons, *self.stale()]
 
     def stop_holding(self) -> None:
-        """Answer every held request 503 (this pod stops; the client's retry goes elsewhere)."""
+        """Answer every held or queued request 503 (this pod stops; the client's retry goes
+        elsewhere)."""
         self.holder.stop()
+        self.sharing.stop()
 
     @web.middleware
     async def _close_when_draining(
@@ -295,6 +301,24 @@ class Router:
             return self._answered(info.model, error(404, message, "NotFoundError"))
         if gateway is None or identity is None:
             return await self._serve(request, body, info, choice, started)
+        return await self._serve_tenant(request, gateway, identity, body, info, choice, started)
+
+    async def _serve_tenant(  # noqa: PLR0917 - one request's parts, read once each
+        self,
+        request: web.Request,
+        gateway: Gateway,
+        identity: Identity,
+        body: bytes,
+        info: RoutingInfo,
+        choice: Choice,
+        started: float,
+    ) -> web.StreamResponse:
+        """A tenant's request for a routed model: its priority, its limits, its turn in the
+        model's fair queue, then the engine; metered however it ends."""
+        assert info.model is not None
+        priority = priority_of(request, gateway.classes, identity.tenant.priority_class)
+        if isinstance(priority, web.Response):
+            return self._answered(info.model, priority)
         admitted = await self._admit(request, gateway, identity, info, body)
         if isinstance(admitted, web.Response):
             return self._answered(info.model, admitted)
@@ -305,14 +329,40 @@ class Router:
         gateway.headers_for(headers, ticket)
         key = (choice.backend.namespace, choice.backend.name)
         status = 499
+        turn: Turn | None = None
         try:
+            if self._shared(choice, key):
+                estimate = ticket.ask.estimate
+                given = await self.sharing.turn(
+                    choice.backend,
+                    info.model,
+                    tenant=identity.tenant.name,
+                    priority=priority,
+                    weight=identity.tenant.weight,
+                    cost=cost_of(estimate.input_tokens, estimate.output_tokens),
+                    size=len(body),
+                )
+                if isinstance(given, Refusal):
+                    status = given.answer.status
+                    return self._answered(info.model, given.answer)
+                turn = given
             answered = await self._serve(
                 request, body, info, choice, started, tap=ticket.tap, headers=headers
             )
             status = answered.status
             return answered
         finally:
-            gateway.finish(ticket, ticket.tap.status or status, key)
+            used = gateway.finish(ticket, ticket.tap.status or status, key)
+            if turn is not None:
+                self.sharing.finish(turn, cost_of(used.input_tokens, used.output_tokens))
+
+    def _shared(self, choice: Choice, key: Key) -> bool:
+        """Whether the request takes its turn in the model's fair queue: not while the CR is
+        held at zero or has no ready endpoint (the hold queue and its 503 answer those), nor
+        while this pod drains."""
+        if self.draining or not choice.pick.order:
+            return False
+        return not self.holder.queues.holding(key)
 
     async def _admit(
         self,
@@ -488,11 +538,16 @@ async def serve(
 def static_table(path: str) -> RouteTable:
     """A table from a JSON file `{"models": {name: {"namespace", "name", "endpoints"}}}`
     (development and tests; in a cluster the watch fills the table). An entry with
-    `"scaledToZero": true` is a CR at zero: its requests are held (nothing wakes it)."""
+    `"scaledToZero": true` is a CR at zero: its requests are held (nothing wakes it); one with
+    `"maxNumSeqs": N` has engines of that batch (as `status.plan.maxNumSeqs` says)."""
     with open(path, encoding="utf-8") as handle:
         document: Any = json.load(handle)
     table = RouteTable()
     for model, entry in document.get("models", {}).items():
-        wake = Wake(scaled_to_zero=entry.get("scaledToZero") is True)
+        seqs = entry.get("maxNumSeqs")
+        wake = Wake(
+            scaled_to_zero=entry.get("scaledToZero") is True,
+            concurrency=seqs if isinstance(seqs, int) and seqs > 0 else DEFAULT_CONCURRENCY,
+        )
         table.set(model, entry["namespace"], entry["name"], entry["endpoints"], wake)
     return table

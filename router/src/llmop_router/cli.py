@@ -29,6 +29,7 @@ from llmop_router.gateway import Gateway, store_health
 from llmop_router.kube import (
     ENDPOINT_SLICES,
     LLMDEPLOYMENTS,
+    LLMPRIORITYCLASSES,
     LLMTENANTS,
     WATCH_TIMEOUT_SECONDS,
     ApiServer,
@@ -42,6 +43,7 @@ from llmop_router.kube import (
 )
 from llmop_router.metrics import GatewayMetrics
 from llmop_router.migration import Settings as MigrationSettings
+from llmop_router.priorities import PriorityClass, parse_priority_class
 from llmop_router.routes import Backend, RouteTable
 from llmop_router.store import Guarded, Local, Redis, Store
 from llmop_router.tenants import Tenant, parse_tenant
@@ -156,7 +158,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         router.ready = True
         if args.static_tenants is not None:
             router.gateway = _gateway(args, router)
-            router.gateway.set_tenants(static_tenants(args.static_tenants))
+            tenants, classes = static_tenants(args.static_tenants)
+            router.gateway.set_tenants(tenants)
+            router.gateway.set_classes(classes)
             for cr, pricing in static_prices(args.static).items():
                 router.gateway.set_price(cr, pricing)
     else:
@@ -226,7 +230,7 @@ def watching(  # noqa: C901
     catalog = Catalog(router.table, namespaces, serving)
     gateway = router.gateway
     if gateway is not None:
-        catalog.cluster_lists = (LLMTENANTS[1],)
+        catalog.cluster_lists = (LLMTENANTS[1], LLMPRIORITYCLASSES[1])
     watch_timeout = _freshness(router, catalog, stale_after)
 
     def update() -> None:
@@ -239,12 +243,16 @@ def watching(  # noqa: C901
             prices_of(gateway, kind, obj)
         update()
 
-    def on_tenant(kind: str, obj: dict[str, Any]) -> None:
-        assert gateway is not None
-        gateway.on_tenant(kind, obj)
-        if kind == "SYNC":
-            catalog.listed(LLMTENANTS[1])
-        update()
+    def cluster_scoped(resource: tuple[str, str], take: Handler) -> Handler:
+        """The gateway's watch of a cluster-scoped kind: listed once its first SYNC came."""
+
+        def handler(kind: str, obj: dict[str, Any]) -> None:
+            take(kind, obj)
+            if kind == "SYNC":
+                catalog.listed(resource[1])
+            update()
+
+        return handler
 
     def on_endpoint_slice(kind: str, obj: dict[str, object]) -> None:
         catalog.on_endpoint_slice(kind, obj)
@@ -296,7 +304,11 @@ def watching(  # noqa: C901
             ]
             if gateway is not None:
                 # Tenants are cluster-scoped: one watch, and their status written back.
-                tasks.append(watch(LLMTENANTS, None, on_tenant))
+                for resource, take in (
+                    (LLMTENANTS, gateway.on_tenant),
+                    (LLMPRIORITYCLASSES, gateway.on_priority_class),
+                ):
+                    tasks.append(watch(resource, None, cluster_scoped(resource, take)))
                 tasks.append(asyncio.create_task(report_tenants(session, api, router, gateway)))
             yield
             for task in tasks:
@@ -408,13 +420,22 @@ async def report_tenants(
             written[name] = text
 
 
-def static_tenants(path: str) -> list[Tenant]:
-    """`LLMTenant` objects from a YAML file (the same shape as the CRs)."""
+def static_tenants(path: str) -> tuple[list[Tenant], list[PriorityClass]]:
+    """`LLMTenant` and `LLMPriorityClass` objects from a YAML file (the same shape as the CRs;
+    an object without `kind` is a tenant)."""
     import yaml
 
     with open(path, encoding="utf-8") as handle:
         documents = [d for d in yaml.safe_load_all(handle) if d]
-    return [parse_tenant(d) for d in documents]
+    tenants = [
+        parse_tenant(d)
+        for d in documents
+        if d.get("kind", contract.TENANT_KIND) == contract.TENANT_KIND
+    ]
+    classes = [
+        parse_priority_class(d) for d in documents if d.get("kind") == contract.PRIORITY_CLASS_KIND
+    ]
+    return tenants, classes
 
 
 def static_prices(path: str) -> dict[tuple[str, str], object]:

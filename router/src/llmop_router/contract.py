@@ -191,6 +191,24 @@ class TenantSpec:
     BUDGET: Final = "budget"
     MONTHLY: Final = "monthly"
     CURRENCY: Final = "currency"
+    PRIORITY_CLASS_NAME: Final = "priorityClassName"
+    WEIGHT: Final = "weight"
+
+
+PRIORITY_CLASS_KIND: Final = "LLMPriorityClass"
+PRIORITY_CLASS_PLURAL: Final = "llmpriorityclasses"
+
+
+class PriorityClassSpec:
+    """The `LLMPriorityClass` spec keys the router reads."""
+
+    VALUE: Final = "value"
+    SHEDDABLE: Final = "sheddable"
+    MAX_SHARE_PERCENT: Final = "maxSharePercent"
+    QUEUE: Final = "queue"
+    MAX_WAIT_SECONDS: Final = "maxWaitSeconds"
+    MAX_REQUESTS: Final = "maxRequests"
+    GLOBAL_DEFAULT: Final = "globalDefault"
 
 
 DEFAULT_BURST_SECONDS: Final = 10
@@ -198,6 +216,15 @@ DEFAULT_BURST_SECONDS: Final = 10
 DEFAULT_RESERVE_OUTPUT_TOKENS: Final = 512
 """`limits.reserveOutputTokens` when unset: the output a request without `max_tokens` is
 charged at admission, settled against its real usage afterwards."""
+MIN_PRIORITY: Final = -1_000_000
+MAX_PRIORITY: Final = 1_000_000
+"""`spec.value` of an `LLMPriorityClass`: higher is served first when a model is saturated."""
+MAX_QUEUE_WAIT_SECONDS: Final = 3600
+MAX_QUEUED_REQUESTS: Final = 1_000_000
+MAX_WEIGHT: Final = 100
+"""`spec.weight` of a tenant: its share of a saturated model among tenants of its class."""
+PRIORITY_CLASS_HEADER: Final = "X-Llmop-Priority-Class"
+"""A request may move to a class of lower or equal value (never higher) with this header."""
 MODE_ENFORCE: Final = "Enforce"
 MODE_SHADOW: Final = "Shadow"
 

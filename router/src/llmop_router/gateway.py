@@ -33,6 +33,7 @@ from llmop_router import contract
 from llmop_router.answers import error
 from llmop_router.metering import Tap
 from llmop_router.metrics import GatewayMetrics
+from llmop_router.priorities import Classes, PriorityClass, PriorityClassError, parse_priority_class
 from llmop_router.quota import (
     FREE,
     PICO,
@@ -144,6 +145,9 @@ class Gateway:
     """Tenant name → why its object is not used (logged once, and in its status)."""
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Tenant name → its object as last watched (its status's conditions carry over)."""
+    classes: Classes = field(default_factory=lambda: Classes.of(()))
+    """The `LLMPriorityClass`es: what a tenant's requests wait under at a saturated model."""
+    _class_docs: dict[str, PriorityClass] = field(default_factory=dict)
 
     # -- tenants -------------------------------------------------------------------------
 
@@ -167,6 +171,29 @@ class Gateway:
         else:
             self._take(obj)
         self._rebuild()
+
+    def set_classes(self, classes: list[PriorityClass]) -> None:
+        self._class_docs = {c.name: c for c in classes}
+        self.classes = Classes.of(self._class_docs.values())
+
+    def on_priority_class(self, kind: str, obj: dict[str, Any]) -> None:
+        """A watch event of `LLMPriorityClass`es (`SYNC` lists them all). One the router cannot
+        read is left out (its tenants get the default class), and logged."""
+        if kind == "SYNC":
+            self._class_docs = {}
+            items = obj.get("items") or []
+        else:
+            items = [obj]
+        for item in items:
+            name = str((item.get("metadata") or {}).get("name"))
+            self._class_docs.pop(name, None)
+            if kind == "DELETED":
+                continue
+            try:
+                self._class_docs[name] = parse_priority_class(item)
+            except PriorityClassError as exc:
+                log.error("%s; tenants naming it get the default class until it is fixed", exc)
+        self.classes = Classes.of(self._class_docs.values())
 
     def _take(self, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
@@ -198,7 +225,9 @@ class Gateway:
         month = month_of(now)
         patches = {}
         for name, obj in list(self.objects.items()):
-            conditions = conditions_of(name, self.directory, self.problems.get(name), routed, now)
+            conditions = conditions_of(
+                name, self.directory, self.problems.get(name), routed, now, classes=self.classes
+            )
             try:
                 usage = usage_of(month, await self.store.usage(name, month))
             except Exception as exc:
@@ -309,9 +338,10 @@ class Gateway:
                 del decision_headers[name]
         decision_headers["X-Request-Id"] = ticket.client_request_id or ticket.ask.request_id
 
-    def finish(self, ticket: Ticket, status: int, cr: tuple[str, str] | None) -> None:
+    def finish(self, ticket: Ticket, status: int, cr: tuple[str, str] | None) -> Usage:
         """Meter and log now; settle with the store in the background: the handler may be
-        cancelled (the client went away), the settlement must not be."""
+        cancelled (the client went away), the settlement must not be. Returns the usage
+        metered."""
         ended = time.monotonic()
         ask = ticket.ask
         self.running.pop(ask.request_id, None)
@@ -329,6 +359,7 @@ class Gateway:
         self._meter(ticket, status, usage, cost, currency)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info("%s", access_line(ticket, status, usage, cost, currency, ended=ended))
+        return usage
 
     async def _settle(self, ask: Admission, usage: Usage, cost: int, charged: bool) -> None:
         try:

@@ -37,6 +37,7 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 LLMDEPLOYMENTS = (contract.GROUP_VERSION_PATH, contract.PLURAL)
 ENDPOINT_SLICES = ("/apis/discovery.k8s.io/v1", "endpointslices")
 LLMTENANTS = (contract.GROUP_VERSION_PATH, contract.TENANT_PLURAL)
+LLMPRIORITYCLASSES = (contract.GROUP_VERSION_PATH, contract.PRIORITY_CLASS_PLURAL)
 """Cluster-scoped: the gateway's tenants."""
 WATCH_TIMEOUT_SECONDS = 300
 """The longest a watch request runs before it is opened again (each opening is a contact)."""

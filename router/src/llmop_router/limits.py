@@ -3,8 +3,9 @@
 
 Every bound is per router pod. The input bounds keep one client from stalling the event loop or
 growing the pod's memory (a body's bytes, its JSON values and nesting, how long its headers and
-body may take, how many connections are open); the state bounds keep requests for CRs at zero
-from piling up across CRs (each CR's own `maxPendingRequests` still applies)."""
+body may take, how many connections are open); the state bounds keep requests for CRs at zero,
+and requests waiting for a saturated model's slot, from piling up across CRs (each CR's own
+`maxPendingRequests` still applies)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,15 @@ class Limits:
     """Requests held for CRs at zero, all CRs together; past it: 429 with Retry-After."""
     max_held_bytes: int = 64 * MIB
     """Bytes of held requests' bodies, all CRs together; past it: 429 with Retry-After."""
+    max_queued_requests: int = 10_000
+    """With the gateway: requests waiting for a slot of a saturated model, all models
+    together; past it a newcomer displaces a waiting request of a lower priority, or is
+    answered 429 with Retry-After."""
+    max_queued_bytes: int = 64 * MIB
+    """Bytes of those requests' bodies, all models together (as `max_queued_requests`)."""
+    queue_wait_seconds: float = 30.0
+    """Seconds a request may wait for a slot; then 429 with Retry-After (503 when the model
+    has no ready endpoint left)."""
 
 
 DEFAULT = Limits()
@@ -77,6 +87,9 @@ FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--max-connections", "max_connections", "open connections; past it 503 and close"),
     ("--max-held-requests", "max_held_requests", "held requests, all CRs; past it 429"),
     ("--max-held-bytes", "max_held_bytes", "held bodies' bytes, all CRs; past it 429"),
+    ("--max-queued-requests", "max_queued_requests", "requests waiting for a slot; past it 429"),
+    ("--max-queued-bytes", "max_queued_bytes", "their bodies' bytes; past it 429"),
+    ("--queue-wait-seconds", "queue_wait_seconds", "seconds a request may wait for a slot"),
 )
 """Flag, field, what it bounds (the help text adds the default)."""
 

@@ -144,6 +144,35 @@ class RouterMetrics:
         return generate_latest(self.registry)
 
 
+QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class QueueMetrics:
+    """The gateway's fair queue (`sharing`): no tenant or model label (a pod-wide view; the
+    gateway's per-tenant series say who was refused)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.waiting = Gauge(
+            "llmop_gateway_queue_waiting",
+            "Requests waiting for a slot of a saturated model, all models",
+            registry=registry,
+        )
+        self.outcomes = Counter(
+            "llmop_gateway_queue",
+            "Requests through the fair queue, by outcome: dispatched (at once or after a "
+            "wait), shed (sheddable priority while saturated), full, displaced (by a higher "
+            "priority), timeout, stopping, left (the client went away)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.wait_seconds = Histogram(
+            "llmop_gateway_queue_wait_seconds",
+            "Time a dispatched request waited for its slot (0: a slot was free)",
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=registry,
+        )
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(

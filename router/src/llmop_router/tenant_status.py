@@ -1,6 +1,7 @@
 """Pure: what an `LLMTenant`'s status says, from what the router knows of it: whether the
 router can use the object, which of its keys clash with another tenant's or expire soon, which
-of its models no LLMDeployment serves, and the month's usage from the shared store.
+of its models no LLMDeployment serves, whether its priority class exists, and the month's usage
+from the shared store.
 
 The router writes it (`gateway` asks, `kube.patch_tenant_status` sends) because the router is
 where keys are looked up and tokens counted; every router pod computes the same answer from the
@@ -15,6 +16,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from llmop_router.priorities import Classes
 from llmop_router.quota import PICO
 from llmop_router.tenants import Directory, Tenant
 
@@ -24,6 +26,7 @@ READY = "Ready"
 DUPLICATE_KEY_HASH = "DuplicateKeyHash"
 KEY_EXPIRING_SOON = "KeyExpiringSoon"
 UNKNOWN_MODELS = "UnknownModels"
+UNKNOWN_PRIORITY_CLASS = "UnknownPriorityClass"
 
 
 def _time(unix: float) -> str:
@@ -36,6 +39,8 @@ def conditions_of(
     problem: str | None,
     routed: Iterable[str],
     now: float,
+    *,
+    classes: Classes | None = None,
 ) -> list[tuple[str, bool, str, str]]:
     """(type, status, reason, message) of each condition, in a fixed order."""
     tenant = directory.tenants.get(name)
@@ -78,7 +83,31 @@ def conditions_of(
         if missing
         else (UNKNOWN_MODELS, False, "AllServed", "every model listed is served or a pattern")
     )
+    if classes is not None:
+        found.append(_class_condition(tenant, classes))
     return found
+
+
+def _class_condition(tenant: Tenant, classes: Classes) -> tuple[str, bool, str, str]:
+    if classes.missing(tenant.priority_class):
+        name = classes.default.name
+        fallback = f"LLMPriorityClass {name!r}" if name else "the built-in default (value 0)"
+        return (
+            UNKNOWN_PRIORITY_CLASS,
+            True,
+            "NotFound",
+            f"no LLMPriorityClass {tenant.priority_class!r}: its requests get {fallback} "
+            "(create the class or fix spec.priorityClassName)",
+        )
+    used = classes.of_tenant(tenant.priority_class)
+    return (
+        UNKNOWN_PRIORITY_CLASS,
+        False,
+        "Found",
+        f"its requests get LLMPriorityClass {used.name!r}"
+        if used.name
+        else "its requests get the built-in default class (value 0)",
+    )
 
 
 def unknown_models(tenant: Tenant, routed: Iterable[str]) -> list[str]:

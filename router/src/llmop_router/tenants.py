@@ -77,6 +77,10 @@ class Tenant:
     """Count and report what would be refused, refuse nothing."""
     monthly_budget: Decimal | None = None
     """In the prices' currency, per calendar month (UTC)."""
+    priority_class: str | None = None
+    """Its `LLMPriorityClass` (None: the default class)."""
+    weight: int = 1
+    """Its share of a saturated model among the tenants of its class."""
 
     def may_use(self, model: str) -> bool:
         return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
@@ -297,4 +301,29 @@ def _parse_spec(name: str, spec: Mapping[str, Any]) -> Tenant:
         burst_seconds=contract.DEFAULT_BURST_SECONDS if burst is None else burst,
         shadow=mode == contract.MODE_SHADOW,
         monthly_budget=_budget(spec.get(S.BUDGET)),
+        priority_class=_class_name(spec.get(S.PRIORITY_CLASS_NAME)),
+        weight=_weight(spec.get(S.WEIGHT)),
     )
+
+
+def _class_name(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise TenantError(f"spec.{S.PRIORITY_CLASS_NAME} must name an LLMPriorityClass")
+    return value
+
+
+def _weight(value: object) -> int:
+    if value is None:
+        return 1
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not 1 <= value <= contract.MAX_WEIGHT
+    ):
+        raise TenantError(
+            f"spec.{S.WEIGHT} must be a whole number from 1 to {contract.MAX_WEIGHT} "
+            f"(got {value!r})"
+        )
+    return value

@@ -140,6 +140,14 @@ class LLMTenantSpec(ApiModel):
     """Stricter limits on some models (the first entry matching a model applies)."""
     budget: Budget | None = None
     """A monthly spending cap."""
+    priority_class_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """The `LLMPriorityClass` its requests wait under when a model is saturated (every slot of
+    its engines busy): higher classes are served first. None: the class marked
+    `globalDefault`, else value 0. A request may move to a class of lower or equal value with
+    the `X-Llmop-Priority-Class` header, never to a higher one."""
+    weight: int = Field(default=1, ge=1, le=router_contract.MAX_WEIGHT)
+    """The tenant's share of a saturated model among the tenants of its class: weights 2 and 1
+    get service (input + 2 x output tokens) in the ratio 2:1."""
 
 
 class TenantUsage(ApiModel):
