@@ -32,6 +32,12 @@ bench-gateway: install ## The gateway over 2 routers sharing Redis: limit accura
 
 bench: bench-gateway
 
+.PHONY: bench-fairness
+bench-fairness: install ## Priority and fair sharing at saturated engines: interactive TTFT beside batch at 2x capacity (before / strict / capped), Jain's index, weights, a light tenant beside a heavy one (tables, ~9 min; SCALE=0.5 halves it).
+	$(PY) bench/fairness_bench.py $(if $(SCALE),--scale $(SCALE))
+
+bench: bench-fairness
+
 .PHONY: bench-migration
 bench-migration: install ## Streams faulted mid-answer (crash, hang, drain cut, in-band error) at random tokens over 3 simulator replicas: continued token for token? seam latency (table, ~1 min; FAULTS=504).
 	$(PY) bench/migration_bench.py $(if $(FAULTS),--faults $(FAULTS))

@@ -5,7 +5,8 @@ higher class's request overtakes the lower one's already waiting; a request cann
 higher class with `X-Llmop-Priority-Class` but can move to a lower one, down to sheddable; a
 sheddable request is answered 429 with Retry-After while the model is saturated and never
 reaches the engine; a wait past its class's bound is a 429; a header naming no class, or a
-higher one, is a 400; the queue's metrics count it all."""
+higher one, is a 400; the queue's metrics count it all; and 20 requests of two tenants held
+for a model at zero are answered, once it wakes, interactive ones first."""
 
 from __future__ import annotations
 
@@ -160,3 +161,40 @@ async def test_a_wait_past_its_bound_is_a_429_and_a_bad_header_a_400() -> None:
             assert a.status == 400
             assert "no LLMPriorityClass is named 'urgent'" in (await a.text())
         assert r.router.sharing.queues.total == 0
+
+
+@synchronous
+async def test_a_wake_answers_what_was_held_in_class_order() -> None:
+    async with replica(SIM) as found:
+        table = RouteTable()
+        table.set("llama", "team", "llama", [], Wake(scaled_to_zero=True, concurrency=1))
+        router = Router(table)
+        router.ready = True
+        gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
+        gateway.set_tenants([parse_tenant(t) for t in TENANTS])
+        gateway.set_classes([parse_priority_class(c) for c in CLASSES])
+        router.gateway = gateway
+        site = TestServer(router.app(), host="127.0.0.1")
+        await site.start_server()
+        try:
+            async with aiohttp.ClientSession() as http:
+                r = Rig(f"http://127.0.0.1:{site.port}", router, gateway, found.sim, http)
+
+                async def held(count: int) -> None:
+                    for _ in range(200):
+                        if router.holding.held(("team", "llama")) == count:
+                            return
+                        await asyncio.sleep(0.01)
+                    raise AssertionError(f"not {count} held")
+
+                batch = [asyncio.create_task(timed(r, KEY, 3)) for _ in range(10)]
+                await held(10)
+                chat = [asyncio.create_task(timed(r, OTHER_KEY, 3)) for _ in range(10)]
+                await held(20)
+                table.set("llama", "team", "llama", [found.address])  # the replica is ready
+                chat_done = await asyncio.gather(*chat)
+                batch_done = await asyncio.gather(*batch)
+        finally:
+            await site.close()
+    assert [s for s, _, _ in chat_done + batch_done] == [200] * 20
+    assert max(end for _, end, _ in chat_done) < min(end for _, end, _ in batch_done)

@@ -120,6 +120,19 @@ def test_release_at_the_engines_concurrency(
     assert holding.holding(CR) == (left > 0)
 
 
+def test_a_wake_releases_higher_priorities_first_and_arrival_order_within_one() -> None:
+    holding = Holding()
+    batch = [holding.admit(CR, float(t), ScaleToZero(), priority=0).held for t in range(10)]
+    chat = [holding.admit(CR, 10.0 + t, ScaleToZero(), priority=100).held for t in range(10)]
+    first = holding.release(CR, {}, ("a:1",), 4)
+    assert first == chat[:4]
+    second = holding.release(CR, {"a:1": 0}, ("a:1", "b:1"), 4)
+    assert second == [*chat[4:], *batch[:2]]
+    assert holding.release(CR, {}, ("a:1",), 256) == batch[2:]
+    assert not holding.holding(CR)
+    assert holding.total == 0
+
+
 def test_phases_of_an_episode() -> None:
     holding = Holding()
     holding.admit(CR, 0.0, ScaleToZero())

@@ -347,7 +347,14 @@ class Router:
                     return self._answered(info.model, given.answer)
                 turn = given
             answered = await self._serve(
-                request, body, info, choice, started, tap=ticket.tap, headers=headers
+                request,
+                body,
+                info,
+                choice,
+                started,
+                tap=ticket.tap,
+                headers=headers,
+                priority=priority.value,
             )
             status = answered.status
             return answered
@@ -407,6 +414,7 @@ class Router:
         *,
         tap: Tap | None = None,
         headers: CIMultiDict[str] | None = None,
+        priority: int = 0,
     ) -> web.StreamResponse:
         assert info.model is not None
         choice: Choice | None = first_choice
@@ -417,7 +425,9 @@ class Router:
         if not self.draining and self.holder.should_hold(
             key, backend, bool(first_choice.pick.order)
         ):
-            outcome, prepared = await self.holder.hold(request, info, backend, key, len(body))
+            outcome, prepared = await self.holder.hold(
+                request, info, backend, key, size=len(body), priority=priority
+            )
             if outcome.kind == "gone" and prepared is not None:
                 # The client went away between heartbeats: it has left the queue.
                 self.metrics.client_disconnects.inc()

@@ -364,7 +364,8 @@ def _gateway_arguments(serving: argparse.ArgumentParser) -> None:
         "--replicas",
         type=int,
         default=1,
-        help="router replicas sharing the store: while it is down each admits 1/N of a limit",
+        help="router replicas sharing the store and the engines: while the store is down each "
+        "admits 1/N of a limit, and each sends a saturated model 1/N of its slots",
     )
 
 
@@ -393,6 +394,7 @@ def _gateway(args: argparse.Namespace, router: Router) -> Gateway:
         )
     else:
         store = Local()
+    router.sharing.replicas = max(1, args.replicas)
     return Gateway(store, metrics)
 
 

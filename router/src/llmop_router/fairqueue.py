@@ -22,8 +22,8 @@ unless the newcomer outranks a waiting request, which it then displaces from the
 (the newest of the lowest class: the one that waited least); a request that waits past its
 class's deadline leaves. A request in flight is never evicted.
 
-Per router pod: each pod counts only what it sent itself, so N pods may fill an engine's batch N
-times over (the excess queues in the engine, first come first served).
+Per router pod: each pod counts only what it sent itself, against its share of the slots (the
+caller divides them between the router pods).
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Pure: the holding queues of scale to zero (no I/O, no clock of its own; `now` comes in).
 
 A request for a CR at zero (its Ready condition says `ScaledToZero`) waits here while the router
-wakes the CR. Per CR one *episode*: a FIFO of held requests, each with its deadline
+wakes the CR. Per CR one *episode*: a queue of held requests, each with its deadline
 (`holdTimeoutSeconds` after arrival), at most `maxPendingRequests` of them (the next is refused),
 and one wake however many requests arrive. When endpoints are ready the queue is released in
-arrival order at the engines' concurrency: each ready endpoint takes at most `concurrency`
-requests in flight through this router (`status.plan.maxNumSeqs`, the engine's batch limit as
+priority order (the gateway's class; arrival order within one) at the engines' concurrency:
+each ready endpoint takes at most `concurrency` requests in flight through this router
+(`status.plan.maxNumSeqs`, the engine's batch limit as
 the operator rendered it; 256 when absent), so a cold pod gets one full batch at once rather
 than the whole queue. The episode ends when its queue is empty; the next request at zero starts
 a new one (and a new wake).
@@ -72,12 +73,14 @@ class ScaleToZero:
 
 @dataclass(frozen=True)
 class Held:
-    """One held request: its ticket (unique per `Holding`), arrival, deadline and body size."""
+    """One held request: its ticket (unique per `Holding`), arrival, deadline, body size and
+    priority (its gateway class's value; 0 without the gateway)."""
 
     ticket: int
     arrived: float
     deadline: float
     size: int = 0
+    priority: int = 0
 
 
 @dataclass
@@ -126,8 +129,10 @@ class Holding:
         episode = self.episodes.get(key)
         return len(episode.queue) if episode else 0
 
-    def admit(self, key: Key, now: float, settings: ScaleToZero, size: int = 0) -> Admission:
-        """Queue a request (its body `size` bytes) at the back; refuse it when
+    def admit(
+        self, key: Key, now: float, settings: ScaleToZero, size: int = 0, priority: int = 0
+    ) -> Admission:
+        """Queue a request (its body `size` bytes, its `priority`) at the back; refuse it when
         `max_pending_requests` already wait for this CR, or when the pod's caps across CRs
         would be passed."""
         episode = self.episodes.get(key)
@@ -140,7 +145,7 @@ class Holding:
         if episode is None:
             episode = self.episodes[key] = Episode(started=now)
         self._tickets += 1
-        held = Held(self._tickets, now, now + settings.hold_timeout_seconds, size)
+        held = Held(self._tickets, now, now + settings.hold_timeout_seconds, size, priority)
         episode.queue.append(held)
         self.total += 1
         self.total_bytes += size
@@ -176,14 +181,23 @@ class Holding:
     def release(
         self, key: Key, in_flight: Mapping[str, int], endpoints: Sequence[str], concurrency: int
     ) -> list[Held]:
-        """Take out, oldest first, as many requests as the ready endpoints have free slots
-        (`concurrency` each, less what is in flight to them); none without endpoints."""
+        """Take out, highest priority first and oldest first within one, as many requests as
+        the ready endpoints have free slots (`concurrency` each, less what is in flight to
+        them); none without endpoints."""
         episode = self.episodes.get(key)
         if episode is None or not endpoints:
             return []
         slots = sum(max(0, concurrency - in_flight.get(e, 0)) for e in endpoints)
         episode.phase = PHASE_RELEASING
-        released = [episode.queue.popleft() for _ in range(min(slots, len(episode.queue)))]
+        if slots >= len(episode.queue):
+            released = list(episode.queue)
+            episode.queue.clear()
+        elif any(h.priority != episode.queue[0].priority for h in episode.queue):
+            order = sorted(episode.queue, key=lambda h: (-h.priority, h.ticket))
+            released, kept = order[:slots], {h.ticket for h in order[slots:]}
+            episode.queue = deque(h for h in episode.queue if h.ticket in kept)
+        else:
+            released = [episode.queue.popleft() for _ in range(slots)]
         self._taken(released)
         self._close_if_empty(key)
         return released

@@ -83,13 +83,20 @@ class Holder:
         return not has_endpoints and backend.wake.scaled_to_zero
 
     async def hold(
-        self, request: web.Request, info: RoutingInfo, backend: Backend, key: Key, size: int = 0
+        self,
+        request: web.Request,
+        info: RoutingInfo,
+        backend: Backend,
+        key: Key,
+        *,
+        size: int = 0,
+        priority: int = 0,
     ) -> tuple[Outcome, web.StreamResponse | None]:
-        """Wait until released, timed out or stopped (`size`: the body's bytes, held with it);
-        returns the outcome and, for a stream that got heartbeats, its already prepared
-        response."""
+        """Wait until released, timed out or stopped (`size`: the body's bytes, held with it;
+        `priority`: released before lower ones); returns the outcome and, for a stream that got
+        heartbeats, its already prepared response."""
         loop = asyncio.get_running_loop()
-        admission = self.queues.admit(key, loop.time(), backend.wake.settings, size)
+        admission = self.queues.admit(key, loop.time(), backend.wake.settings, size, priority)
         if admission.held is None:
             return Outcome(admission.refused), None
         held = admission.held

@@ -77,15 +77,19 @@ class Sharing:
         self.metrics = metrics
         self.wait_seconds = limits.queue_wait_seconds
         self.queues = FairQueues(limits.max_queued_requests, limits.max_queued_bytes)
+        self.replicas = 1
+        """Router pods sharing the engines (`--replicas`): each sends 1/N of a model's slots."""
         self._waiters: dict[int, asyncio.Future[str]] = {}
         self._pumps: dict[Key, asyncio.Task[None]] = {}
         self.metrics.waiting.set_function(lambda: self.queues.total)
 
     def slots(self, backend: Backend | None) -> int:
-        """The model's slots through this pod: its ready endpoints x the engine's batch."""
-        if backend is None:
+        """The model's slots through this pod: its ready endpoints x the engine's batch, this
+        pod's share of them (rounded up: at worst the engines queue a few)."""
+        if backend is None or not backend.ring.endpoints:
             return 0
-        return backend.wake.concurrency * len(backend.ring.endpoints)
+        total = backend.wake.concurrency * len(backend.ring.endpoints)
+        return -(-total // self.replicas)
 
     async def turn(
         self,

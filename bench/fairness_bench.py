@@ -1,0 +1,386 @@
+"""Priority and fair sharing benchmark (`make bench-fairness`): when two simulator engines are
+saturated, does an interactive tenant still get its first token fast, do batch tenants share
+fairly, and is every refusal a 429 with Retry-After?
+
+The rig, all on loopback: two simulator engines (`--max-num-seqs 4`: 8 slots in all; the
+default 20 ms decode step + 0.15 ms per running sequence), two `llmop-router serve --static …
+--static-tenants … --replicas 2` (the chart's two replicas; each sends its half of the slots),
+tenants without limits (the store is not what is measured: each router counts alone). Each
+tenant's client is a pool of keep-alive connections split evenly over the two routers, sending
+open-loop Poisson arrivals. The engines' `running` is sampled every 100 ms (slot use).
+
+Each configuration restarts the routers with its own files:
+  before    the model's `maxNumSeqs` set past any load: nothing waits in the router, every
+            request goes to the engines' first-come-first-served queue (the router before the
+            fair queue; the same load)
+  strict    `maxNumSeqs` 4: LLMPriorityClass interactive (value 100) over batch (value 0,
+            queue.maxWaitSeconds 5)
+  capped    the same, batch with maxSharePercent 75 (a quarter of the slots kept back)
+
+Scenarios:
+  P1  priority: two batch tenants at 2x capacity together, an interactive tenant streaming at
+      1 req/s; interactive success and TTFT, slot use, how batch was refused. Per config.
+  P2  fairness: two backlogged batch tenants of one class, equal weights (Jain's index of their
+      service per 10 s window), then weights 2:1 (their service ratio); a light tenant below
+      its fair share beside a heavy one at 3x capacity (its success), before and with the queue.
+
+    python bench/fairness_bench.py [--only P1,P2] [--scale 0.5] [--logs DIR] [--strict]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gateway_bench import Ask, Pool, Record, Table, key_of, ms, open_loop, pct
+from llmop_router.contract import api_key_hash
+from router_bench import start, stop_all, wait_listening
+from support.harness.replicas import free_port
+
+MODEL = "llama"
+SEQS = 4
+"""Each engine's batch: 2 engines, 8 slots."""
+ENGINE_ARGS = ("--max-num-seqs", str(SEQS), "--sim-load-seconds", "0")
+BATCH_TOKENS = 32
+INTERACTIVE_TOKENS = 16
+PROMPT_CHARS = 100
+SERVICE_SECONDS = BATCH_TOKENS * 0.0206
+"""A batch request's time in a full engine: 32 decode steps of 20 ms + 4 x 0.15 ms."""
+CAPACITY = 2 * SEQS / SERVICE_SECONDS
+"""Batch requests a second the two engines finish at most."""
+BATCH_WAIT_SECONDS = 5
+WINDOW = 10.0
+SCENARIOS = ("P1", "P2")
+
+
+def priority_class(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.llmop.dev/v1alpha1",
+        "kind": "LLMPriorityClass",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def tenant(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.llmop.dev/v1alpha1",
+        "kind": "LLMTenant",
+        "metadata": {"name": name},
+        "spec": {"apiKeys": [{"name": "main", "sha256": api_key_hash(key_of(name))}], **spec},
+    }
+
+
+def objects(share: int = 100, weights: tuple[int, int] = (1, 1)) -> list[dict[str, Any]]:
+    batch_queue = {"maxWaitSeconds": BATCH_WAIT_SECONDS}
+    return [
+        priority_class("interactive", value=100),
+        priority_class(
+            "batch", value=0, globalDefault=True, maxSharePercent=share, queue=batch_queue
+        ),
+        tenant("chat", priorityClassName="interactive"),
+        tenant("batch-1", weight=weights[0]),
+        tenant("batch-2", weight=weights[1]),
+        tenant("light"),
+        tenant("heavy"),
+    ]
+
+
+@dataclass
+class Config:
+    name: str
+    seqs: int
+    objects: list[dict[str, Any]]
+
+
+class Rig:
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir
+        self.engine_ports = [free_port(), free_port()]
+        self.ports = [free_port(), free_port()]
+        self.routers: list[subprocess.Popen[bytes]] = []
+        self.engines: list[subprocess.Popen[bytes]] = []
+
+    def start_engines(self) -> None:
+        for port in self.engine_ports:
+            argv = ["-m", "llmop_engine", "simulate", MODEL, "--served-model-name", MODEL]
+            self.engines.append(
+                start([*argv, "--host", "127.0.0.1", "--port", str(port), *ENGINE_ARGS])
+            )
+        for port in self.engine_ports:
+            wait_listening(port)
+
+    def configure(self, config: Config) -> None:
+        """(Re)start both routers with this configuration's table and objects."""
+        stop_all(self.routers)
+        self.routers = []
+        endpoints = [f"127.0.0.1:{p}" for p in self.engine_ports]
+        entry = {
+            "namespace": "team",
+            "name": MODEL,
+            "endpoints": endpoints,
+            "maxNumSeqs": config.seqs,
+        }
+        table = self.dir / f"table-{config.name}.json"
+        table.write_text(json.dumps({"models": {MODEL: entry}}))
+        tenants = self.dir / f"tenants-{config.name}.yaml"
+        tenants.write_text(yaml.safe_dump_all(config.objects))
+        for port in self.ports:
+            argv = ["-m", "llmop_router", "serve", "--host", "127.0.0.1", "--port", str(port)]
+            argv += ["--admin-port", str(free_port()), "--static", str(table)]
+            argv += ["--static-tenants", str(tenants), "--replicas", "2", "--shutdown-delay", "0"]
+            with (self.dir / f"router-{port}.log").open("ab") as out:
+                process = subprocess.Popen(
+                    [sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT
+                )
+            self.routers.append(process)
+        for port in self.ports:
+            wait_listening(port)
+
+    def close(self) -> None:
+        stop_all([*self.routers, *self.engines])
+
+
+@contextlib.contextmanager
+def rig_running(logs: Path | None) -> Iterator[Rig]:
+    workdir = logs or Path(tempfile.mkdtemp(prefix="llmop-fairness-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    rig = Rig(workdir)
+    try:
+        rig.start_engines()
+        yield rig
+    finally:
+        rig.close()
+        if logs is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def sample_running(ports: Sequence[int], until: float, into: list[int]) -> None:
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < until:
+            total = 0
+            for port in ports:
+                async with session.get(f"http://127.0.0.1:{port}/sim/stats") as answer:
+                    total += int((await answer.json())["running"])
+            into.append(total)
+            await asyncio.sleep(0.1)
+
+
+def batch_ask(name: str) -> Any:
+    return lambda _n: Ask(name, prompt_chars=PROMPT_CHARS, max_tokens=BATCH_TOKENS)
+
+
+@dataclass
+class Run:
+    records: dict[str, list[Record]]
+    running: list[int]
+    seconds: float
+
+
+async def load(rig: Rig, rates: dict[str, float], seconds: float, *, stream: set[str]) -> Run:
+    """Each tenant at its rate (req/s) for `seconds`, together; the engines' slots sampled."""
+    t0 = time.monotonic() + 0.2
+    running: list[int] = []
+    pools = {name: Pool(rig.ports) for name in rates}
+    try:
+
+        def make(name: str) -> Any:
+            if name in stream:
+                return lambda _n: Ask(
+                    name, prompt_chars=PROMPT_CHARS, max_tokens=INTERACTIVE_TOKENS, stream=True
+                )
+            return batch_ask(name)
+
+        sampler = asyncio.create_task(sample_running(rig.engine_ports, t0 + seconds, running))
+        found = await asyncio.gather(
+            *(
+                open_loop(pools[n], make(n), rate=r, seconds=seconds, t0=t0, seed=i)
+                for i, (n, r) in enumerate(rates.items())
+            )
+        )
+        await sampler
+    finally:
+        for pool in pools.values():
+            await pool.__aexit__()
+    return Run(dict(zip(rates, found, strict=True)), running, seconds)
+
+
+def refused(records: Sequence[Record]) -> tuple[int, int, int]:
+    """(429s with Retry-After, 429s without, other failures)."""
+    with_retry = sum(1 for r in records if r.status == 429 and r.retry_after)
+    without = sum(1 for r in records if r.status == 429 and not r.retry_after)
+    other = sum(1 for r in records if r.status not in (200, 429))
+    return with_retry, without, other
+
+
+def p1_rows(table: Table, config: str, run: Run) -> None:
+    chat = run.records["chat"]
+    ok = [r for r in chat if r.status == 200 and r.ttft is not None]
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    success = 100.0 * len(ok) / max(1, len(chat))
+    p50, p99 = pct(ttft, 0.5), pct(ttft, 0.99)
+    judged = config != "before"
+    table.add(
+        f"{config}: interactive success",
+        f"{success:.1f} % of {len(chat)}",
+        "100 %",
+        (success == 100.0) if judged else None,
+    )
+    p99_target = 0.25 if config == "capped" else 0.6
+    table.add(
+        f"{config}: interactive TTFT p50 / p99 (ms)",
+        f"{ms(p50, 0)} / {ms(p99, 0)}",
+        "≤ 150 / ≤ 250" if config == "capped" else "≤ 150 / ≤ 600",
+        (p50 <= 0.15 and p99 <= p99_target) if judged else None,
+    )
+    busy = 100.0 * statistics.fmean(run.running) / (2 * SEQS) if run.running else float("nan")
+    table.add(
+        f"{config}: slots busy (mean of the engines' running)",
+        f"{busy:.0f} %",
+        "≥ 80 %",
+        busy >= 80 if judged else None,
+    )
+    batch = run.records["batch-1"] + run.records["batch-2"]
+    served = sum(1 for r in batch if r.status == 200)
+    with_retry, without, other = refused(batch)
+    table.add(
+        f"{config}: batch served / 429 with Retry-After / 429 without / other failures",
+        f"{served} / {with_retry} / {without} / {other}",
+        "429s all with Retry-After, 0 other",
+        (without == 0 and other == 0) if judged else None,
+    )
+
+
+async def scenario_p1(rig: Rig, seconds: float) -> Table:
+    table = Table("P1", "priority: 2 batch tenants at 2x capacity together, interactive at 1 req/s")
+    configs = [
+        Config("before", 1_000_000, objects()),
+        Config("strict", SEQS, objects()),
+        Config("capped", SEQS, objects(share=75)),
+    ]
+    rates = {"batch-1": CAPACITY, "batch-2": CAPACITY, "chat": 1.0}
+    for config in configs:
+        rig.configure(config)
+        run = await load(rig, rates, seconds, stream={"chat"})
+        p1_rows(table, config.name, run)
+    table.notes.append(
+        f"capacity ≈ {CAPACITY:.1f} batch requests/s ({2 * SEQS} slots, {BATCH_TOKENS} tokens "
+        f"each); batch queue bound {BATCH_WAIT_SECONDS} s; {seconds:.0f} s per configuration"
+    )
+    return table
+
+
+def served_per_window(records: Sequence[Record], seconds: float) -> list[float]:
+    """Output tokens of each tenant's answers, by the 10 s window their answer ended in."""
+    windows = [0.0] * max(1, int(seconds // WINDOW))
+    for r in records:
+        if r.status != 200:
+            continue
+        end = r.sent + r.latency
+        index = int(end // WINDOW)
+        if 0 <= index < len(windows):
+            windows[index] += BATCH_TOKENS
+    return windows
+
+
+def jain(values: Sequence[float]) -> float:
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    return (total * total) / (len(values) * squares) if squares else 1.0
+
+
+async def scenario_p2(rig: Rig, seconds: float) -> Table:
+    table = Table("P2", "fairness between tenants of one class")
+    both = {"batch-1": 1.5 * CAPACITY, "batch-2": 1.5 * CAPACITY}
+    rig.configure(Config("equal", SEQS, objects()))
+    run = await load(rig, both, seconds, stream=set())
+    per = [served_per_window(run.records[n], seconds) for n in both]
+    steady = list(zip(*per, strict=True))[1:]  # the first window fills the queue
+    indexes = [jain(w) for w in steady]
+    good = sum(1 for j in indexes if j >= 0.97)
+    share = 100.0 * good / max(1, len(indexes))
+    table.add(
+        "equal weights: windows with Jain's index ≥ 0.97",
+        f"{good} of {len(indexes)} ({share:.0f} %; lowest {min(indexes, default=1.0):.3f})",
+        "≥ 95 %",
+        share >= 95,
+    )
+    rig.configure(Config("weighted", SEQS, objects(weights=(2, 1))))
+    run = await load(rig, both, seconds, stream=set())
+    a = sum(served_per_window(run.records["batch-1"], seconds)[1:])
+    b = sum(served_per_window(run.records["batch-2"], seconds)[1:])
+    ratio = a / b if b else float("inf")
+    table.add("weights 2:1: service ratio", f"{ratio:.2f}", "2.0 ± 0.1", abs(ratio - 2.0) <= 0.1)
+    rates = {"heavy": 3 * CAPACITY, "light": 0.3 * CAPACITY}
+    for name, seqs in (("before", 1_000_000), ("fair", SEQS)):
+        rig.configure(Config(name, seqs, objects()))
+        run = await load(rig, rates, seconds, stream=set())
+        light = run.records["light"]
+        ok = 100.0 * sum(1 for r in light if r.status == 200) / max(1, len(light))
+        latency = pct([r.latency for r in light if r.status == 200], 0.99)
+        heavy_refused = sum(1 for r in run.records["heavy"] if r.status != 200)
+        table.add(
+            f"{name}: light tenant (0.3x) beside heavy (3x): success, p99 latency",
+            f"{ok:.1f} % of {len(light)}, {latency:.2f} s (heavy refused {heavy_refused})",
+            "≥ 99 %" if name == "fair" else "-",
+            ok >= 99 if name == "fair" else None,
+        )
+    table.notes.append(
+        f"{seconds:.0f} s per configuration; service counted per {WINDOW:.0f} s window"
+    )
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument("--scale", type=float, default=1.0, help="60 s per configuration x this")
+    parser.add_argument("--logs", type=Path)
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a check fails")
+    args = parser.parse_args()
+    only = [s.strip().upper() for s in args.only.split(",") if s.strip()]
+    seconds = 60.0 * args.scale
+    uvloop.install()
+    began = time.monotonic()
+    print(
+        f"fairness bench: {os.cpu_count()} CPUs, everything on loopback (2 simulators of "
+        f"{SEQS} sequences, 2 gateway routers, the clients)"
+    )
+    tables = []
+    with rig_running(args.logs) as rig:
+        if "P1" in only:
+            tables.append(asyncio.run(scenario_p1(rig, seconds)))
+            tables[-1].print()
+        if "P2" in only:
+            tables.append(asyncio.run(scenario_p2(rig, seconds)))
+            tables[-1].print()
+    failed = [(t.name, c.what) for t in tables for c in t.failed]
+    rows = sum(len(t.checks) for t in tables)
+    print(f"\n{rows} rows, {len(failed)} failed, {time.monotonic() - began:.0f} s")
+    for name, what in failed:
+        print(f"- FAIL {name}: {what}")
+    if failed and args.strict:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
