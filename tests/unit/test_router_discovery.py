@@ -9,7 +9,7 @@ import pytest
 
 from llmop_router.discovery import Catalog, claim_of, owners, ready_endpoints, wake_of
 from llmop_router.hold import ScaleToZero
-from llmop_router.routes import RouteTable, Wake
+from llmop_router.routes import Fallback, RouteTable, Wake
 
 
 def llmd(
@@ -336,3 +336,28 @@ def test_a_crs_migration_limit_follows_it_into_the_table() -> None:
     assert table.backends["llama"].migration_limit == 3
     catalog.on_llmdeployment("MODIFIED", llmd("llama"))
     assert table.backends["llama"].migration_limit is None
+
+
+def test_a_crs_fallbacks_follow_it_into_the_table_and_never_point_at_itself() -> None:
+    fallback = [
+        {"model": "qwen", "when": ["Unavailable", "Saturated"], "afterSeconds": 5},
+        {"model": "llama"},  # itself: left out
+        {"model": "mistral", "when": ["Saturated"]},
+        {"when": ["Unavailable"]},  # no model: left out
+        "nonsense",
+    ]
+    claim = claim_of(llmd("llama", router={"fallback": fallback}))
+    assert claim is not None
+    assert claim.fallback == (
+        Fallback("qwen", unavailable=True, saturated_after=5.0),
+        Fallback("mistral", unavailable=False, saturated_after=2.0),
+    )
+    table = RouteTable()
+    catalog = Catalog(table)
+    catalog.on_llmdeployment("SYNC", {"items": [llmd("llama", router={"fallback": fallback})]})
+    catalog.on_endpoint_slice("SYNC", {"items": [endpoint_slice("llama", ("10.244.7.2", READY))]})
+    assert [f.model for f in table.backends["llama"].fallback] == ["qwen", "mistral"]
+    catalog.on_endpoint_slice("ADDED", endpoint_slice("llama", ("10.244.7.3", READY), name="b"))
+    assert len(table.backends["llama"].fallback) == 2, "a slice event keeps them"
+    catalog.on_llmdeployment("MODIFIED", llmd("llama"))
+    assert table.backends["llama"].fallback == ()

@@ -21,6 +21,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
@@ -29,24 +30,37 @@ from multidict import CIMultiDict
 from llmop_router import contract, edge
 from llmop_router.answers import error, forwarded_headers, send_error_event
 from llmop_router.contract import ActivityKey
+from llmop_router.discovery import fallback_of
 from llmop_router.gateway import Gateway, Ticket, model_not_found, new_request_id
 from llmop_router.hold import DEFAULT_CONCURRENCY, Holding, Key
 from llmop_router.intake import INLINE_BYTES, Intake
 from llmop_router.limits import DEFAULT as DEFAULT_LIMITS
 from llmop_router.limits import Limits
-from llmop_router.metering import Tap, with_usage_requested
+from llmop_router.metering import Tap, with_model, with_usage_requested
 from llmop_router.metrics import UNKNOWN_MODEL, QueueMetrics, RouterMetrics
 from llmop_router.migration import Settings as MigrationSettings
 from llmop_router.prefix import RoutingInfo
+from llmop_router.priorities import PriorityClass
 from llmop_router.proxy import Proxy
+from llmop_router.quota import Usage
 from llmop_router.routes import Choice, RouteTable, Wake
 from llmop_router.scale_to_zero import HEARTBEAT_SECONDS, Holder, Waker
-from llmop_router.sharing import Refusal, Sharing, Turn, cost_of, priority_of
+from llmop_router.sharing import (
+    SATURATED,
+    UNAVAILABLE,
+    Refusal,
+    Sharing,
+    Turn,
+    cost_of,
+    priority_of,
+)
 from llmop_router.tenants import Identity
 
 log = logging.getLogger("llmop_router.app")
 
 RATE_LIMITS = web.RequestKey("llmop_rate_limits", dict[str, str])
+FALLBACK_TO = web.RequestKey("llmop_fallback", str)
+"""The fallback model that answers the request (its answer says so)."""
 """An admitted request's `x-ratelimit-*` headers, for whichever answer it gets (relayed,
 continued elsewhere, or an error)."""
 INFERENCE_ROUTES = (
@@ -325,43 +339,104 @@ class Router:
         ticket, body = admitted[0], admitted[1] or body
         if ticket.headers:
             request[RATE_LIMITS] = ticket.headers
-        headers = forwarded_headers(request.headers)
-        gateway.headers_for(headers, ticket)
-        key = (choice.backend.namespace, choice.backend.name)
+        attempt = Attempt(request, ticket, forwarded_headers(request.headers), priority, started)
+        gateway.headers_for(attempt.headers, ticket)
+        served = (choice.backend.namespace, choice.backend.name)
         status = 499
+        try:
+            saturated_after = min(
+                (f.saturated_after for f in choice.backend.fallback if f.saturated_after),
+                default=None,
+            )
+            answered, why = await self._attempt(attempt, body, info, choice, saturated_after)
+            if why:
+                fallback = await self._fallback(attempt, body, info, choice, why=why)
+                if fallback is not None:
+                    answered, served = fallback
+                elif why == SATURATED:
+                    self._answered(info.model, answered)
+            status = answered.status
+            return answered
+        finally:
+            gateway.finish(ticket, ticket.tap.status or status, served)
+
+    async def _attempt(
+        self,
+        attempt: Attempt,
+        body: bytes,
+        info: RoutingInfo,
+        choice: Choice,
+        saturated_after: float | None = None,
+    ) -> tuple[web.StreamResponse, str]:
+        """One model's try at a tenant's request: its turn in the fair queue, then the engines.
+        The answer, and why a fallback should answer instead ("" for none): SATURATED (no slot
+        within `saturated_after`), UNAVAILABLE (no replica answered; nothing sent yet)."""
+        assert info.model is not None
+        ticket, key = attempt.ticket, (choice.backend.namespace, choice.backend.name)
         turn: Turn | None = None
+        status = 499
         try:
             if self._shared(choice, key):
                 estimate = ticket.ask.estimate
                 given = await self.sharing.turn(
                     choice.backend,
                     info.model,
-                    tenant=identity.tenant.name,
-                    priority=priority,
-                    weight=identity.tenant.weight,
+                    tenant=ticket.identity.tenant.name,
+                    priority=attempt.priority,
+                    weight=ticket.identity.tenant.weight,
                     cost=cost_of(estimate.input_tokens, estimate.output_tokens),
                     size=len(body),
+                    saturated_after=saturated_after,
                 )
                 if isinstance(given, Refusal):
                     status = given.answer.status
-                    return self._answered(info.model, given.answer)
+                    if given.kind == SATURATED:
+                        return given.answer, SATURATED  # counted if no fallback takes it
+                    return self._answered(info.model, given.answer), ""
                 turn = given
             answered = await self._serve(
-                request,
+                attempt.request,
                 body,
                 info,
                 choice,
-                started,
+                attempt.started,
                 tap=ticket.tap,
-                headers=headers,
-                priority=priority.value,
+                headers=attempt.headers,
+                priority=attempt.priority.value,
             )
             status = answered.status
-            return answered
+            unavailable = status in (502, 503) and not answered.prepared
+            return answered, UNAVAILABLE if unavailable else ""
         finally:
-            used = gateway.finish(ticket, ticket.tap.status or status, key)
             if turn is not None:
+                used = (
+                    ticket.tap.used(ticket.ask.estimate.input_tokens)
+                    if 200 <= status < 300
+                    else Usage(0, 0)
+                )
                 self.sharing.finish(turn, cost_of(used.input_tokens, used.output_tokens))
+
+    async def _fallback(
+        self, attempt: Attempt, body: bytes, info: RoutingInfo, choice: Choice, *, why: str
+    ) -> tuple[web.StreamResponse, Key] | None:
+        """The answer of the first of the model's fallbacks that applies (`why`), that the
+        tenant may use and that has a ready replica; None when none does (the first answer
+        stands). One hop: the fallback's own fallbacks are not followed."""
+        for fallback in choice.backend.fallback:
+            wanted = fallback.unavailable if why == UNAVAILABLE else bool(fallback.saturated_after)
+            target = self.table.choose(fallback.model, info.key, info.prefill)
+            if not wanted or target is None or not target.pick.order:
+                continue
+            if not attempt.ticket.identity.tenant.may_use(fallback.model):
+                continue
+            self.sharing.metrics.fallbacks.labels(why).inc()
+            attempt.request[FALLBACK_TO] = fallback.model
+            rewritten = await _with_model(body, fallback.model)
+            answered, _ = await self._attempt(
+                attempt, rewritten, replace(info, model=fallback.model), target
+            )
+            return answered, (target.backend.namespace, target.backend.name)
+        return None
 
     def _shared(self, choice: Choice, key: Key) -> bool:
         """Whether the request takes its turn in the model's fair queue: not while the CR is
@@ -481,9 +556,32 @@ class Router:
         return prepared
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """What every try at one tenant's request shares (the first model's, then a fallback's)."""
+
+    request: web.Request
+    ticket: Ticket
+    headers: CIMultiDict[str]
+    priority: PriorityClass
+    started: float
+
+
+async def _with_model(body: bytes, model: str) -> bytes:
+    """The body sent to a fallback: its `model` is the fallback's (parsed off the event loop
+    when large, as `Intake` parses)."""
+    if len(body) <= INLINE_BYTES:
+        return with_model(body, model)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, with_model, body, model)
+
+
 async def _rate_limit_headers(request: web.Request, response: web.StreamResponse) -> None:
     """Before an answer's headers go out: the gateway's rate-limit headers, when it admitted
     the request (the engine's own, if it sent any, are not the tenant's)."""
+    fallback = request.get(FALLBACK_TO)
+    if fallback:
+        response.headers[contract.FALLBACK_HEADER] = fallback
     headers = request.get(RATE_LIMITS)
     if headers:
         response.headers.update(headers)
@@ -549,7 +647,8 @@ def static_table(path: str) -> RouteTable:
     """A table from a JSON file `{"models": {name: {"namespace", "name", "endpoints"}}}`
     (development and tests; in a cluster the watch fills the table). An entry with
     `"scaledToZero": true` is a CR at zero: its requests are held (nothing wakes it); one with
-    `"maxNumSeqs": N` has engines of that batch (as `status.plan.maxNumSeqs` says)."""
+    `"maxNumSeqs": N` has engines of that batch (as `status.plan.maxNumSeqs` says), and one with
+    `"fallback": [...]` those fallbacks (as `spec.router.fallback` says)."""
     with open(path, encoding="utf-8") as handle:
         document: Any = json.load(handle)
     table = RouteTable()
@@ -559,5 +658,8 @@ def static_table(path: str) -> RouteTable:
             scaled_to_zero=entry.get("scaledToZero") is True,
             concurrency=seqs if isinstance(seqs, int) and seqs > 0 else DEFAULT_CONCURRENCY,
         )
-        table.set(model, entry["namespace"], entry["name"], entry["endpoints"], wake)
+        fallback = fallback_of(entry.get("fallback"), (model,))
+        table.set(
+            model, entry["namespace"], entry["name"], entry["endpoints"], wake, fallback=fallback
+        )
     return table

@@ -45,6 +45,11 @@ class Spec:
     """`spec.router.enabled`: false keeps the CR out of the router."""
     MIGRATION_LIMIT: Final = "migrationLimit"
     """`spec.router.migrationLimit`: migrations per streaming request for this CR (0: off)."""
+    FALLBACK: Final = "fallback"
+    """`spec.router.fallback`: other routed models to answer with when this one cannot."""
+    FALLBACK_MODEL: Final = "model"
+    FALLBACK_WHEN: Final = "when"
+    FALLBACK_AFTER_SECONDS: Final = "afterSeconds"
     MODEL: Final = "model"
     SERVED_NAME: Final = "servedName"
     """`spec.model.servedName`: the model name, else the CR's own name."""
@@ -195,6 +200,14 @@ class TenantSpec:
     WEIGHT: Final = "weight"
 
 
+WHEN_UNAVAILABLE: Final = "Unavailable"
+"""A fallback's trigger: no ready replica, or every replica tried failed before answering."""
+WHEN_SATURATED: Final = "Saturated"
+"""A fallback's trigger: the request waited `afterSeconds` in the fair queue without a slot."""
+DEFAULT_FALLBACK_AFTER_SECONDS: Final = 2
+MAX_FALLBACKS: Final = 4
+FALLBACK_HEADER: Final = "X-Llmop-Fallback"
+"""On an answer that came from a fallback model: that model's name."""
 PRIORITY_CLASS_KIND: Final = "LLMPriorityClass"
 PRIORITY_CLASS_PLURAL: Final = "llmpriorityclasses"
 

@@ -31,7 +31,7 @@ from typing import Any
 from llmop_router import contract
 from llmop_router.contract import Spec, Status
 from llmop_router.hold import DEFAULT_CONCURRENCY, ScaleToZero
-from llmop_router.routes import RouteTable, Wake
+from llmop_router.routes import Fallback, RouteTable, Wake
 
 API_PORT_NAME = contract.API_PORT_NAME
 """The engine Service's API port name (the operator's renderer names it so)."""
@@ -58,6 +58,8 @@ class Claim:
     status says nothing of ownership yet."""
     migration_limit: int | None = None
     """`spec.router.migrationLimit`; None: the router's own flag."""
+    fallback: tuple[Fallback, ...] = ()
+    """`spec.router.fallback`, in order (entries the router cannot read left out)."""
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -118,7 +120,35 @@ def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
         adapters,
         owned_of(llmd),
         limit if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0 else None,
+        fallback_of(router.get(Spec.FALLBACK), (model, *adapters)),
     )
+
+
+def fallback_of(raw: object, own: tuple[str, ...]) -> tuple[Fallback, ...]:
+    """`spec.router.fallback` as the router uses it: entries naming one of the CR's own models
+    are left out (a fallback to itself is no fallback), as is anything malformed (the API
+    server refuses it first)."""
+    if not isinstance(raw, list):
+        return ()
+    found = []
+    for entry in raw[: contract.MAX_FALLBACKS]:
+        if not isinstance(entry, Mapping):
+            continue
+        model = entry.get(Spec.FALLBACK_MODEL)
+        when = entry.get(Spec.FALLBACK_WHEN) or [contract.WHEN_UNAVAILABLE]
+        if not isinstance(model, str) or not model or model in own or not isinstance(when, list):
+            continue
+        after = entry.get(Spec.FALLBACK_AFTER_SECONDS, contract.DEFAULT_FALLBACK_AFTER_SECONDS)
+        if isinstance(after, bool) or not isinstance(after, int | float) or after <= 0:
+            after = contract.DEFAULT_FALLBACK_AFTER_SECONDS
+        found.append(
+            Fallback(
+                model,
+                unavailable=contract.WHEN_UNAVAILABLE in when,
+                saturated_after=float(after) if contract.WHEN_SATURATED in when else None,
+            )
+        )
+    return tuple(found)
 
 
 def owned_of(llmd: Mapping[str, Any]) -> tuple[str, ...] | None:
@@ -245,9 +275,12 @@ class Catalog:
         claim = self.claims.get(service)
         wake = claim.wake if claim is not None else None
         limit = claim.migration_limit if claim is not None else None
+        fallback = claim.fallback if claim is not None else ()
         for model in self._served.get(service, ()):
             endpoints = self.endpoints(service)
-            self.table.set(model, *service, endpoints, wake, migration_limit=limit)
+            self.table.set(
+                model, *service, endpoints, wake, migration_limit=limit, fallback=fallback
+            )
 
     @property
     def ready(self) -> bool:
@@ -343,9 +376,14 @@ class Catalog:
         for model, claim in chosen.items():
             key = (claim.namespace, claim.name)
             endpoints = self.endpoints(key)
-            limit = claim.migration_limit
             self.table.set(
-                model, claim.namespace, claim.name, endpoints, claim.wake, migration_limit=limit
+                model,
+                claim.namespace,
+                claim.name,
+                endpoints,
+                claim.wake,
+                migration_limit=claim.migration_limit,
+                fallback=claim.fallback,
             )
         self._served = served
 

@@ -26,6 +26,13 @@ EVENT_END = b"\n\n"
 USAGE_OPTION = b'"stream_options":{"include_usage":true}'
 
 
+def with_model(body: bytes, model: str) -> bytes:
+    """The body with its `model` set to `model` (a fallback answers it under its own name)."""
+    parsed: dict[str, Any] = json.loads(body)
+    parsed["model"] = model
+    return json.dumps(parsed, separators=(",", ":")).encode()
+
+
 def with_usage_requested(body: bytes) -> bytes:
     """The body with `stream_options.include_usage: true` (the engine then sends usage).
 

@@ -165,6 +165,13 @@ class QueueMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.fallbacks = Counter(
+            "llmop_gateway_fallbacks",
+            "Requests sent to a fallback model (spec.router.fallback), by why: unavailable "
+            "(no replica answered) or saturated (no slot in time)",
+            ["reason"],
+            registry=registry,
+        )
         self.wait_seconds = Histogram(
             "llmop_gateway_queue_wait_seconds",
             "Time a dispatched request waited for its slot (0: a slot was free)",

@@ -31,6 +31,17 @@ class Wake:
     """Requests in flight per engine pod when releasing held ones (`status.plan.maxNumSeqs`)."""
 
 
+@dataclass(frozen=True)
+class Fallback:
+    """Another routed model that answers when this one cannot (`spec.router.fallback[]`)."""
+
+    model: str
+    unavailable: bool = True
+    """When this model has no ready replica, or every replica tried failed before answering."""
+    saturated_after: float | None = None
+    """When a request waited this long for a slot (None: never for that)."""
+
+
 @dataclass
 class Backend:
     """One routed LLMDeployment: its identity and its ready, non-terminating engine endpoints."""
@@ -41,6 +52,8 @@ class Backend:
     wake: Wake = field(default_factory=Wake)
     migration_limit: int | None = None
     """The CR's `spec.router.migrationLimit`; None: the router's `--migration-limit`."""
+    fallback: tuple[Fallback, ...] = ()
+    """The CR's `spec.router.fallback`, in order."""
 
 
 @dataclass(frozen=True)
@@ -73,20 +86,25 @@ class RouteTable:
         wake: Wake | None = None,
         *,
         migration_limit: int | None = None,
+        fallback: tuple[Fallback, ...] = (),
     ) -> None:
         """Route `model` to these endpoints (the ring is rebuilt only when the set changed).
-        `wake` and `migration_limit` are what the CR says; `wake` None (the CR not known) keeps
-        what the backend had of both."""
+        `wake`, `migration_limit` and `fallback` are what the CR says; `wake` None (the CR not
+        known) keeps what the backend had of all three."""
         wanted = tuple(sorted(set(endpoints)))
         current = self.backends.get(model)
         if wake is None and current is not None:
             wake, migration_limit = current.wake, current.migration_limit
+            fallback = current.fallback
         wake = wake or Wake()
         if current is not None and current.ring.endpoints == wanted:
             current.namespace, current.name = namespace, name
             current.wake, current.migration_limit = wake, migration_limit
+            current.fallback = fallback
             return
-        self.backends[model] = Backend(namespace, name, Ring.of(wanted), wake, migration_limit)
+        self.backends[model] = Backend(
+            namespace, name, Ring.of(wanted), wake, migration_limit, fallback
+        )
 
     def remove(self, model: str) -> None:
         self.backends.pop(model, None)

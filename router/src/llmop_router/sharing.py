@@ -40,6 +40,9 @@ TICK_SECONDS = 0.1
 RETRY_AFTER_SECONDS = "1"
 TIMEOUT = "timeout"
 STOPPING = "stopping"
+SATURATED = "saturated"
+UNAVAILABLE = "unavailable"
+"""Why a fallback answers: a request the model had no slot for in time, or nothing answered."""
 
 
 @dataclass(frozen=True)
@@ -101,9 +104,11 @@ class Sharing:
         weight: int,
         cost: float,
         size: int,
+        saturated_after: float | None = None,
     ) -> Turn | Refusal:
         """Wait for a slot of `model` (served by `backend`) under the class `priority`: the
-        turn, or why none."""
+        turn, or why none (SATURATED once it waited `saturated_after` seconds, for a fallback
+        to take it)."""
         key = (backend.namespace, backend.name)
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -141,19 +146,7 @@ class Sharing:
             self._pumps[key] = asyncio.create_task(self._pump(key, model))
         # A class above it may wait only for want of its own share: a slot may be free for it.
         self._hand_out(key, backend)
-        try:
-            outcome = await future
-        except asyncio.CancelledError:
-            # The client went away while waiting: it leaves the queue, or gives back the slot
-            # it was handed in the same instant.
-            if not future.cancelled() and future.done() and future.result() == "go":
-                self.queues.done(key, tenant, terms.name, weight, -cost)
-                self._hand_out(key, self.table.backends.get(model))
-            elif self.queues.leave(key, item.ticket):
-                self.metrics.outcomes.labels("left").inc()
-            raise
-        finally:
-            self._waiters.pop(item.ticket, None)
+        outcome = await self._wait(model, item, future, key=key, saturated_after=saturated_after)
         waited = loop.time() - started
         if outcome != "go":
             return self._refused(
@@ -162,6 +155,35 @@ class Sharing:
         self.metrics.outcomes.labels("dispatched").inc()
         self.metrics.wait_seconds.observe(waited)
         return Turn(key, model, tenant, terms.name, weight, cost, waited)
+
+    async def _wait(
+        self,
+        model: str,
+        item: Waiting,
+        future: asyncio.Future[str],
+        *,
+        key: Key,
+        saturated_after: float | None,
+    ) -> str:
+        """The waiting request's outcome: "go", or why not."""
+        try:
+            if saturated_after is not None:
+                await asyncio.wait([future], timeout=saturated_after)
+                if not future.done() and self.queues.leave(key, item.ticket):
+                    # Waited long enough: the request goes to its model's fallback instead.
+                    future.set_result(SATURATED)
+            return await future
+        except asyncio.CancelledError:
+            # The client went away while waiting: it leaves the queue, or gives back the slot
+            # it was handed in the same instant.
+            if not future.cancelled() and future.done() and future.result() == "go":
+                self.queues.done(key, item.tenant, item.terms.name, item.weight, -item.cost)
+                self._hand_out(key, self.table.backends.get(model))
+            elif self.queues.leave(key, item.ticket):
+                self.metrics.outcomes.labels("left").inc()
+            raise
+        finally:
+            self._waiters.pop(item.ticket, None)
 
     def finish(self, turn: Turn, used: float) -> None:
         """The request ended having used `used` tokens of service: its slot goes to the next
@@ -244,6 +266,12 @@ class Sharing:
             message = (
                 f"{cr} is saturated: this request (LLMPriorityClass {priority.name!r}) gave "
                 "its place in the full queue to one of a higher class; retry later"
+            )
+            return Refusal(kind, error(429, message, "RateLimitError", retry))
+        if kind == SATURATED:
+            message = (
+                f"{cr} is saturated: no slot freed for this request within {waited:.1f} s and "
+                "its fallback could not take it; retry later"
             )
             return Refusal(kind, error(429, message, "RateLimitError", retry))
         if kind == TIMEOUT:

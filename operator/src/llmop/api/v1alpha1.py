@@ -700,6 +700,29 @@ class Pricing(ApiModel):
     """Price of a million generated tokens."""
 
 
+FallbackWhen = Literal["Unavailable", "Saturated"]
+
+
+def _unavailable_only() -> list[FallbackWhen]:
+    return ["Unavailable"]
+
+
+class FallbackSpec(ApiModel):
+    """Another routed model that answers this model's requests when this one cannot."""
+
+    model: str = Field(min_length=1, max_length=253)
+    """The other model's served name (`spec.model.servedName` of its LLMDeployment, or an
+    adapter's name). The request is sent as for that model: the tenant must be allowed to use
+    it, and is metered at its price."""
+    when: list[FallbackWhen] = Field(default_factory=_unavailable_only, min_length=1, max_length=2)
+    """Unavailable: this model has no ready replica (and is not waking from zero), or every
+    replica tried failed before answering. Saturated: the request waited `afterSeconds` for a
+    slot (the gateway's fair queue). Only ever before the first byte of an answer."""
+    after_seconds: int = Field(default=router_contract.DEFAULT_FALLBACK_AFTER_SECONDS, ge=1, le=600)
+    """Saturated: how long a request waits for a slot of this model before it goes to the
+    fallback."""
+
+
 class RouterSpec(ApiModel):
     """How llmop-router serves this model (docs/router.md)."""
 
@@ -720,6 +743,12 @@ class RouterSpec(ApiModel):
     its engine fails, hangs or drains mid-answer (request migration, docs/router.md); 0 turns
     migration off for this model (a cut stream then ends with an error event). Unset: the
     router's `--migration-limit` (2 by default)."""
+    fallback: list[FallbackSpec] = Field(
+        default_factory=list, max_length=router_contract.MAX_FALLBACKS
+    )
+    """With the router's gateway: models to send a request to, in order, when this one cannot
+    answer it (docs/gateway.md, "Fallback"). One hop: a fallback's own fallbacks are not
+    followed, so a cycle cannot loop. The answer says which model gave it (`X-Llmop-Fallback`)."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""Fallback to another routed model (`spec.router.fallback`), on real sockets: two simulator
+engines serving `llama` and `qwen` behind a real router with the gateway on. What it proves: a
+model with no ready replica, or whose every replica fails before answering, is answered by its
+fallback (the body's `model` rewritten, the answer marked `X-Llmop-Fallback`, metered at the
+fallback's price), but only for a tenant allowed to use the fallback; a request that waits past
+`afterSeconds` for a slot of a saturated model goes to its fallback instead; and what the engine
+of the fallback receives never carries the client's key."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+
+from llmop_engine.simulator.sim_config import SimConfig
+from llmop_router.app import Router
+from llmop_router.gateway import Gateway
+from llmop_router.metrics import GatewayMetrics
+from llmop_router.routes import Fallback, RouteTable, Wake
+from llmop_router.store import Local
+from llmop_router.tenants import parse_tenant
+from router.test_gateway import KEY, OTHER_KEY, Rig, synchronous, tenant
+from support.harness.replicas import free_port
+from support.migration_rig import Replica, replica
+
+PRIMARY = SimConfig(
+    model="llama", max_num_seqs=8, load_seconds=0, decode_ms=10, decode_ms_per_seq=0.0
+)
+BACKUP = SimConfig(model="qwen", max_num_seqs=8, load_seconds=0, decode_ms=2, decode_ms_per_seq=0.0)
+PRICING = {"currency": "USD", "inputPerMillion": "1000000", "outputPerMillion": "1000000"}
+
+
+@contextlib.asynccontextmanager
+async def rig(primary: list[str], fallback: Fallback) -> AsyncIterator[tuple[Rig, Replica]]:
+    """`llama` on `primary` (its endpoints; the real engine's address is `{llama}`) with one
+    fallback to `qwen`; tenant a may use both, tenant b only llama."""
+    async with replica(PRIMARY) as llama, replica(BACKUP) as qwen:
+        endpoints = [e.format(llama=llama.address) for e in primary]
+        table = RouteTable()
+        table.set("llama", "team", "llama", endpoints, Wake(concurrency=1), fallback=(fallback,))
+        table.set("qwen", "team", "qwen", [qwen.address])
+        router = Router(table, connect_timeout=1.0)
+        router.ready = True
+        gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
+        gateway.set_tenants(
+            [parse_tenant(tenant("a", KEY)), parse_tenant(tenant("b", OTHER_KEY, models=["llama"]))]
+        )
+        gateway.set_price(("team", "qwen"), PRICING)
+        router.gateway = gateway
+        site = TestServer(router.app(), host="127.0.0.1")
+        await site.start_server()
+        try:
+            async with aiohttp.ClientSession() as http:
+                yield Rig(f"http://127.0.0.1:{site.port}", router, gateway, llama.sim, http), qwen
+        finally:
+            await site.close()
+
+
+def completion(max_tokens: int = 3) -> dict[str, Any]:
+    return {"model": "llama", "prompt": "hello there", "max_tokens": max_tokens}
+
+
+@synchronous
+async def test_a_model_without_a_replica_is_answered_by_its_fallback_for_whom_may_use_it() -> None:
+    async with rig([], Fallback("qwen")) as (r, qwen):
+        status, headers, text = await r.post(completion())
+        assert status == 200, text
+        assert headers["X-Llmop-Fallback"] == "qwen"
+        assert json.loads(text)["model"] == "qwen"
+        path, sent = qwen.seen[-1]
+        assert (path, sent["model"]) == ("/v1/completions", "qwen")
+        assert r.metric("llmop_gateway_fallbacks_total", reason="unavailable") == 1
+        cost = r.metric("llmop_gateway_cost_total", tenant="a", model="llama", currency="USD")
+        assert cost > 0, "metered at the fallback's price (llama has none)"
+        # Tenant b may not use qwen: the model's own answer, a 503 with Retry-After.
+        status, headers, text = await r.post(completion(), key=OTHER_KEY)
+        assert status == 503, text
+        assert "Retry-After" in headers
+        assert "X-Llmop-Fallback" not in headers
+        assert len(qwen.seen) == 1
+
+
+@synchronous
+async def test_replicas_that_all_fail_before_answering_go_to_the_fallback() -> None:
+    closed = f"127.0.0.1:{free_port()}"  # nothing listens: connection refused
+    async with rig([closed], Fallback("qwen")) as (r, qwen):
+        status, headers, text = await r.post(completion())
+        assert status == 200, text
+        assert headers["X-Llmop-Fallback"] == "qwen"
+        assert r.metric("llmop_gateway_fallbacks_total", reason="unavailable") == 1
+        assert all("Authorization" not in json.dumps(sent) for _, sent in qwen.seen)
+
+
+@synchronous
+async def test_a_request_that_waits_too_long_for_a_slot_goes_to_the_fallback() -> None:
+    saturated = Fallback("qwen", unavailable=False, saturated_after=0.3)
+    async with rig(["{llama}"], saturated) as (r, qwen):
+        busy = asyncio.create_task(r.post(completion(80)))  # llama's one slot, ~0.8 s
+        for _ in range(100):
+            if r.router.sharing.queues.running(("team", "llama")) == 1:
+                break
+            await asyncio.sleep(0.01)
+        status, headers, text = await r.post(completion())
+        assert status == 200, text
+        assert headers["X-Llmop-Fallback"] == "qwen"
+        assert not busy.done(), "answered by qwen while llama's slot was still busy"
+        assert (await busy)[0] == 200
+        assert r.metric("llmop_gateway_fallbacks_total", reason="saturated") == 1
+        assert r.metric("llmop_gateway_queue_total", outcome="saturated") == 1
+        assert r.router.sharing.queues.total == 0
+        assert len(qwen.seen) == 1
