@@ -4,13 +4,16 @@ operator reads (the table names every engine pod's address: clients never see th
 
 A request's body is read once, within the router's limits (`intake`: size, time, and a
 parse of bounded work), for `model` and the routing key; the table picks its pods, a CR at
-zero holds it (`scale_to_zero`), the proxy sends it and relays the answer (`proxy`). Engine
-admin routes never pass (403). The public socket caps connections and times headers (`edge`).
+zero holds it (`scale_to_zero`), the proxy sends it and relays the answer (`proxy`). With the
+gateway, a tenant's request is admitted (`gateway`), takes its turn at a saturated model
+(`sharing`), and goes to the model's fallback when the model cannot answer it. Engine admin
+routes never pass (403). The public socket caps connections and times headers (`edge`).
 
 `serve` runs it until SIGTERM, then stops without refusing anyone: unready and still serving for
 a delay (the Service's proxies drop the terminating pod meanwhile), then no new connections while
-the answers in flight finish. The exception is requests held for a CR at zero: they are answered
-503 with `Retry-After` at once (the client's retry reaches another router pod, which holds it).
+the answers in flight finish. The exception is requests held for a CR at zero or queued for a
+slot: they are answered 503 with `Retry-After` at once (the client's retry reaches another
+router pod).
 """
 
 from __future__ import annotations
@@ -59,10 +62,10 @@ from llmop_router.tenants import Identity
 log = logging.getLogger("llmop_router.app")
 
 RATE_LIMITS = web.RequestKey("llmop_rate_limits", dict[str, str])
-FALLBACK_TO = web.RequestKey("llmop_fallback", str)
-"""The fallback model that answers the request (its answer says so)."""
 """An admitted request's `x-ratelimit-*` headers, for whichever answer it gets (relayed,
 continued elsewhere, or an error)."""
+FALLBACK_TO = web.RequestKey("llmop_fallback", str)
+"""The fallback model that answers the request (its answer says so)."""
 INFERENCE_ROUTES = (
     "/v1/chat/completions",
     "/v1/completions",
