@@ -2,7 +2,7 @@
 saturated, does an interactive tenant still get its first token fast, do batch tenants share
 fairly, and is every refusal a 429 with Retry-After?
 
-The rig, all on loopback: two simulator engines (`--max-num-seqs 4`: 8 slots in all; the
+The rig, all on loopback: two simulator engines (`--max-num-seqs 8`: 16 slots in all; the
 default 20 ms decode step + 0.15 ms per running sequence), two `llmop-router serve --static …
 --static-tenants … --replicas 2` (the chart's two replicas; each sends its half of the slots),
 tenants without limits (the store is not what is measured: each router counts alone). Each
@@ -13,16 +13,19 @@ Each configuration restarts the routers with its own files:
   before    the model's `maxNumSeqs` set past any load: nothing waits in the router, every
             request goes to the engines' first-come-first-served queue (the router before the
             fair queue; the same load)
-  strict    `maxNumSeqs` 4: LLMPriorityClass interactive (value 100) over batch (value 0,
+  strict    `maxNumSeqs` 8: LLMPriorityClass interactive (value 100) over batch (value 0,
             queue.maxWaitSeconds 5)
-  capped    the same, batch with maxSharePercent 75 (a quarter of the slots kept back)
+  capped    the same, batch with maxSharePercent 88 (one of a router pod's 8 slots kept back)
 
 Scenarios:
-  P1  priority: two batch tenants at 2x capacity together, an interactive tenant streaming at
-      1 req/s; interactive success and TTFT, slot use, how batch was refused. Per config.
+  P1  priority: two batch tenants at 2x capacity together (capacity measured first, closed
+      loop), an interactive tenant streaming at 1 req/s; interactive success and TTFT, slot
+      use, how batch was refused. Per config. 60 s each.
   P2  fairness: two backlogged batch tenants of one class, equal weights (Jain's index of their
       service per 10 s window), then weights 2:1 (their service ratio); a light tenant below
-      its fair share beside a heavy one at 3x capacity (its success), before and with the queue.
+      its fair share (0.2x capacity) beside a heavy one at 2x (its success), before and with
+      the queue.
+      120 s each.
 
     python bench/fairness_bench.py [--only P1,P2] [--scale 0.5] [--logs DIR] [--strict]
 """
@@ -51,23 +54,21 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gateway_bench import Ask, Pool, Record, Table, key_of, ms, open_loop, pct
+from gateway_bench import Ask, Pool, Record, Table, key_of, ms, open_loop, pct, send
 from llmop_router.contract import api_key_hash
 from router_bench import start, stop_all, wait_listening
 from support.harness.replicas import free_port
 
 MODEL = "llama"
-SEQS = 4
-"""Each engine's batch: 2 engines, 8 slots."""
+SEQS = 8
+"""Each engine's batch: 2 engines, 16 slots (8 a router pod)."""
 ENGINE_ARGS = ("--max-num-seqs", str(SEQS), "--sim-load-seconds", "0")
-BATCH_TOKENS = 32
+BATCH_TOKENS = 64
 INTERACTIVE_TOKENS = 16
 PROMPT_CHARS = 100
-SERVICE_SECONDS = BATCH_TOKENS * 0.0206
-"""A batch request's time in a full engine: 32 decode steps of 20 ms + 4 x 0.15 ms."""
-CAPACITY = 2 * SEQS / SERVICE_SECONDS
-"""Batch requests a second the two engines finish at most."""
 BATCH_WAIT_SECONDS = 5
+CAPPED_SHARE = 88
+"""The batch class's share in the capped configuration: 7 of a router pod's 8 slots."""
 WINDOW = 10.0
 SCENARIOS = ("P1", "P2")
 
@@ -186,7 +187,28 @@ async def sample_running(ports: Sequence[int], until: float, into: list[int]) ->
 
 
 def batch_ask(name: str) -> Any:
-    return lambda _n: Ask(name, prompt_chars=PROMPT_CHARS, max_tokens=BATCH_TOKENS)
+    # Prompts differ (as real ones do): the ring spreads them rather than keep one prefix home.
+    return lambda n: Ask(name, prompt_chars=PROMPT_CHARS, max_tokens=BATCH_TOKENS, variant=n + 1)
+
+
+async def capacity(rig: Rig, seconds: float = 8.0) -> float:
+    """Batch requests a second the engines finish when every slot is busy: closed-loop clients,
+    two per slot, straight through the routers of the `before` configuration."""
+    rig.configure(Config("calibrate", 1_000_000, objects()))
+    done = 0
+    until = time.monotonic() + seconds
+    async with Pool(rig.ports, connections=4 * SEQS) as pool:
+
+        async def worker(i: int) -> None:
+            nonlocal done
+            n = 0
+            while time.monotonic() < until:
+                n += 1
+                record = await send(pool.next(), batch_ask("batch-1")(i * 10_000 + n), 0.0)
+                done += record.status == 200
+
+        await asyncio.gather(*(worker(i) for i in range(4 * SEQS)))
+    return done / seconds
 
 
 @dataclass
@@ -205,8 +227,12 @@ async def load(rig: Rig, rates: dict[str, float], seconds: float, *, stream: set
 
         def make(name: str) -> Any:
             if name in stream:
-                return lambda _n: Ask(
-                    name, prompt_chars=PROMPT_CHARS, max_tokens=INTERACTIVE_TOKENS, stream=True
+                return lambda n: Ask(
+                    name,
+                    prompt_chars=PROMPT_CHARS,
+                    max_tokens=INTERACTIVE_TOKENS,
+                    stream=True,
+                    variant=n + 1,
                 )
             return batch_ask(name)
 
@@ -270,21 +296,22 @@ def p1_rows(table: Table, config: str, run: Run) -> None:
     )
 
 
-async def scenario_p1(rig: Rig, seconds: float) -> Table:
+async def scenario_p1(rig: Rig, seconds: float, measured: float) -> Table:
     table = Table("P1", "priority: 2 batch tenants at 2x capacity together, interactive at 1 req/s")
     configs = [
         Config("before", 1_000_000, objects()),
         Config("strict", SEQS, objects()),
-        Config("capped", SEQS, objects(share=75)),
+        Config("capped", SEQS, objects(share=CAPPED_SHARE)),
     ]
-    rates = {"batch-1": CAPACITY, "batch-2": CAPACITY, "chat": 1.0}
+    rates = {"batch-1": measured, "batch-2": measured, "chat": 1.0}
     for config in configs:
         rig.configure(config)
         run = await load(rig, rates, seconds, stream={"chat"})
         p1_rows(table, config.name, run)
     table.notes.append(
-        f"capacity ≈ {CAPACITY:.1f} batch requests/s ({2 * SEQS} slots, {BATCH_TOKENS} tokens "
-        f"each); batch queue bound {BATCH_WAIT_SECONDS} s; {seconds:.0f} s per configuration"
+        f"capacity {measured:.1f} batch requests/s, measured ({2 * SEQS} slots, {BATCH_TOKENS} "
+        f"tokens each); batch queue bound {BATCH_WAIT_SECONDS} s; capped: batch "
+        f"maxSharePercent {CAPPED_SHARE}; {seconds:.0f} s per configuration"
     )
     return table
 
@@ -308,9 +335,9 @@ def jain(values: Sequence[float]) -> float:
     return (total * total) / (len(values) * squares) if squares else 1.0
 
 
-async def scenario_p2(rig: Rig, seconds: float) -> Table:
+async def scenario_p2(rig: Rig, seconds: float, measured: float) -> Table:
     table = Table("P2", "fairness between tenants of one class")
-    both = {"batch-1": 1.5 * CAPACITY, "batch-2": 1.5 * CAPACITY}
+    both = {"batch-1": 1.5 * measured, "batch-2": 1.5 * measured}
     rig.configure(Config("equal", SEQS, objects()))
     run = await load(rig, both, seconds, stream=set())
     per = [served_per_window(run.records[n], seconds) for n in both]
@@ -330,7 +357,7 @@ async def scenario_p2(rig: Rig, seconds: float) -> Table:
     b = sum(served_per_window(run.records["batch-2"], seconds)[1:])
     ratio = a / b if b else float("inf")
     table.add("weights 2:1: service ratio", f"{ratio:.2f}", "2.0 ± 0.1", abs(ratio - 2.0) <= 0.1)
-    rates = {"heavy": 3 * CAPACITY, "light": 0.3 * CAPACITY}
+    rates = {"heavy": 2 * measured, "light": 0.2 * measured}
     for name, seqs in (("before", 1_000_000), ("fair", SEQS)):
         rig.configure(Config(name, seqs, objects()))
         run = await load(rig, rates, seconds, stream=set())
@@ -339,7 +366,7 @@ async def scenario_p2(rig: Rig, seconds: float) -> Table:
         latency = pct([r.latency for r in light if r.status == 200], 0.99)
         heavy_refused = sum(1 for r in run.records["heavy"] if r.status != 200)
         table.add(
-            f"{name}: light tenant (0.3x) beside heavy (3x): success, p99 latency",
+            f"{name}: light tenant (0.2x) beside heavy (2x): success, p99 latency",
             f"{ok:.1f} % of {len(light)}, {latency:.2f} s (heavy refused {heavy_refused})",
             "≥ 99 %" if name == "fair" else "-",
             ok >= 99 if name == "fair" else None,
@@ -367,11 +394,13 @@ def main() -> None:
     )
     tables = []
     with rig_running(args.logs) as rig:
+        measured = asyncio.run(capacity(rig))
+        print(f"capacity: {measured:.1f} batch requests/s with every slot busy")
         if "P1" in only:
-            tables.append(asyncio.run(scenario_p1(rig, seconds)))
+            tables.append(asyncio.run(scenario_p1(rig, seconds, measured)))
             tables[-1].print()
         if "P2" in only:
-            tables.append(asyncio.run(scenario_p2(rig, seconds)))
+            tables.append(asyncio.run(scenario_p2(rig, 2 * seconds, measured)))
             tables[-1].print()
     failed = [(t.name, c.what) for t in tables for c in t.failed]
     rows = sum(len(t.checks) for t in tables)

@@ -198,3 +198,17 @@ async def test_a_wake_answers_what_was_held_in_class_order() -> None:
             await site.close()
     assert [s for s, _, _ in chat_done + batch_done] == [200] * 20
     assert max(end for _, end, _ in chat_done) < min(end for _, end, _ in batch_done)
+
+
+def test_a_turn_goes_to_a_pod_with_a_free_slot_of_this_routers_share() -> None:
+    table = RouteTable()
+    table.set("llama", "team", "llama", ["10.0.0.1:8000", "10.0.0.2:8000"], Wake(concurrency=4))
+    router = Router(table)
+    router.sharing.replicas = 2  # each router pod: 2 of each engine's 4 slots
+    choice = table.choose("llama", None)
+    assert choice is not None
+    first, second = choice.pick.order
+    table.in_flight[first] = 2
+    assert router.sharing.free_first(choice).pick.order == (second, first)
+    table.in_flight[first] = 1
+    assert router.sharing.free_first(choice) is choice, "a free slot where the ring chose"

@@ -397,6 +397,9 @@ class Router:
                         return given.answer, SATURATED  # counted if no fallback takes it
                     return self._answered(info.model, given.answer), ""
                 turn = given
+                # Picked again now that it has its slot: the loads moved while it waited.
+                again = self.table.choose(info.model, info.key, info.prefill)
+                choice = self.sharing.free_first(again if again is not None else choice)
             answered = await self._serve(
                 attempt.request,
                 body,

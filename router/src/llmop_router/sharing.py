@@ -15,7 +15,7 @@ Refusals: 429 with `Retry-After` when the model has endpoints but none for this 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiohttp import web
 
@@ -34,7 +34,7 @@ from llmop_router.fairqueue import (
 from llmop_router.limits import Limits
 from llmop_router.metrics import QueueMetrics
 from llmop_router.priorities import Classes, PriorityClass
-from llmop_router.routes import Backend, RouteTable
+from llmop_router.routes import Backend, Choice, RouteTable
 
 TICK_SECONDS = 0.1
 RETRY_AFTER_SECONDS = "1"
@@ -93,6 +93,18 @@ class Sharing:
             return 0
         total = backend.wake.concurrency * len(backend.ring.endpoints)
         return -(-total // self.replicas)
+
+    def free_first(self, choice: Choice) -> Choice:
+        """`choice` with the endpoints that have a free slot of this pod's share first (the ring
+        picked by prefix and load; a pod full to its batch would queue the request again, in
+        the engine, behind whatever came first)."""
+        endpoints = len(choice.backend.ring.endpoints)
+        share = -(-choice.backend.wake.concurrency // self.replicas) if endpoints else 0
+        in_flight = self.table.in_flight
+        order = sorted(choice.pick.order, key=lambda e: in_flight.get(e, 0) >= share)
+        if order == list(choice.pick.order):
+            return choice
+        return replace(choice, pick=replace(choice.pick, order=tuple(order)))
 
     async def turn(
         self,
