@@ -31,7 +31,7 @@ from llmop_router.routes import RouteTable, Wake
 from llmop_router.store import Local
 from llmop_router.tenants import parse_tenant
 from router.test_gateway import KEY, OTHER_KEY, Rig, synchronous, tenant
-from support.migration_rig import replica
+from support.migration_rig import Replica, replica
 
 SCRAPER_KEY = "llmop_test-key-of-scraper-0123456789abcdef"
 SIM = SimConfig(model="llama", max_num_seqs=8, load_seconds=0, decode_ms=10, decode_ms_per_seq=0.0)
@@ -54,23 +54,30 @@ CLASSES = (
 
 
 @contextlib.asynccontextmanager
+async def served(table: RouteTable, sim: Replica, limits: Limits) -> AsyncIterator[Rig]:
+    """A gateway router over `table`, with the tenants and classes above."""
+    router = Router(table, limits=limits)
+    router.ready = True
+    gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
+    gateway.set_tenants([parse_tenant(t) for t in TENANTS])
+    gateway.set_classes([parse_priority_class(c) for c in CLASSES])
+    router.gateway = gateway
+    site = TestServer(router.app(), host="127.0.0.1")
+    await site.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            yield Rig(f"http://127.0.0.1:{site.port}", router, gateway, sim.sim, http)
+    finally:
+        await site.close()
+
+
+@contextlib.asynccontextmanager
 async def rig(limits: Limits = DEFAULT_LIMITS) -> AsyncIterator[Rig]:
     async with replica(SIM) as found:
         table = RouteTable()
         table.set("llama", "team", "llama", [found.address], Wake(concurrency=1))
-        router = Router(table, limits=limits)
-        router.ready = True
-        gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
-        gateway.set_tenants([parse_tenant(t) for t in TENANTS])
-        gateway.set_classes([parse_priority_class(c) for c in CLASSES])
-        router.gateway = gateway
-        site = TestServer(router.app(), host="127.0.0.1")
-        await site.start_server()
-        try:
-            async with aiohttp.ClientSession() as http:
-                yield Rig(f"http://127.0.0.1:{site.port}", router, gateway, found.sim, http)
-        finally:
-            await site.close()
+        async with served(table, found, limits) as r:
+            yield r
 
 
 def completion(max_tokens: int) -> dict[str, Any]:
@@ -168,34 +175,22 @@ async def test_a_wake_answers_what_was_held_in_class_order() -> None:
     async with replica(SIM) as found:
         table = RouteTable()
         table.set("llama", "team", "llama", [], Wake(scaled_to_zero=True, concurrency=1))
-        router = Router(table)
-        router.ready = True
-        gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
-        gateway.set_tenants([parse_tenant(t) for t in TENANTS])
-        gateway.set_classes([parse_priority_class(c) for c in CLASSES])
-        router.gateway = gateway
-        site = TestServer(router.app(), host="127.0.0.1")
-        await site.start_server()
-        try:
-            async with aiohttp.ClientSession() as http:
-                r = Rig(f"http://127.0.0.1:{site.port}", router, gateway, found.sim, http)
+        async with served(table, found, DEFAULT_LIMITS) as r:
 
-                async def held(count: int) -> None:
-                    for _ in range(200):
-                        if router.holding.held(("team", "llama")) == count:
-                            return
-                        await asyncio.sleep(0.01)
-                    raise AssertionError(f"not {count} held")
+            async def held(count: int) -> None:
+                for _ in range(200):
+                    if r.router.holding.held(("team", "llama")) == count:
+                        return
+                    await asyncio.sleep(0.01)
+                raise AssertionError(f"not {count} held")
 
-                batch = [asyncio.create_task(timed(r, KEY, 3)) for _ in range(10)]
-                await held(10)
-                chat = [asyncio.create_task(timed(r, OTHER_KEY, 3)) for _ in range(10)]
-                await held(20)
-                table.set("llama", "team", "llama", [found.address])  # the replica is ready
-                chat_done = await asyncio.gather(*chat)
-                batch_done = await asyncio.gather(*batch)
-        finally:
-            await site.close()
+            batch = [asyncio.create_task(timed(r, KEY, 3)) for _ in range(10)]
+            await held(10)
+            chat = [asyncio.create_task(timed(r, OTHER_KEY, 3)) for _ in range(10)]
+            await held(20)
+            table.set("llama", "team", "llama", [found.address])  # the replica is ready
+            chat_done = await asyncio.gather(*chat)
+            batch_done = await asyncio.gather(*batch)
     assert [s for s, _, _ in chat_done + batch_done] == [200] * 20
     assert max(end for _, end, _ in chat_done) < min(end for _, end, _ in batch_done)
 
