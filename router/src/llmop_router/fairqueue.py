@@ -1,4 +1,4 @@
-"""Pure: the fair queue in front of a saturated model (docs/router.md, "Priority and fair
+"""Pure: the fair queue in front of a saturated model (docs/gateway.md, "Priority and fair
 sharing"); no I/O, no clock of its own (`now` comes in).
 
 With the gateway on, every request for a model passes here after its tenant's admission. While

@@ -1,5 +1,5 @@
 """Pure: `LLMPriorityClass` objects → the terms a tenant's requests wait under when a model is
-saturated (docs/router.md, "Priority and fair sharing").
+saturated (docs/gateway.md, "Priority and fair sharing").
 
 A class has a value (higher is served first), may be sheddable (refused at once while the model
 is saturated), may hold at most a share of a model's slots (so higher classes find one free),

@@ -1,15 +1,16 @@
-"""Priority and fair sharing (docs/router.md, "Priority and fair sharing"): the I/O around the
+"""Priority and fair sharing (docs/gateway.md, "Priority and fair sharing"): the I/O around the
 pure queues of `fairqueue.py`.
 
 With the gateway on, an admitted request asks here for a slot of its model. It goes at once
 while one is free and nobody waits; else it waits, and is handed a slot as one frees (a request
 through this pod finishes: no polling on that path), highest priority first, then the tenant
 with the least weighted service, then that tenant's oldest. A pump per busy model also looks
-every `TICK_SECONDS` for deadlines and for slots that new endpoints bring.
+every `TICK_SECONDS` for deadlines and for slots that new endpoints bring. A request that
+waited its model's fallback's `afterSeconds` leaves for the fallback (the app sends it).
 
 Refusals: 429 with `Retry-After` when the model has endpoints but none for this request now
-(sheddable while saturated, queue full, displaced by a higher priority, waited past
-`--queue-wait-seconds`); 503 when the wait ended with no endpoint, or this pod stops.
+(sheddable while saturated, queue full, displaced by a higher priority, waited past its class's
+bound or `--queue-wait-seconds`); 503 when the wait ended with no endpoint, or this pod stops.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ class Turn:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a request got no slot (`kind`: SHED, FULL, DISPLACED, TIMEOUT or STOPPING), and
-    the answer that says so."""
+    """Why a request got no slot (`kind`: SHED, FULL, DISPLACED, TIMEOUT, STOPPING, or
+    SATURATED for a fallback to take it), and the answer that says so."""
 
     kind: str
     answer: web.Response
