@@ -152,10 +152,12 @@ def test_the_router_may_only_wake_a_workload(guarded: tuple[Cluster, str]) -> No
     cluster.kubectl("create", "-f", "-", input=json.dumps(deployment))
     router = f"system:serviceaccount:{namespace}:{RELEASE}-llmop-router"
 
-    def scale(replicas: int, *, user: str | None = router) -> Any:
+    def scale(replicas: int, *, user: str | None = router, dry_run: bool = False) -> Any:
         as_user = [f"--as={user}"] if user else []
+        dry = ["--dry-run=server"] if dry_run else []
         return cluster.kubectl(
             *as_user,
+            *dry,
             "patch",
             "deployment",
             "engine",
@@ -168,6 +170,14 @@ def test_the_router_may_only_wake_a_workload(guarded: tuple[Cluster, str]) -> No
             check=False,
         )
 
+    # The router's RBAC and the scale policy are each picked up asynchronously by the API
+    # server (its authorizer's and its policy informer's caches): the module's fixture waited
+    # for the LLMDeployment policy only. A dry run goes through both, changing nothing.
+    wait_until(
+        lambda: "may only wake a workload" in scale(3, dry_run=True).stderr,
+        timeout=30,
+        what="the router's RBAC and the scale policy to be in force",
+    )
     too_many = scale(3)
     assert too_many.returncode != 0
     assert "may only wake a workload" in too_many.stderr, too_many.stderr
