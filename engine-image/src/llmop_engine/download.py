@@ -178,7 +178,10 @@ class Reporter:
                 self.phase, self.samples, self.total, self.attempt, self.message
             )
             latest = self.latest
-        self._publish(latest)
+            # Under the lock: the reporter's thread and the download's both publish, through
+            # one temporary file (two at once lost it: one's rename found it gone), and the
+            # file must end with the newest progress, not whichever rename came last.
+            self._publish(latest)
         return latest
 
     def _publish(self, latest: dp.Progress) -> None:
