@@ -259,7 +259,8 @@ install_release() {
   "$PY" "$ROOT/e2e/images/images.py" import --address "$NODE_CONTAINERD" operator router redis >/dev/null
   release_namespace
   local crd=llmdeployments.serving.llmop.dev adopted
-  for adopted in "$crd" llmtenants.serving.llmop.dev llmpriorityclasses.serving.llmop.dev; do
+  for adopted in "$crd" llmtenants.serving.llmop.dev llmpriorityclasses.serving.llmop.dev \
+    llmexternalmodels.serving.llmop.dev; do
     if kctl get crd "$adopted" >/dev/null 2>&1; then
       # Applied by a process-mode run: Helm adopts it only with the release's ownership metadata.
       kctl label --overwrite crd "$adopted" app.kubernetes.io/managed-by=Helm >/dev/null

@@ -155,6 +155,7 @@ def test_default_objects() -> None:
         ("ClusterRoleBinding", "llmop-framework"),
         ("ClusterRoleBinding", "llmop-router"),
         ("CustomResourceDefinition", "llmdeployments.serving.llmop.dev"),
+        ("CustomResourceDefinition", "llmexternalmodels.serving.llmop.dev"),
         ("CustomResourceDefinition", "llmpriorityclasses.serving.llmop.dev"),
         ("CustomResourceDefinition", "llmtenants.serving.llmop.dev"),
         ("Deployment", "llmop"),
@@ -165,7 +166,9 @@ def test_default_objects() -> None:
         ("PodDisruptionBudget", "llmop"),
         ("PodDisruptionBudget", "llmop-router"),
         ("Role", "llmop-leader-election"),
+        ("Role", "llmop-router-external"),
         ("RoleBinding", "llmop-leader-election"),
+        ("RoleBinding", "llmop-router-external"),
         ("Service", "llmop-metrics"),
         ("Service", "llmop-router"),
         ("Service", "llmop-router-store"),
@@ -579,9 +582,17 @@ def test_namespaced_install_binds_the_application_role_per_namespace() -> None:
     assert all(b["roleRef"]["name"] == "llmop" for b in bindings)
     cluster_bindings = [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"]
     assert cluster_bindings == ["llmop-framework"]
-    # The router watches the same namespaces, bound per namespace too.
+    # The router watches the same namespaces, bound per namespace too; and reads its external
+    # models and their Secrets in its own namespace only.
     router_bindings = [d for d in docs if d["kind"] == "RoleBinding" and _router(d)]
-    assert sorted(b["metadata"]["namespace"] for b in router_bindings) == ["team-a", "team-b"]
+    assert sorted((b["metadata"]["namespace"], b["roleRef"]["kind"]) for b in router_bindings) == [
+        ("llmop-system", "Role"),
+        ("team-a", "ClusterRole"),
+        ("team-b", "ClusterRole"),
+    ]
+    external = find(docs, "Role", "llmop-router-external")
+    assert external["metadata"]["namespace"] == "llmop-system"
+    assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]} in external["rules"]
     router = find(docs, "Deployment", "llmop-router")["spec"]["template"]["spec"]["containers"][0]
     assert router["args"][-2:] == ["--namespaces", "team-a,team-b"]
     assert env_of(operator_container(docs))["LLMOP_NAMESPACES"] == "team-a,team-b"

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.cluster
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "serving.llmop.dev_llmtenants.yaml"
 CLASS_CRD_PATH = CRD_PATH.with_name("serving.llmop.dev_llmpriorityclasses.yaml")
+EXTERNAL_CRD_PATH = CRD_PATH.with_name("serving.llmop.dev_llmexternalmodels.yaml")
 KEY = "llmop_integration-test-key-0123456789abcdefghijkl"
 Mutation = Callable[[dict[str, Any]], None]
 
@@ -41,7 +42,11 @@ Mutation = Callable[[dict[str, Any]], None]
 @pytest.fixture(scope="module")
 def tenant_crd(llmop_crd: Cluster) -> Cluster:
     established = '{.status.conditions[?(@.type=="Established")].status}'
-    for path, plural in ((CRD_PATH, "llmtenants"), (CLASS_CRD_PATH, "llmpriorityclasses")):
+    for path, plural in (
+        (CRD_PATH, "llmtenants"),
+        (CLASS_CRD_PATH, "llmpriorityclasses"),
+        (EXTERNAL_CRD_PATH, "llmexternalmodels"),
+    ):
         llmop_crd.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
         wait_until(
             lambda plural=plural: (
@@ -254,6 +259,122 @@ def test_the_router_follows_tenants_through_its_watch(tenant_crd: Cluster) -> No
             tenant_crd.kubectl(
                 "delete", "llmpriorityclass", "watched-gold", "--ignore-not-found", check=False
             )
+            await site.close()
+
+    asyncio.run(asyncio.wait_for(run(), timeout=90))
+
+
+def external_model(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.llmop.dev/v1alpha1",
+        "kind": "LLMExternalModel",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"baseURL": "http://127.0.0.1:9/v1", "model": "upstream", **spec},
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"baseURL": "api.example.com/v1"}, "spec.baseURL"),
+        ({"baseURL": "https://api.example.com/v1?key=1"}, "spec.baseURL"),
+        ({"timeoutSeconds": 0}, "spec.timeoutSeconds"),
+        ({"maxConcurrentRequests": 100_000}, "spec.maxConcurrentRequests"),
+    ],
+    ids=["url-has-a-scheme", "url-has-no-query", "timeout-positive", "concurrency-bounded"],
+)
+def test_an_external_model_out_of_bounds_is_refused_naming_the_field(
+    tenant_crd: Cluster, spec: dict[str, Any], field: str
+) -> None:
+    obj = external_model("bounds", **spec)
+    result = tenant_crd.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False
+    )
+    assert result.returncode != 0, f"accepted: {json.dumps(obj)}"
+    assert field in result.stderr
+
+
+def test_the_router_reads_external_models_and_their_keys_and_reports_each(
+    tenant_crd: Cluster,
+) -> None:
+    """In the router's namespace: one external model whose Secret holds its key (Ready, the key
+    read), one naming a Secret that does not exist (Ready False SecretNotFound, the fix); the
+    Secret created later is read at once, at the model's next change."""
+
+    def ready_of(name: str) -> dict[str, Any] | None:
+        found = tenant_crd.kubectl(
+            "get", "llmexternalmodel", name, "-n", "default", "-o", "json", check=False
+        )
+        if found.returncode != 0:
+            return None
+        conditions = (json.loads(found.stdout).get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "Ready"), None)
+
+    async def until(check: Callable[[], Any], what: str) -> Any:
+        for _ in range(200):
+            found = check()
+            if found:
+                return found
+            await asyncio.sleep(0.1)
+        raise AssertionError(what)
+
+    async def run() -> None:
+        router = Router(RouteTable())
+        router.gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
+        api = ApiServer.from_kubeconfig(str(tenant_crd.kubeconfig))
+        router.app_hooks.append(
+            lambda app: watching(app, router, api, (), external_namespace="default")
+        )
+        site = TestServer(router.app(), host="127.0.0.1")
+        await site.start_server()
+        try:
+            tenant_crd.kubectl(
+                "create",
+                "secret",
+                "generic",
+                "provider-key",
+                "-n",
+                "default",
+                "--from-literal=apiKey=sk-from-the-secret\n",
+            )
+            keyed = external_model("keyed", apiKeySecretRef={"name": "provider-key"})
+            keyed["spec"]["pricing"] = {"inputPerMillion": "0.15", "outputPerMillion": "0.60"}
+            missing = external_model("missing", apiKeySecretRef={"name": "absent", "key": "k"})
+            for obj in (keyed, missing):
+                tenant_crd.kubectl("apply", "-f", "-", input=json.dumps(obj))
+            usable = await until(lambda: router.externals.usable("keyed"), "keyed not usable")
+            assert usable[1] == "sk-from-the-secret", "the key, trimmed of its newline"
+            assert router.gateway is not None
+            assert ("default", "LLMExternalModel/keyed") in router.gateway.prices
+            ready = await until(lambda: ready_of("keyed"), "no status on keyed")
+            assert (ready["status"], ready["reason"]) == ("True", "KeyRead")
+            ready = await until(lambda: ready_of("missing"), "no status on missing")
+            assert (ready["status"], ready["reason"]) == ("False", "SecretNotFound")
+            assert "kubectl -n default create secret generic absent" in ready["message"]
+            assert router.externals.usable("missing") is None
+            tenant_crd.kubectl(
+                "create", "secret", "generic", "absent", "-n", "default", "--from-literal=k=sk-2"
+            )
+            missing["spec"]["timeoutSeconds"] = 30
+            tenant_crd.kubectl("apply", "-f", "-", input=json.dumps(missing))
+            usable = await until(lambda: router.externals.usable("missing"), "missing not read")
+            assert usable[1] == "sk-2"
+            ready = await until(
+                lambda: (r := ready_of("missing")) and r["status"] == "True" and r,
+                "missing not Ready",
+            )
+            tenant_crd.kubectl("delete", "llmexternalmodel", "keyed", "-n", "default")
+            await until(lambda: "keyed" not in router.externals.models, "keyed not forgotten")
+        finally:
+            for kind, name in (
+                ("llmexternalmodel", "keyed"),
+                ("llmexternalmodel", "missing"),
+                ("secret", "provider-key"),
+                ("secret", "absent"),
+            ):
+                tenant_crd.kubectl(
+                    "delete", kind, name, "-n", "default", "--ignore-not-found", check=False
+                )
             await site.close()
 
     asyncio.run(asyncio.wait_for(run(), timeout=90))

@@ -1,10 +1,14 @@
-"""Fallback to another routed model (`spec.router.fallback`), on real sockets: two simulator
-engines serving `llama` and `qwen` behind a real router with the gateway on. What it proves: a
-model with no ready replica, or whose every replica fails before answering, is answered by its
-fallback (the body's `model` rewritten, the answer marked `X-Llmop-Fallback`, metered at the
-fallback's price), but only for a tenant allowed to use the fallback; a request that waits past
-`afterSeconds` for a slot of a saturated model goes to its fallback instead; and what the engine
-of the fallback receives never carries the client's key."""
+"""Fallback to another routed model or an API outside the cluster (`spec.router.fallback`), on
+real sockets: simulator engines serving `llama` and `qwen` behind a real router with the gateway
+on, and a third simulator with its own API key as the external API. What it proves: a model
+with no ready replica, whose every replica fails before answering, or whose engine refuses with
+its own 5xx or 429 before the first byte, is answered by its fallback (the body's `model`
+rewritten, the answer marked `X-Llmop-Fallback`, metered at the fallback's price), but only for
+a tenant allowed to use the fallback (an external API only for a tenant whose `spec.fallback` is
+Allowed); the external API receives its own key, never the tenant's; an external API that cannot
+be reached leaves the model's own answer; a request that waits past `afterSeconds` for a slot of
+a saturated model goes to its fallback instead; and what the engine of the fallback receives
+never carries the client's key."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from aiohttp.test_utils import TestServer
 
 from llmop_engine.simulator.sim_config import SimConfig
 from llmop_router.app import Router
+from llmop_router.externals import ExternalModel, SecretRef
 from llmop_router.gateway import Gateway
 from llmop_router.metrics import GatewayMetrics
 from llmop_router.routes import Fallback, RouteTable, Wake
@@ -33,6 +38,16 @@ PRIMARY = SimConfig(
 )
 BACKUP = SimConfig(model="qwen", max_num_seqs=8, load_seconds=0, decode_ms=2, decode_ms_per_seq=0.0)
 PRICING = {"currency": "USD", "inputPerMillion": "1000000", "outputPerMillion": "1000000"}
+PROVIDER_KEY = "provider-secret-key-of-the-external-api"
+EXTERNAL = SimConfig(
+    model="upstream-model",
+    max_num_seqs=8,
+    load_seconds=0,
+    decode_ms=2,
+    decode_ms_per_seq=0.0,
+    api_key=PROVIDER_KEY,
+)
+SPENDER_KEY = "llmop_test-key-of-spender-0123456789abcdef"
 
 
 @contextlib.asynccontextmanager
@@ -48,7 +63,11 @@ async def rig(primary: list[str], fallback: Fallback) -> AsyncIterator[tuple[Rig
         router.ready = True
         gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
         gateway.set_tenants(
-            [parse_tenant(tenant("a", KEY)), parse_tenant(tenant("b", OTHER_KEY, models=["llama"]))]
+            [
+                parse_tenant(tenant("a", KEY)),
+                parse_tenant(tenant("b", OTHER_KEY, models=["llama"])),
+                parse_tenant(tenant("spender", SPENDER_KEY, fallback="Allowed")),
+            ]
         )
         gateway.set_price(("team", "qwen"), PRICING)
         router.gateway = gateway
@@ -114,3 +133,84 @@ async def test_a_request_that_waits_too_long_for_a_slot_goes_to_the_fallback() -
         assert r.metric("llmop_gateway_queue_total", outcome="saturated") == 1
         assert r.router.sharing.queues.total == 0
         assert len(qwen.seen) == 1
+
+
+def managed(address: str, **changes: Any) -> ExternalModel:
+    """The external API at `address` (the third simulator), as an LLMExternalModel."""
+    fields: dict[str, Any] = {
+        "namespace": "llmop-system",
+        "name": "managed",
+        "base_url": f"http://{address}/v1",
+        "model": "upstream-model",
+        "pricing": PRICING,
+        **changes,
+    }
+    return ExternalModel(**fields)
+
+
+@synchronous
+async def test_an_external_api_answers_with_its_own_key_for_a_tenant_allowed_to_spend() -> None:
+    external = Fallback("managed", external=True)
+    async with rig([], external) as (r, _qwen), replica(EXTERNAL) as provider:
+        r.router.externals.put(managed(provider.address))
+        r.router.externals.key_read("managed", PROVIDER_KEY, None)
+        r.gateway.set_price(r.router.externals.models["managed"].key, PRICING)
+        for stream in (False, True):
+            body = {**completion(), "stream": stream}
+            status, headers, text = await r.post(body, key=SPENDER_KEY)
+            assert status == 200, text
+            assert headers["X-Llmop-Fallback"] == "managed"
+            assert "upstream-model" in text
+        assert [sent["model"] for _, sent in provider.seen] == ["upstream-model"] * 2
+        # The provider's key, never the tenant's: the tenant's key never leaves the cluster.
+        assert {h["Authorization"] for h in provider.headers} == {f"Bearer {PROVIDER_KEY}"}
+        assert all(SPENDER_KEY not in json.dumps(h) for h in provider.headers)
+        cost = r.metric("llmop_gateway_cost_total", tenant="spender", model="llama", currency="USD")
+        assert cost > 0, "metered at the external model's price"
+        assert r.metric("llmop_gateway_fallbacks_total", reason="unavailable") == 2
+        # Tenant a (InClusterOnly, the default) is never sent outside: the model's own 503.
+        status, headers, text = await r.post(completion())
+        assert status == 503, text
+        assert "Retry-After" in headers
+        assert "X-Llmop-Fallback" not in headers
+        assert len(provider.seen) == 2
+
+
+@synchronous
+async def test_an_external_api_out_of_reach_or_without_its_key_leaves_the_models_answer() -> None:
+    external = Fallback("managed", external=True)
+    async with rig([], external) as (r, _qwen):
+        closed = f"127.0.0.1:{free_port()}"
+        r.router.externals.put(managed(closed))
+        status, headers, text = await r.post(completion(), key=SPENDER_KEY)
+        assert (status, "X-Llmop-Fallback" in headers) == (503, False), text
+        assert r.router.externals.in_flight == {}
+        # A Secret not read yet (or unreadable): the fallback is skipped, not sent keyless.
+        ref = managed(closed).secret
+        assert ref is None
+        with_secret = managed(closed, secret=SecretRef("provider-key"))
+        r.router.externals.put(with_secret)
+        assert r.router.externals.usable("managed") is None
+        status, _, text = await r.post(completion(), key=SPENDER_KEY)
+        assert status == 503, text
+
+
+@synchronous
+async def test_an_engine_refusing_before_the_first_byte_goes_to_the_fallback() -> None:
+    async with rig(["{llama}"], Fallback("qwen")) as (r, qwen):
+        for fault, refused in (("refuse", 503), ("dead", 500)):
+            if fault == "dead":
+                r.sim.apply_fault("none")
+                r.sim.engine.dead = True  # EngineDeadError: vLLM's 500 before any byte
+            else:
+                r.sim.apply_fault(fault)
+            for stream in (False, True):
+                status, headers, text = await r.post({**completion(), "stream": stream})
+                assert status == 200, (fault, stream, text)
+                assert headers["X-Llmop-Fallback"] == "qwen"
+            # A tenant that may not use qwen gets the engine's own refusal, as it was.
+            status, headers, text = await r.post(completion(), key=OTHER_KEY)
+            assert status == refused, text
+            assert "X-Llmop-Fallback" not in headers
+        assert len(qwen.seen) == 4
+        assert r.metric("llmop_gateway_fallbacks_total", reason="unavailable") == 4

@@ -41,7 +41,12 @@ NODE_IMAGE_VALUES: dict[str, Any] = {
 its containerd, never pulled."""
 
 
-CRD_NAMES = (CRD_NAME, "llmtenants.serving.llmop.dev", "llmpriorityclasses.serving.llmop.dev")
+CRD_NAMES = (
+    CRD_NAME,
+    "llmtenants.serving.llmop.dev",
+    "llmpriorityclasses.serving.llmop.dev",
+    "llmexternalmodels.serving.llmop.dev",
+)
 """The chart's CRDs (kept on uninstall: the next release must adopt them)."""
 
 

@@ -63,6 +63,8 @@ class Replica:
     address: str = ""
     seen: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     """(path, body) of every OpenAI request it got."""
+    headers: list[dict[str, str]] = field(default_factory=list)
+    """The headers of each of those requests."""
 
 
 @contextlib.asynccontextmanager
@@ -75,6 +77,7 @@ async def replica(config: SimConfig = SIM) -> AsyncIterator[Replica]:
     async def record(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.path.startswith("/v1/"):
             found.seen.append((request.path, json.loads(await request.read())))
+            found.headers.append(dict(request.headers))
         response: web.StreamResponse = await handler(request)
         return response
 

@@ -214,6 +214,7 @@ ROUTER_PURE = {
     "hold.py",
     "fairqueue.py",
     "priorities.py",
+    "externals.py",
     "body.py",
     "limits.py",
     "tenants.py",

@@ -213,6 +213,21 @@ CEL_CASES = [
     ("cpu-vllm-with-memory", spec(resources={"gpus": 0, "memory": "16Gi"}), None),
     ("simulator-without-gpus", spec(resources={"gpus": 0}, engine={"backend": "simulator"}), None),
     (
+        "fallback-to-a-model-and-an-external-api",
+        spec(router={"fallback": [{"model": "small"}, {"externalModel": "managed-api"}]}),
+        None,
+    ),
+    (
+        "fallback-naming-both",
+        spec(router={"fallback": [{"model": "small", "externalModel": "managed-api"}]}),
+        "exactly one of model",
+    ),
+    (
+        "fallback-naming-neither",
+        spec(router={"fallback": [{"when": ["Saturated"]}]}),
+        "exactly one",
+    ),
+    (
         "max-model-len-above-architecture",
         spec(
             model={

@@ -17,7 +17,8 @@ Operator: api < planner < foundation (periodic among them) < sizing | render < d
 Engine:   contract < vllm_metrics | simulator < health | connections | agent_settings
           | download_progress | worker | adapter_rules < supervisor | engine_client | agent_metrics
           | probe_server | drain | download | adapter_loader < agent | worker_agent < cli
-Router:   contract < prefix | hold | fairqueue | priorities | metrics | tenants < ring | body
+Router:   contract < prefix | hold | fairqueue | priorities | externals | metrics | tenants
+          < ring | body
           | quota | migration < routes | metering | tenant_status < discovery | answers | store
           | migrating < proxy | scale_to_zero | kube | intake | edge | gateway | sharing < app
           < cli
@@ -151,6 +152,7 @@ ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_router.hold",
         "llmop_router.fairqueue",
         "llmop_router.priorities",
+        "llmop_router.externals",
         "llmop_router.metrics",
         "llmop_router.tenants",
     ),

@@ -343,21 +343,30 @@ def test_a_crs_fallbacks_follow_it_into_the_table_and_never_point_at_itself() ->
         {"model": "qwen", "when": ["Unavailable", "Saturated"], "afterSeconds": 5},
         {"model": "llama"},  # itself: left out
         {"model": "mistral", "when": ["Saturated"]},
-        {"when": ["Unavailable"]},  # no model: left out
-        "nonsense",
+        {"externalModel": "managed", "when": ["Unavailable", "Saturated"], "afterSeconds": 1},
     ]
     claim = claim_of(llmd("llama", router={"fallback": fallback}))
     assert claim is not None
     assert claim.fallback == (
         Fallback("qwen", unavailable=True, saturated_after=5.0),
         Fallback("mistral", unavailable=False, saturated_after=2.0),
+        Fallback("managed", unavailable=True, saturated_after=1.0, external=True),
     )
     table = RouteTable()
     catalog = Catalog(table)
     catalog.on_llmdeployment("SYNC", {"items": [llmd("llama", router={"fallback": fallback})]})
     catalog.on_endpoint_slice("SYNC", {"items": [endpoint_slice("llama", ("10.244.7.2", READY))]})
-    assert [f.model for f in table.backends["llama"].fallback] == ["qwen", "mistral"]
+    assert [f.model for f in table.backends["llama"].fallback] == ["qwen", "mistral", "managed"]
     catalog.on_endpoint_slice("ADDED", endpoint_slice("llama", ("10.244.7.3", READY), name="b"))
-    assert len(table.backends["llama"].fallback) == 2, "a slice event keeps them"
+    assert len(table.backends["llama"].fallback) == 3, "a slice event keeps them"
     catalog.on_llmdeployment("MODIFIED", llmd("llama"))
     assert table.backends["llama"].fallback == ()
+    malformed = [
+        {"when": ["Unavailable"]},  # names nothing
+        {"model": "qwen", "externalModel": "managed"},  # names both
+        "nonsense",
+        {"model": "qwen", "when": "Unavailable"},
+    ]
+    claim = claim_of(llmd("llama", router={"fallback": malformed}))
+    assert claim is not None
+    assert claim.fallback == ()

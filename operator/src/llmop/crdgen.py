@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from llmop.api import priority, tenant
+from llmop.api import external, priority, tenant
 from llmop.api import v1alpha1 as api
 from llmop_engine import contract
 
@@ -35,6 +35,11 @@ HELM_PRIORITY_CLASS_CRD_PATH = (
     PurePosixPath("helm/llmop/templates/crds") / f"{priority.PLURAL}.yaml"
 )
 PRIORITY_CLASS_REFERENCE_PATH = PurePosixPath("docs/api-reference-llmpriorityclass.md")
+EXTERNAL_MODEL_CRD_PATH = PurePosixPath("crds") / f"{api.GROUP}_{external.PLURAL}.yaml"
+HELM_EXTERNAL_MODEL_CRD_PATH = (
+    PurePosixPath("helm/llmop/templates/crds") / f"{external.PLURAL}.yaml"
+)
+EXTERNAL_MODEL_REFERENCE_PATH = PurePosixPath("docs/api-reference-llmexternalmodel.md")
 ENGINE_CONTRACT_PATH = PurePosixPath("docs/engine-contract.md")
 SETTINGS_BEGIN = "<!-- agent settings: generated from llmop_engine.contract by `make generate` -->"
 SETTINGS_END = "<!-- end of agent settings -->"
@@ -225,15 +230,40 @@ def build_priority_class_crd() -> dict[str, Any]:
     )
 
 
+def build_external_model_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition for LLMExternalModel (namespaced: its Secret is beside it)."""
+    columns = [
+        {"name": "URL", "type": "string", "jsonPath": ".spec.baseURL"},
+        {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
+        {
+            "name": "Ready",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+        },
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    names = (external.KIND, external.PLURAL, external.SINGULAR, external.SHORT_NAMES)
+    return _cluster_crd(
+        external.LLMExternalModel,
+        external.LLMExternalModelSpec,
+        external.LLMExternalModelStatus,
+        names,
+        columns,
+        scope="Namespaced",
+    )
+
+
 def _cluster_crd(
     kind: type[BaseModel],
     spec: type[BaseModel],
     status: type[BaseModel] | None,
     names: tuple[str, str, str, tuple[str, ...]],
     columns: list[dict[str, str]],
+    *,
+    scope: str = "Cluster",
 ) -> dict[str, Any]:
-    """A cluster-scoped CustomResourceDefinition of `kind` (names: kind, plural, singular,
-    short names)."""
+    """A CustomResourceDefinition of `kind` (names: kind, plural, singular, short names),
+    cluster-scoped unless `scope` says otherwise."""
     kind_name, plural, singular, short_names = names
     properties: dict[str, Any] = {
         "apiVersion": {"type": "string", "description": "API version of the object."},
@@ -267,7 +297,7 @@ def _cluster_crd(
         },
         "spec": {
             "group": api.GROUP,
-            "scope": "Cluster",
+            "scope": scope,
             "names": {
                 "kind": kind_name,
                 "listKind": f"{kind_name}List",
@@ -426,5 +456,8 @@ def generated_files(engine_contract: str) -> dict[PurePosixPath, str]:
         PRIORITY_CLASS_CRD_PATH: render_crd_yaml(build_priority_class_crd()),
         HELM_PRIORITY_CLASS_CRD_PATH: render_helm_crd_template(build_priority_class_crd()),
         PRIORITY_CLASS_REFERENCE_PATH: render_api_reference(build_priority_class_crd()),
+        EXTERNAL_MODEL_CRD_PATH: render_crd_yaml(build_external_model_crd()),
+        HELM_EXTERNAL_MODEL_CRD_PATH: render_helm_crd_template(build_external_model_crd()),
+        EXTERNAL_MODEL_REFERENCE_PATH: render_api_reference(build_external_model_crd()),
         ENGINE_CONTRACT_PATH: render_engine_contract(engine_contract),
     }

@@ -34,6 +34,7 @@ from llmop_router import contract, edge
 from llmop_router.answers import error, forwarded_headers, send_error_event
 from llmop_router.contract import ActivityKey
 from llmop_router.discovery import fallback_of
+from llmop_router.externals import ExternalModel, Externals, parse_external_model
 from llmop_router.gateway import Gateway, Ticket, model_not_found, new_request_id
 from llmop_router.hold import DEFAULT_CONCURRENCY, Holding, Key
 from llmop_router.intake import INLINE_BYTES, Intake
@@ -44,9 +45,9 @@ from llmop_router.metrics import UNKNOWN_MODEL, QueueMetrics, RouterMetrics
 from llmop_router.migration import Settings as MigrationSettings
 from llmop_router.prefix import RoutingInfo
 from llmop_router.priorities import PriorityClass
-from llmop_router.proxy import Proxy
+from llmop_router.proxy import ENGINE_REFUSED, Proxy
 from llmop_router.quota import Usage
-from llmop_router.routes import Choice, RouteTable, Wake
+from llmop_router.routes import Choice, Fallback, RouteTable, Wake
 from llmop_router.scale_to_zero import HEARTBEAT_SECONDS, Holder, Waker
 from llmop_router.sharing import (
     SATURATED,
@@ -131,6 +132,8 @@ class Router:
         """Called with the app before it runs (the watch attaches itself here)."""
         self.gateway: Gateway | None = None
         """Set: every request needs a tenant's API key and is held to its limits (`gateway`)."""
+        self.externals = Externals()
+        """The APIs outside the cluster a model may fall back to (`LLMExternalModel`s)."""
 
     @property
     def holding(self) -> Holding:
@@ -351,7 +354,9 @@ class Router:
                 (f.saturated_after for f in choice.backend.fallback if f.saturated_after),
                 default=None,
             )
-            answered, why = await self._attempt(attempt, body, info, choice, saturated_after)
+            answered, why = await self._attempt(
+                attempt, body, info, choice, saturated_after, fall_back=True
+            )
             if why:
                 fallback = await self._fallback(attempt, body, info, choice, why=why)
                 if fallback is not None:
@@ -370,10 +375,13 @@ class Router:
         info: RoutingInfo,
         choice: Choice,
         saturated_after: float | None = None,
+        *,
+        fall_back: bool = False,
     ) -> tuple[web.StreamResponse, str]:
         """One model's try at a tenant's request: its turn in the fair queue, then the engines.
         The answer, and why a fallback should answer instead ("" for none): SATURATED (no slot
-        within `saturated_after`), UNAVAILABLE (no replica answered; nothing sent yet)."""
+        within `saturated_after`), UNAVAILABLE (no replica answered, or, with `fall_back` and
+        a fallback for it, the engine refused with its own 5xx or 429; nothing sent yet)."""
         assert info.model is not None
         ticket, key = attempt.ticket, (choice.backend.namespace, choice.backend.name)
         turn: Turn | None = None
@@ -409,9 +417,12 @@ class Router:
                 tap=ticket.tap,
                 headers=attempt.headers,
                 priority=attempt.priority.value,
+                keep_refusals=fall_back and any(f.unavailable for f in choice.backend.fallback),
             )
             status = answered.status
-            unavailable = status in (502, 503) and not answered.prepared
+            unavailable = not answered.prepared and (
+                status in (502, 503) or ENGINE_REFUSED in answered
+            )
             return answered, UNAVAILABLE if unavailable else ""
         finally:
             if turn is not None:
@@ -428,12 +439,18 @@ class Router:
         """The answer of the first of the model's fallbacks that applies (`why`), that the
         tenant may use and that has a ready replica; None when none does (the first answer
         stands). One hop: the fallback's own fallbacks are not followed."""
+        tenant = attempt.ticket.identity.tenant
         for fallback in choice.backend.fallback:
             wanted = fallback.unavailable if why == UNAVAILABLE else bool(fallback.saturated_after)
-            target = self.table.choose(fallback.model, info.key, info.prefill)
-            if not wanted or target is None or not target.pick.order:
+            if not wanted or not tenant.may_fall_back(fallback.model, external=fallback.external):
                 continue
-            if not attempt.ticket.identity.tenant.may_use(fallback.model):
+            if fallback.external:
+                external = await self._external(attempt, body, fallback, why=why)
+                if external is not None:
+                    return external
+                continue
+            target = self.table.choose(fallback.model, info.key, info.prefill)
+            if target is None or not target.pick.order:
                 continue
             self.sharing.metrics.fallbacks.labels(why).inc()
             attempt.request[FALLBACK_TO] = fallback.model
@@ -443,6 +460,36 @@ class Router:
             )
             return answered, (target.backend.namespace, target.backend.name)
         return None
+
+    async def _external(
+        self, attempt: Attempt, body: bytes, fallback: Fallback, *, why: str
+    ) -> tuple[web.StreamResponse, Key] | None:
+        """The answer of an external model (an API outside the cluster), when it is usable now
+        (its key read, below its concurrency) and could be reached; else None."""
+        usable = self.externals.usable(fallback.model)
+        if usable is None:
+            return None
+        external, key = usable
+        self.sharing.metrics.fallbacks.labels(why).inc()
+        attempt.request[FALLBACK_TO] = external.name
+        rewritten = await _with_model(body, external.model)
+        self.externals.start(external.name)
+        try:
+            answered = await self.proxy.forward_external(
+                attempt.request,
+                rewritten,
+                external,
+                key,
+                tap=attempt.ticket.tap,
+                headers=attempt.headers,
+            )
+        finally:
+            self.externals.end(external.name)
+        if answered is None:
+            del attempt.request[FALLBACK_TO]
+            return None
+        self.metrics.count_request(self._label(attempt.ticket.ask.model), answered.status)
+        return answered, external.key
 
     def _shared(self, choice: Choice, key: Key) -> bool:
         """Whether the request takes its turn in the model's fair queue: not while the CR is
@@ -496,6 +543,7 @@ class Router:
         tap: Tap | None = None,
         headers: CIMultiDict[str] | None = None,
         priority: int = 0,
+        keep_refusals: bool = False,
     ) -> web.StreamResponse:
         assert info.model is not None
         choice: Choice | None = first_choice
@@ -534,6 +582,7 @@ class Router:
             prepared=prepared,
             tap=tap,
             headers=headers,
+            keep_refusals=keep_refusals,
         )
         if answered is not None:
             self.metrics.count_request(self._label(info.model), answered.status)
@@ -669,3 +718,18 @@ def static_table(path: str) -> RouteTable:
             model, entry["namespace"], entry["name"], entry["endpoints"], wake, fallback=fallback
         )
     return table
+
+
+def static_externals(path: str) -> list[tuple[ExternalModel, str | None]]:
+    """A static table's `"externalModels": {name: {...}}`: each as an `LLMExternalModel` spec,
+    with its key inline as `"apiKey"` (development and tests; in a cluster the key is a
+    Secret's)."""
+    with open(path, encoding="utf-8") as handle:
+        document: Any = json.load(handle)
+    found = []
+    for name, entry in (document.get("externalModels") or {}).items():
+        spec = {k: v for k, v in entry.items() if k != "apiKey"}
+        model = parse_external_model({"metadata": {"name": name}, "spec": spec}, "static")
+        key = entry.get("apiKey")
+        found.append((model, key if isinstance(key, str) else None))
+    return found

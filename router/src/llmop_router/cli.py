@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -22,13 +24,22 @@ from llmop_router.app import (
     SHUTDOWN_DELAY_SECONDS,
     Router,
     serve,
+    static_externals,
     static_table,
 )
 from llmop_router.discovery import Catalog, list_key
+from llmop_router.externals import (
+    READY,
+    ExternalModelError,
+    key_missing,
+    parse_external_model,
+    secret_problem,
+)
 from llmop_router.gateway import Gateway, store_health
 from llmop_router.kube import (
     ENDPOINT_SLICES,
     LLMDEPLOYMENTS,
+    LLMEXTERNALMODELS,
     LLMPRIORITYCLASSES,
     LLMTENANTS,
     WATCH_TIMEOUT_SECONDS,
@@ -38,7 +49,8 @@ from llmop_router.kube import (
     Handler,
     Problem,
     list_and_watch,
-    patch_tenant_status,
+    patch_status,
+    read_secret,
     wake,
 )
 from llmop_router.metrics import GatewayMetrics
@@ -46,6 +58,7 @@ from llmop_router.migration import Settings as MigrationSettings
 from llmop_router.priorities import PriorityClass, parse_priority_class
 from llmop_router.routes import Backend, RouteTable
 from llmop_router.store import Guarded, Local, Redis, Store
+from llmop_router.tenant_status import status_patch
 from llmop_router.tenants import Tenant, parse_tenant
 
 log = logging.getLogger("llmop_router.cli")
@@ -163,6 +176,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             router.gateway.set_classes(classes)
             for cr, pricing in static_prices(args.static).items():
                 router.gateway.set_price(cr, pricing)
+            for external, key in static_externals(args.static):
+                router.externals.put(external)
+                router.externals.key_read(external.name, key, None)
+                router.gateway.set_price(external.key, external.pricing)
     else:
         api = ApiServer.from_kubeconfig(args.kubeconfig) if args.kubeconfig else None
         router = Router(RouteTable(), limits=bounds, migration=migration)
@@ -179,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 namespaces,
                 stale_after,
                 serving=serving_namespaces,
+                external_namespace=args.external_namespace,
             )
         )
     asyncio.run(
@@ -221,12 +239,14 @@ def watching(  # noqa: C901
     stale_after: float = DEFAULT_STALE_AFTER_SECONDS,
     *,
     serving: tuple[str, ...] = (),
+    external_namespace: str = "",
 ) -> None:
     """Fill the router's table from the watches for as long as the app runs; ready once every
     list arrived (until then `/readyz` says what it waits for: a CRD not installed, say), and
     unready again while a watch has not heard from the API server for `stale_after` seconds
     (0: never). The same credentials wake CRs at zero. Only CRs in `serving` (empty: all) are
-    routed."""
+    routed. With the gateway and an `external_namespace`, the LLMExternalModels there (and
+    their Secrets) are read too; readiness does not wait for them (a fallback is optional)."""
     catalog = Catalog(router.table, namespaces, serving)
     gateway = router.gateway
     if gateway is not None:
@@ -310,12 +330,129 @@ def watching(  # noqa: C901
                 ):
                     tasks.append(watch(resource, None, cluster_scoped(resource, take)))
                 tasks.append(asyncio.create_task(report_tenants(session, api, router, gateway)))
+                if external_namespace:
+                    tasks += _watch_externals(session, api, router, gateway, external_namespace)
             yield
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
     app.cleanup_ctx.append(run)
+
+
+def _watch_externals(
+    session: aiohttp.ClientSession,
+    api: ApiServer,
+    router: Router,
+    gateway: Gateway,
+    namespace: str,
+) -> list[asyncio.Task[None]]:
+    """Watch the LLMExternalModels of `namespace`; read their keys and write their status."""
+    changed = asyncio.Event()
+    seen: dict[str, list[dict[str, Any]]] = {}
+
+    def handler(kind: str, obj: dict[str, Any]) -> None:
+        externals_of(router, gateway, kind, obj, seen)
+        changed.set()
+
+    def problem(message: str | None) -> None:
+        if message is not None:
+            log.warning("no fallback to external models: %s", message)
+
+    watch = list_and_watch(session, api, LLMEXTERNALMODELS, namespace, handler, problem=problem)
+    keys = keep_external_keys(session, api, router, namespace, changed=changed, seen=seen)
+    return [asyncio.create_task(watch), asyncio.create_task(keys)]
+
+
+def externals_of(
+    router: Router,
+    gateway: Gateway,
+    kind: str,
+    obj: dict[str, Any],
+    seen: dict[str, list[dict[str, Any]]],
+) -> None:
+    """A watch event of LLMExternalModels: the router's externals and their prices follow;
+    `seen` keeps each object's status conditions (their transition times carry over)."""
+    items = obj.get("items") or [] if kind == "SYNC" else [obj]
+    if kind == "SYNC":
+        for listed in router.externals.models.values():
+            gateway.prices.pop(listed.key, None)
+        router.externals.replace([])
+        seen.clear()
+    for item in items:
+        name = str((item.get("metadata") or {}).get("name", ""))
+        old = router.externals.models.get(name)
+        if old is not None:
+            gateway.prices.pop(old.key, None)
+        if kind == "DELETED":
+            router.externals.remove(name)
+            seen.pop(name, None)
+            continue
+        try:
+            external = parse_external_model(item)
+        except ExternalModelError as exc:
+            log.error("%s; fallbacks naming it are skipped until it is fixed", exc)
+            router.externals.remove(name)
+            continue
+        router.externals.put(external)
+        gateway.set_price(external.key, external.pricing)
+        seen[name] = list((item.get("status") or {}).get("conditions") or [])
+
+
+EXTERNAL_KEY_SECONDS = 60.0
+"""How often the external models' Secrets are read again (a rotated key is taken within it)."""
+
+
+async def keep_external_keys(
+    session: aiohttp.ClientSession,
+    api: ApiServer,
+    router: Router,
+    namespace: str,
+    *,
+    changed: asyncio.Event,
+    seen: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Forever: read each external model's key from its Secret (at once when the models
+    change, else every `EXTERNAL_KEY_SECONDS`), and write each one's `Ready` condition when it
+    changes. A failed read keeps the key read before it."""
+    written: dict[str, str] = {}
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), EXTERNAL_KEY_SECONDS)
+        changed.clear()
+        externals = router.externals
+        for name, external in list(externals.models.items()):
+            ref = external.secret
+            if ref is None:
+                continue
+            try:
+                data = await read_secret(session, api, namespace, ref.name)
+            except Exception as exc:
+                log.warning("Secret %s/%s not read: %s", namespace, ref.name, exc)
+                continue
+            if isinstance(data, int):
+                externals.key_read(name, None, secret_problem(ref, namespace, data))
+            elif not data.get(ref.key):
+                externals.key_read(name, None, key_missing(ref, namespace))
+            else:
+                externals.key_read(name, data[ref.key].strip(), None)
+        for name in list(externals.models):
+            ready, reason, message = externals.readiness(name)
+            patch = status_patch(
+                [(READY, ready, reason, message)], seen.get(name, []), None, time.time()
+            )
+            text = json.dumps([ready, reason, message])
+            if written.get(name) == text:
+                continue
+            try:
+                await patch_status(
+                    session, api, name, patch, resource=LLMEXTERNALMODELS, namespace=namespace
+                )
+            except Exception as exc:
+                log.warning("status of LLMExternalModel %s not written: %s", name, exc)
+                continue
+            written[name] = text
+            seen[name] = patch["status"]["conditions"]
 
 
 # --- The gateway ----------------------------------------------------------------------------------
@@ -359,6 +496,13 @@ def _gateway_arguments(serving: argparse.ArgumentParser) -> None:
         default="FailOpen",
         help="while the store is down: admit by this replica's share of each limit "
         "(FailOpen), or refuse 503 (FailClosed)",
+    )
+    group.add_argument(
+        "--external-namespace",
+        default=os.environ.get("POD_NAMESPACE", ""),
+        help="the router's own namespace: the LLMExternalModels there (and the Secrets with "
+        "their keys) are the APIs outside the cluster a model may fall back to; empty: none "
+        "[default: $POD_NAMESPACE]",
     )
     group.add_argument(
         "--replicas",
@@ -415,7 +559,7 @@ async def report_tenants(
             if written.get(name) == text:
                 continue
             try:
-                await patch_tenant_status(session, api, name, patch)
+                await patch_status(session, api, name, patch)
             except Exception as exc:
                 log.warning("status of LLMTenant %s not written: %s", name, exc)
                 continue

@@ -48,6 +48,8 @@ class Spec:
     FALLBACK: Final = "fallback"
     """`spec.router.fallback`: other routed models to answer with when this one cannot."""
     FALLBACK_MODEL: Final = "model"
+    FALLBACK_EXTERNAL_MODEL: Final = "externalModel"
+    """`spec.router.fallback[].externalModel`: an `LLMExternalModel` in the router's namespace."""
     FALLBACK_WHEN: Final = "when"
     FALLBACK_AFTER_SECONDS: Final = "afterSeconds"
     MODEL: Final = "model"
@@ -198,6 +200,17 @@ class TenantSpec:
     CURRENCY: Final = "currency"
     PRIORITY_CLASS_NAME: Final = "priorityClassName"
     WEIGHT: Final = "weight"
+    FALLBACK: Final = "fallback"
+    """Which fallbacks may answer the tenant's requests (`FALLBACK_POLICIES`)."""
+
+
+FALLBACK_ALLOWED: Final = "Allowed"
+"""A tenant's `spec.fallback`: any fallback, external APIs (which cost money) included."""
+FALLBACK_IN_CLUSTER_ONLY: Final = "InClusterOnly"
+"""A tenant's `spec.fallback` (the default): other routed models only, never an external API."""
+FALLBACK_NEVER: Final = "Never"
+"""A tenant's `spec.fallback`: no fallback; a model that cannot answer answers as it is."""
+FALLBACK_POLICIES: Final = (FALLBACK_ALLOWED, FALLBACK_IN_CLUSTER_ONLY, FALLBACK_NEVER)
 
 
 WHEN_UNAVAILABLE: Final = "Unavailable"
@@ -208,6 +221,31 @@ DEFAULT_FALLBACK_AFTER_SECONDS: Final = 2
 MAX_FALLBACKS: Final = 4
 FALLBACK_HEADER: Final = "X-Llmop-Fallback"
 """On an answer that came from a fallback model: that model's name."""
+EXTERNAL_MODEL_KIND: Final = "LLMExternalModel"
+EXTERNAL_MODEL_PLURAL: Final = "llmexternalmodels"
+DEFAULT_EXTERNAL_CONCURRENCY: Final = 64
+"""`spec.maxConcurrentRequests` of an `LLMExternalModel` when unset (per router pod)."""
+DEFAULT_EXTERNAL_TIMEOUT_SECONDS: Final = 120
+"""`spec.timeoutSeconds` of an `LLMExternalModel` when unset: the whole answer's time."""
+MAX_EXTERNAL_TIMEOUT_SECONDS: Final = 3600
+MAX_EXTERNAL_CONCURRENCY: Final = 10_000
+
+
+class ExternalModelSpec:
+    """The `LLMExternalModel` spec keys the router reads."""
+
+    BASE_URL: Final = "baseURL"
+    """The API's base URL up to and including its version (`https://api.example.com/v1`): the
+    request's route after `/v1` is appended (`/chat/completions`)."""
+    MODEL: Final = "model"
+    """The model name sent upstream."""
+    API_KEY_SECRET_REF: Final = "apiKeySecretRef"
+    SECRET_NAME: Final = "name"
+    SECRET_KEY: Final = "key"
+    MAX_CONCURRENT_REQUESTS: Final = "maxConcurrentRequests"
+    TIMEOUT_SECONDS: Final = "timeoutSeconds"
+
+
 PRIORITY_CLASS_KIND: Final = "LLMPriorityClass"
 PRIORITY_CLASS_PLURAL: Final = "llmpriorityclasses"
 

@@ -127,7 +127,7 @@ def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
 def fallback_of(raw: object, own: tuple[str, ...]) -> tuple[Fallback, ...]:
     """`spec.router.fallback` as the router uses it: entries naming one of the CR's own models
     are left out (a fallback to itself is no fallback), as is anything malformed (the API
-    server refuses it first)."""
+    server refuses it first). An `externalModel` entry names an `LLMExternalModel`."""
     if not isinstance(raw, list):
         return ()
     found = []
@@ -135,20 +135,32 @@ def fallback_of(raw: object, own: tuple[str, ...]) -> tuple[Fallback, ...]:
         if not isinstance(entry, Mapping):
             continue
         model = entry.get(Spec.FALLBACK_MODEL)
+        external = entry.get(Spec.FALLBACK_EXTERNAL_MODEL)
         when = entry.get(Spec.FALLBACK_WHEN) or [contract.WHEN_UNAVAILABLE]
-        if not isinstance(model, str) or not model or model in own or not isinstance(when, list):
+        if not isinstance(when, list) or (model is None) == (external is None):
             continue
-        after = entry.get(Spec.FALLBACK_AFTER_SECONDS, contract.DEFAULT_FALLBACK_AFTER_SECONDS)
-        if isinstance(after, bool) or not isinstance(after, int | float) or after <= 0:
-            after = contract.DEFAULT_FALLBACK_AFTER_SECONDS
-        found.append(
-            Fallback(
-                model,
-                unavailable=contract.WHEN_UNAVAILABLE in when,
-                saturated_after=float(after) if contract.WHEN_SATURATED in when else None,
-            )
-        )
+        if external is not None:
+            if isinstance(external, str) and external:
+                found.append(_fallback(entry, external, when, external=True))
+            continue
+        if not isinstance(model, str) or not model or model in own:
+            continue
+        found.append(_fallback(entry, model, when))
     return tuple(found)
+
+
+def _fallback(
+    entry: Mapping[str, Any], model: str, when: list[object], *, external: bool = False
+) -> Fallback:
+    after = entry.get(Spec.FALLBACK_AFTER_SECONDS, contract.DEFAULT_FALLBACK_AFTER_SECONDS)
+    if isinstance(after, bool) or not isinstance(after, int | float) or after <= 0:
+        after = contract.DEFAULT_FALLBACK_AFTER_SECONDS
+    return Fallback(
+        model,
+        unavailable=contract.WHEN_UNAVAILABLE in when,
+        saturated_after=float(after) if contract.WHEN_SATURATED in when else None,
+        external=external,
+    )
 
 
 def owned_of(llmd: Mapping[str, Any]) -> tuple[str, ...] | None:

@@ -1,5 +1,6 @@
 """The router's Kubernetes I/O: list and watch LLMDeployments and EndpointSlices over HTTP, and
-wake a CR at zero through its workload's scale subresource.
+wake a CR at zero through its workload's scale subresource; with the gateway, the same for its
+objects, their status, and the Secrets of external models in the router's own namespace.
 
 A plain list-then-watch loop on aiohttp (the proxy's own event loop: no threads), resuming from
 the last resourceVersion, relisting on 410 Gone or a broken stream, with bookmarks so an idle
@@ -39,6 +40,8 @@ ENDPOINT_SLICES = ("/apis/discovery.k8s.io/v1", "endpointslices")
 LLMTENANTS = (contract.GROUP_VERSION_PATH, contract.TENANT_PLURAL)
 LLMPRIORITYCLASSES = (contract.GROUP_VERSION_PATH, contract.PRIORITY_CLASS_PLURAL)
 """Cluster-scoped: the gateway's tenants."""
+LLMEXTERNALMODELS = (contract.GROUP_VERSION_PATH, contract.EXTERNAL_MODEL_PLURAL)
+"""Namespaced: watched in the router's own namespace only (their Secrets are there)."""
 WATCH_TIMEOUT_SECONDS = 300
 """The longest a watch request runs before it is opened again (each opening is a contact)."""
 RETRY_FIRST_SECONDS = 0.5
@@ -349,11 +352,39 @@ async def wake(
     return PHASE_REQUESTED
 
 
-async def patch_tenant_status(
-    session: aiohttp.ClientSession, api: ApiServer, name: str, patch: dict[str, Any]
+async def read_secret(
+    session: aiohttp.ClientSession, api: ApiServer, namespace: str, name: str
+) -> dict[str, str] | int:
+    """A Secret's data, decoded; or the API's HTTP status when it cannot be read (404, 403).
+    Raises on anything else (the caller retries)."""
+    path = f"/api/v1/namespaces/{namespace}/secrets/{name}"
+    async with session.get(
+        api.host + path, headers=api.auth_headers(), ssl=api.ssl_context
+    ) as answer:
+        if answer.status in (403, 404):
+            return answer.status
+        answer.raise_for_status()
+        secret: dict[str, Any] = await answer.json()
+    data = secret.get("data") or {}
+    return {
+        str(k): base64.b64decode(v).decode(errors="replace")
+        for k, v in data.items()
+        if isinstance(v, str)
+    }
+
+
+async def patch_status(
+    session: aiohttp.ClientSession,
+    api: ApiServer,
+    name: str,
+    patch: dict[str, Any],
+    *,
+    resource: tuple[str, str] = LLMTENANTS,
+    namespace: str | None = None,
 ) -> None:
-    """Merge `patch` into an LLMTenant's status subresource (404: it was deleted meanwhile)."""
-    path = f"{resource_path(LLMTENANTS, None)}/{name}/status"
+    """Merge `patch` into a gateway object's status subresource (an LLMTenant's by default;
+    `resource` and `namespace` name another); 404: it was deleted meanwhile."""
+    path = f"{resource_path(resource, namespace)}/{name}/status"
     headers = {**api.auth_headers(), "Content-Type": "application/merge-patch+json"}
     async with session.patch(
         api.host + path, data=json.dumps(patch), headers=headers, ssl=api.ssl_context

@@ -25,6 +25,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from llmop_router.answers import error_event, forwarded_headers
+from llmop_router.externals import ExternalModel
 from llmop_router.hold import Key
 from llmop_router.metering import Tap
 from llmop_router.metrics import RouterMetrics
@@ -43,6 +44,10 @@ log = logging.getLogger("llmop_router.proxy")
 
 ATTEMPTS = 2
 """The first pick and one retry on a different pod."""
+REFUSAL_BYTES = 64 * 1024
+"""The most of an engine's error answer kept for a fallback to replace (the rest is dropped)."""
+ENGINE_REFUSED = web.ResponseKey("llmop_engine_refused", int)
+"""Set on an engine's own 5xx or 429 kept unsent (`keep_refusals`): its status."""
 
 
 class Proxy:
@@ -89,13 +94,15 @@ class Proxy:
         prepared: web.StreamResponse | None,
         tap: Tap | None = None,
         headers: CIMultiDict[str] | None = None,
+        keep_refusals: bool = False,
     ) -> web.StreamResponse | None:
         """Try the pick's pods in order (at most `ATTEMPTS`) and relay the first answer; None
         when every attempt failed before answering. `started`: when the request arrived
         (`perf_counter`), for the routing time; `prepared`: a held stream's response, whose 200
         headers went out already. `tap` (the gateway's) sees the answer go by and may hold back
         what the client did not ask for; `headers`: what to send upstream instead of the
-        client's end-to-end headers."""
+        client's end-to-end headers. With `keep_refusals`, an engine's own 5xx or 429 is not
+        sent: it comes back unsent, marked `ENGINE_REFUSED`, for a fallback to replace."""
         if headers is None:
             headers = forwarded_headers(request.headers)
         url_tail = request.rel_url.raw_path_qs
@@ -124,7 +131,7 @@ class Proxy:
                 tap=tap,
                 draining=self.draining(),
                 relay_plain=lambda upstream, first_byte: self._relay(
-                    request, upstream, prepared, first_byte, tap
+                    request, upstream, prepared, first_byte, tap, keep_refusals=keep_refusals
                 ),
             ).forward()
         pick = choice.pick
@@ -146,6 +153,7 @@ class Proxy:
                 prefill=pick.prefill_on(endpoint),
                 tap=tap,
                 rerun=not last and settings.limit > 0 and request.path in RERUN_PATHS,
+                keep_refusals=keep_refusals,
             )
             if answered is not None:
                 return answered
@@ -165,6 +173,7 @@ class Proxy:
         prefill: int = 0,
         tap: Tap | None = None,
         rerun: bool = False,
+        keep_refusals: bool = False,
     ) -> web.StreamResponse | None:
         """Send to one pod and relay its answer; None when it failed before its first byte and
         another pod may be tried. The pod counts the request in flight until it ends, and its
@@ -214,10 +223,64 @@ class Proxy:
                         return None
                 if tap is not None:
                     tap.status = upstream.status
-                return await self._relay(request, upstream, prepared, first_byte, tap, data=data)
+                return await self._relay(
+                    request,
+                    upstream,
+                    prepared,
+                    first_byte,
+                    tap,
+                    data=data,
+                    keep_refusals=keep_refusals,
+                )
         finally:
             first_byte()
             table.end(endpoint)
+
+    async def forward_external(
+        self,
+        request: web.Request,
+        body: bytes,
+        external: ExternalModel,
+        key: str | None,
+        *,
+        tap: Tap | None,
+        headers: CIMultiDict[str],
+    ) -> web.StreamResponse | None:
+        """Send to an API outside the cluster with its own key (the tenant's never leaves) and
+        relay its answer, whatever it is (one hop: nothing falls back further); None when it
+        could not be reached (the caller keeps the model's own answer). The whole answer may
+        take `timeoutSeconds`."""
+        assert self._session is not None
+        sent = CIMultiDict(
+            (k, v) for k, v in headers.items() if k.lower() not in ("authorization", "x-api-key")
+        )
+        if key is not None:
+            sent["Authorization"] = f"Bearer {key}"
+        timeout = aiohttp.ClientTimeout(
+            total=external.timeout_seconds, sock_connect=self.connect_timeout
+        )
+        try:
+            upstream = await self._session.request(
+                "POST",
+                external.url(request.path),
+                headers=sent,
+                data=body,
+                allow_redirects=False,
+                timeout=timeout,
+            )
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            self.metrics.upstream_errors.labels(type(exc).__name__).inc()
+            log.warning(
+                "external model %s/%s failed before answering: %s",
+                external.namespace,
+                external.name,
+                exc,
+            )
+            return None
+        async with upstream:
+            if tap is not None:
+                tap.status = upstream.status
+            return await self._relay(request, upstream, None, tap=tap)
 
     @staticmethod
     async def _held(upstream: aiohttp.ClientResponse) -> bytes | None:
@@ -239,10 +302,14 @@ class Proxy:
         tap: Tap | None = None,
         *,
         data: bytes | None = None,
+        keep_refusals: bool = False,
     ) -> web.StreamResponse:
-        """Relay the answer: its bytes as they come, or `data` when it was read already."""
+        """Relay the answer: its bytes as they come, or `data` when it was read already. With
+        `keep_refusals`, an engine's 5xx or 429 is read (bounded) and returned unsent."""
         if prepared is not None:
             return await self._relay_into(prepared, upstream, first_byte, tap, data)
+        if keep_refusals and (upstream.status >= 500 or upstream.status == 429):
+            return await _kept(upstream, data)
         response = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
@@ -328,6 +395,23 @@ class Proxy:
         rest = tap.finish()
         if rest:
             await response.write(rest)
+
+
+async def _kept(upstream: aiohttp.ClientResponse, data: bytes | None) -> web.Response:
+    """An engine's error answer, read (at most `REFUSAL_BYTES`) and kept unsent."""
+    body = bytearray()
+    async for chunk in _chunks(upstream, data):
+        body += chunk
+        if len(body) >= REFUSAL_BYTES:
+            break
+    kept = web.Response(
+        status=upstream.status,
+        reason=upstream.reason,
+        body=bytes(body[:REFUSAL_BYTES]),
+        headers=forwarded_headers(upstream.headers),
+    )
+    kept[ENGINE_REFUSED] = upstream.status
+    return kept
 
 
 async def _chunks(upstream: aiohttp.ClientResponse, data: bytes | None) -> AsyncIterator[bytes]:

@@ -33,13 +33,17 @@ class Wake:
 
 @dataclass(frozen=True)
 class Fallback:
-    """Another routed model that answers when this one cannot (`spec.router.fallback[]`)."""
+    """Another routed model, or an API outside the cluster, that answers when this one cannot
+    (`spec.router.fallback[]`)."""
 
     model: str
+    """The other model's served name, or the `LLMExternalModel`'s name (`external`)."""
     unavailable: bool = True
     """When this model has no ready replica, or every replica tried failed before answering."""
     saturated_after: float | None = None
     """When a request waited this long for a slot (None: never for that)."""
+    external: bool = False
+    """`model` names an `LLMExternalModel` (an API outside the cluster), not a routed model."""
 
 
 @dataclass

@@ -3,7 +3,7 @@ router can use the object, which of its keys clash with another tenant's or expi
 of its models no LLMDeployment serves, whether its priority class exists, and the month's usage
 from the shared store.
 
-The router writes it (`gateway` asks, `kube.patch_tenant_status` sends) because the router is
+The router writes it (`gateway` asks, `kube.patch_status` sends) because the router is
 where keys are looked up and tokens counted; every router pod computes the same answer from the
 same objects and the same store, so their writes agree.
 """

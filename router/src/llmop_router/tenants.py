@@ -81,9 +81,18 @@ class Tenant:
     """Its `LLMPriorityClass` (None: the default class)."""
     weight: int = 1
     """Its share of a saturated model among the tenants of its class."""
+    fallback: str = contract.FALLBACK_IN_CLUSTER_ONLY
+    """Which fallbacks may answer it (`contract.FALLBACK_POLICIES`)."""
 
     def may_use(self, model: str) -> bool:
         return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
+
+    def may_fall_back(self, model: str, *, external: bool) -> bool:
+        """Whether a fallback may answer its request: another routed model it may use (unless
+        its policy is Never), an external API only when its policy is Allowed."""
+        if external:
+            return self.fallback == contract.FALLBACK_ALLOWED
+        return self.fallback != contract.FALLBACK_NEVER and self.may_use(model)
 
     def rates_for(self, model: str) -> Rates | None:
         """The stricter per-model limits that apply to `model` (the first entry matching)."""
@@ -303,7 +312,19 @@ def _parse_spec(name: str, spec: Mapping[str, Any]) -> Tenant:
         monthly_budget=_budget(spec.get(S.BUDGET)),
         priority_class=_class_name(spec.get(S.PRIORITY_CLASS_NAME)),
         weight=_weight(spec.get(S.WEIGHT)),
+        fallback=_fallback_policy(spec.get(S.FALLBACK)),
     )
+
+
+def _fallback_policy(value: object) -> str:
+    if value is None:
+        return contract.FALLBACK_IN_CLUSTER_ONLY
+    if value not in contract.FALLBACK_POLICIES:
+        raise TenantError(
+            f"spec.{S.FALLBACK} must be one of {', '.join(contract.FALLBACK_POLICIES)} "
+            f"(got {value!r})"
+        )
+    return str(value)
 
 
 def _class_name(value: object) -> str | None:

@@ -148,6 +148,12 @@ class LLMTenantSpec(ApiModel):
     weight: int = Field(default=1, ge=1, le=router_contract.MAX_WEIGHT)
     """The tenant's share of a saturated model among the tenants of its class: weights 2 and 1
     get service (input + 2 x output tokens) in the ratio 2:1."""
+    fallback: Literal["Allowed", "InClusterOnly", "Never"] = (
+        router_contract.FALLBACK_IN_CLUSTER_ONLY
+    )
+    """Which fallbacks (`spec.router.fallback` of the model asked for) may answer its
+    requests when the model cannot: InClusterOnly, other routed models it may use; Allowed,
+    those and external APIs (LLMExternalModel: they cost money); Never, none."""
 
 
 class TenantUsage(ApiModel):

@@ -708,12 +708,29 @@ def _unavailable_only() -> list[FallbackWhen]:
 
 
 class FallbackSpec(ApiModel):
-    """Another routed model that answers this model's requests when this one cannot."""
+    """Another routed model, or an API outside the cluster, that answers this model's requests
+    when this one cannot."""
 
-    model: str = Field(min_length=1, max_length=253)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.model) != has(self.externalModel)",
+                    "a fallback names exactly one of model (another routed model) and "
+                    "externalModel (an LLMExternalModel in the router's namespace)",
+                )
+            ]
+        }
+    )
+
+    model: str | None = Field(default=None, min_length=1, max_length=253)
     """The other model's served name (`spec.model.servedName` of its LLMDeployment, or an
     adapter's name). The request is sent as for that model: the tenant must be allowed to use
-    it, and is metered at its price."""
+    it (and its `spec.fallback` not Never), and is metered at its price."""
+    external_model: str | None = Field(default=None, min_length=1, max_length=253)
+    """An `LLMExternalModel` in the router's namespace: an OpenAI-compatible API outside the
+    cluster, called with its own key. Only for tenants whose `spec.fallback` is Allowed;
+    metered at the external model's price."""
     when: list[FallbackWhen] = Field(default_factory=_unavailable_only, min_length=1, max_length=2)
     """Unavailable: this model has no ready replica (and is not waking from zero), or every
     replica tried failed before answering. Saturated: the request waited `afterSeconds` for a
