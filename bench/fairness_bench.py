@@ -28,8 +28,14 @@ Scenarios:
       its fair share (0.2x capacity) beside a heavy one at 2x (its success), before and with
       the queue.
       120 s each.
+  P3  fallback: `llama`'s engines stopped (connection refused) or failing (each answers 503,
+      `--sim-fault refuse`), a fallback to an LLMExternalModel (a third simulator with its own
+      `--api-key`, the "managed API"); a tenant allowed to fall back (`fallback: Allowed`) and
+      one that is not (`Never`). Requests one at a time, alternating with the same request sent
+      straight to the external API (its own latency: the floor), 100 of each per config; then
+      streams cut after their first bytes on `llama`'s live engines, which must not fall back.
 
-    python bench/fairness_bench.py [--only P1,P2] [--scale 0.5] [--logs DIR] [--strict]
+    python bench/fairness_bench.py [--only P1,P2,P3] [--scale 0.5] [--logs DIR] [--strict]
 """
 
 from __future__ import annotations
@@ -73,7 +79,11 @@ CLIENT_CONNECTIONS = 512
 CAPPED_SHARE = 88
 """The batch class's share in the capped configuration: 7 of a router pod's 8 slots."""
 WINDOW = 10.0
-SCENARIOS = ("P1", "P2")
+SCENARIOS = ("P1", "P2", "P3")
+PROVIDER_KEY = "provider-key-of-the-managed-api"
+"""The external API's own key (its LLMExternalModel's Secret, inline in a static table)."""
+UPSTREAM = "upstream-model"
+FALLBACK_REQUESTS = 100
 
 
 def priority_class(name: str, **spec: Any) -> dict[str, Any]:
@@ -106,6 +116,8 @@ def objects(share: int = 100, weights: tuple[int, int] = (1, 1)) -> list[dict[st
         tenant("batch-2", weight=weights[1]),
         tenant("light"),
         tenant("heavy"),
+        tenant("spender", fallback="Allowed"),
+        tenant("inhouse", fallback="Never"),
     ]
 
 
@@ -114,6 +126,10 @@ class Config:
     name: str
     seqs: int
     objects: list[dict[str, Any]]
+    endpoints: list[str] | None = None
+    """`llama`'s endpoints (None: the two engines)."""
+    external_port: int | None = None
+    """Set: `llama` falls back to the LLMExternalModel `managed` on this port."""
 
 
 class Rig:
@@ -138,14 +154,25 @@ class Rig:
         stop_all(self.routers)
         self.routers = []
         endpoints = [f"127.0.0.1:{p}" for p in self.engine_ports]
-        entry = {
+        entry: dict[str, Any] = {
             "namespace": "team",
             "name": MODEL,
-            "endpoints": endpoints,
+            "endpoints": endpoints if config.endpoints is None else config.endpoints,
             "maxNumSeqs": config.seqs,
         }
+        document: dict[str, Any] = {"models": {MODEL: entry}}
+        if config.external_port is not None:
+            entry["fallback"] = [{"externalModel": "managed"}]
+            document["externalModels"] = {
+                "managed": {
+                    "baseURL": f"http://127.0.0.1:{config.external_port}/v1",
+                    "model": UPSTREAM,
+                    "apiKey": PROVIDER_KEY,
+                    "pricing": {"inputPerMillion": "0.15", "outputPerMillion": "0.60"},
+                }
+            }
         table = self.dir / f"table-{config.name}.json"
-        table.write_text(json.dumps({"models": {MODEL: entry}}))
+        table.write_text(json.dumps(document))
         tenants = self.dir / f"tenants-{config.name}.yaml"
         tenants.write_text(yaml.safe_dump_all(config.objects))
         for port in self.ports:
@@ -410,6 +437,166 @@ async def scenario_p2(rig: Rig, seconds: float, measured: float) -> Table:
     return table
 
 
+async def timed_post(
+    session: aiohttp.ClientSession, url: str, key: str, body: dict[str, Any]
+) -> tuple[int, float, dict[str, str], str]:
+    """Status, seconds to the whole answer, headers, text."""
+    started = time.perf_counter()
+    headers = {"Authorization": f"Bearer {key}"}
+    async with session.post(url, json=body, headers=headers) as answer:
+        text = await answer.text()
+        return answer.status, time.perf_counter() - started, dict(answer.headers), text
+
+
+async def served_by(session: aiohttp.ClientSession, port: int) -> int:
+    async with session.get(f"http://127.0.0.1:{port}/sim/stats") as answer:
+        return int((await answer.json())["clientRequestsTotal"])
+
+
+async def fallback_rows(table: Table, rig: Rig, name: str, external_port: int, count: int) -> None:
+    """One configuration of P3: `llama` cannot answer; the spender's requests go to the external
+    API, alternating with the same request sent to it straight."""
+    router = f"http://127.0.0.1:{rig.ports[0]}/v1/completions"
+    direct = f"http://127.0.0.1:{external_port}/v1/completions"
+    ask = {"prompt": "x" * PROMPT_CHARS, "max_tokens": 4, "ignore_eos": True}
+    through: list[float] = []
+    straight: list[float] = []
+    errors = marked = 0
+    async with aiohttp.ClientSession() as session:
+        for _ in range(3):  # warm both paths' connections
+            await timed_post(session, direct, PROVIDER_KEY, {**ask, "model": UPSTREAM})
+            await timed_post(session, router, key_of("spender"), {**ask, "model": MODEL})
+        before = await served_by(session, external_port)
+        for _ in range(count):
+            status, seconds, _, _ = await timed_post(
+                session, direct, PROVIDER_KEY, {**ask, "model": UPSTREAM}
+            )
+            if status == 200:
+                straight.append(seconds)
+            status, seconds, headers, _ = await timed_post(
+                session, router, key_of("spender"), {**ask, "model": MODEL}
+            )
+            if status == 200:
+                through.append(seconds)
+                marked += headers.get("X-Llmop-Fallback") == "managed"
+            else:
+                errors += 1
+        served = await served_by(session, external_port) - before
+        refusals = []
+        for _ in range(20):
+            status, _, headers, _ = await timed_post(
+                session, router, key_of("inhouse"), {**ask, "model": MODEL}
+            )
+            refusals.append((status, "Retry-After" in headers, "X-Llmop-Fallback" in headers))
+        leaked = await served_by(session, external_port) - before - served
+    table.add(
+        f"{name}: allowed tenant, errors (of {count}); answers marked X-Llmop-Fallback",
+        f"{errors}; {marked}",
+        "0; all",
+        errors == 0 and marked == count,
+    )
+    # It counts only requests carrying its own key (any other is refused 401 before counting);
+    # the straight ones are counted too.
+    relayed = served - len(straight)
+    table.add(
+        f"{name}: of those, served by the external API with its own key",
+        f"{relayed} of {count}",
+        f"{count}",
+        relayed == count,
+    )
+    added = (statistics.median(through) - statistics.median(straight)) * 1000
+    table.add(
+        f"{name}: added p50 over the external API's own (through the router vs straight)",
+        f"{ms(statistics.median(through))} vs {ms(statistics.median(straight))}: +{added:.2f} ms",
+        "≤ 5 ms",
+        added <= 5.0,
+    )
+    ok = sum(1 for r in refusals if r == (503, True, False))
+    table.add(
+        f"{name}: tenant not allowed (fallback: Never): 503 with Retry-After, not sent out",
+        f"{ok} of {len(refusals)}; {leaked} reached the external API",
+        "all; 0",
+        ok == len(refusals) and leaked == 0,
+    )
+
+
+async def no_fallback_after_first_byte(table: Table, rig: Rig, external_port: int) -> None:
+    """Streams on `llama`'s live engines, each cut after 3 tokens on every engine (the header
+    goes with each continuation): migration's, never the fallback's."""
+    router = f"http://127.0.0.1:{rig.ports[0]}/v1/completions"
+    body = {"model": MODEL, "prompt": "x" * PROMPT_CHARS, "max_tokens": 16, "stream": True}
+    headers = {"Authorization": f"Bearer {key_of('spender')}", "X-Sim-Fault": "crash@3"}
+    marked = 0
+    async with aiohttp.ClientSession() as session:
+        before = await served_by(session, external_port)
+        for _ in range(10):
+            async with session.post(router, json=body, headers=headers) as answer:
+                await answer.read()
+                marked += "X-Llmop-Fallback" in answer.headers
+        sent = await served_by(session, external_port) - before
+    table.add(
+        "live engines, streams cut after their first bytes: answers from a fallback",
+        f"{marked} of 10 marked; {sent} requests reached the external API",
+        "0; 0",
+        marked == 0 and sent == 0,
+    )
+
+
+async def scenario_p3(rig: Rig, count: int) -> Table:
+    table = Table("P3", "fallback to an external API when the model cannot answer")
+    external_port, failing_port = free_port(), free_port()
+    sim = ["-m", "llmop_engine", "simulate", UPSTREAM, "--served-model-name", UPSTREAM]
+    extra = [
+        start(
+            [
+                *sim,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(external_port),
+                "--api-key",
+                PROVIDER_KEY,
+                *ENGINE_ARGS,
+            ]
+        ),
+        start(
+            [
+                "-m",
+                "llmop_engine",
+                "simulate",
+                MODEL,
+                "--served-model-name",
+                MODEL,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(failing_port),
+                "--sim-fault",
+                "refuse",
+                *ENGINE_ARGS,
+            ]
+        ),
+    ]
+    try:
+        wait_listening(external_port)
+        wait_listening(failing_port)
+        for name, endpoints in (
+            ("stopped", [f"127.0.0.1:{free_port()}"]),
+            ("failing", [f"127.0.0.1:{failing_port}"]),
+        ):
+            rig.configure(Config(f"fallback-{name}", SEQS, objects(), endpoints, external_port))
+            await fallback_rows(table, rig, name, external_port, count)
+        rig.configure(Config("fallback-live", SEQS, objects(), None, external_port))
+        await no_fallback_after_first_byte(table, rig, external_port)
+    finally:
+        stop_all(extra)
+    table.notes.append(
+        f"{count} requests of 4 tokens per config, one at a time, each beside the same request "
+        "sent straight to the external API"
+    )
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default=",".join(SCENARIOS))
@@ -434,6 +621,10 @@ def main() -> None:
             tables[-1].print()
         if "P2" in only:
             tables.append(asyncio.run(scenario_p2(rig, 2 * seconds, measured)))
+            tables[-1].print()
+        if "P3" in only:
+            count = max(20, round(FALLBACK_REQUESTS * args.scale))
+            tables.append(asyncio.run(scenario_p3(rig, count)))
             tables[-1].print()
     failed = [(t.name, c.what) for t in tables for c in t.failed]
     rows = sum(len(t.checks) for t in tables)

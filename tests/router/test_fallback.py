@@ -113,6 +113,10 @@ async def test_replicas_that_all_fail_before_answering_go_to_the_fallback() -> N
         assert headers["X-Llmop-Fallback"] == "qwen"
         assert r.metric("llmop_gateway_fallbacks_total", reason="unavailable") == 1
         assert all("Authorization" not in json.dumps(sent) for _, sent in qwen.seen)
+        # Without a fallback it may use: nothing reached an engine, so 503 with Retry-After.
+        status, headers, text = await r.post(completion(), key=OTHER_KEY)
+        assert status == 503, text
+        assert headers["Retry-After"] == "5"
 
 
 @synchronous
@@ -208,9 +212,11 @@ async def test_an_engine_refusing_before_the_first_byte_goes_to_the_fallback() -
                 status, headers, text = await r.post({**completion(), "stream": stream})
                 assert status == 200, (fault, stream, text)
                 assert headers["X-Llmop-Fallback"] == "qwen"
-            # A tenant that may not use qwen gets the engine's own refusal, as it was.
+            # A tenant that may not use qwen gets the engine's own refusal, as it was (a 503
+            # with a Retry-After: the engine's, or the router's when it sent none).
             status, headers, text = await r.post(completion(), key=OTHER_KEY)
             assert status == refused, text
             assert "X-Llmop-Fallback" not in headers
+            assert ("Retry-After" in headers) == (refused == 503)
         assert len(qwen.seen) == 4
         assert r.metric("llmop_gateway_fallbacks_total", reason="unavailable") == 4

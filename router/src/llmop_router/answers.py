@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from http import HTTPStatus
+from typing import Final
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -77,6 +78,9 @@ async def prepare_stream(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     return response
 
+
+UNAVAILABLE_RETRY_AFTER: Final = "5"
+"""`Retry-After` of a 503 for a model that cannot answer now (no ready replica, none reached)."""
 
 HOP_BY_HOP = frozenset(
     {

@@ -31,7 +31,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from llmop_router import contract, edge
-from llmop_router.answers import error, forwarded_headers, send_error_event
+from llmop_router.answers import (
+    UNAVAILABLE_RETRY_AFTER,
+    error,
+    forwarded_headers,
+    send_error_event,
+)
 from llmop_router.contract import ActivityKey
 from llmop_router.discovery import fallback_of
 from llmop_router.externals import ExternalModel, Externals, parse_external_model
@@ -79,7 +84,6 @@ ACTIVITY_ROUTE = contract.ACTIVITY_PATH
 """Per CR: requests in flight, held, and the newest arrival (the operator's idle check)."""
 ROUTES_ROUTE = "/routes"
 """The table as the router sees it (model → CR, endpoints, in-flight): for debugging routing."""
-RETRY_AFTER_SECONDS = "5"
 SHUTDOWN_DELAY_SECONDS = 5.0
 """How long the router keeps serving, unready, after SIGTERM: kube-proxy (and any load balancer)
 drops a terminating endpoint only after the EndpointSlice update reaches it, and until then new
@@ -420,9 +424,7 @@ class Router:
                 keep_refusals=fall_back and any(f.unavailable for f in choice.backend.fallback),
             )
             status = answered.status
-            unavailable = not answered.prepared and (
-                status in (502, 503) or ENGINE_REFUSED in answered
-            )
+            unavailable = not answered.prepared and (status == 503 or ENGINE_REFUSED in answered)
             return answered, UNAVAILABLE if unavailable else ""
         finally:
             if turn is not None:
@@ -570,7 +572,7 @@ class Router:
                 f"no ready replica of LLMDeployment {backend.namespace}/{backend.name} "
                 f"(model {info.model!r})"
             )
-            retry = {"Retry-After": RETRY_AFTER_SECONDS}
+            retry = {"Retry-After": UNAVAILABLE_RETRY_AFTER}
             refusal = error(503, message, "ServiceUnavailableError", retry)
             return await self._finish(info.model, prepared, refusal)
         answered = await self.proxy.forward(
@@ -587,8 +589,12 @@ class Router:
         if answered is not None:
             self.metrics.count_request(self._label(info.model), answered.status)
             return answered
+        # Nothing reached an engine (refused, reset before the headers): the model is
+        # unavailable for now, and the client may retry, so 503 with Retry-After.
         message = f"every replica tried for model {info.model!r} failed before answering"
-        return await self._finish(info.model, prepared, error(502, message, "BadGatewayError"))
+        retry = {"Retry-After": UNAVAILABLE_RETRY_AFTER}
+        refusal = error(503, message, "ServiceUnavailableError", retry)
+        return await self._finish(info.model, prepared, refusal)
 
     def _label(self, model: str) -> str:
         """The metrics' `model` label: only routed names (a client may send any)."""

@@ -214,7 +214,8 @@ FALLBACK_POLICIES: Final = (FALLBACK_ALLOWED, FALLBACK_IN_CLUSTER_ONLY, FALLBACK
 
 
 WHEN_UNAVAILABLE: Final = "Unavailable"
-"""A fallback's trigger: no ready replica, or every replica tried failed before answering."""
+"""A fallback's trigger: no ready replica, every replica tried failed before answering, or the
+engine refused with its own 5xx or 429 (nothing sent to the client yet)."""
 WHEN_SATURATED: Final = "Saturated"
 """A fallback's trigger: the request waited `afterSeconds` in the fair queue without a slot."""
 DEFAULT_FALLBACK_AFTER_SECONDS: Final = 2

@@ -102,7 +102,7 @@ class StreamForward:
 
     async def forward(self) -> web.StreamResponse | None:
         """Relay the answer, continuing it elsewhere as needed; None when every attempt failed
-        before the first byte (the caller answers 502)."""
+        before the first byte (the caller answers 503)."""
         self.body = self._body(None)
         try:
             while True:

@@ -24,7 +24,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from llmop_router.answers import error_event, forwarded_headers
+from llmop_router.answers import UNAVAILABLE_RETRY_AFTER, error_event, forwarded_headers
 from llmop_router.externals import ExternalModel
 from llmop_router.hold import Key
 from llmop_router.metering import Tap
@@ -410,6 +410,9 @@ async def _kept(upstream: aiohttp.ClientResponse, data: bytes | None) -> web.Res
         body=bytes(body[:REFUSAL_BYTES]),
         headers=forwarded_headers(upstream.headers),
     )
+    if upstream.status in (429, 503) and "Retry-After" not in kept.headers:
+        # Sent on when no fallback takes it: a refusal the client may retry says when.
+        kept.headers["Retry-After"] = UNAVAILABLE_RETRY_AFTER
     kept[ENGINE_REFUSED] = upstream.status
     return kept
 

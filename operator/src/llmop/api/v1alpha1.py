@@ -732,8 +732,9 @@ class FallbackSpec(ApiModel):
     cluster, called with its own key. Only for tenants whose `spec.fallback` is Allowed;
     metered at the external model's price."""
     when: list[FallbackWhen] = Field(default_factory=_unavailable_only, min_length=1, max_length=2)
-    """Unavailable: this model has no ready replica (and is not waking from zero), or every
-    replica tried failed before answering. Saturated: the request waited `afterSeconds` for a
+    """Unavailable: this model has no ready replica (and is not waking from zero), every
+    replica tried failed before answering, or its engine refused with its own 5xx or 429.
+    Saturated: the request waited `afterSeconds` for a
     slot (the gateway's fair queue). Only ever before the first byte of an answer."""
     after_seconds: int = Field(default=router_contract.DEFAULT_FALLBACK_AFTER_SECONDS, ge=1, le=600)
     """Saturated: how long a request waits for a slot of this model before it goes to the
