@@ -8,17 +8,18 @@ from __future__ import annotations
 
 from collections import Counter
 
-from llmop_router.fairqueue import FULL, SHED, FairQueues, Terms, Verdict
+from llmop_router.fairqueue import FULL, SHED, FairQueues, Verdict
+from llmop_router.priorities import PriorityClass
 
 MODEL = ("ns", "llama")
 OTHER = ("ns", "qwen")
-STANDARD = Terms("standard", 0)
+STANDARD = PriorityClass("standard", 0)
 CLASSES = {
     "standard": STANDARD,
-    "batch": Terms("batch", -10),
-    "mid": Terms("mid", 5),
-    "chat": Terms("chat", 10),
-    "scraper": Terms("scraper", -100, sheddable=True),
+    "batch": PriorityClass("batch", -10),
+    "mid": PriorityClass("mid", 5),
+    "chat": PriorityClass("chat", 10),
+    "scraper": PriorityClass("scraper", -100, sheddable=True),
 }
 
 
@@ -30,7 +31,7 @@ def ask(
     q: FairQueues,
     tenant: str,
     *,
-    terms: Terms | None = None,
+    terms: PriorityClass | None = None,
     weight: int = 1,
     cost: float = 100.0,
     size: int = 10,
@@ -148,7 +149,7 @@ def test_a_tenant_that_starts_waiting_is_lifted_to_those_waiting() -> None:
 
 def test_a_class_holds_at_most_its_share_and_leaves_the_rest_to_higher_classes() -> None:
     q = queues()
-    batch = Terms("batch", -10, share_percent=75)
+    batch = PriorityClass("batch", -10, max_share_percent=75)
     for i in range(3):
         assert ask(q, "batch", terms=batch, slots=4, now=float(i)).go
     held = ask(q, "batch", terms=batch, slots=4, now=3.0)
@@ -156,12 +157,12 @@ def test_a_class_holds_at_most_its_share_and_leaves_the_rest_to_higher_classes()
     assert q.dispatch(MODEL, slots=4) == []
     assert ask(q, "chat", slots=4, now=4.0).go  # the slot kept back
     assert q.dispatch(MODEL, slots=8) == [held.waiting], "more slots: more for batch"
-    assert Terms("tiny", 0, share_percent=1).cap(4) == 1, "never shut out"
+    assert PriorityClass("tiny", 0, max_share_percent=1).slots_of(4) == 1, "never shut out"
 
 
 def test_a_class_of_lower_value_takes_a_slot_a_capped_higher_class_cannot() -> None:
     q = queues()
-    capped = Terms("capped", 10, share_percent=50)
+    capped = PriorityClass("capped", 10, max_share_percent=50)
     ask(q, "chat", terms=capped, slots=2)
     waits = ask(q, "chat", terms=capped, slots=2, now=1.0).waiting
     assert waits is not None
@@ -175,7 +176,7 @@ def test_a_class_of_lower_value_takes_a_slot_a_capped_higher_class_cannot() -> N
 
 def test_a_class_queue_bound_refuses_past_it() -> None:
     q = queues()
-    bounded = Terms("bounded", 0, max_requests=2)
+    bounded = PriorityClass("bounded", 0, max_requests=2)
     ask(q, "a", terms=bounded)
     for i in range(2):
         assert ask(q, "a", terms=bounded, now=float(i)).waiting is not None

@@ -32,6 +32,8 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from llmop_router.priorities import PriorityClass
+
 Key = tuple[str, str]
 """(namespace, name) of the CR."""
 
@@ -44,30 +46,13 @@ DISPLACED = "displaced"
 
 
 @dataclass(frozen=True)
-class Terms:
-    """What a request's priority class allows it."""
-
-    name: str
-    """The class's name (its queue is its own band)."""
-    value: int = 0
-    sheddable: bool = False
-    share_percent: int = 100
-    """The most of the model's slots the class may hold at once."""
-    max_requests: int | None = None
-    """The class's requests waiting at once on this pod, all models."""
-
-    def cap(self, slots: int) -> int:
-        """The class's slots of `slots` (at least one, so a class is never shut out)."""
-        return max(1, slots * self.share_percent // 100)
-
-
-@dataclass(frozen=True)
 class Waiting:
     """One request that waits for a slot."""
 
     ticket: int
     tenant: str
-    terms: Terms
+    terms: PriorityClass
+    """Its class: what it may do (its band, value, shedding, share, queue bound)."""
     weight: int
     cost: float
     """Estimated tokens of service: input + OUTPUT_WEIGHT x reserved output."""
@@ -115,9 +100,9 @@ class ModelQueue:
             for queue in band.tenants.values():
                 yield from queue
 
-    def free_for(self, terms: Terms, slots: int) -> bool:
+    def free_for(self, terms: PriorityClass, slots: int) -> bool:
         """Whether a request of this class may take a slot now."""
-        return self.busy() < slots and self.running[terms.name] < terms.cap(slots)
+        return self.busy() < slots and self.running[terms.name] < terms.slots_of(slots)
 
 
 @dataclass
@@ -148,7 +133,7 @@ class FairQueues:
         key: Key,
         *,
         tenant: str,
-        terms: Terms,
+        terms: PriorityClass,
         weight: int,
         cost: float,
         size: int,
@@ -163,7 +148,7 @@ class FairQueues:
         # Ahead of it: requests of its class or above that could take a free slot now (a class
         # that holds its share already waits for its own slots, not for this one).
         ahead = any(
-            band.value >= terms.value and queue.running[name] < _head(band).terms.cap(slots)
+            band.value >= terms.value and queue.running[name] < _head(band).terms.slots_of(slots)
             for name, band in queue.bands.items()
         )
         if not ahead and queue.free_for(terms, slots):
@@ -268,7 +253,7 @@ class FairQueues:
         tenant with the least service, that tenant's oldest."""
         bands = sorted(queue.bands.items(), key=lambda entry: (-entry[1].value, entry[0]))
         for name, band in bands:
-            if not band.tenants or queue.running[name] >= _head(band).terms.cap(slots):
+            if not band.tenants or queue.running[name] >= _head(band).terms.slots_of(slots):
                 continue
             tenant = min(
                 band.tenants,

@@ -338,10 +338,10 @@ class Gateway:
                 del decision_headers[name]
         decision_headers["X-Request-Id"] = ticket.client_request_id or ticket.ask.request_id
 
-    def finish(self, ticket: Ticket, status: int, cr: tuple[str, str] | None) -> Usage:
-        """Meter and log now; settle with the store in the background: the handler may be
-        cancelled (the client went away), the settlement must not be. Returns the usage
-        metered."""
+    def finish(self, ticket: Ticket, status: int, cr: tuple[str, str] | None) -> None:
+        """Meter and log now, at the price of `cr` (the LLMDeployment, or LLMExternalModel, that
+        answered); settle with the store in the background: the handler may be cancelled (the
+        client went away), the settlement must not be."""
         ended = time.monotonic()
         ask = ticket.ask
         self.running.pop(ask.request_id, None)
@@ -359,7 +359,6 @@ class Gateway:
         self._meter(ticket, status, usage, cost, currency)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info("%s", access_line(ticket, status, usage, cost, currency, ended=ended))
-        return usage
 
     async def _settle(self, ask: Admission, usage: Usage, cost: int, charged: bool) -> None:
         try:

@@ -40,6 +40,10 @@ class PriorityClass:
     """Its requests waiting at once on a router pod; None: only the pod's own caps."""
     global_default: bool = False
 
+    def slots_of(self, slots: int) -> int:
+        """The class's slots of `slots` (at least one, so a class is never shut out)."""
+        return max(1, slots * self.max_share_percent // 100)
+
 
 DEFAULT = PriorityClass(name="")
 """Tenants' class when they name none and no class is the global default."""

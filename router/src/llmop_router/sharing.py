@@ -29,7 +29,6 @@ from llmop_router.fairqueue import (
     SHED,
     FairQueues,
     Key,
-    Terms,
     Waiting,
 )
 from llmop_router.limits import Limits
@@ -92,15 +91,17 @@ class Sharing:
         pod's share of them (rounded up: at worst the engines queue a few)."""
         if backend is None or not backend.ring.endpoints:
             return 0
-        total = backend.wake.concurrency * len(backend.ring.endpoints)
-        return -(-total // self.replicas)
+        return self._share(backend.wake.concurrency * len(backend.ring.endpoints))
+
+    def _share(self, slots: int) -> int:
+        """This pod's share of `slots`, rounded up."""
+        return -(-slots // self.replicas)
 
     def free_first(self, choice: Choice) -> Choice:
         """`choice` with the endpoints that have a free slot of this pod's share first (the ring
         picked by prefix and load; a pod full to its batch would queue the request again, in
         the engine, behind whatever came first)."""
-        endpoints = len(choice.backend.ring.endpoints)
-        share = -(-choice.backend.wake.concurrency // self.replicas) if endpoints else 0
+        share = self._share(choice.backend.wake.concurrency) if choice.backend.ring.endpoints else 0
         in_flight = self.table.in_flight
         order = sorted(choice.pick.order, key=lambda e: in_flight.get(e, 0) >= share)
         if order == list(choice.pick.order):
@@ -125,18 +126,11 @@ class Sharing:
         key = (backend.namespace, backend.name)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        terms = Terms(
-            priority.name,
-            priority.value,
-            priority.sheddable,
-            priority.max_share_percent,
-            priority.max_requests,
-        )
         wait = priority.max_wait_seconds or self.wait_seconds
         verdict = self.queues.admit(
             key,
             tenant=tenant,
-            terms=terms,
+            terms=priority,
             weight=weight,
             cost=cost,
             size=size,
@@ -149,7 +143,7 @@ class Sharing:
         if verdict.go:
             self.metrics.outcomes.labels("dispatched").inc()
             self.metrics.wait_seconds.observe(0.0)
-            return Turn(key, model, tenant, terms.name, weight, cost, 0.0)
+            return Turn(key, model, tenant, priority.name, weight, cost, 0.0)
         if verdict.waiting is None:
             return self._refused(verdict.refused, backend, tenant=tenant, priority=priority)
         item = verdict.waiting
@@ -167,7 +161,7 @@ class Sharing:
             )
         self.metrics.outcomes.labels("dispatched").inc()
         self.metrics.wait_seconds.observe(waited)
-        return Turn(key, model, tenant, terms.name, weight, cost, waited)
+        return Turn(key, model, tenant, priority.name, weight, cost, waited)
 
     async def _wait(
         self,
