@@ -102,6 +102,40 @@ def test_namespaces_not_served_claim_nothing() -> None:
     assert "router.servingNamespaces" in issue.message
 
 
+def test_a_fallback_naming_no_other_routed_model_is_reported_with_the_fix() -> None:
+    backup = Claimant("team-c", "backup", "2026-01-01T00:01:00Z", ("qwen",))
+    falls_back = Claimant(
+        "team-a", "chat", FIRST.created, ("llama",), fallbacks=("qwen", "mistral", "llama")
+    )
+    decision = run([falls_back, backup], {}, T0)
+    verdict = decision.verdicts[falls_back.key]
+    assert verdict.unknown_fallbacks == ("mistral", "llama")
+    issue = name_owners.verdict_issue(verdict, "team-a", allowed=[], now=T0, grace=GRACE)
+    assert issue is not None
+    assert issue.reason == conditions.REASON_FALLBACK_NOT_ROUTED
+    assert "no LLMDeployment routed through the router serves 'mistral'" in issue.message
+    assert "'llama' is this LLMDeployment's own model" in issue.message
+    assert issue.message.startswith("spec.router.fallback: ")
+    # A fallback whose owner is gone (reserved for its recreation) is not routed meanwhile.
+    record = decision.record
+    later = run([falls_back], record, T0 + timedelta(seconds=5))
+    assert later.verdicts[falls_back.key].unknown_fallbacks == ("qwen", "mistral", "llama")
+    # A fallback another routed CR serves is fine.
+    fine = Claimant("team-a", "chat", FIRST.created, ("llama",), fallbacks=("qwen",))
+    assert run([fine, backup], {}, T0).verdicts[fine.key].unknown_fallbacks == ()
+    # Parsed from the CR: `model` entries only (external models are the router's to check).
+    body = {
+        "metadata": {"namespace": "team-a", "name": "chat"},
+        "spec": {
+            "model": {"name": "x/y", "servedName": "llama"},
+            "router": {"fallback": [{"model": "qwen"}, {"externalModel": "managed"}]},
+        },
+    }
+    claimant = name_owners.claimant_of(body)
+    assert claimant is not None
+    assert claimant.fallbacks == ("qwen",)
+
+
 def test_the_record_round_trips_and_is_bounded() -> None:
     record = {"org/model": Owner("a", "b", T0), "x": Owner("c", "d")}
     assert name_owners.decode(name_owners.encode(record)) == record

@@ -61,6 +61,9 @@ the router does not route that name here (`llmop.name_owners`)."""
 REASON_NAMESPACE_NOT_SERVED = "NamespaceNotServed"
 """Degraded=True: the model is routed, and its namespace is outside the chart's
 router.servingNamespaces; the router does not route it."""
+REASON_FALLBACK_NOT_ROUTED = "FallbackNotRouted"
+"""Degraded=True: `spec.router.fallback` names a model no other routed LLMDeployment serves; the
+router skips that fallback (`llmop.name_owners`)."""
 REASON_INFERENCE_POOL_UNAVAILABLE = "InferencePoolUnavailable"
 """Degraded=True: spec.router.inferencePool is set, and the cluster does not serve the
 InferencePool API (the Gateway API Inference Extension CRDs are not installed)."""

@@ -2,8 +2,9 @@
 
 Every routed LLMDeployment claims model names: `spec.model.servedName` (else its own name) and
 each `spec.adapters[].name`. Two CRs may claim one name; one owns it, the others are refused
-(`Degraded` reason `ModelNameConflict`, naming the owner). The rule, deterministic on every
-replica and stable across the owner being recreated:
+(`Degraded` reason `ModelNameConflict`, naming the owner); one whose `spec.router.fallback`
+names a model no other routed CR serves is told so too (`FallbackNotRouted`). The rule,
+deterministic on every replica and stable across the owner being recreated:
 
 1. A name with a recorded owner stays that owner's while it claims the name.
 2. When the owner is gone (deleted; a GitOps replace deletes and recreates it), the name stays
@@ -46,7 +47,11 @@ hold `/`, which a ConfigMap key may not, so the record is one JSON document)."""
 MAX_NAMES = 1000
 """Recorded names at most: a served name (≤ 253 characters), a namespace and name and a time
 make at most about 600 bytes of JSON, so the ConfigMap stays well under its 1 MiB limit."""
-REASONS = (conditions.REASON_MODEL_NAME_CONFLICT, conditions.REASON_NAMESPACE_NOT_SERVED)
+REASONS = (
+    conditions.REASON_MODEL_NAME_CONFLICT,
+    conditions.REASON_NAMESPACE_NOT_SERVED,
+    conditions.REASON_FALLBACK_NOT_ROUTED,
+)
 """The `Degraded` reasons this module decides."""
 DEFAULT_GRACE_SECONDS = 600.0
 """How long a name stays reserved to an owner that went missing."""
@@ -61,6 +66,9 @@ class Claimant:
     created: str
     """Its `metadata.creationTimestamp` (RFC 3339, so it sorts as text)."""
     names: tuple[str, ...]
+    fallbacks: tuple[str, ...] = ()
+    """The routed models its `spec.router.fallback` names (`model`; external ones are the
+    router's to check)."""
 
     @property
     def key(self) -> Key:
@@ -94,6 +102,8 @@ class Verdict:
     owned: tuple[str, ...] = ()
     lost: tuple[tuple[str, Owner], ...] = ()
     namespace_served: bool = True
+    unknown_fallbacks: tuple[str, ...] = ()
+    """Models its `spec.router.fallback` names that no other routed CR serves now."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +129,16 @@ def claimant_of(llmd: Mapping[str, Any]) -> Claimant | None:
         if isinstance(a, Mapping) and isinstance(a.get(spec_keys.ADAPTER_NAME), str)
     ]
     names = tuple(dict.fromkeys([str(model), *adapters]))
-    return Claimant(str(namespace), str(name), str(meta.get("creationTimestamp") or ""), names)
+    router = spec.get(spec_keys.ROUTER) or {}
+    fallbacks = tuple(
+        dict.fromkeys(
+            str(f[spec_keys.FALLBACK_MODEL])
+            for f in router.get(spec_keys.FALLBACK) or []
+            if isinstance(f, Mapping) and isinstance(f.get(spec_keys.FALLBACK_MODEL), str)
+        )
+    )
+    created = str(meta.get("creationTimestamp") or "")
+    return Claimant(str(namespace), str(name), created, names, fallbacks)
 
 
 def decide(
@@ -154,7 +173,14 @@ def decide(
             continue
         owned = tuple(n for n in claimant.names if owners[n].key == claimant.key)
         lost = tuple((n, owners[n]) for n in claimant.names if owners[n].key != claimant.key)
-        verdicts[claimant.key] = Verdict(owned, lost)
+        unknown = tuple(
+            f
+            for f in claimant.fallbacks
+            if f not in owners
+            or owners[f].absent_since is not None
+            or owners[f].key == claimant.key
+        )
+        verdicts[claimant.key] = Verdict(owned, lost, unknown_fallbacks=unknown)
     return Decision(_bounded(owners), verdicts)
 
 
@@ -291,7 +317,30 @@ def verdict_issue(
             conflict_message(verdict.lost, now=now, grace=grace),
             "",
         )
+    if verdict.unknown_fallbacks:
+        return PodIssue(
+            conditions.REASON_FALLBACK_NOT_ROUTED,
+            fallback_message(verdict.unknown_fallbacks, own=verdict.owned),
+            "",
+        )
     return None
+
+
+def fallback_message(unknown: Iterable[str], *, own: Iterable[str]) -> str:
+    """The `FallbackNotRouted` message: each fallback the router skips, and the fix."""
+    mine = set(own)
+    parts = [
+        f"{name!r} is this LLMDeployment's own model"
+        if name in mine
+        else f"no LLMDeployment routed through the router serves {name!r}"
+        for name in unknown
+    ]
+    return (
+        "spec.router.fallback: "
+        + "; ".join(parts)
+        + ". The router skips such a fallback (the model's own answer stands): name another "
+        "routed model's served name (kubectl get llmdeployments -A), or remove the entry."
+    )
 
 
 def seeded(record: Record, bodies: Iterable[Mapping[str, Any]]) -> dict[str, Owner]:
