@@ -221,13 +221,15 @@ def start(
     env: dict[str, str] | None = None,
     api_key: str | None = None,
     compiled: bool = False,
+    api_port: int | None = None,
 ) -> Engine:
     """The agent in front of vLLM serving the tiny model. Eager (`-O0`) unless `compiled`: the
     torch.compile warm-up costs ~10 s of every start on this 2-core machine and nothing a
     single-engine test proves (probes, drain, metrics, adapters) depends on compiled kernels.
     Pipeline-parallel stages need it: vLLM 0.32's CPU build fails the first forward pass of a
-    `-O0` stage 1 (`assert self.intermediate_tensors is not None`)."""
-    api_port, probe_port = free_port(), free_port()
+    `-O0` stage 1 (`assert self.intermediate_tensors is not None`). `api_port`: vLLM's port
+    (a replica restarted where a router's table names it); else a free one."""
+    api_port, probe_port = api_port or free_port(), free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"agent-vllm-{api_port}.log"
     log = log_path.open("wb")
