@@ -60,6 +60,12 @@ ARCH = {"parameters": 1000, "layers": 2, "kvHeads": 2, "headDim": 64, "maxPositi
 # (id, mutation, a distinctive part of the rule's message, the field the error must name)
 CASES: list[tuple[str, Mutation, str, str]] = [
     (
+        "fallback-names-one-target",
+        _set("spec.router.fallback", [{"model": "small", "externalModel": "managed"}]),
+        "a fallback names exactly one of model",
+        "spec.router.fallback[0]",
+    ),
+    (
         "model-name-format",
         _set("spec.model.name", "not a repo!"),
         "Hugging Face repo id",
