@@ -79,6 +79,8 @@ class Answer:
     completion_tokens: int = 0
     gaps: list[tuple[float, int]] = field(default_factory=list)
     """(seconds since the previous event, tokens read before this one) per event."""
+    faulted_at: int = 0
+    """How many events had been read when the fault was sent."""
 
     @property
     def complete(self) -> bool:
@@ -92,8 +94,9 @@ class Answer:
         )
 
     def seam(self) -> tuple[float, int]:
-        """The longest stall the client saw, and how many tokens it had read before it."""
-        return max(self.gaps, default=(0.0, 0))
+        """The longest stall the client saw after the fault was sent, and how many tokens it
+        had read before it (what the engine sent before it died, the router relayed first)."""
+        return max(self.gaps[self.faulted_at :], default=(0.0, 0))
 
 
 def body(prompt: str) -> dict[str, Any]:
@@ -143,6 +146,7 @@ async def stream(
             take(answer, json.loads(data))
             if not fired and len(answer.ids) >= at:
                 fired = True
+                answer.faulted_at = len(answer.gaps)
                 await fault()
                 last = time.monotonic()
     return answer
@@ -296,7 +300,9 @@ async def run(rig: Rig, router: str, kills: int, hangs: int, seed: int) -> list[
             print(
                 f"{n}/{len(kinds)} {kind} at token {at} (seam after {k}) on replica {index}: "
                 f"{'complete' if answer.complete else 'NOT complete'}, "
-                f"{'equal' if equal else 'DIFFERENT'}, stall {stall:.2f} s"
+                f"{'equal' if equal else 'DIFFERENT'} (control "
+                f"{'equal' if found[-1].control_equal else 'DIFFERENT'}, first different token "
+                f"{found[-1].first_difference}), stall {stall:.2f} s"
                 + (f", error {answer.error}" if answer.error else ""),
                 flush=True,
             )
