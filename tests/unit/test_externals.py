@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from llmop_router import contract
+from llmop_router.app import Router
+from llmop_router.cli import externals_of
 from llmop_router.externals import (
     KEY_MISSING,
     SECRET_FORBIDDEN,
@@ -22,6 +24,10 @@ from llmop_router.externals import (
     parse_external_model,
     secret_problem,
 )
+from llmop_router.gateway import Gateway
+from llmop_router.metrics import GatewayMetrics
+from llmop_router.routes import RouteTable
+from llmop_router.store import Local
 from llmop_router.tenants import TenantError, parse_tenant
 
 
@@ -91,7 +97,7 @@ def test_a_fallback_is_taken_only_with_its_key_and_below_its_concurrency() -> No
 
 def test_an_external_model_without_a_secret_needs_no_key() -> None:
     externals = Externals()
-    externals.replace([parse_external_model(doc())])
+    externals.put(parse_external_model(doc()))
     assert externals.usable("managed") == (externals.models["managed"], None)
     assert externals.readiness("managed")[0] is True
 
@@ -120,3 +126,27 @@ def test_a_tenants_fallback_policy_decides_which_fallbacks_answer_it() -> None:
     assert not never.may_fall_back("llama", external=False)
     with pytest.raises(TenantError, match=r"spec\.fallback must be one of Allowed"):
         tenant(fallback="Sometimes")
+
+
+def test_the_watch_keeps_a_read_key_through_a_relist_and_forgets_what_is_gone() -> None:
+    router = Router(RouteTable())
+    gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
+    seen: dict[str, list[dict[str, Any]]] = {}
+    priced = doc(
+        apiKeySecretRef={"name": "p"}, pricing={"inputPerMillion": "1", "outputPerMillion": "2"}
+    )
+    externals_of(router, gateway, "SYNC", {"items": [priced]}, seen)
+    router.externals.key_read("managed", "sk-1", None)
+    key = router.externals.models["managed"].key
+    assert key in gateway.prices
+    externals_of(router, gateway, "SYNC", {"items": [priced]}, seen)
+    assert router.externals.usable("managed") is not None, "a relist keeps the key read"
+    externals_of(router, gateway, "MODIFIED", doc(apiKeySecretRef={"name": "other"}), seen)
+    assert router.externals.usable("managed") is None, "another Secret: read again first"
+    assert key not in gateway.prices, "no pricing any more"
+    externals_of(router, gateway, "MODIFIED", doc(baseURL="ftp://nope"), seen)
+    assert "managed" not in router.externals.models, "an object it cannot use is dropped"
+    externals_of(router, gateway, "SYNC", {"items": [priced]}, seen)
+    externals_of(router, gateway, "SYNC", {"items": []}, seen)
+    assert router.externals.models == {}
+    assert key not in gateway.prices

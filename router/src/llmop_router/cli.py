@@ -375,10 +375,13 @@ def externals_of(
     `seen` keeps each object's status conditions (their transition times carry over)."""
     items = obj.get("items") or [] if kind == "SYNC" else [obj]
     if kind == "SYNC":
-        for listed in router.externals.models.values():
-            gateway.prices.pop(listed.key, None)
-        router.externals.replace([])
-        seen.clear()
+        # A relist: the ones no longer listed go; the others keep the key read for them
+        # (`put` drops it only when their Secret changed).
+        listed = {str((item.get("metadata") or {}).get("name", "")) for item in items}
+        for gone in [m for n, m in router.externals.models.items() if n not in listed]:
+            gateway.prices.pop(gone.key, None)
+            router.externals.remove(gone.name)
+            seen.pop(gone.name, None)
     for item in items:
         name = str((item.get("metadata") or {}).get("name", ""))
         old = router.externals.models.get(name)

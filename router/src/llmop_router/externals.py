@@ -74,13 +74,6 @@ class Externals:
     """Name → why it has no key (reason, message)."""
     in_flight: dict[str, int] = field(default_factory=dict)
 
-    def replace(self, models: list[ExternalModel]) -> None:
-        self.models = {m.name: m for m in models}
-        for gone in set(self.keys) - set(self.models):
-            del self.keys[gone]
-        for gone in set(self.problems) - set(self.models):
-            del self.problems[gone]
-
     def put(self, model: ExternalModel) -> None:
         old = self.models.get(model.name)
         self.models[model.name] = model
