@@ -417,8 +417,8 @@ async def keep_external_keys(
 ) -> None:
     """Forever: read each external model's key from its Secret (at once when the models
     change, else every `EXTERNAL_KEY_SECONDS`), and write each one's `Ready` condition when it
-    changes. A failed read keeps the key read before it."""
-    written: dict[str, str] = {}
+    differs from the object's (as last watched, or written here). A failed read keeps the key
+    read before it."""
     while True:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), EXTERNAL_KEY_SECONDS)
@@ -441,12 +441,10 @@ async def keep_external_keys(
                 externals.key_read(name, data[ref.key].strip(), None)
         for name in list(externals.models):
             ready, reason, message = externals.readiness(name)
-            patch = status_patch(
-                [(READY, ready, reason, message)], seen.get(name, []), None, time.time()
-            )
-            text = json.dumps([ready, reason, message])
-            if written.get(name) == text:
+            current = seen.get(name, [])
+            if _has_condition(current, (READY, ready, reason, message)):
                 continue
+            patch = status_patch([(READY, ready, reason, message)], current, None, time.time())
             try:
                 await patch_status(
                     session, api, name, patch, resource=LLMEXTERNALMODELS, namespace=namespace
@@ -454,8 +452,20 @@ async def keep_external_keys(
             except Exception as exc:
                 log.warning("status of LLMExternalModel %s not written: %s", name, exc)
                 continue
-            written[name] = text
             seen[name] = patch["status"]["conditions"]
+
+
+def _has_condition(conditions: list[dict[str, Any]], wanted: tuple[str, bool, str, str]) -> bool:
+    """Whether `conditions` (a status's) hold this one already: a recreated object (no status)
+    or one whose condition changed gets it written."""
+    kind, holds, reason, message = wanted
+    return any(
+        c.get("type") == kind
+        and c.get("status") == ("True" if holds else "False")
+        and c.get("reason") == reason
+        and c.get("message") == message[:1024]
+        for c in conditions
+    )
 
 
 # --- The gateway ----------------------------------------------------------------------------------
