@@ -90,6 +90,8 @@ def test_a_fallback_is_taken_only_with_its_key_and_below_its_concurrency() -> No
     ready, reason, message = externals.readiness("managed")
     assert (ready, reason) == (False, SECRET_NOT_FOUND)
     assert "kubectl -n ns create secret generic rotated --from-literal=apiKey=<key>" in message
+    externals.put(parse_external_model(doc(apiKeySecretRef={"name": "third"})))
+    assert externals.readiness("managed")[:2] == (False, "Pending"), "the old Secret's problem"
     externals.remove("managed")
     assert externals.models == {}
     assert externals.problems == {}

@@ -78,7 +78,9 @@ class Externals:
         old = self.models.get(model.name)
         self.models[model.name] = model
         if old is not None and old.secret != model.secret:
+            # Another Secret (or none): what was read of the old one no longer applies.
             self.keys.pop(model.name, None)
+            self.problems.pop(model.name, None)
 
     def remove(self, name: str) -> None:
         self.models.pop(name, None)
