@@ -345,6 +345,7 @@ class Agent:
             )
         try:
             code = await self.supervisor.wait()
+            self.supervisor.end_leftovers()
             outcome = await self.drain_task if self.drain_task is not None else None
             return self.exit_code(code, outcome)
         finally:

@@ -132,6 +132,21 @@ def exit_status(status: int) -> int:
     return 1
 
 
+def live_members(pgid: int) -> list[int]:
+    """PIDs in process group `pgid` that are not zombies (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{entry}/stat") as f:
+                # pid (comm) state ppid pgrp …; comm may hold spaces and parentheses.
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
 class Supervisor:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         self.argv = list(argv)
@@ -229,3 +244,26 @@ class Supervisor:
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def end_leftovers(self) -> bool:
+        """Once the engine's own process has exited: SIGKILL what is left of its process group.
+
+        vLLM's API server can exit while a worker of its EngineCore is still blocked in a
+        collective with another node's rank; that orphan keeps the GPU memory and the rendezvous
+        port, so the other ranks of the group go on seeing their leader. In a container the
+        runtime ends it with PID 1; under `shareProcessNamespace` or outside a container nothing
+        would. Returns whether anything was left."""
+        if self.proc is None or self.returncode is None:
+            return False
+        left = live_members(self.proc.pid)
+        if not left:
+            return False
+        log.warning(
+            "the engine exited leaving %d process(es) in its group (%s): killing them",
+            len(left),
+            ", ".join(map(str, left)),
+        )
+        # The group's id stays reserved while any member lives, so this reaches only it.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        return True

@@ -121,7 +121,13 @@ class WorkerAgent:
             await asyncio.sleep(min(0.5, self.settings.poll_interval_seconds))
         killed = False
         if self.supervisor.alive():
-            log.info("drain: stopping the rank after %.1fs", time.monotonic() - started)
+            log.info(
+                "drain: stopping the rank after %.1fs: %s",
+                time.monotonic() - started,
+                "its leader's port stopped answering"
+                if self.state.unreachable_polls >= worker.LEADER_GONE_POLLS
+                else f"the drain budget ({budget:.0f}s) ran out while the leader still answered",
+            )
             self.supervisor.send(signal.SIGTERM)
             if await self.supervisor.wait(timeout=ENGINE_EXIT_GRACE_SECONDS) is None:
                 log.error("drain: rank still running after SIGTERM; killing it")
@@ -206,6 +212,7 @@ class WorkerAgent:
         monitor = asyncio.create_task(self._monitor(), name="monitor")
         try:
             code = await self.supervisor.wait()
+            self.supervisor.end_leftovers()
             drain = self.drain_task
             if drain is None:
                 if await self._leader_answers():
