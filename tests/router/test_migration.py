@@ -275,3 +275,57 @@ async def test_a_non_streaming_answer_cut_mid_generation_runs_again_once_elsewhe
         ) as routed:
             assert (await routed.json())["choices"][0]["finish_reason"] == "abort"
         assert r.metric("llmop_router_migrations_total", reason="abort", outcome="rerun") == before
+
+
+@synchronous
+async def test_a_continuation_goes_only_to_a_pod_of_the_revision_that_began_it() -> None:
+    async with rig(replicas=3) as r:
+        _, reference = await r.stream(COMPLETIONS, completion(return_token_ids=True))
+        n = len(reference.prompt_ids)
+        began = next(rep for rep in r.replicas if rep.seen)
+        same, other = [rep for rep in r.replicas if rep is not began]
+        endpoints = [rep.address for rep in r.replicas]
+
+        def revisions(**by_address: str) -> None:
+            r.router.table.set(
+                "llama", "team", "llama", endpoints, Wake(), revisions=dict(by_address)
+            )
+
+        # The same prompt is picked to the same pod first; the other two serve r1 and r2.
+        revisions(**{began.address: "r1", same.address: "r1", other.address: "r2"})
+        for rep in r.replicas:
+            rep.seen.clear()
+        _, migrated = await r.stream(
+            COMPLETIONS, completion(return_token_ids=True), f"crash@ctx:{n + 5}"
+        )
+        assert_same(migrated, reference)
+        assert (len(began.seen), len(same.seen), len(other.seen)) == (1, 1, 0)
+
+        # No pod of r1 left but the one that failed: an error event, never the other revision.
+        revisions(**{began.address: "r1", same.address: "r2", other.address: "r2"})
+        for rep in r.replicas:
+            rep.seen.clear()
+        text, answer = await r.stream(
+            COMPLETIONS, completion(return_token_ids=True), f"crash@ctx:{n + 5}"
+        )
+        assert text.count("event: error") == 1
+        assert "serves the model revision that began it" in answer.errors[0]["error"]["message"]
+        assert answer.ids == reference.ids[:5]
+        assert (len(same.seen), len(other.seen)) == (0, 0)
+        assert (
+            r.metric("llmop_router_migrations_total", reason="reset", outcome="other_revision") == 1
+        )
+
+        # A pod the status does not list (its revision not known yet) is no target either.
+        revisions(**{began.address: "r1"})
+        text, answer = await r.stream(
+            COMPLETIONS, completion(return_token_ids=True), f"crash@ctx:{n + 5}"
+        )
+        assert text.count("event: error") == 1
+
+        # A status without revisions (an older operator): not pinned, as before.
+        r.router.table.set("llama", "team", "llama", endpoints, Wake(), revisions=None)
+        _, migrated = await r.stream(
+            COMPLETIONS, completion(return_token_ids=True), f"crash@ctx:{n + 5}"
+        )
+        assert_same(migrated, reference)

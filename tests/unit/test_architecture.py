@@ -53,6 +53,7 @@ PURE = (
     "quantity.py",
     "router_view.py",
     "name_owners.py",
+    "model_revision.py",
     "rollout_room.py",
 )
 IMPURE_STDLIB = {

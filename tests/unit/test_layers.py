@@ -58,6 +58,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.coldstart",
         "llmop.router_view",
         "llmop.name_owners",
+        "llmop.model_revision",
         "llmop.pool_view",
         "llmop.idle",
         "llmop.periodic",

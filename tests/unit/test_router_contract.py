@@ -16,6 +16,7 @@ import pytest
 
 from llmop import idle, idle_check, kinds
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentStatus, ScaleToZeroSpec
+from llmop.pods import pod_summary
 from llmop.render import RenderSettings, render_children
 from llmop.router_view import RouterRef, RouterView
 from llmop.sizing import plan_for
@@ -235,3 +236,55 @@ def test_the_operator_finds_the_admin_port_by_the_name_the_router_contract_gives
     assert idle.admin_port({"spec": {"containers": [{"name": "router"}]}}) == (
         contract.DEFAULT_ADMIN_PORT
     )
+
+
+def test_the_router_pins_continuations_to_the_revisions_the_operator_writes() -> None:
+    """Pods rendered from two specs (a rollout to another model revision) → the operator's pod
+    summaries and status → the router's endpoints, each with its pod's revision."""
+    old_spec = {"model": {**MODEL, "revision": "r1"}, "engine": {"backend": "simulator"}}
+    new_spec = {"model": {**MODEL, "revision": "r2"}, "engine": {"backend": "simulator"}}
+
+    def pod(spec: dict[str, Any], name: str) -> dict[str, Any]:
+        deployment = render_children(_resource(spec), SETTINGS, load_timeout_seconds=900).deployment
+        assert deployment is not None
+        template = deployment["spec"]["template"]
+        return {"metadata": {**template["metadata"], "name": name}, "spec": template["spec"]}
+
+    pods = [pod(old_spec, "llama-a-1"), pod(old_spec, "llama-a-2"), pod(new_spec, "llama-b-1")]
+    resource = _resource(new_spec)
+    observed = Observed(
+        "llama",
+        "team",
+        generation=1,
+        previous=LLMDeploymentStatus(),
+        children={kinds.DEPLOYMENT: workload_status(3, 3)},
+        pods=[pod_summary(p) for p in pods],
+        router=ROUTER,
+        routing=["llama-8b"],
+    )
+    status = derive_status(observed, resource.spec, None, template_hash=None, now=T0)
+    endpoint_slice = {
+        "metadata": {
+            "name": "llama-abcde",
+            "namespace": "team",
+            "labels": {"kubernetes.io/service-name": "llama"},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": contract.API_PORT_NAME, "port": 8000}],
+        "endpoints": [
+            {
+                "addresses": [f"10.0.0.{i}"],
+                "conditions": {"ready": True},
+                "targetRef": {"kind": "Pod", "name": p["metadata"]["name"], "namespace": "team"},
+            }
+            for i, p in enumerate(pods, start=1)
+        ],
+    }
+    table = RouteTable()
+    catalog = Catalog(table)
+    catalog.on_llmdeployment("SYNC", {"items": [_as_served(resource, status)]})
+    catalog.on_endpoint_slice("SYNC", {"items": [endpoint_slice]})
+    revisions = table.backends["llama-8b"].revisions
+    assert revisions is not None
+    assert revisions["10.0.0.1:8000"] == revisions["10.0.0.2:8000"] != revisions["10.0.0.3:8000"]
+    assert set(revisions) == {"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}

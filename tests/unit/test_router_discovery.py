@@ -370,3 +370,62 @@ def test_a_crs_fallbacks_follow_it_into_the_table_and_never_point_at_itself() ->
     claim = claim_of(llmd("llama", router={"fallback": malformed}))
     assert claim is not None
     assert claim.fallback == ()
+
+
+def with_pods(endpoint_slice_body: dict[str, Any], *pods: str) -> dict[str, Any]:
+    for endpoint, pod in zip(endpoint_slice_body["endpoints"], pods, strict=True):
+        endpoint["targetRef"] = {"kind": "Pod", "name": pod, "namespace": "team"}
+    return endpoint_slice_body
+
+
+def test_endpoints_carry_the_model_revision_the_status_gives_their_pod() -> None:
+    table = RouteTable()
+    catalog = Catalog(table)
+    revised = llmd("llama")
+    revised["status"] = {
+        "routing": {
+            "servedNames": ["llama"],
+            "modelRevisions": [
+                {"revision": "aaa", "pods": ["llama-old-1", "llama-old-2"]},
+                {"revision": "bbb", "pods": ["llama-new-1"]},
+                {"revision": 7, "pods": ["bad"]},  # malformed: left out
+                "junk",
+            ],
+        }
+    }
+    catalog.on_llmdeployment("SYNC", {"items": [revised]})
+    slice_body = with_pods(
+        endpoint_slice(
+            "llama",
+            ("10.0.0.1", READY),
+            ("10.0.0.2", READY),
+            ("10.0.0.3", READY),
+            ("10.0.0.4", READY),
+        ),
+        "llama-old-1",
+        "llama-new-1",
+        "llama-old-2",
+        "llama-unlisted",
+    )
+    catalog.on_endpoint_slice("SYNC", {"items": [slice_body]})
+    backend = table.backends["llama"]
+    assert backend.ring.endpoints == tuple(f"10.0.0.{i}:8000" for i in range(1, 5))
+    # The pod the status does not list yet has no revision: no target for a continuation.
+    assert backend.revisions == {
+        "10.0.0.1:8000": "aaa",
+        "10.0.0.2:8000": "bbb",
+        "10.0.0.3:8000": "aaa",
+    }
+
+    # A slice event keeps the revisions; a status without them (an older operator) unpins.
+    catalog.on_endpoint_slice(
+        "MODIFIED", with_pods(endpoint_slice("llama", ("10.0.0.2", READY)), "llama-new-1")
+    )
+    assert table.backends["llama"].revisions == {"10.0.0.2:8000": "bbb"}
+    catalog.on_llmdeployment("MODIFIED", llmd("llama"))
+    assert table.backends["llama"].revisions is None
+    # Routing decided but no pod listed: pinned, and nothing is a target.
+    empty = llmd("llama")
+    empty["status"] = {"routing": {"servedNames": ["llama"], "modelRevisions": []}}
+    catalog.on_llmdeployment("MODIFIED", empty)
+    assert table.backends["llama"].revisions == {}

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from llmop.conditions import parse_time
+from llmop.model_revision import SUMMARY_FIELD, model_revision
 from llmop.names import (
     ANNOTATION_ADAPTERS_REVISION,
     LABEL_LWS_GROUP_INDEX,
@@ -77,8 +78,8 @@ KEPT_ANNOTATIONS = (DELETION_COST_ANNOTATION, ANNOTATION_ADAPTERS_REVISION)
 
 def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What `pod_issue`, the agent reader and the cold-start breakdown read of a pod, and
-    nothing else: the watch cache
-    holds one per engine pod, so it stays small (no spec, no managedFields)."""
+    nothing else: the watch cache holds one per engine pod, so it stays small (no spec, no
+    managedFields; of the spec only the model revision it serves, `llmop.model_revision`)."""
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}
     keep = ("name", "image", "ready", "restartCount", "state", "lastState")
@@ -111,6 +112,9 @@ def pod_summary(pod: Mapping[str, Any]) -> dict[str, Any]:
             },
         }
     )
+    revision = model_revision(pod)
+    if revision is not None:
+        summary[SUMMARY_FIELD] = revision
     return summary
 
 

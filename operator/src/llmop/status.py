@@ -30,6 +30,7 @@ from llmop.api.v1alpha1 import (
     LLMDeployment,
     LLMDeploymentSpec,
     LLMDeploymentStatus,
+    ModelRevision,
     ObjectMeta,
     PlanStatus,
     RoutingStatus,
@@ -39,6 +40,7 @@ from llmop.api.v1alpha1 import (
 from llmop.conditions import Observation
 from llmop.group_restarts import GroupHistory, group_issue
 from llmop.kinds import ChildKind
+from llmop.model_revision import revisions_by_pod
 from llmop.pods import PodIssue, degraded_issue, replica_pods, worst_issue, worst_of
 from llmop.render.adapters import refusals
 from llmop.router_view import RouterView, endpoint, router_issue
@@ -387,7 +389,13 @@ def derive_status(
         group_summary=group_summary(spec, rollout),
         routing=None
         if observed.routing is None or not routed
-        else RoutingStatus(served_names=list(observed.routing)),
+        else RoutingStatus(
+            served_names=list(observed.routing),
+            model_revisions=[
+                ModelRevision(revision=revision, pods=served)
+                for revision, served in revisions_by_pod(pods).items()
+            ],
+        ),
     )
 
 

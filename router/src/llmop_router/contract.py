@@ -86,6 +86,12 @@ class Status:
     (`llmop.name_owners`); the router routes a name only to the CR that lists it. Where no
     claimant of a name carries `status.routing` yet (a new CR before its first status, an
     operator of an older version), the router falls back to the oldest claimant."""
+    MODEL_REVISIONS: Final = "modelRevisions"
+    """`status.routing.modelRevisions`: `[{revision, pods}]`, which engine pods serve which
+    model revision (`llmop.model_revision`); a stream is continued only on a pod of the
+    revision that began it. Absent (an operator of an older version): not pinned."""
+    REVISION: Final = "revision"
+    PODS: Final = "pods"
 
 
 # --- Scale to zero ------------------------------------------------------------------------------

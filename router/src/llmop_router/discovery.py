@@ -60,6 +60,9 @@ class Claim:
     """`spec.router.migrationLimit`; None: the router's own flag."""
     fallback: tuple[Fallback, ...] = ()
     """`spec.router.fallback`, in order (entries the router cannot read left out)."""
+    revisions: tuple[tuple[str, str], ...] | None = None
+    """(pod name, model revision) from `status.routing.modelRevisions`; None: the status says
+    nothing of revisions (an operator of an older version), so migration is not pinned."""
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -121,6 +124,7 @@ def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
         owned_of(llmd),
         limit if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0 else None,
         fallback_of(router.get(Spec.FALLBACK), (model, *adapters)),
+        revisions_of(llmd),
     )
 
 
@@ -172,6 +176,29 @@ def owned_of(llmd: Mapping[str, Any]) -> tuple[str, ...] | None:
     return tuple(str(n) for n in names if isinstance(n, str)) if isinstance(names, list) else ()
 
 
+MAX_REVISION_PODS = 2000
+"""Pods read from `status.routing.modelRevisions` at most (the operator lists no more)."""
+
+
+def revisions_of(llmd: Mapping[str, Any]) -> tuple[tuple[str, str], ...] | None:
+    """`status.routing.modelRevisions` as (pod, revision) pairs; None when the status does not
+    carry the key (not pinned: the operator predates it). Malformed entries are left out: their
+    pods are then no target for a continued stream."""
+    routing = (llmd.get("status") or {}).get(Status.ROUTING)
+    if not isinstance(routing, Mapping) or Status.MODEL_REVISIONS not in routing:
+        return None
+    entries = routing.get(Status.MODEL_REVISIONS)
+    found: list[tuple[str, str]] = []
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, Mapping):
+            continue
+        revision, pods = entry.get(Status.REVISION), entry.get(Status.PODS)
+        if not isinstance(revision, str) or not isinstance(pods, list):
+            continue
+        found += [(pod, revision) for pod in pods if isinstance(pod, str)]
+    return tuple(found[:MAX_REVISION_PODS])
+
+
 def owners(claims: Iterable[Claim]) -> dict[str, Claim]:
     """Model name → the one CR that serves it; adapter names count as model names. A name some
     claimant's status decides (`owned` not None) goes to the first claimant whose status lists
@@ -203,7 +230,13 @@ def service_of(endpoint_slice: Mapping[str, Any]) -> Key | None:
 
 def ready_endpoints(slices: Iterable[Mapping[str, Any]]) -> list[str]:
     """`ip:port` of every ready, non-terminating endpoint on the `http` port, sorted."""
-    found: set[str] = set()
+    return sorted(ready_pods(slices))
+
+
+def ready_pods(slices: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """`ready_endpoints`, each with the name of the pod behind it (its `targetRef`; "" when
+    the endpoint names no pod)."""
+    found: dict[str, str] = {}
     for endpoint_slice in slices:
         if endpoint_slice.get("addressType", "IPv4") not in ("IPv4", "IPv6"):
             continue
@@ -216,10 +249,12 @@ def ready_endpoints(slices: Iterable[Mapping[str, Any]]) -> list[str]:
             # `ready` unset means ready (EndpointSlice API); terminating pods are never picked.
             if conditions.get("ready") is False or conditions.get("terminating") is True:
                 continue
+            target = endpoint.get("targetRef") or {}
+            pod = str(target.get("name") or "") if target.get("kind", "Pod") == "Pod" else ""
             for address in (endpoint.get("addresses") or [])[:1]:
                 host = f"[{address}]" if ":" in address else address
-                found.add(f"{host}:{port}")
-    return sorted(found)
+                found[f"{host}:{port}"] = pod
+    return found
 
 
 @dataclass
@@ -233,8 +268,8 @@ class Catalog:
     serving: tuple[str, ...] = ()
     """The namespaces whose CRs may be routed (`--serving-namespaces`); empty: all."""
     claims: dict[Key, Claim] = field(default_factory=dict)
-    slices: dict[Key, dict[str, list[str]]] = field(default_factory=dict)
-    """Service → EndpointSlice name → its ready endpoints."""
+    slices: dict[Key, dict[str, dict[str, str]]] = field(default_factory=dict)
+    """Service → EndpointSlice name → its ready endpoints → the pod behind each."""
     synced: set[str] = field(default_factory=set)
     problems: dict[str, str] = field(default_factory=dict)
     """List → why it cannot be listed now (the CRD not installed, RBAC), as the watch says."""
@@ -288,10 +323,17 @@ class Catalog:
         wake = claim.wake if claim is not None else None
         limit = claim.migration_limit if claim is not None else None
         fallback = claim.fallback if claim is not None else ()
+        pods = self.pods(service)
+        revisions = endpoint_revisions(pods, claim.revisions if claim is not None else None)
         for model in self._served.get(service, ()):
-            endpoints = self.endpoints(service)
             self.table.set(
-                model, *service, endpoints, wake, migration_limit=limit, fallback=fallback
+                model,
+                *service,
+                pods,
+                wake,
+                migration_limit=limit,
+                fallback=fallback,
+                revisions=revisions,
             )
 
     @property
@@ -365,7 +407,13 @@ class Catalog:
             self.problems[key] = message
 
     def endpoints(self, service: Key) -> list[str]:
-        return sorted({e for found in self.slices.get(service, {}).values() for e in found})
+        return sorted(self.pods(service))
+
+    def pods(self, service: Key) -> dict[str, str]:
+        """The service's ready endpoints → the pod behind each ("" when unknown)."""
+        return {
+            e: pod for found in self.slices.get(service, {}).values() for e, pod in found.items()
+        }
 
     def _store_claim(self, obj: Mapping[str, Any]) -> None:
         claim = claim_of(obj)
@@ -376,7 +424,7 @@ class Catalog:
         service = service_of(obj)
         if service is not None:
             name = (obj.get("metadata") or {}).get("name", "")
-            self.slices.setdefault(service, {})[name] = ready_endpoints([obj])
+            self.slices.setdefault(service, {})[name] = ready_pods([obj])
 
     def _assign_models(self) -> None:
         chosen = owners(self.claims.values())
@@ -387,17 +435,29 @@ class Catalog:
             self.table.remove(model)
         for model, claim in chosen.items():
             key = (claim.namespace, claim.name)
-            endpoints = self.endpoints(key)
+            pods = self.pods(key)
             self.table.set(
                 model,
                 claim.namespace,
                 claim.name,
-                endpoints,
+                pods,
                 claim.wake,
                 migration_limit=claim.migration_limit,
                 fallback=claim.fallback,
+                revisions=endpoint_revisions(pods, claim.revisions),
             )
         self._served = served
+
+
+def endpoint_revisions(
+    pods: Mapping[str, str], revisions: tuple[tuple[str, str], ...] | None
+) -> dict[str, str] | None:
+    """Endpoint → the model revision of the pod behind it (endpoints of pods the status does
+    not list are left out); None when the CR's status carries no revisions."""
+    if revisions is None:
+        return None
+    by_pod = dict(revisions)
+    return {e: by_pod[pod] for e, pod in pods.items() if pod and pod in by_pod}
 
 
 def list_key(resource: str, namespace: str | None) -> str:

@@ -99,7 +99,7 @@ class RouterMetrics:
             "Streams whose engine failed after the first byte, by why (reset, eof, error, "
             "abort, idle, unready, status, connect) and what the router did (continued, "
             "restarted: nothing was sent yet, completed: only the end was lost, not_eligible, "
-            "limit, no_replica: ended with an error event)",
+            "limit, no_replica, other_revision: ended with an error event)",
             ["reason", "outcome"],
             registry=self.registry,
         )

@@ -97,6 +97,10 @@ class StreamForward:
         self.tries = 0
         """Attempts before the first 200."""
         self.migrations = 0
+        self.revision: str | None = None
+        """The model revision of the pod that began the answer (None: not known)."""
+        self.pinned = False
+        """The next attempt continues generated tokens: only a pod of `revision` may take it."""
 
     # -- the attempts --------------------------------------------------------------------
 
@@ -163,8 +167,12 @@ class StreamForward:
             self._count(trigger, "completed", endpoint, None)
             await self._end(record.ending("length"))
             return self.response
+        self.pinned = not restart
         following = self._next(self.failed, self.tries)
         if following is None:
+            if self.pinned and self._unpinned_target():
+                why = "no other ready replica serves the model revision that began it"
+                return await self._give_up(why, "other_revision", trigger, endpoint)
             return await self._give_up("no other ready replica", "no_replica", trigger, endpoint)
         self.migrations += 1
         record.next_attempt()
@@ -181,13 +189,29 @@ class StreamForward:
         continuation["return_token_ids"] = True
         return dumps(continuation)
 
-    def _live(self) -> set[str]:
-        """The CR's endpoints in the table now (ready, not terminating)."""
+    def _live(self, pinned: bool) -> set[str]:
+        """The CR's endpoints in the table now (ready, not terminating); `pinned`: only those
+        whose pod serves the revision that began the answer, where the CR's status says which
+        pods serve which (`Backend.revisions`)."""
         live: set[str] = set()
+        revisions: dict[str, str] | None = None
         for backend in self.table.backends.values():
             if (backend.namespace, backend.name) == self.cr:
                 live.update(backend.ring.endpoints)
-        return live
+                revisions = backend.revisions if revisions is None else revisions
+        if not pinned or revisions is None:
+            return live
+        return {e for e in live if self.revision is not None and revisions.get(e) == self.revision}
+
+    def _unpinned_target(self) -> bool:
+        """Some pod other than the failed ones could take the request, revision aside."""
+        return bool(self._live(pinned=False) - set(self.failed))
+
+    def _revision_of(self, endpoint: str) -> str | None:
+        for backend in self.table.backends.values():
+            if (backend.namespace, backend.name) == self.cr and backend.revisions is not None:
+                return backend.revisions.get(endpoint)
+        return None
 
     def _next(self, failed: list[str], tries: int) -> str | None:
         """The next pod: before the first 200 the pick's order (at most `ATTEMPTS`); after it,
@@ -198,7 +222,7 @@ class StreamForward:
             if tries >= ATTEMPTS:
                 return None
             return next((e for e in order if e not in failed), None)
-        live = self._live()
+        live = self._live(self.pinned)
         ranked = [e for e in order if e in live]
         ranked += sorted(live - set(order), key=lambda e: (self.table.in_flight[e], e))
         return next((e for e in ranked if e not in failed), None)
@@ -244,6 +268,7 @@ class StreamForward:
                         self.tap.status = upstream.status
                     return await self.relay_plain(upstream, first_byte)
                 if not self.opened:
+                    self.revision = self._revision_of(endpoint)
                     await self._open(upstream)
                 outcome = await self._pump(upstream, endpoint)
                 if outcome is not None:
@@ -317,7 +342,7 @@ class StreamForward:
                 idle = loop.time() - since
                 if got_event and idle >= settings.inactivity_seconds:
                     return "idle"
-                if idle >= settings.unready_idle_seconds and endpoint not in self._live():
+                if idle >= settings.unready_idle_seconds and endpoint not in self._live(pinned=False):
                     return "unready"
                 continue
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError):

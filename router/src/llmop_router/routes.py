@@ -58,6 +58,10 @@ class Backend:
     """The CR's `spec.router.migrationLimit`; None: the router's `--migration-limit`."""
     fallback: tuple[Fallback, ...] = ()
     """The CR's `spec.router.fallback`, in order."""
+    revisions: dict[str, str] | None = None
+    """Endpoint → the model revision its pod serves (`status.routing.modelRevisions`); a
+    stream is continued only on an endpoint of the revision that began it. None: the CR's
+    status carries no revisions, and continuations are not pinned."""
 
 
 @dataclass(frozen=True)
@@ -91,23 +95,24 @@ class RouteTable:
         *,
         migration_limit: int | None = None,
         fallback: tuple[Fallback, ...] = (),
+        revisions: dict[str, str] | None = None,
     ) -> None:
         """Route `model` to these endpoints (the ring is rebuilt only when the set changed).
-        `wake`, `migration_limit` and `fallback` are what the CR says; `wake` None (the CR not
-        known) keeps what the backend had of all three."""
+        `wake`, `migration_limit`, `fallback` and `revisions` are what the CR says; `wake` None
+        (the CR not known) keeps what the backend had of all four."""
         wanted = tuple(sorted(set(endpoints)))
         current = self.backends.get(model)
         if wake is None and current is not None:
             wake, migration_limit = current.wake, current.migration_limit
-            fallback = current.fallback
+            fallback, revisions = current.fallback, current.revisions
         wake = wake or Wake()
         if current is not None and current.ring.endpoints == wanted:
             current.namespace, current.name = namespace, name
             current.wake, current.migration_limit = wake, migration_limit
-            current.fallback = fallback
+            current.fallback, current.revisions = fallback, revisions
             return
         self.backends[model] = Backend(
-            namespace, name, Ring.of(wanted), wake, migration_limit, fallback
+            namespace, name, Ring.of(wanted), wake, migration_limit, fallback, revisions
         )
 
     def remove(self, model: str) -> None:

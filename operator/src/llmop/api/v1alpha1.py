@@ -1128,6 +1128,16 @@ class AdapterStatus(ApiModel):
     """Why it failed or waits, with the fix (the engine's own words for a refused load)."""
 
 
+class ModelRevision(ApiModel):
+    """The pods that serve one model revision."""
+
+    revision: str = Field(max_length=64)
+    """A hash of the model and the engine flags that decide its tokens (model revision,
+    tokenizer, dtype, quantization), read from the pod's engine container."""
+    pods: list[str] = Field(default_factory=list, max_length=2000)
+    """The names of the engine pods serving it (leaders only in a multi-node group)."""
+
+
 class RoutingStatus(ApiModel):
     """What the shared router may route to this LLMDeployment, as the operator decided."""
 
@@ -1136,6 +1146,10 @@ class RoutingStatus(ApiModel):
     a name only to the LLMDeployment that lists it here. A name another LLMDeployment owns is
     missing (Degraded, reason ModelNameConflict), and so is every name of one whose namespace
     may not serve through the router (reason NamespaceNotServed)."""
+    model_revisions: list[ModelRevision] = Field(default_factory=list, max_length=64)
+    """Which pods serve which model revision. The router continues a stream cut mid-answer
+    only on a pod of the revision that started it (docs/router.md, "Migration"): during a
+    rollout that changes the model, old and new pods serve the same names."""
 
 
 class LLMDeploymentStatus(ApiModel):
