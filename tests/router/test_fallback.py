@@ -220,3 +220,73 @@ async def test_an_engine_refusing_before_the_first_byte_goes_to_the_fallback() -
             assert ("Retry-After" in headers) == (refused == 503)
         assert len(qwen.seen) == 4
         assert r.metric("llmop_gateway_fallbacks_total", reason="unavailable") == 4
+
+
+@synchronous
+async def test_an_external_api_sees_none_of_the_clients_headers_and_its_own_stay_outside() -> None:
+    """Outbound, the client's cookies, forwarding and tracing headers and its own organization
+    stay in the cluster and the answer is asked uncompressed (the gateway meters its bytes);
+    inbound, the provider's cookies, account and rate limits for the platform's key do not
+    reach the client."""
+    seen: list[dict[str, str]] = []
+
+    async def provider_answer(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        seen.append({k.lower(): v for k, v in request.headers.items()})
+        answer = {
+            "id": "cmpl-x",
+            "object": "text_completion",
+            "created": 1,
+            "model": "upstream-model",
+            "choices": [{"index": 0, "text": " hi", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        }
+        return aiohttp.web.json_response(
+            answer,
+            headers={
+                "Set-Cookie": "__cf_bm=tracking; Path=/",
+                "OpenAI-Organization": "org-platform-account",
+                "OpenAI-Project": "proj-platform",
+                "x-ratelimit-limit-requests": "10000",
+                "X-Request-Id": "req_provider",
+                "Server": "cloudflare",
+                "Cache-Control": "no-store",
+            },
+        )
+
+    app = aiohttp.web.Application()
+    app.router.add_post("/v1/completions", provider_answer)
+    provider = TestServer(app, host="127.0.0.1")
+    await provider.start_server()
+    try:
+        async with rig([], Fallback("managed", external=True)) as (r, _qwen):
+            r.router.externals.put(managed(f"127.0.0.1:{provider.port}"))
+            r.router.externals.key_read("managed", PROVIDER_KEY, None)
+            client_headers = {
+                "Authorization": f"Bearer {SPENDER_KEY}",
+                "Cookie": "session=the-clients",
+                "X-Forwarded-For": "10.1.2.3",
+                "Traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                "OpenAI-Organization": "org-of-the-client",
+                "Accept-Encoding": "gzip, br",
+            }
+            async with r.http.post(
+                r.url + "/v1/completions", json=completion(), headers=client_headers
+            ) as answer:
+                status, headers, text = answer.status, answer.headers, await answer.text()
+            assert status == 200, text
+            assert headers["X-Llmop-Fallback"] == "managed"
+            for kept in ("Content-Type", "Cache-Control"):
+                assert kept in headers, kept
+            for gone in ("Set-Cookie", "OpenAI-Organization", "OpenAI-Project"):
+                assert gone not in headers, gone
+            assert headers.get("Server") != "cloudflare"  # the router's own, not the provider's
+            assert "x-ratelimit-limit-requests" not in headers
+            assert headers.get("X-Request-Id") != "req_provider"
+            [sent] = seen
+            assert sent["authorization"] == f"Bearer {PROVIDER_KEY}"
+            assert sent["accept-encoding"] == "identity"
+            for gone in ("cookie", "x-forwarded-for", "traceparent", "openai-organization"):
+                assert gone not in sent, gone
+            assert "x-request-id" in sent  # the gateway's id, for the provider's support
+    finally:
+        await provider.close()

@@ -2,7 +2,8 @@
 or, once a held stream's 200 headers went out, the same error as one SSE event
 (`event: error` with the OpenAI error object as its data); the SSE response a held stream
 gets its heartbeats in; and the headers of a request or an answer that go on through the router
-(`forwarded_headers`)."""
+(`forwarded_headers`; to and from an API outside the cluster, `external_request_headers` and
+`external_answer_headers`)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,33 @@ HOP_BY_HOP = frozenset(
 def forwarded_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     """End-to-end headers (Authorization included: the engine checks its API key)."""
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+EXTERNAL_REQUEST_HEADERS: Final = frozenset({"content-type", "accept", "x-request-id"})
+"""The client's headers an API outside the cluster gets: what the request needs, nothing that
+says who the client is or how the platform is built (cookies, forwarding and tracing headers,
+the client's own `OpenAI-Organization`); the gateway's key is added, the tenant's never goes."""
+EXTERNAL_ANSWER_HEADERS: Final = frozenset(
+    {"content-type", "content-encoding", "cache-control", "retry-after", "retry-after-ms", "date"}
+)
+"""A provider's answer headers a client gets. Left out: its cookies, the platform's account
+(`openai-organization`, `openai-project`), the provider's rate limits for the platform's key
+(`x-ratelimit-*`, which would contradict the gateway's own), its request id and server
+details."""
+
+
+def external_request_headers(headers: Mapping[str, str], key: str | None) -> CIMultiDict[str]:
+    """What goes to an external model: `EXTERNAL_REQUEST_HEADERS` of the client's, the model's
+    own key, and `Accept-Encoding: identity` (the gateway meters the answer's bytes as they
+    come, so they must not be compressed)."""
+    sent = CIMultiDict((k, v) for k, v in headers.items() if k.lower() in EXTERNAL_REQUEST_HEADERS)
+    sent["Accept-Encoding"] = "identity"
+    sent["User-Agent"] = "llmop-router"
+    if key is not None:
+        sent["Authorization"] = f"Bearer {key}"
+    return sent
+
+
+def external_answer_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    """What a client gets of an external model's answer headers (`EXTERNAL_ANSWER_HEADERS`)."""
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() in EXTERNAL_ANSWER_HEADERS)

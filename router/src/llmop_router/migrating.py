@@ -342,7 +342,9 @@ class StreamForward:
                 idle = loop.time() - since
                 if got_event and idle >= settings.inactivity_seconds:
                     return "idle"
-                if idle >= settings.unready_idle_seconds and endpoint not in self._live(pinned=False):
+                if idle >= settings.unready_idle_seconds and endpoint not in self._live(
+                    pinned=False
+                ):
                     return "unready"
                 continue
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError):

@@ -24,7 +24,13 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from llmop_router.answers import UNAVAILABLE_RETRY_AFTER, error_event, forwarded_headers
+from llmop_router.answers import (
+    UNAVAILABLE_RETRY_AFTER,
+    error_event,
+    external_answer_headers,
+    external_request_headers,
+    forwarded_headers,
+)
 from llmop_router.externals import ExternalModel
 from llmop_router.hold import Key
 from llmop_router.metering import Tap
@@ -251,11 +257,7 @@ class Proxy:
         could not be reached (the caller keeps the model's own answer). The whole answer may
         take `timeoutSeconds`."""
         assert self._session is not None
-        sent = CIMultiDict(
-            (k, v) for k, v in headers.items() if k.lower() not in ("authorization", "x-api-key")
-        )
-        if key is not None:
-            sent["Authorization"] = f"Bearer {key}"
+        sent = external_request_headers(headers, key)
         timeout = aiohttp.ClientTimeout(
             total=external.timeout_seconds, sock_connect=self.connect_timeout
         )
@@ -280,7 +282,7 @@ class Proxy:
         async with upstream:
             if tap is not None:
                 tap.status = upstream.status
-            return await self._relay(request, upstream, None, tap=tap)
+            return await self._relay(request, upstream, None, tap=tap, external=True)
 
     @staticmethod
     async def _held(upstream: aiohttp.ClientResponse) -> bytes | None:
@@ -303,9 +305,11 @@ class Proxy:
         *,
         data: bytes | None = None,
         keep_refusals: bool = False,
+        external: bool = False,
     ) -> web.StreamResponse:
         """Relay the answer: its bytes as they come, or `data` when it was read already. With
-        `keep_refusals`, an engine's 5xx or 429 is read (bounded) and returned unsent."""
+        `keep_refusals`, an engine's 5xx or 429 is read (bounded) and returned unsent; an
+        `external` model's answer keeps only the headers a client may see."""
         if prepared is not None:
             return await self._relay_into(prepared, upstream, first_byte, tap, data)
         if keep_refusals and (upstream.status >= 500 or upstream.status == 429):
@@ -313,7 +317,9 @@ class Proxy:
         response = web.StreamResponse(
             status=upstream.status,
             reason=upstream.reason,
-            headers=forwarded_headers(upstream.headers),
+            headers=external_answer_headers(upstream.headers)
+            if external
+            else forwarded_headers(upstream.headers),
         )
         response.headers["X-Accel-Buffering"] = "no"
         if self.draining():
