@@ -148,3 +148,74 @@ def test_a_name_keeps_its_owner_across_a_recreate(
             assert owned(kit, outside, "other") == []
     finally:
         operator.stop()
+
+
+EXTERNAL_CRD = (
+    Path(__file__).resolve().parents[2] / "crds" / "serving.llmop.dev_llmexternalmodels.yaml"
+)
+
+
+def test_a_fallback_to_an_external_model_that_does_not_exist_is_reported_until_it_does(
+    llmop_crd: Cluster, operator_kubeconfig: Path, kit: Kit, namespace: str, tmp_path: Path
+) -> None:
+    """The operator lists the LLMExternalModels beside the router (its own namespace, under
+    deploy/rbac.yaml's Role): a CR falling back to one that is not there is Degraded
+    `FallbackNotRouted` naming it and the fix; creating it clears that."""
+    llmop_crd.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(EXTERNAL_CRD))
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+    wait_until(
+        lambda: (
+            llmop_crd.kubectl(
+                "get",
+                "crd/llmexternalmodels.serving.llmop.dev",
+                "-o",
+                f"jsonpath={established}",
+                check=False,
+            ).stdout.strip()
+            == "True"
+        ),
+        timeout=60,
+        what="the LLMExternalModel CRD Established",
+    )
+    external = f"managed-{namespace}"
+    kit.kube.apply(router_deployment(OPERATOR_NAMESPACE), field_manager="llmop-test")
+    operator = OperatorProcess(
+        operator_kubeconfig,
+        tmp_path / "operator.log",
+        extra_env={"LLMOP_ROUTER": f"{OPERATOR_NAMESPACE}/{ROUTER}:8080"},
+    )
+    operator.start()
+    try:
+        falls_back = spec(replicas=0, router={"fallback": [{"externalModel": external}]})
+        kit.apply_llmd(namespace, "chat", falls_back)
+        reported = wait_until(
+            lambda: (d := degraded(kit, namespace, "chat"))[1] == "FallbackNotRouted" and d,
+            timeout=60,
+            what="Degraded FallbackNotRouted",
+        )
+        assert (
+            f"no LLMExternalModel {external!r} in namespace {OPERATOR_NAMESPACE!r}" in reported[2]
+        )
+        assert f"kubectl get llmexternalmodels -n {OPERATOR_NAMESPACE}" in reported[2]
+        kit.kube.apply(
+            {
+                "apiVersion": "serving.llmop.dev/v1alpha1",
+                "kind": "LLMExternalModel",
+                "metadata": {"name": external, "namespace": OPERATOR_NAMESPACE},
+                "spec": {"baseURL": "http://127.0.0.1:9/v1", "model": "upstream"},
+            },
+            field_manager="llmop-test",
+        )
+        wait_until(
+            lambda: degraded(kit, namespace, "chat")[1] != "FallbackNotRouted",
+            timeout=60,
+            what="FallbackNotRouted cleared once the external model exists",
+        )
+    finally:
+        operator.stop()
+        llmop_crd.kubectl(
+            "delete", "llmexternalmodel", external, "-n", OPERATOR_NAMESPACE, check=False
+        )
+        llmop_crd.kubectl(
+            "delete", "deployment", ROUTER, "-n", OPERATOR_NAMESPACE, "--wait=false", check=False
+        )

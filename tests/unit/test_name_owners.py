@@ -8,9 +8,10 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from llmop import conditions, name_owners
+from llmop import conditions, name_check, name_owners
 from llmop.api.v1alpha1 import Condition, LLMDeploymentStatus, RoutingStatus
 from llmop.config import load
+from llmop.kube import KubeError
 from llmop.metrics import Metrics
 from llmop.name_owners import Claimant, Owner, decide
 from llmop.reconcile.context import Context
@@ -123,7 +124,7 @@ def test_a_fallback_naming_no_other_routed_model_is_reported_with_the_fix() -> N
     # A fallback another routed CR serves is fine.
     fine = Claimant("team-a", "chat", FIRST.created, ("llama",), fallbacks=("qwen",))
     assert run([fine, backup], {}, T0).verdicts[fine.key].unknown_fallbacks == ()
-    # Parsed from the CR: `model` entries only (external models are the router's to check).
+    # Parsed from the CR: `model` entries, and `externalModel` entries apart.
     body = {
         "metadata": {"namespace": "team-a", "name": "chat"},
         "spec": {
@@ -134,6 +135,45 @@ def test_a_fallback_naming_no_other_routed_model_is_reported_with_the_fix() -> N
     claimant = name_owners.claimant_of(body)
     assert claimant is not None
     assert claimant.fallbacks == ("qwen",)
+    assert claimant.external_fallbacks == ("managed",)
+
+
+def test_a_fallback_naming_no_llmexternalmodel_is_reported_with_the_fix() -> None:
+    backup = Claimant("team-c", "backup", "2026-01-01T00:01:00Z", ("qwen",))
+    falls_back = Claimant(
+        "team-a",
+        "chat",
+        FIRST.created,
+        ("llama",),
+        fallbacks=("qwen",),
+        external_fallbacks=("managed", "missing"),
+    )
+    # Not known (they could not be listed): not judged.
+    assert run([falls_back, backup], {}, T0).verdicts[falls_back.key].unknown_externals == ()
+    decision = run([falls_back, backup], {}, T0, externals=["managed", "other"])
+    verdict = decision.verdicts[falls_back.key]
+    assert (verdict.unknown_fallbacks, verdict.unknown_externals) == ((), ("missing",))
+    issue = name_owners.verdict_issue(
+        verdict, "team-a", allowed=[], now=T0, grace=GRACE, external_namespace="llmop-system"
+    )
+    assert issue is not None
+    assert issue.reason == conditions.REASON_FALLBACK_NOT_ROUTED
+    assert issue.message.startswith("spec.router.fallback: no LLMExternalModel 'missing' in ")
+    assert "kubectl get llmexternalmodels -n llmop-system" in issue.message
+    assert "llmdeployments" not in issue.message  # only the fix that applies
+    # Both kinds missing: both named, both fixes.
+    both = Claimant(
+        "team-a", "chat", FIRST.created, ("llama",), ("mistral",), external_fallbacks=("gone",)
+    )
+    verdict = run([both], {}, T0, externals=[]).verdicts[both.key]
+    issue = name_owners.verdict_issue(verdict, "team-a", allowed=[], now=T0, grace=GRACE)
+    assert issue is not None
+    assert "'mistral'" in issue.message
+    assert "no LLMExternalModel 'gone'" in issue.message
+    assert "kubectl get llmdeployments -A" in issue.message
+    # All there: fine.
+    fine = run([falls_back, backup], {}, T0, externals=["managed", "missing"])
+    assert fine.verdicts[falls_back.key] == name_owners.Verdict(("llama",))
 
 
 def test_the_record_round_trips_and_is_bounded() -> None:
@@ -222,3 +262,48 @@ def test_before_the_first_decision_a_status_keeps_what_it_said() -> None:
     assert _names(ctx, "b", "chat", previous) == (["llama", "llama-sql"], None)
     ctx.names = {}  # decided, and it claims nothing (routing off)
     assert _names(ctx, "b", "chat", previous) == (None, None)
+
+
+class ListingKube:
+    """Answers the LLMExternalModel list: names, or an error; counts the lists."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.error: KubeError | None = None
+        self.lists: list[tuple[str, str, str | None]] = []
+
+    def list(self, api_version: str, kind: str, namespace: str | None = None) -> list[Any]:
+        self.lists.append((api_version, kind, namespace))
+        if self.error is not None:
+            raise self.error
+        return [{"metadata": {"name": n, "namespace": namespace}} for n in self.names]
+
+
+def test_the_routers_external_models_are_listed_only_while_a_fallback_names_one(
+    monkeypatch: Any,
+) -> None:
+    config = load(["--router", "llmop-system/llmop-router:8080"], {})
+    kube = ListingKube()
+    ctx = Context(kube=cast(Any, kube), config=config, metrics=Metrics(), instance="t")
+    keeper = name_check.Keeper()
+    plain = Claimant("team-a", "chat", FIRST.created, ("llama",))
+    external = Claimant("team-a", "chat", FIRST.created, ("llama",), external_fallbacks=("m",))
+    clock = [100.0]
+    monkeypatch.setattr(name_check.time, "monotonic", lambda: clock[0])
+
+    assert name_check.read_externals(ctx, keeper, "llmop-system", [plain]) is None
+    assert kube.lists == []
+    kube.names = ["m", "n"]
+    found = name_check.read_externals(ctx, keeper, "llmop-system", [plain, external])
+    assert found == frozenset({"m", "n"})
+    assert kube.lists == [("serving.llmop.dev/v1alpha1", "LLMExternalModel", "llmop-system")]
+    # Within the period the last list stands; after it, a new list.
+    kube.names = []
+    clock[0] += name_check.EXTERNALS_SECONDS / 2
+    assert name_check.read_externals(ctx, keeper, "llmop-system", [external]) == {"m", "n"}
+    clock[0] += name_check.EXTERNALS_SECONDS
+    assert name_check.read_externals(ctx, keeper, "llmop-system", [external]) == frozenset()
+    # Cannot list (RBAC): not judged rather than every external fallback reported missing.
+    kube.error = KubeError("GET llmexternalmodels: 403 forbidden", 403)
+    clock[0] += name_check.EXTERNALS_SECONDS
+    assert name_check.read_externals(ctx, keeper, "llmop-system", [external]) is None

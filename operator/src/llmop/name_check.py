@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -25,11 +26,15 @@ from llmop.name_owners import Owner
 from llmop.periodic import run_rounds
 from llmop.reconcile import Context
 from llmop.router_check import refresh_all
+from llmop_router import contract as router_contract
 
 log = logging.getLogger("llmop.name_check")
 
 CHECK_SECONDS = 2.0
 """Between two decisions: how soon a new conflict, or a recreated owner, shows in status."""
+EXTERNALS_SECONDS = 10.0
+"""Between two lists of the router's LLMExternalModels, made only while some CR's fallback
+names one: how soon a created (or deleted) external model shows in the CRs' status."""
 FIELD_MANAGER = "llmop-operator"
 
 
@@ -39,6 +44,45 @@ class Keeper:
 
     stored: dict[str, Owner] | None = None
     written: dict[str, Owner] = field(default_factory=dict)
+    externals: frozenset[str] | None = None
+    """The LLMExternalModels in the router's namespace as last listed (None: not known)."""
+    externals_listed: float | None = None
+    """When they were last listed (monotonic seconds)."""
+    externals_problem: str | None = None
+
+
+def read_externals(
+    ctx: Context, keeper: Keeper, namespace: str, claimants: Iterable[name_owners.Claimant]
+) -> frozenset[str] | None:
+    """The names of the LLMExternalModels in the router's `namespace`, listed at most every
+    `EXTERNALS_SECONDS` and only while a CR's fallback names one; None when they cannot be
+    listed (external fallbacks are then not judged)."""
+    if not any(c.external_fallbacks for c in claimants):
+        keeper.externals, keeper.externals_listed = None, None
+        return None
+    now = time.monotonic()
+    if keeper.externals_listed is not None and now - keeper.externals_listed < EXTERNALS_SECONDS:
+        return keeper.externals
+    keeper.externals_listed = now
+    try:
+        # A CRD not installed lists as empty: then no external model exists.
+        items = ctx.kube.list(
+            router_contract.API_VERSION, router_contract.EXTERNAL_MODEL_KIND, namespace
+        )
+    except KubeError as error:
+        if keeper.externals_problem != str(error):
+            log.warning(
+                "cannot list the LLMExternalModels in %s, so fallbacks to them are not checked: %s",
+                namespace,
+                error,
+            )
+        keeper.externals_problem, keeper.externals = str(error), None
+        return None
+    keeper.externals_problem = None
+    keeper.externals = frozenset(
+        str(item["metadata"]["name"]) for item in items if (item.get("metadata") or {}).get("name")
+    )
+    return keeper.externals
 
 
 def read_record(ctx: Context, namespace: str) -> dict[str, Owner]:
@@ -54,8 +98,9 @@ def check(
     router = ctx.router
     if router is None:
         return []
-    # The operator's own namespace, where its Lease is (and its RBAC to keep the record); the
-    # chart installs the router there too.
+    # The operator's own namespace, where its Lease is (and its RBAC to keep the record and to
+    # list the LLMExternalModels); the chart installs the router, and so its external models,
+    # there too.
     namespace = ctx.config.own_namespace or router.ref.namespace
     bodies = list(parents)
     if keeper.stored is None:
@@ -74,6 +119,7 @@ def check(
         now=ctx.clock(),
         grace=timedelta(seconds=ctx.config.name_grace_seconds),
         serving_namespaces=ctx.config.serving_namespaces,
+        externals=read_externals(ctx, keeper, namespace, claimants),
     )
     keeper.stored = decision.record
     if decision.record != keeper.written:

@@ -67,8 +67,9 @@ class Claimant:
     """Its `metadata.creationTimestamp` (RFC 3339, so it sorts as text)."""
     names: tuple[str, ...]
     fallbacks: tuple[str, ...] = ()
-    """The routed models its `spec.router.fallback` names (`model`; external ones are the
-    router's to check)."""
+    """The routed models its `spec.router.fallback` names (`model`)."""
+    external_fallbacks: tuple[str, ...] = ()
+    """The `LLMExternalModel`s its `spec.router.fallback` names (`externalModel`)."""
 
     @property
     def key(self) -> Key:
@@ -104,6 +105,9 @@ class Verdict:
     namespace_served: bool = True
     unknown_fallbacks: tuple[str, ...] = ()
     """Models its `spec.router.fallback` names that no other routed CR serves now."""
+    unknown_externals: tuple[str, ...] = ()
+    """`LLMExternalModel`s its `spec.router.fallback` names that do not exist in the router's
+    namespace (checked only while they can be listed)."""
 
 
 @dataclass(frozen=True)
@@ -137,8 +141,15 @@ def claimant_of(llmd: Mapping[str, Any]) -> Claimant | None:
             if isinstance(f, Mapping) and isinstance(f.get(spec_keys.FALLBACK_MODEL), str)
         )
     )
+    externals = tuple(
+        dict.fromkeys(
+            str(f[spec_keys.FALLBACK_EXTERNAL_MODEL])
+            for f in router.get(spec_keys.FALLBACK) or []
+            if isinstance(f, Mapping) and isinstance(f.get(spec_keys.FALLBACK_EXTERNAL_MODEL), str)
+        )
+    )
     created = str(meta.get("creationTimestamp") or "")
-    return Claimant(str(namespace), str(name), created, names, fallbacks)
+    return Claimant(str(namespace), str(name), created, names, fallbacks, externals)
 
 
 def decide(
@@ -149,10 +160,13 @@ def decide(
     now: datetime,
     grace: timedelta,
     serving_namespaces: Iterable[str] = (),
+    externals: Iterable[str] | None = None,
 ) -> Decision:
     """The owners of every claimed name and each claimant's verdict (see the module's rule).
     `present` are all the CRs that exist (routed or not): an owner that exists but no longer
-    claims a name lets it go at once."""
+    claims a name lets it go at once. `externals`: the names of the `LLMExternalModel`s in the
+    router's namespace (None: not known, and external fallbacks are not judged)."""
+    known_externals = None if externals is None else frozenset(externals)
     allowed = frozenset(serving_namespaces)
     ordered = sorted(claimants, key=lambda c: (c.created, c.namespace, c.name))
     existing = set(present)
@@ -180,7 +194,14 @@ def decide(
             or owners[f].absent_since is not None
             or owners[f].key == claimant.key
         )
-        verdicts[claimant.key] = Verdict(owned, lost, unknown_fallbacks=unknown)
+        missing = (
+            ()
+            if known_externals is None
+            else tuple(e for e in claimant.external_fallbacks if e not in known_externals)
+        )
+        verdicts[claimant.key] = Verdict(
+            owned, lost, unknown_fallbacks=unknown, unknown_externals=missing
+        )
     return Decision(_bounded(owners), verdicts)
 
 
@@ -303,7 +324,13 @@ def not_served_message(namespace: str, allowed: Iterable[str]) -> str:
 
 
 def verdict_issue(
-    verdict: Verdict, namespace: str, *, allowed: Iterable[str], now: datetime, grace: timedelta
+    verdict: Verdict,
+    namespace: str,
+    *,
+    allowed: Iterable[str],
+    now: datetime,
+    grace: timedelta,
+    external_namespace: str = "",
 ) -> PodIssue | None:
     """Why the router does not route (some of) a CR's names, as its `Degraded` says; None: it
     owns them all."""
@@ -317,29 +344,52 @@ def verdict_issue(
             conflict_message(verdict.lost, now=now, grace=grace),
             "",
         )
-    if verdict.unknown_fallbacks:
+    if verdict.unknown_fallbacks or verdict.unknown_externals:
         return PodIssue(
             conditions.REASON_FALLBACK_NOT_ROUTED,
-            fallback_message(verdict.unknown_fallbacks, own=verdict.owned),
+            fallback_message(
+                verdict.unknown_fallbacks,
+                own=verdict.owned,
+                externals=verdict.unknown_externals,
+                external_namespace=external_namespace,
+            ),
             "",
         )
     return None
 
 
-def fallback_message(unknown: Iterable[str], *, own: Iterable[str]) -> str:
+def fallback_message(
+    unknown: Iterable[str],
+    *,
+    own: Iterable[str],
+    externals: Iterable[str] = (),
+    external_namespace: str = "",
+) -> str:
     """The `FallbackNotRouted` message: each fallback the router skips, and the fix."""
-    mine = set(own)
+    unknown, externals, mine = tuple(unknown), tuple(externals), set(own)
     parts = [
         f"{name!r} is this LLMDeployment's own model"
         if name in mine
         else f"no LLMDeployment routed through the router serves {name!r}"
         for name in unknown
     ]
+    where = f" in namespace {external_namespace!r}" if external_namespace else ""
+    parts += [f"no LLMExternalModel {name!r}{where}" for name in externals]
+    fixes = []
+    if unknown or not externals:
+        fixes.append("name another routed model's served name (kubectl get llmdeployments -A)")
+    if externals:
+        fixes.append(
+            f"create the LLMExternalModel{where} (the router's: kubectl get llmexternalmodels"
+            + (f" -n {external_namespace}" if external_namespace else "")
+            + ")"
+        )
     return (
         "spec.router.fallback: "
         + "; ".join(parts)
-        + ". The router skips such a fallback (the model's own answer stands): name another "
-        "routed model's served name (kubectl get llmdeployments -A), or remove the entry."
+        + ". The router skips such a fallback (the model's own answer stands): "
+        + ", or ".join(fixes)
+        + ", or remove the entry."
     )
 
 

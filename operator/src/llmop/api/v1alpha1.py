@@ -767,8 +767,9 @@ class RouterSpec(ApiModel):
     """With the router's gateway: models to send a request to, in order, when this one cannot
     answer it (docs/gateway.md, "Fallback"). One hop: a fallback's own fallbacks are not
     followed, so a cycle cannot loop. The answer says which model gave it (`X-Llmop-Fallback`).
-    A `model` no other routed LLMDeployment serves is skipped, and the CR is Degraded with
-    reason FallbackNotRouted; an `externalModel`'s problems are on its own status."""
+    A `model` no other routed LLMDeployment serves, or an `externalModel` naming no
+    LLMExternalModel in the router's namespace, is skipped, and the CR is Degraded with reason
+    FallbackNotRouted; an existing external model's problems are on its own status."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -262,6 +262,7 @@ def _names(
         allowed=ctx.config.serving_namespaces,
         now=ctx.clock(),
         grace=timedelta(seconds=ctx.config.name_grace_seconds),
+        external_namespace=ctx.config.own_namespace or ctx.router.ref.namespace,
     )
     return list(verdict.owned), issue
 
