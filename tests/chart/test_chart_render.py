@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import helm_python as helm
@@ -74,6 +76,8 @@ def test_every_case_passes_the_schema_and_renders(case: str) -> None:
         ({"replicaCount": 2}, "replicaCount"),
         ({"router": {"migration": {"limit": 11}}}, "limit"),
         ({"router": {"migration": {"inactivitySeconds": 0}}}, "inactivitySeconds"),
+        ({"router": {"gateway": {"gpuHourPrice": "2,49"}}}, "gpuHourPrice"),
+        ({"router": {"gateway": {"gpuHourCurrency": "dollars"}}}, "gpuHourCurrency"),
     ],
 )
 def test_schema_rejects_typos_and_bad_values(values: dict[str, Any], offender: str) -> None:
@@ -654,7 +658,7 @@ def _dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
 
 
 def test_alerts_and_dashboards_only_use_metrics_that_exist() -> None:
-    from llmop_router.metrics import GatewayMetrics, QueueMetrics, RouterMetrics
+    from llmop_router.metrics import GatewayMetrics, GpuCost, QueueMetrics, RouterMetrics
 
     exported = _engine_metric_names()
     docs = render(MATRIX["monitoring-all"])
@@ -667,6 +671,8 @@ def test_alerts_and_dashboards_only_use_metrics_that_exist() -> None:
     metrics = RouterMetrics()
     gateway = GatewayMetrics(metrics.registry)
     queue = QueueMetrics(metrics.registry)
+    # Registered by the router only with a GPU-hour price; collected from its route table.
+    metrics.registry.register(GpuCost(Decimal(1), "USD", lambda: [("m", 1)]))
     router = {f.name: f for f in metrics.registry.collect()}
     members = {
         **metrics.__dict__,
@@ -674,6 +680,7 @@ def test_alerts_and_dashboards_only_use_metrics_that_exist() -> None:
         **{f"queue.{k}": v for k, v in queue.__dict__.items()},
     }
     collectors = {c._name: c for c in members.values() if hasattr(c, "_name")}
+    collectors[GpuCost.NAME] = SimpleNamespace(_labelnames=GpuCost.LABELS)
     router_exprs = _dashboard_exprs(json.loads(data["llmop-router.json"]))
     for expr in router_exprs:
         series = {SAMPLE_SUFFIX.sub("", m) for m in METRIC_RE.findall(expr)}
@@ -891,6 +898,13 @@ def test_the_gateway_is_on_by_default_with_its_own_store_only_the_routers_reach(
     notes = render_files({})["llmop/templates/NOTES.txt"]
     assert "answers every request 401" in notes
     assert "llmop key new" in notes
+
+
+def test_a_gpu_hour_price_reaches_the_router_only_when_set() -> None:
+    assert "--gpu-hour-price" not in _router_args({})
+    args = _router_args({"router": {"gateway": {"gpuHourPrice": "2.49", "gpuHourCurrency": "EUR"}}})
+    at = args.index("--gpu-hour-price")
+    assert args[at : at + 4] == ["--gpu-hour-price", "2.49", "--gpu-hour-currency", "EUR"]
 
 
 def test_an_existing_store_with_a_password_is_mounted_as_a_file() -> None:

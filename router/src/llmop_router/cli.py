@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import aiohttp
@@ -53,7 +54,7 @@ from llmop_router.kube import (
     read_secret,
     wake,
 )
-from llmop_router.metrics import GatewayMetrics
+from llmop_router.metrics import GatewayMetrics, GpuCost
 from llmop_router.migration import Settings as MigrationSettings
 from llmop_router.priorities import PriorityClass, parse_priority_class
 from llmop_router.routes import Backend, RouteTable
@@ -518,12 +519,41 @@ def _gateway_arguments(serving: argparse.ArgumentParser) -> None:
         "[default: $POD_NAMESPACE]",
     )
     group.add_argument(
+        "--gpu-hour-price",
+        type=_gpu_hour_price,
+        default=None,
+        metavar="AMOUNT",
+        help="what one GPU costs per hour (a decimal, in --gpu-hour-currency): reported per "
+        "routed model as llmop_gateway_gpu_cost_per_hour, so a dashboard shows what a token "
+        "costs in GPU time; unset: not reported",
+    )
+    group.add_argument(
+        "--gpu-hour-currency",
+        default="USD",
+        help="the currency of --gpu-hour-price",
+    )
+    group.add_argument(
         "--replicas",
         type=int,
         default=1,
         help="router replicas sharing the store and the engines: while the store is down each "
         "admits 1/N of a limit, and each sends a saturated model 1/N of its slots",
     )
+
+
+def _gpu_hour_price(text: str) -> Decimal:
+    try:
+        price = Decimal(text)
+    except InvalidOperation:
+        price = Decimal("NaN")
+    if not price.is_finite() or price < 0 or price > MAX_GPU_HOUR_PRICE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a price: a decimal from 0 to {MAX_GPU_HOUR_PRICE}, e.g. 2.49"
+        )
+    return price
+
+
+MAX_GPU_HOUR_PRICE = Decimal(1_000_000)
 
 
 DEFAULT_STORE_TIMEOUT_MS = 250.0
@@ -552,6 +582,15 @@ def _gateway(args: argparse.Namespace, router: Router) -> Gateway:
     else:
         store = Local()
     router.sharing.replicas = max(1, args.replicas)
+    if args.gpu_hour_price is not None:
+        table = router.table
+        router.metrics.registry.register(
+            GpuCost(
+                args.gpu_hour_price,
+                args.gpu_hour_currency,
+                lambda: [(m, b.gpus * len(b.ring.endpoints)) for m, b in table.backends.items()],
+            )
+        )
     return Gateway(store, metrics)
 
 

@@ -63,6 +63,8 @@ class Claim:
     revisions: tuple[tuple[str, str], ...] | None = None
     """(pod name, model revision) from `status.routing.modelRevisions`; None: the status says
     nothing of revisions (an operator of an older version), so migration is not pinned."""
+    gpus: int = 0
+    """GPUs behind each endpoint: `spec.resources.gpus` times the pods of a multi-node group."""
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -125,7 +127,18 @@ def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
         limit if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0 else None,
         fallback_of(router.get(Spec.FALLBACK), (model, *adapters)),
         revisions_of(llmd),
+        gpus_of(spec),
     )
+
+
+def gpus_of(spec: Mapping[str, Any]) -> int:
+    """GPUs behind one endpoint of the CR: `spec.resources.gpus` (default 1) in each of the
+    `spec.engine.pipelineParallelSize` pods of a replica (default 1); 0 for anything malformed."""
+    gpus = (spec.get(Spec.RESOURCES) or {}).get(Spec.GPUS, 1)
+    pods = (spec.get(Spec.ENGINE) or {}).get(Spec.PIPELINE_PARALLEL_SIZE, 1)
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (gpus, pods)):
+        return 0
+    return int(gpus) * max(1, int(pods))
 
 
 def fallback_of(raw: object, own: tuple[str, ...]) -> tuple[Fallback, ...]:
@@ -334,6 +347,7 @@ class Catalog:
                 migration_limit=limit,
                 fallback=fallback,
                 revisions=revisions,
+                gpus=claim.gpus if claim is not None and model == claim.model else 0,
             )
 
     @property
@@ -445,6 +459,8 @@ class Catalog:
                 migration_limit=claim.migration_limit,
                 fallback=claim.fallback,
                 revisions=endpoint_revisions(pods, claim.revisions),
+                # The CR's GPUs counted once, on its served name (not again on its adapters').
+                gpus=claim.gpus if model == claim.model else 0,
             )
         self._served = served
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from decimal import Decimal
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 ROUTING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 WAKE_BUCKETS = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1200)
@@ -254,3 +256,36 @@ class GatewayMetrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+
+class GpuCost:
+    """`llmop_gateway_gpu_cost_per_hour{model, currency}`: what the GPUs behind each routed
+    model's ready endpoints cost per hour now, at the router's `--gpu-hour-price`. Read from the
+    route table at each scrape, so it is never stale; every router pod reports the same figure
+    (dashboards take the max across pods). Divided by the tokens the gateway metered, it is the
+    cost of a token in GPU time, which an idle model makes high."""
+
+    NAME = "llmop_gateway_gpu_cost_per_hour"
+    LABELS = ("model", "currency")
+
+    def __init__(
+        self, price: Decimal, currency: str, in_use: Callable[[], Iterable[tuple[str, int]]]
+    ) -> None:
+        self.price, self.currency, self.in_use = price, currency, in_use
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(self.NAME, self._help(), labels=self.LABELS)]
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.NAME, self._help(), labels=self.LABELS)
+        for model, gpus in self.in_use():
+            if gpus > 0:
+                family.add_metric([model, self.currency], float(self.price * gpus))
+        yield family
+
+    @staticmethod
+    def _help() -> str:
+        return (
+            "Cost per hour of the GPUs behind each routed model's ready endpoints "
+            "(--gpu-hour-price times spec.resources.gpus times the pods of a replica)"
+        )

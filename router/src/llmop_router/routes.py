@@ -62,6 +62,9 @@ class Backend:
     """Endpoint → the model revision its pod serves (`status.routing.modelRevisions`); a
     stream is continued only on an endpoint of the revision that began it. None: the CR's
     status carries no revisions, and continuations are not pinned."""
+    gpus: int = 0
+    """GPUs behind each endpoint (0 on an adapter's name: the CR's are counted on its served
+    name), for the GPU-time cost (`llmop_gateway_gpu_cost_per_hour`)."""
 
 
 @dataclass(frozen=True)
@@ -96,23 +99,24 @@ class RouteTable:
         migration_limit: int | None = None,
         fallback: tuple[Fallback, ...] = (),
         revisions: dict[str, str] | None = None,
+        gpus: int = 0,
     ) -> None:
         """Route `model` to these endpoints (the ring is rebuilt only when the set changed).
-        `wake`, `migration_limit`, `fallback` and `revisions` are what the CR says; `wake` None
-        (the CR not known) keeps what the backend had of all four."""
+        `wake`, `migration_limit`, `fallback`, `revisions` and `gpus` are what the CR says;
+        `wake` None (the CR not known) keeps what the backend had of all five."""
         wanted = tuple(sorted(set(endpoints)))
         current = self.backends.get(model)
         if wake is None and current is not None:
             wake, migration_limit = current.wake, current.migration_limit
-            fallback, revisions = current.fallback, current.revisions
+            fallback, revisions, gpus = current.fallback, current.revisions, current.gpus
         wake = wake or Wake()
         if current is not None and current.ring.endpoints == wanted:
             current.namespace, current.name = namespace, name
             current.wake, current.migration_limit = wake, migration_limit
-            current.fallback, current.revisions = fallback, revisions
+            current.fallback, current.revisions, current.gpus = fallback, revisions, gpus
             return
         self.backends[model] = Backend(
-            namespace, name, Ring.of(wanted), wake, migration_limit, fallback, revisions
+            namespace, name, Ring.of(wanted), wake, migration_limit, fallback, revisions, gpus
         )
 
     def remove(self, model: str) -> None:
