@@ -20,7 +20,10 @@ and the reference's first k generated ids, where k is where this stream's seam f
 prompt) sent straight to the replica that continued it, without any fault; its text joined to
 the reference's first k tokens' is compared the same way.
 
-    python bench/migration_vllm_bench.py [--kills 30] [--hangs 10] [--seed 7]
+Then `--stops` streams with a stop string spanning two tokens, killed inside it: compared with
+the engine's own answer to the same request (its own stop rules), past the router.
+
+    python bench/migration_vllm_bench.py [--kills 30] [--hangs 10] [--stops 6] [--seed 7]
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class Answer:
     """(seconds since the previous event, tokens read before this one) per event."""
     faulted_at: int = 0
     """How many events had been read when the fault was sent."""
+    pieces: list[str] = field(default_factory=list)
+    """The text of each chunk, in order."""
+    stop_reason: Any = None
 
     @property
     def complete(self) -> bool:
@@ -159,6 +165,9 @@ def take(answer: Answer, chunk: dict[str, Any]) -> None:
         return
     for choice in chunk.get("choices") or []:
         answer.text += choice.get("text") or ""
+        answer.pieces.append(choice.get("text") or "")
+        if choice.get("stop_reason") is not None:
+            answer.stop_reason = choice["stop_reason"]
         answer.ids += choice.get("token_ids") or []
         if choice.get("prompt_token_ids"):
             answer.prompt_ids = list(choice["prompt_token_ids"])
@@ -313,12 +322,77 @@ async def run(rig: Rig, router: str, kills: int, hangs: int, seed: int) -> list[
     return found
 
 
+@dataclass
+class StopTrial:
+    prompt: int
+    stop: str
+    at: int
+    answer: Answer
+    engine: Answer
+    """The engine's own answer with the stop string, past the router (its own stop rules)."""
+
+    @property
+    def equal(self) -> bool:
+        a, e = self.answer, self.engine
+        return (
+            a.status == 200
+            and a.done
+            and not a.error
+            and (a.text, a.ids, a.finish, a.stop_reason) == (e.text, e.ids, e.finish, e.stop_reason)
+            and a.completion_tokens == e.completion_tokens
+        )
+
+
+async def stop_trials(rig: Rig, router: str, count: int, seed: int) -> list[StopTrial]:
+    """Streams with a stop string that spans two tokens, their engine's EngineCore SIGKILLed
+    once the first of those tokens was read (its characters held back by the router, which
+    matches stop strings itself): does the continuation stop where the engine's own stop rules
+    stop an uncut request, with the same text, ids, `stop_reason` and usage?"""
+    draw = random.Random(seed + 1)
+    found: list[StopTrial] = []
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        for n in range(1, count + 1):
+            prompt = draw.randrange(len(PROMPTS))
+            plain = await stream(http, router, body(PROMPTS[prompt]))
+            spans = [
+                j
+                for j in range(4, MAX_TOKENS - 8)
+                if len(plain.pieces[j].strip()) >= 1 and len(plain.pieces[j + 1]) >= 2
+            ]
+            j = draw.choice(spans)
+            stop = plain.pieces[j][-2:] + plain.pieces[j + 1][:2]
+            payload = {**body(PROMPTS[prompt]), "stop": [stop]}
+            engine = await stream(http, rig.engines[0].api + "/v1/completions", payload)
+            # The fault once the tokens before the stop string's last piece were read.
+            at = max(1, len(engine.ids) - 1)
+            hit: list[int] = []
+
+            async def fault(hit: list[int] = hit) -> None:
+                index = await running_on(http, rig.engines)
+                hit.append(index)
+                os.kill(rig.engines[index].engine_core_pid(), signal.SIGKILL)
+
+            answer = await stream(http, router, payload, at, fault)
+            found.append(StopTrial(prompt, stop, at, answer, engine))
+            print(
+                f"stop {n}/{count} {stop!r} (the engine stops after {len(engine.ids)} tokens), "
+                f"kill after {at}: {'equal' if found[-1].equal else 'DIFFERENT'} "
+                f"(finish {answer.finish}, stop_reason {answer.stop_reason!r})"
+                + (f", error {answer.error}" if answer.error else ""),
+                flush=True,
+            )
+            if hit:
+                await rig.restart(hit[0])
+    return found
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
-def report(faults: list[Fault], seconds: float) -> None:
+def report(faults: list[Fault], seconds: float, stops: list[StopTrial]) -> None:
     print(
         f"\nmigration over 2 real vLLM (CPU) replicas, tiny model, greedy streams of "
         f"{MAX_TOKENS} tokens, one at a time ({seconds:.0f} s in all)\n"
@@ -339,6 +413,13 @@ def report(faults: list[Fault], seconds: float) -> None:
             f"| {sum(f.control_equal for f in rows)} | "
             f"{statistics.median(stalls):.2f} / {pct(stalls, 0.99):.2f} |"
         )
+    if stops:
+        equal = sum(t.equal for t in stops)
+        print(
+            f"| stop string across the seam (EngineCore SIGKILL inside it) | {len(stops)} | "
+            f"{sum(t.answer.done and not t.answer.error for t in stops)} | {equal} "
+            f"({100 * equal / len(stops):.0f} %) equal to the engine's own stop | - | - |"
+        )
     differing = [f for f in faults if not f.equal]
     for f in differing:
         print(
@@ -353,6 +434,7 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--hangs", type=int, default=10)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--stops", type=int, default=6, help="stop-string trials")
     parser.add_argument("--logs", type=Path)
     args = parser.parse_args()
     try:
@@ -374,7 +456,8 @@ def main() -> int:
         wait_listening(port)
         url = f"http://127.0.0.1:{port}/v1/completions"
         faults = asyncio.run(run(rig, url, args.kills, args.hangs, args.seed))
-        report(faults, time.monotonic() - started)
+        stops = asyncio.run(stop_trials(rig, url, args.stops, args.seed))
+        report(faults, time.monotonic() - started, stops)
     finally:
         if router is not None:
             stop_all([router])

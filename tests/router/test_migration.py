@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 from llmop_router.migration import Settings
 from llmop_router.routes import Wake
@@ -18,6 +19,7 @@ from support.migration_rig import (
     COMPLETIONS,
     KEY,
     Answer,
+    Rig,
     chat,
     completion,
     parse,
@@ -125,7 +127,7 @@ async def test_a_request_that_cannot_be_continued_ends_with_one_error_event() ->
     async with rig() as r:
         _, reference = await r.stream(COMPLETIONS, completion(return_token_ids=True))
         n = len(reference.prompt_ids)
-        for extra in ({"n": 2}, {"stop": ["zz"]}, {"seed": 3, "temperature": 0.7}):
+        for extra in ({"n": 2}, {"stop": ["zz"] * 17}, {"seed": 3, "temperature": 0.7}):
             text, answer = await r.stream(COMPLETIONS, completion(**extra), f"crash@ctx:{n + 6}")
             assert text.count("event: error") == 1
             assert answer.done == 0
@@ -329,3 +331,49 @@ async def test_a_continuation_goes_only_to_a_pod_of_the_revision_that_began_it()
             COMPLETIONS, completion(return_token_ids=True), f"crash@ctx:{n + 5}"
         )
         assert_same(migrated, reference)
+
+
+async def direct(r: Rig, path: str, body: dict[str, Any]) -> Answer:
+    """The engine's own answer (its own stop rules), past the router."""
+    async with r.http.post(f"http://{r.replicas[0].address}{path}", json=body) as answer:
+        assert answer.status == 200, await answer.text()
+        return parse(await answer.text())
+
+
+def counts(usage: dict[str, Any] | None) -> tuple[Any, ...]:
+    assert usage is not None
+    return tuple(usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens"))
+
+
+@synchronous
+async def test_a_stop_string_spanning_the_seam_ends_the_answer_where_the_engine_would_have() -> (
+    None
+):
+    """The router matches an eligible stream's stop strings itself: a stream cut inside a stop
+    string (part of it sent, part held back) continues elsewhere and still stops there, with
+    the text, ids, finish, `stop_reason` and usage the engine gives an uncut request."""
+    async with rig() as r:
+        for path, body in ((COMPLETIONS, completion), (CHAT, chat)):
+            _, plain = await r.stream(path, body(return_token_ids=True, max_tokens=40))
+            n = len(plain.prompt_ids)
+            middle = plain.text.index(" ", len(plain.text) // 2)
+            stop = plain.text[middle - 2 : middle + 3]  # across a word boundary
+            for include in (False, True):
+                extra = {"return_token_ids": True, "max_tokens": 40, "stop": [stop, "~never~"]}
+                extra["include_stop_str_in_output"] = include
+                reference = await direct(r, path, body(**extra))
+                assert reference.finish == ["stop"], reference.text
+                k = len(reference.ids)  # the stop string completes with token k
+                _, uncut = await r.stream(path, body(**extra))
+                for fault in (None, f"crash@ctx:{n + k - 1}", f"cut@ctx:{n + k - 2}"):
+                    _, migrated = await r.stream(path, body(**extra), fault)
+                    case = (path, include, fault)
+                    for answer in (migrated, uncut):
+                        assert answer.text == reference.text, case
+                        assert answer.ids == reference.ids, case
+                        assert answer.finish == ["stop"], case
+                        assert answer.chunks[-1]["choices"][0]["stop_reason"] == stop, case
+                        assert counts(answer.usage) == counts(reference.usage), case
+                        assert answer.done == 1
+                    assert migrated.errors == []
+        assert r.metric("llmop_router_migrations_total", reason="reset", outcome="continued") == 4

@@ -72,11 +72,22 @@ def test_only_streaming_completions_and_chat_are_parsed() -> None:
         (COMPLETIONS, completion(prompt=[1, 2, 3]), None),
         (COMPLETIONS, completion(temperature=0.8), None),  # unseeded: another valid answer
         (COMPLETIONS, completion(seed=1, temperature=0), None),  # greedy: the seed is moot
+        (COMPLETIONS, completion(stop=["END"]), None),  # matched by the router
+        (CHAT, chat(stop="END", include_stop_str_in_output=True), None),
         (COMPLETIONS, completion(n=2), "n > 1"),
         (COMPLETIONS, completion(best_of=3), "best_of or beam search"),
         (COMPLETIONS, completion(echo=True), "echo"),
         (COMPLETIONS, completion(logprobs=2), "logprobs"),
-        (COMPLETIONS, completion(stop=["END"]), "stop strings"),
+        (
+            COMPLETIONS,
+            completion(stop=["END"] * 17),
+            "stop strings the router cannot match (not strings, or too many or too long)",
+        ),
+        (
+            COMPLETIONS,
+            completion(stop=[7]),
+            "stop strings the router cannot match (not strings, or too many or too long)",
+        ),
         (COMPLETIONS, completion(seed=4), "seeded sampling"),
         (COMPLETIONS, completion(presence_penalty=0.5), "frequency or presence penalty"),
         (COMPLETIONS, completion(prompt=["a", "b"]), "a batch of prompts"),

@@ -321,6 +321,9 @@ class StreamForward:
             out, verdict = self._events(complete) if self.parse else self._raw(complete)
             if out:
                 await self._write(out)
+            if verdict == "stopped":
+                upstream.close()  # vLLM aborts a request whose client left
+                return None
             if verdict:
                 return None if verdict == "done" else verdict
 
@@ -388,13 +391,24 @@ class StreamForward:
                 return b"".join(out), seen.reason
             if seen.verdict is Verdict.DROP:
                 continue
-            if self.seam is not None:
-                detected, trigger = self.seam
-                self.seam = None
-                seconds = time.perf_counter() - detected
-                self.metrics.migration_seam_seconds.labels(trigger).observe(seconds)
+            if seen.verdict is Verdict.STOP:
+                # The router's stop string ends the answer here; the engine's rest is dropped
+                # (closing the upstream aborts it).
+                self._seam_relayed()
+                out.append(b"data: " + dumps(doc) + EVENT_END)
+                out.append(record.ending(None))
+                return b"".join(out), "stopped"
+            self._seam_relayed()
             out.append(b"data: " + dumps(doc) + EVENT_END)
         return b"".join(out), ""
+
+    def _seam_relayed(self) -> None:
+        """A continuation's first event goes out: the seam's time is measured."""
+        if self.seam is not None:
+            detected, trigger = self.seam
+            self.seam = None
+            seconds = time.perf_counter() - detected
+            self.metrics.migration_seam_seconds.labels(trigger).observe(seconds)
 
     # -- the client's side ---------------------------------------------------------------
 

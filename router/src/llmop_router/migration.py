@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -89,10 +89,8 @@ def _choices_refusal(body: dict[str, Any]) -> str | None:
 
 
 def _sampling_refusal(body: dict[str, Any]) -> str | None:
-    if body.get("stop"):
-        # vLLM checks stop strings on the continuation's own text only and holds back text
-        # for them: a stop spanning the seam would be missed, held-back text lost.
-        return "stop strings"
+    if body.get("stop") and stop_strings(body) is None:
+        return "stop strings the router cannot match (not strings, or too many or too long)"
     if body.get("seed") is not None and body.get("temperature") != 0:
         # A seeded sampler restarts at draw 0 on the continuation: not reproducible.
         return "seeded sampling"
@@ -141,6 +139,121 @@ def _messages_refusal(body: dict[str, Any]) -> str | None:
     return None
 
 
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 512
+ROUTER_STOP_KEYS = ("stop", "include_stop_str_in_output")
+"""Taken out of an eligible request before it goes upstream: the router matches its stop
+strings itself (`Stops`)."""
+
+
+def stop_strings(body: dict[str, Any]) -> tuple[str, ...] | None:
+    """The request's `stop` as strings the router can match (a string, or a list of at most
+    `MAX_STOP_STRINGS` non-empty ones of at most `MAX_STOP_CHARS` each); () for none; None
+    when it is something else (left to the engine, and the request not continued)."""
+    raw = body.get("stop")
+    if not raw:
+        return ()
+    listed = [raw] if isinstance(raw, str) else raw
+    if (
+        not isinstance(listed, list)
+        or len(listed) > MAX_STOP_STRINGS
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in listed)
+    ):
+        return None
+    return tuple(listed)
+
+
+def check_stop_strings(
+    text: str, new_chars: int, stops: tuple[str, ...], include: bool
+) -> tuple[str, int] | None:
+    """vLLM 0.32's `check_stop_strings` (`v1/engine/detokenizer.py`, as the simulator's
+    `decoding` models it): the stop string completing earliest in the new text (searched over
+    it and the `len(stop) - 1` characters before it), ties by list order, and the offset to
+    cut the text to (-1: none)."""
+    if not new_chars:
+        return None
+    best: str | None = None
+    best_index, best_end = 0, len(text) + 1
+    for candidate in stops:
+        index = text.find(candidate, max(0, len(text) + 1 - new_chars - len(candidate)))
+        if index != -1 and index + len(candidate) < best_end:
+            best, best_index, best_end = candidate, index, index + len(candidate)
+    if best is None:
+        return None
+    if include:
+        return best, (-1 if best_end >= len(text) else best_end)
+    return best, best_index
+
+
+@dataclass
+class Stops:
+    """A stream's stop strings, matched by the router over the whole answer as vLLM matches
+    them, so that one spanning a seam is found and no held-back text is lost: the engines never
+    see them (`ROUTER_STOP_KEYS`), the router holds back the last `max(len) - 1` characters
+    (vLLM's `stop_buffer_length`) until they cannot start one, and ends the answer at a match
+    (finish "stop", `stop_reason` the string, the text cut before it, or after it with
+    `include_stop_str_in_output`). Checked only once more than `min_tokens` tokens exist."""
+
+    strings: tuple[str, ...]
+    include: bool = False
+    min_tokens: int = 0
+    text: str = ""
+    """The answer's text (completions: `text`; chat: `content`), from `offset` on."""
+    offset: int = 0
+    emitted: int = 0
+    """Characters of the answer sent to the client."""
+
+    KEEP: ClassVar[int] = 4096
+    """Text already sent is dropped past this much (the search needs `max(len) - 1` of it)."""
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Stops | None:
+        strings = stop_strings(body)
+        if not strings:
+            return None
+        minimum = body.get("min_tokens")
+        return cls(
+            strings,
+            include=body.get("include_stop_str_in_output") is True,
+            min_tokens=minimum if isinstance(minimum, int) and minimum > 0 else 0,
+        )
+
+    @property
+    def hold(self) -> int:
+        return 0 if self.include else max(len(s) for s in self.strings) - 1
+
+    def step(self, new: str, tokens: int, finished: bool) -> tuple[str, str | None]:
+        """One event's new text, with `tokens` generated so far (this event's included) and
+        whether the engine finished the answer: the text to send now, and the stop string
+        that ends the answer here (None)."""
+        self.text += new
+        end = self.offset + len(self.text)
+        if new and tokens > self.min_tokens:
+            found = check_stop_strings(self.text, len(new), self.strings, self.include)
+            if found is not None:
+                stop, cut = found
+                if cut >= 0:
+                    self.text = self.text[:cut]
+                return self._send(self.offset + len(self.text)), stop
+        out = self._send(end if finished else end - self.hold)
+        keep = min(self.emitted, end - self.KEEP)
+        if keep > self.offset:
+            self.text = self.text[keep - self.offset :]
+            self.offset = keep
+        return out, None
+
+    def flush(self) -> str:
+        """What is still held back, for a finish the router writes itself."""
+        return self._send(self.offset + len(self.text))
+
+    def _send(self, upto: int) -> str:
+        if upto <= self.emitted:
+            return ""
+        out = self.text[self.emitted - self.offset : upto - self.offset]
+        self.emitted = upto
+        return out
+
+
 def first_body(body: dict[str, Any]) -> bytes:
     """The first attempt's body: the client's, asking for token ids."""
     upstream = dict(body)
@@ -159,6 +272,8 @@ class Verdict(Enum):
     """Not for the client (the continuation's role chunk)."""
     FAIL = "fail"
     """The attempt failed (abort, an in-band error): not forwarded; continue elsewhere."""
+    STOP = "stop"
+    """Forward it, then end the answer: the router matched a stop string in it."""
 
 
 @dataclass(frozen=True)
@@ -192,15 +307,22 @@ class Record:
     """The `finish_reason` forwarded (stop, length): the answer is complete."""
     prompt_tokens: int | None = None
     """The first attempt's usage `prompt_tokens` (`|P|` when no ids came)."""
+    stops: Stops | None = None
+    """The request's stop strings, matched here (only for a request that can be continued:
+    the engines of any other one match them)."""
 
     @classmethod
     def of(cls, path: str, body: dict[str, Any], settings: Settings) -> Record:
         refused = "migration is off" if settings.limit <= 0 else refusal(path, body)
+        stops = Stops.of(body) if refused is None else None
+        if stops is not None:
+            body = {k: v for k, v in body.items() if k not in ROUTER_STOP_KEYS}
         return cls(
             chat=path == CHAT,
             body=body,
             refused=refused,
             client_ids=body.get("return_token_ids") is True,
+            stops=stops,
         )
 
     @property
@@ -234,9 +356,11 @@ class Record:
         self._prompt_ids(doc, continuing)
         new: list[int] = []
         content = False
+        stopped = False
         for choice in choices:
             if isinstance(choice, dict):
                 content = self._choice(choice, continuing, new) or content
+                stopped = stopped or self._stop(choice, len(self.generated) + len(new))
         usage = doc.get("usage")
         if isinstance(usage, dict):
             self._usage(usage)
@@ -245,12 +369,36 @@ class Record:
         self.generated.extend(new)
         if choices:
             self.events += 1
-        return Seen(Verdict.FORWARD)
+        return Seen(Verdict.STOP if stopped else Verdict.FORWARD)
+
+    def _stop(self, choice: dict[str, Any], tokens: int) -> bool:
+        """Match the router's stop strings on one choice's new text (rewritten in place to what
+        the client gets now); whether one ends the answer here."""
+        if self.stops is None:
+            return False
+        delta = choice.get("delta")
+        holder: dict[str, Any] = choice
+        key = "text"
+        if self.chat:
+            if not isinstance(delta, dict):
+                return False
+            holder, key = delta, "content"
+        new = holder.get(key)
+        finished = choice.get("finish_reason") is not None
+        out, stop = self.stops.step(new if isinstance(new, str) else "", tokens, finished)
+        if key in holder or out:
+            holder[key] = out
+        if stop is None:
+            return False
+        choice["finish_reason"] = "stop"
+        choice["stop_reason"] = stop
+        self.finished = "stop"
+        return True
 
     def see_bytes(self, data: bytes) -> bytes | None:
         """`see` without parsing, for the bulk of a first attempt's events (`strip_ids`): the
         event's bytes to forward, or None when it needs `see`."""
-        if self.attempt or self.client_ids or not self.identity:
+        if self.attempt or self.client_ids or not self.identity or self.stops is not None:
             return None
         stripped = strip_ids(data)
         if stripped is None:
@@ -369,12 +517,13 @@ class Record:
         out = b""
         if finish is not None:
             ids: list[int] | None = [] if self.client_ids else None
+            held = self.stops.flush() if self.stops is not None else ""
             choice: dict[str, Any]
             if self.chat:
-                choice = {"index": 0, "delta": {}, "logprobs": None}
+                choice = {"index": 0, "delta": {"content": held} if held else {}, "logprobs": None}
                 choice.update(finish_reason=finish, stop_reason=None, token_ids=ids)
             else:
-                choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": finish}
+                choice = {"index": 0, "text": held, "logprobs": None, "finish_reason": finish}
                 choice.update(stop_reason=None, prompt_token_ids=None, token_ids=ids)
             out += self._event([choice])
         if self.usage_wanted:
