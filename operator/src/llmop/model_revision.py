@@ -1,7 +1,7 @@
 """Pure: which model revision an engine pod serves, for the router's stream migration.
 
 The router continues a stream cut mid-answer on another replica by sending it the prompt's and
-the generated token ids (docs/router.md, "Migration"). Token ids mean the same thing, and a
+the generated token ids (docs/router.md, "Request migration"). Token ids mean the same thing, and a
 greedy continuation is the one the first replica would have produced, only on a replica that
 loaded the same weights and tokenizer the same way. During a rollout that changes the model
 (another repository, revision, tokenizer, dtype or quantization) both kinds of pods serve one

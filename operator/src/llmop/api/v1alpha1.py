@@ -1149,7 +1149,7 @@ class RoutingStatus(ApiModel):
     may not serve through the router (reason NamespaceNotServed)."""
     model_revisions: list[ModelRevision] = Field(default_factory=list, max_length=64)
     """Which pods serve which model revision. The router continues a stream cut mid-answer
-    only on a pod of the revision that started it (docs/router.md, "Migration"): during a
+    only on a pod of the revision that started it (docs/router.md, "Request migration"): during a
     rollout that changes the model, old and new pods serve the same names."""
 
 
