@@ -208,6 +208,11 @@ class StreamForward:
         return bool(self._live(pinned=False) - set(self.failed))
 
     def _revision_of(self, endpoint: str) -> str | None:
+        # The pick's backend knows the endpoint it picked (no walk over every routed model);
+        # the table's, where the status named it since.
+        revisions = self.choice.backend.revisions
+        if revisions is None or endpoint in revisions:
+            return None if revisions is None else revisions[endpoint]
         for backend in self.table.backends.values():
             if (backend.namespace, backend.name) == self.cr and backend.revisions is not None:
                 return backend.revisions.get(endpoint)
