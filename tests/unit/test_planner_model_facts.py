@@ -21,7 +21,7 @@ from llmop.metrics import Metrics
 from llmop.model_facts import FactsRequest, Read, Refused, Unavailable
 from llmop.planner.model_config import ModelFiles
 from llmop.preflight import HubFailure
-from llmop.reconcile import Context
+from llmop.reconcile import Context, facts
 from llmop.reconcile.caches import parse
 from llmop.reconcile.facts import FactsMemory
 from llmop.settings import RenderSettings
@@ -344,8 +344,9 @@ def test_an_unanswered_read_is_due_again_after_its_backoff() -> None:
     assert memory.take_due(lambda key: True) == [(request, 2)]
 
 
-def test_a_refusal_is_asked_again_only_for_a_new_generation() -> None:
-    memory = FactsMemory(clock=Clock())
+def test_a_refusal_is_asked_again_for_a_new_generation_and_after_a_while() -> None:
+    clock = Clock()
+    memory = FactsMemory(clock=clock)
     request = FactsRequest(GEMMA, None)
     memory.want(request, ("ns", "a"), ("u1", 1))
     memory.take_due(lambda key: True)
@@ -355,6 +356,19 @@ def test_a_refusal_is_asked_again_only_for_a_new_generation() -> None:
     assert memory.take_due(lambda key: True) == []
     assert memory.want(request, ("ns", "a"), ("u1", 2)) is None
     assert memory.take_due(lambda key: True) == [(request, 1)]
+    # With no change to the spec (access granted on the Hub, a branch pushed): asked again
+    # after a while, the refusal standing meanwhile.
+    gated = Refused("ModelGated", "no access")
+    assert memory.settle(request, gated) == [("ns", "a")]
+    assert memory.seconds_to_next() == facts.REFUSED_RETRY_SECONDS
+    clock.now += facts.REFUSED_RETRY_SECONDS - 1
+    assert memory.take_due(lambda key: True) == []
+    clock.now += 1
+    assert memory.take_due(lambda key: True) == [(request, 1)]
+    assert memory.want(request, ("ns", "a"), ("u1", 2)) is gated  # until the answer comes
+    answer = read(GEMMA)
+    assert memory.settle(request, answer) == [("ns", "a")]
+    assert memory.want(request, ("ns", "a"), ("u1", 2)) is answer
 
 
 def test_reads_nobody_waits_for_are_dropped_and_the_facts_are_bounded() -> None:

@@ -10,8 +10,9 @@ means (`model_facts.answer_of`) and puts a parent pass of every parent waiting f
 queue: the pass plans again with the facts, or shows why it still waits or stalls.
 
 A Hub that did not answer is asked again with backoff (`model_facts.retry_after`: 5 s doubling
-to 5 min); a refusal is asked again when the parent's spec changes. Nothing here blocks a
-reconcile, and a pass never waits on the Hub.
+to 5 min); a refusal is asked again when the parent's spec changes, and every 10 minutes
+(`reconcile.facts.REFUSED_RETRY_SECONDS`: access granted on the Hub, a branch pushed). Nothing
+here blocks a reconcile, and a pass never waits on the Hub.
 """
 
 from __future__ import annotations

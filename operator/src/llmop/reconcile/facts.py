@@ -26,6 +26,10 @@ Generation = tuple[str, int | None]
 
 CAPACITY = 512
 """Models whose facts are kept (a few KiB each)."""
+REFUSED_RETRY_SECONDS = 600.0
+"""A refusal (no such model or revision, a gated model without access, a config the planner
+cannot size) is asked again this long after, even with no change to the spec: access granted
+on the Hub or a branch pushed then shows without an edit. A new generation asks at once."""
 
 
 @dataclass
@@ -56,7 +60,8 @@ class FactsMemory:
     def want(self, request: FactsRequest, parent: Key, generation: Generation) -> Answer | None:
         """The answer known now for `request` (None: not read yet), registering `parent` as
         waiting for it when there are no facts: a new read is due at once, and a refusal is
-        asked again for a new generation (access may have been granted, a branch pushed)."""
+        asked again at once for a new generation (access may have been granted, a branch
+        pushed), else `REFUSED_RETRY_SECONDS` after it came."""
         wake = False
         with self._lock:
             read = self._read.get(request.files)
@@ -88,7 +93,7 @@ class FactsMemory:
                 if not ask.parents and not ask.busy:
                     del self._asks[request]
                     continue
-                if ask.busy or isinstance(ask.answer, Refused) or ask.due > now:
+                if ask.busy or ask.due > now:
                     continue
                 ask.busy = True
                 due.append((request, ask.attempts + 1))
@@ -115,17 +120,16 @@ class FactsMemory:
             if isinstance(answer, Unavailable):
                 ask.attempts = answer.attempts
                 ask.due = self._clock() + answer.retry_in
+            else:
+                ask.attempts = 0
+                ask.due = self._clock() + REFUSED_RETRY_SECONDS
             return sorted(ask.parents)
 
     def seconds_to_next(self) -> float | None:
         """Seconds until the next read is due (0: one is due now); None: none is waiting."""
         now = self._clock()
         with self._lock:
-            dues = [
-                a.due
-                for a in self._asks.values()
-                if not a.busy and not isinstance(a.answer, Refused)
-            ]
+            dues = [a.due for a in self._asks.values() if not a.busy]
         return None if not dues else max(0.0, min(dues) - now)
 
     def wait(self, timeout: float) -> None:
