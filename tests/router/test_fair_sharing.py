@@ -207,3 +207,58 @@ def test_a_turn_goes_to_a_pod_with_a_free_slot_of_this_routers_share() -> None:
     assert router.sharing.free_first(choice).pick.order == (second, first)
     table.in_flight[first] = 1
     assert router.sharing.free_first(choice) is choice, "a free slot where the ring chose"
+
+
+async def streamed(r: Rig, max_tokens: int, *, stop_after: float | None = None) -> str:
+    """A streaming request's raw answer (SSE comments included); with `stop_after`, the client
+    goes away after that many seconds."""
+    body = {**completion(max_tokens), "stream": True}
+    sent = {"Authorization": f"Bearer {KEY}"}
+    async with r.http.post(r.url + "/v1/completions", json=body, headers=sent) as answer:
+        assert answer.status == 200
+        if stop_after is None:
+            return await answer.text()
+        await asyncio.sleep(stop_after)
+        return ""
+
+
+@synchronous
+async def test_a_stream_waiting_for_a_slot_gets_heartbeats_and_its_answer_in_them() -> None:
+    """A streaming request queued for a saturated model gets its 200 headers and an SSE comment
+    every heartbeat (proxies cut idle streams), then the answer; one whose wait runs out gets
+    the queue's 429 as an error event; one whose client leaves frees its place; a
+    non-streaming one waits silently."""
+    async with rig(Limits(queue_wait_seconds=1.5)) as r:
+        r.router.holder.heartbeat = 0.1
+        first = asyncio.create_task(timed(r, KEY, 40))  # the one slot, ~0.4 s
+        await waiting(r, 0)
+        await asyncio.sleep(0.05)
+        quiet = asyncio.create_task(timed(r, KEY, 3))
+        await waiting(r, 1)
+        text = await streamed(r, 3)
+        assert text.startswith(": waiting for a slot\n\n"), text[:200]
+        assert text.count(": waiting for a slot") >= 2
+        assert "data: [DONE]" in text
+        assert '"finish_reason":"length"' in text
+        status, _, plain = await quiet
+        assert status == 200
+        assert ": waiting" not in plain
+        assert (await first)[0] == 200
+
+        # Its wait runs out: the 429 comes as one error event in the stream already open.
+        hold = asyncio.create_task(timed(r, KEY, 300))  # ~3 s on the one slot
+        await waiting(r, 0)
+        await asyncio.sleep(0.05)
+        expired = await streamed(r, 3)
+        assert expired.count(": waiting for a slot") >= 5
+        assert "event: error" in expired
+        assert "rate_limit_exceeded" in expired or "429" in expired
+        assert "data: [DONE]" not in expired
+
+        # A client that leaves while it waits leaves the queue.
+        await streamed(r, 3, stop_after=0.35)
+        await waiting(r, 0)
+        assert (await hold)[0] == 200
+        after = await streamed(r, 3)
+        assert "data: [DONE]" in after
+        assert r.router.sharing.queues.total == 0

@@ -35,6 +35,7 @@ from llmop_router.answers import (
     UNAVAILABLE_RETRY_AFTER,
     error,
     forwarded_headers,
+    prepare_stream,
     send_error_event,
 )
 from llmop_router.contract import ActivityKey
@@ -79,6 +80,8 @@ INFERENCE_ROUTES = (
     "/v1/responses",
 )
 """What passes to the engines; every other `/v1/…` route (e.g. `/v1/load_lora_adapter`) is 403."""
+QUEUED_HEARTBEAT = b": waiting for a slot\n\n"
+"""The SSE comment a streaming request queued for a slot gets every heartbeat."""
 MODELS_ROUTE = "/v1/models"
 ACTIVITY_ROUTE = contract.ACTIVITY_PATH
 """Per CR: requests in flight, held, and the newest arrival (the operator's idle check)."""
@@ -389,11 +392,12 @@ class Router:
         assert info.model is not None
         ticket, key = attempt.ticket, (choice.backend.namespace, choice.backend.name)
         turn: Turn | None = None
+        prepared: web.StreamResponse | None = None
         status = 499
         try:
             if self._shared(choice, key):
                 estimate = ticket.ask.estimate
-                given = await self.sharing.turn(
+                waiting = self.sharing.turn(
                     choice.backend,
                     info.model,
                     tenant=ticket.identity.tenant.name,
@@ -403,8 +407,17 @@ class Router:
                     size=len(body),
                     saturated_after=saturated_after,
                 )
+                given, prepared = await self._queued(
+                    attempt.request, info.stream, waiting, saturated_after
+                )
+                if given is None:
+                    assert prepared is not None
+                    self.metrics.client_disconnects.inc()  # gone between heartbeats
+                    return prepared, ""
                 if isinstance(given, Refusal):
                     status = given.answer.status
+                    if prepared is not None:
+                        return await self._finish(info.model, prepared, given.answer), ""
                     if given.kind == SATURATED:
                         return given.answer, SATURATED  # counted if no fallback takes it
                     return self._answered(info.model, given.answer), ""
@@ -422,6 +435,7 @@ class Router:
                 headers=attempt.headers,
                 priority=attempt.priority.value,
                 keep_refusals=fall_back and any(f.unavailable for f in choice.backend.fallback),
+                prepared=prepared,
             )
             status = answered.status
             unavailable = not answered.prepared and (status == 503 or ENGINE_REFUSED in answered)
@@ -434,6 +448,51 @@ class Router:
                     else Usage(0, 0)
                 )
                 self.sharing.finish(turn, cost_of(used.input_tokens, used.output_tokens))
+
+    async def _queued(
+        self,
+        request: web.Request,
+        stream: bool,
+        waiting: Awaitable[Turn | Refusal],
+        saturated_after: float | None,
+    ) -> tuple[Turn | Refusal | None, web.StreamResponse | None]:
+        """A request's turn in the fair queue. A streaming one that waits long gets its 200
+        headers and an SSE comment every heartbeat, as a held one does (proxies in front cut
+        idle streams at 30-60 s): then the response already sent comes back too, and None for
+        the turn when the client went away meanwhile. The first heartbeat comes after the
+        model's `Saturated` fallback would have taken the request (its answer needs headers of
+        its own)."""
+        task = asyncio.ensure_future(waiting)
+        try:
+            if not stream:
+                return await task, None
+            beat = self.holder.heartbeat
+            delay = beat if saturated_after is None else max(beat, saturated_after + beat)
+            prepared: web.StreamResponse | None = None
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=delay)
+                if done:
+                    return task.result(), prepared
+                delay = beat
+                try:
+                    if prepared is None:
+                        prepared = await prepare_stream(request)
+                    await prepared.write(QUEUED_HEARTBEAT)
+                except ConnectionResetError:
+                    self._drop(task)
+                    return None, prepared
+        except asyncio.CancelledError:
+            self._drop(task)
+            raise
+
+    def _drop(self, task: asyncio.Future[Turn | Refusal]) -> None:
+        """A turn nobody will use: it leaves the queue, or gives its slot back."""
+        if not task.done():
+            task.cancel()
+        elif not task.cancelled() and isinstance(task.result(), Turn):
+            turn = task.result()
+            assert isinstance(turn, Turn)
+            self.sharing.finish(turn, 0.0)
 
     async def _fallback(
         self, attempt: Attempt, body: bytes, info: RoutingInfo, choice: Choice, *, why: str
@@ -546,15 +605,19 @@ class Router:
         headers: CIMultiDict[str] | None = None,
         priority: int = 0,
         keep_refusals: bool = False,
+        prepared: web.StreamResponse | None = None,
     ) -> web.StreamResponse:
+        """Hold the request while its CR wakes (or waits its turn at zero), then send it to an
+        engine. `prepared`: the response whose 200 headers went out while it was queued."""
         assert info.model is not None
         choice: Choice | None = first_choice
         backend = first_choice.backend
         key = (backend.namespace, backend.name)
         self.last_request[key] = time.time()
-        prepared: web.StreamResponse | None = None
-        if not self.draining and self.holder.should_hold(
-            key, backend, bool(first_choice.pick.order)
+        if (
+            prepared is None
+            and not self.draining
+            and self.holder.should_hold(key, backend, bool(first_choice.pick.order))
         ):
             outcome, prepared = await self.holder.hold(
                 request, info, backend, key, size=len(body), priority=priority
