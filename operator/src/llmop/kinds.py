@@ -49,11 +49,13 @@ class ChildKind(Kind):
     """Appended to the parent's name (the adapters ConfigMap is `<name>-adapters`)."""
 
     def verbs(self) -> frozenset[str]:
-        """The RBAC verbs this use needs: server-side apply is create + patch."""
+        """The RBAC verbs this use needs: server-side apply is create + patch, and list by name
+        when a create finds an object in the way (`plan.takeover`; a kind read fresh instead of
+        watched, the cache claim, is judged from that read)."""
         verbs = {"create", "patch"}
         if self.watched:
             verbs |= {"list", "watch"}
-        if self.listed:
+        elif self.listed or not self.read:
             verbs.add("list")
         if self.optional or self.workload:
             verbs.add("delete")

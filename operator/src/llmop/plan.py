@@ -38,9 +38,10 @@ class Apply:
     field_manager: str
     reason: str
     new: bool = False
-    """A watched kind whose cache has no such child: only create it (`Kube.apply(new=True)`).
-    An object of that name that is there all the same is someone else's until `takeover` says
-    otherwise: a forced apply would take it over."""
+    """A watched kind whose cache has no such child, or a kind not watched that this process has
+    not applied for this parent yet: only create it (`Kube.apply(new=True)`). An object of that
+    name that is there all the same is someone else's until `takeover` says otherwise: a forced
+    apply would take it over."""
 
     @property
     def kind(self) -> str:
@@ -187,6 +188,7 @@ def plan_children(
     only: ChildKind | None = None,
     repair: bool = False,
     unserved: Collection[ChildKind] = (),
+    confirmed: Collection[ChildKind] = (),
 ) -> ChildPlan:
     """Plan one parent's children.
 
@@ -196,7 +198,10 @@ def plan_children(
     already applied), and always with `only` (a watch event of one child, and then just that
     kind), a wanted child is applied only when missing or drifted from its intent. A plan that
     does not fit (`desired.children is None`) does nothing. Kinds in `unserved` (their API is
-    not served: an optional CRD not installed) are neither applied nor deleted.
+    not served: an optional CRD not installed) are neither applied nor deleted. `confirmed`: the
+    kinds not watched whose child this process has applied for this parent already; any other
+    is created only (`Apply.new`), so that an object of its name that is someone else's is never
+    taken over.
     """
     children = desired.children
     if children is None:
@@ -230,11 +235,13 @@ def plan_children(
             reason = f"{kind.kind}: apply (drifted from its intent)"
         else:
             continue
-        # Only a watched kind's cache can say the child is not there yet (the others are
-        # applied at every pass, and their absence from `live` says nothing). A repair's
-        # missing child is one this process just applied and its cache has not shown yet (kopf
-        # running a create twice under load): created new, each would cost a read.
-        new = current is None and kind.watched and not repair
+        # Only a watched kind's cache can say the child is not there yet. The others are
+        # applied at every pass, and their absence from `live` says nothing: created only until
+        # this process applied one for this parent (then they are known to be its own). A
+        # repair's missing child is one this process just applied and its cache has not shown
+        # yet (kopf running a create twice under load): created new, each would cost a read.
+        unknown = kind.watched or kind not in confirmed
+        new = current is None and unknown and not repair
         applies.append(Apply(owned, names.FIELD_MANAGER, reason, new=new))
     handover_first, handover_last = _handover(desired, live, applies)
     retires = tuple(

@@ -20,7 +20,7 @@ from llmop.kube import KubeError, TerminatingError
 from llmop.metrics import RESULT_OK, RESULT_SKIPPED
 from llmop.observed import child_event_summary, controller_owner
 from llmop.plan import ChildPlan, plan_children
-from llmop.reconcile import adapter_gate, first_status, groups, in_sync, pools, rollouts
+from llmop.reconcile import adapter_gate, first_status, groups, in_sync, pools, rollouts, writes
 from llmop.reconcile.caches import (
     cached_parent,
     key_of,
@@ -92,7 +92,10 @@ def _converge_parent(ctx: Context, body: Mapping[str, Any], hint: Hint) -> str:
     done = ctx.recall((namespace, name)).applied == (uid, generation)
     desired = rollouts.decided(ctx, body, desired, live.get(kinds.DEPLOYMENT))
     unserved = pools.prepare(ctx, body, desired, live)
-    plan = plan_children(desired, live, parent=body, repair=done, unserved=unserved)
+    confirmed = writes.confirmed_kinds(ctx, body)
+    plan = plan_children(
+        desired, live, parent=body, repair=done, unserved=unserved, confirmed=confirmed
+    )
     try:
         problem = run_plan(ctx, body, plan)
     except KubeError as error:
@@ -224,7 +227,9 @@ def child_work(ctx: Context, event: ChildEvent, body: Mapping[str, Any] | None) 
     desired = adapter_gate.applied(ctx, body, desired)
     # The strategy as the parent path decided it: a repair never undoes the counted surge.
     desired = rollout_room.with_strategy(desired, live.get(kinds.DEPLOYMENT))
-    plan = plan_children(desired, live, parent=body, only=event.kind)
+    plan = plan_children(
+        desired, live, parent=body, only=event.kind, confirmed=writes.confirmed_kinds(ctx, body)
+    )
     if not plan and from_spec:
         in_sync.note(ctx, body, event.kind, live.get(event.kind))
     if not plan and not feeds_status:

@@ -23,7 +23,7 @@ from llmop.pods import PodIssue
 from llmop.reconcile import first_status
 from llmop.reconcile.adapter_gate import verdicts_for
 from llmop.reconcile.caches import key_of, live_children, previous_status, waiting_for_model
-from llmop.reconcile.context import Context, Hint
+from llmop.reconcile.context import Context, Hint, ParentMemory
 from llmop.reconcile.groups import restarts_of
 from llmop.reconcile.problems import problem_of, remember
 from llmop.status import (
@@ -329,6 +329,7 @@ def run_plan(ctx: Context, body: Mapping[str, Any], plan: ChildPlan) -> Problem 
         log.debug("%s/%s: %s", *key_of(body), "; ".join(plan.reasons))
     try:
         execute(ctx, plan)
+        _confirm(ctx, body, plan)
     except StepRejectedError as error:
         problem = Problem(conditions.REASON_CHILD_REJECTED, str(error))
         remember(ctx, body, problem, child=error.kind)
@@ -339,6 +340,33 @@ def run_plan(ctx: Context, body: Mapping[str, Any], plan: ChildPlan) -> Problem 
         _retry_later(ctx, body)
         return problem
     return None
+
+
+def confirmed_kinds(ctx: Context, body: Mapping[str, Any]) -> frozenset[ChildKind]:
+    """The kinds not watched whose child this process has applied for this parent (its own:
+    applied as usual; any other is created only, `plan.plan_children`)."""
+    memory = ctx.recall(key_of(body)).confirmed
+    if memory is None or memory[0] != body["metadata"].get("uid"):
+        return frozenset()
+    return frozenset(k for k in kinds.CHILDREN if not k.watched and k.kind in memory[1])
+
+
+def _confirm(ctx: Context, body: Mapping[str, Any], plan: ChildPlan) -> None:
+    """Remember the kinds not watched this plan applied: their children are this parent's."""
+    applied = frozenset(
+        step.kind
+        for step in plan.steps()
+        if isinstance(step, Apply) and (kind := kinds.child(step.kind)) and not kind.watched
+    )
+    if not applied:
+        return
+    uid = str(body["metadata"].get("uid") or "")
+
+    def add(memory: ParentMemory) -> ParentMemory:
+        known = memory.confirmed[1] if memory.confirmed and memory.confirmed[0] == uid else None
+        return replace(memory, confirmed=(uid, (known or frozenset()) | applied))
+
+    ctx.update(key_of(body), add)
 
 
 def _retry_later(ctx: Context, body: Mapping[str, Any]) -> None:
