@@ -226,7 +226,9 @@ def test_off_renders_no_policy_no_setting_no_rbac() -> None:
     rules = [r for o in objects if o["kind"] == "ClusterRole" for r in o["rules"]]
     assert not [r for r in rules if "networkpolicies" in r["resources"]]
     on = [r for o in render() if o["kind"] == "ClusterRole" for r in o["rules"]]
-    assert [r["verbs"] for r in on if "networkpolicies" in r["resources"]] == [["create", "patch", "list"]]
+    assert [r["verbs"] for r in on if "networkpolicies" in r["resources"]] == [
+        ["create", "patch", "list"]
+    ]
 
 
 def test_a_malformed_setting_names_the_setting_and_the_fix() -> None:
