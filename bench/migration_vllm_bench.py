@@ -331,16 +331,29 @@ class StopTrial:
     engine: Answer
     """The engine's own answer with the stop string, past the router (its own stop rules)."""
 
+    def differences(self) -> str:
+        """What differs from the engine's own answer (for the report)."""
+        a, e = self.answer, self.engine
+        out = []
+        for name in ("text", "ids", "finish", "stop_reason", "completion_tokens"):
+            mine, theirs = getattr(a, name), getattr(e, name)
+            if mine != theirs:
+                out.append(f"{name}: {str(mine)[-80:]!r} vs the engine's {str(theirs)[-80:]!r}")
+        return "; ".join(out)
+
+    @property
+    def answered(self) -> bool:
+        """The answer a client reads is the engine's: whole, the same text, finish and
+        `stop_reason`."""
+        a, e = self.answer, self.engine
+        whole = a.status == 200 and a.done and not a.error
+        return whole and (a.text, a.finish, a.stop_reason) == (e.text, e.finish, e.stop_reason)
+
     @property
     def equal(self) -> bool:
+        """...and the same token ids and usage."""
         a, e = self.answer, self.engine
-        return (
-            a.status == 200
-            and a.done
-            and not a.error
-            and (a.text, a.ids, a.finish, a.stop_reason) == (e.text, e.ids, e.finish, e.stop_reason)
-            and a.completion_tokens == e.completion_tokens
-        )
+        return self.answered and (a.ids, a.completion_tokens) == (e.ids, e.completion_tokens)
 
 
 async def stop_trials(rig: Rig, router: str, count: int, seed: int) -> list[StopTrial]:
@@ -364,22 +377,36 @@ async def stop_trials(rig: Rig, router: str, count: int, seed: int) -> list[Stop
             stop = plain.pieces[j][-2:] + plain.pieces[j + 1][:2]
             payload = {**body(PROMPTS[prompt]), "stop": [stop]}
             engine = await stream(http, rig.engines[0].api + "/v1/completions", payload)
+            uncut = await stream(http, router, payload)
+            control = StopTrial(prompt, stop, 0, uncut, engine)
+            print(
+                f"  control, through the router without a fault: "
+                f"{'equal' if control.equal else 'DIFFERENT: ' + control.differences()}",
+                flush=True,
+            )
             # The fault once the tokens before the stop string's last piece were read.
             at = max(1, len(engine.ids) - 1)
             hit: list[int] = []
 
             async def fault(hit: list[int] = hit) -> None:
-                index = await running_on(http, rig.engines)
+                try:
+                    index = await running_on(http, rig.engines)
+                except RuntimeError:
+                    return  # the engine had finished (the router matched the stop already)
                 hit.append(index)
                 os.kill(rig.engines[index].engine_core_pid(), signal.SIGKILL)
 
             answer = await stream(http, router, payload, at, fault)
+            if not hit:
+                print(f"stop {n}/{count}: the answer ended before the kill; not counted")
+                continue
             found.append(StopTrial(prompt, stop, at, answer, engine))
             print(
                 f"stop {n}/{count} {stop!r} (the engine stops after {len(engine.ids)} tokens), "
                 f"kill after {at}: {'equal' if found[-1].equal else 'DIFFERENT'} "
                 f"(finish {answer.finish}, stop_reason {answer.stop_reason!r})"
-                + (f", error {answer.error}" if answer.error else ""),
+                + (f", error {answer.error}" if answer.error else "")
+                + ("" if found[-1].equal else f": {found[-1].differences()}"),
                 flush=True,
             )
             if hit:
@@ -414,11 +441,12 @@ def report(faults: list[Fault], seconds: float, stops: list[StopTrial]) -> None:
             f"{statistics.median(stalls):.2f} / {pct(stalls, 0.99):.2f} |"
         )
     if stops:
-        equal = sum(t.equal for t in stops)
+        answered, equal = sum(t.answered for t in stops), sum(t.equal for t in stops)
         print(
             f"| stop string across the seam (EngineCore SIGKILL inside it) | {len(stops)} | "
-            f"{sum(t.answer.done and not t.answer.error for t in stops)} | {equal} "
-            f"({100 * equal / len(stops):.0f} %) equal to the engine's own stop | - | - |"
+            f"{sum(t.answer.done and not t.answer.error for t in stops)} | text, finish and "
+            f"stop_reason: {answered}; also ids and usage: {equal} (of the engine's own stop) "
+            "| - | - |"
         )
     differing = [f for f in faults if not f.equal]
     for f in differing:
