@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from support.cluster import Cluster, create_namespace, wait_until
+from support.cluster import Cluster, apply_crd, create_namespace, wait_until
 from support.manifests import simulator_spec as spec
 from support.operator import OPERATOR_NAMESPACE, Kit, OperatorProcess, conditions
 from support.router import ROUTER_NAME, RouterUrls, get_json, router_deployment, router_process
@@ -161,22 +161,7 @@ def test_a_fallback_to_an_external_model_that_does_not_exist_is_reported_until_i
     """The operator lists the LLMExternalModels beside the router (its own namespace, under
     deploy/rbac.yaml's Role): a CR falling back to one that is not there is Degraded
     `FallbackNotRouted` naming it and the fix; creating it clears that."""
-    llmop_crd.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(EXTERNAL_CRD))
-    established = '{.status.conditions[?(@.type=="Established")].status}'
-    wait_until(
-        lambda: (
-            llmop_crd.kubectl(
-                "get",
-                "crd/llmexternalmodels.serving.llmop.dev",
-                "-o",
-                f"jsonpath={established}",
-                check=False,
-            ).stdout.strip()
-            == "True"
-        ),
-        timeout=60,
-        what="the LLMExternalModel CRD Established",
-    )
+    apply_crd(llmop_crd, EXTERNAL_CRD, "llmexternalmodels.serving.llmop.dev")
     external = f"managed-{namespace}"
     kit.kube.apply(router_deployment(OPERATOR_NAMESPACE), field_manager="llmop-test")
     operator = OperatorProcess(

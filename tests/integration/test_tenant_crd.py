@@ -27,7 +27,7 @@ from llmop_router.kube import ApiServer
 from llmop_router.metrics import GatewayMetrics
 from llmop_router.routes import RouteTable
 from llmop_router.store import Local
-from support.cluster import Cluster, wait_until
+from support.cluster import Cluster, apply_crd
 from support.manifests import cel_rules
 
 pytestmark = pytest.mark.cluster
@@ -41,27 +41,12 @@ Mutation = Callable[[dict[str, Any]], None]
 
 @pytest.fixture(scope="module")
 def tenant_crd(llmop_crd: Cluster) -> Cluster:
-    established = '{.status.conditions[?(@.type=="Established")].status}'
     for path, plural in (
         (CRD_PATH, "llmtenants"),
         (CLASS_CRD_PATH, "llmpriorityclasses"),
         (EXTERNAL_CRD_PATH, "llmexternalmodels"),
     ):
-        llmop_crd.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-        wait_until(
-            lambda plural=plural: (
-                llmop_crd.kubectl(
-                    "get",
-                    f"crd/{plural}.serving.llmop.dev",
-                    "-o",
-                    f"jsonpath={established}",
-                    check=False,
-                ).stdout.strip()
-                == "True"
-            ),
-            timeout=60,
-            what=f"crd/{plural} Established",
-        )
+        apply_crd(llmop_crd, path, f"{plural}.serving.llmop.dev")
     return llmop_crd
 
 

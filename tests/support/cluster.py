@@ -351,3 +351,20 @@ def namespace(kube_cluster: Cluster) -> Iterator[str]:
         yield name
     finally:
         kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def apply_crd(cluster: Cluster, path: pathlib.Path, name: str, timeout: float = 60) -> None:
+    """Apply the CRD in `path` (server-side) and wait until `name` (`plural.group`) is
+    Established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+    wait_until(
+        lambda: (
+            cluster.kubectl(
+                "get", f"crd/{name}", "-o", f"jsonpath={established}", check=False
+            ).stdout.strip()
+            == "True"
+        ),
+        timeout=timeout,
+        what=f"crd/{name} Established",
+    )
