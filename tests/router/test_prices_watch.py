@@ -43,3 +43,15 @@ def test_prices_follow_events_and_a_relist_replaces_its_scope() -> None:
 
     prices_of(gateway, "SYNC", listed(None, cr("c", "u", "6")))  # every namespace
     assert set(gateway.prices) == {("c", "u")}
+
+
+def test_a_relist_of_llmdeployments_keeps_the_external_models_prices() -> None:
+    """Both watches write the gateway's prices: an LLMDeployment relist (at the router's start,
+    after a watch gap) replaced every price of its scope, the external models' too, so an
+    external fallback was metered free until its object next changed."""
+    gateway = Gateway(Local(), GatewayMetrics(CollectorRegistry()))
+    external = ("llmop-system", "LLMExternalModel/managed")
+    gateway.set_price(external, {"inputPerMillion": "0.15", "outputPerMillion": "0.60"})
+    prices_of(gateway, "SYNC", listed(None, cr("a", "x", "1")))
+    prices_of(gateway, "SYNC", listed("llmop-system", cr("llmop-system", "y", "2")))
+    assert set(gateway.prices) == {external, ("a", "x"), ("llmop-system", "y")}

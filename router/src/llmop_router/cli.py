@@ -649,11 +649,15 @@ def static_prices(path: str) -> dict[tuple[str, str], object]:
 
 def prices_of(gateway: Gateway, kind: str, obj: dict[str, Any]) -> None:
     """Keep each LLMDeployment's `spec.router.pricing`; a relist of a scope (a namespace, or
-    all of them) replaces that scope's prices, so a CR deleted during a watch gap loses its."""
+    all of them) replaces that scope's LLMDeployment prices, so a CR deleted during a watch gap
+    loses its. The external models' prices (`ExternalModel.key`: a `/` in the name, which no
+    LLMDeployment's has) are `externals_of`'s and stay."""
     items = obj.get("items") or [] if kind == "SYNC" else [obj]
     if kind == "SYNC":
         scope = obj.get("namespace")
-        for cr in [cr for cr in gateway.prices if scope is None or cr[0] == scope]:
+        for cr in [
+            cr for cr in gateway.prices if (scope is None or cr[0] == scope) and "/" not in cr[1]
+        ]:
             gateway.prices.pop(cr)
     for item in items:
         meta = item.get("metadata") or {}
