@@ -489,9 +489,7 @@ class Router:
         """A turn nobody will use: it leaves the queue, or gives its slot back."""
         if not task.done():
             task.cancel()
-        elif not task.cancelled() and isinstance(task.result(), Turn):
-            turn = task.result()
-            assert isinstance(turn, Turn)
+        elif not task.cancelled() and isinstance(turn := task.result(), Turn):
             self.sharing.finish(turn, 0.0)
 
     async def _fallback(

@@ -400,7 +400,7 @@ class ParentMemory:
     """Per multi-node parent: (its uid, group index → what this process saw of the group: its
     leader, its recreates within the window, the last exit), fed by every engine pod event
     (`reconcile.groups.note_pod`) in kopf's event loop."""
-    confirmed: tuple[str, frozenset[str]] | None = None
+    confirmed: tuple[str, frozenset[ChildKind]] | None = None
     """(uid, the kinds not watched whose child this process applied for this parent): those are
     its own, applied as usual; any other is created only, never taken over (`plan_children`)."""
     deferred: Deferral | None = None

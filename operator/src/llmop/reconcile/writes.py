@@ -348,13 +348,13 @@ def confirmed_kinds(ctx: Context, body: Mapping[str, Any]) -> frozenset[ChildKin
     memory = ctx.recall(key_of(body)).confirmed
     if memory is None or memory[0] != body["metadata"].get("uid"):
         return frozenset()
-    return frozenset(k for k in kinds.CHILDREN if not k.watched and k.kind in memory[1])
+    return memory[1]
 
 
 def _confirm(ctx: Context, body: Mapping[str, Any], plan: ChildPlan) -> None:
     """Remember the kinds not watched this plan applied: their children are this parent's."""
     applied = frozenset(
-        step.kind
+        kind
         for step in plan.steps()
         if isinstance(step, Apply) and (kind := kinds.child(step.kind)) and not kind.watched
     )
