@@ -290,6 +290,7 @@ ENGINE_PURE = {
     "compile_cache_rules.py",
     "download_progress.py",
     "health.py",
+    "startup_log.py",
     "vllm_metrics.py",
     "worker.py",
 }

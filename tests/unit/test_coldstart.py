@@ -7,7 +7,13 @@ from typing import Any
 
 from llmop.agents import AgentReading, parse_status
 from llmop.api.v1alpha1 import ReplicaStartup
-from llmop.coldstart import MAX_REPLICAS, replica_startup, startup_status
+from llmop.coldstart import (
+    MAX_REPLICAS,
+    newly_ready,
+    phase_seconds,
+    replica_startup,
+    startup_status,
+)
 from llmop.pods import pod_summary
 
 
@@ -164,3 +170,77 @@ def test_an_unknown_compile_cache_report_is_no_outcome() -> None:
     plain = replica_startup(pod("x"), parse_status("x", {"phase": "ready"}))
     assert plain is not None
     assert plain.compile_cache is None
+
+
+def test_the_engines_phases_come_from_the_agent_are_kept_and_named_in_the_summary() -> None:
+    report = {
+        "phase": "ready",
+        "compileCache": {"seed": "miss"},
+        "startup": {
+            "phases": {
+                "prepare": 0.4,
+                "engineStart": 26.6,
+                "weights": 1.1,
+                "compile": 14.8,
+                "warmup": 0.3,
+                "apiStart": 1.4,
+                "firstProbe": 1.1,
+                "untraced": 0.0,
+            },
+            "totalSeconds": 45.7,
+        },
+    }
+    reading = parse_status("x-1", report)
+    found = replica_startup(pod("x-1"), reading)
+    assert found is not None
+    assert found.engine is not None
+    assert (found.engine.engine_start_seconds, found.engine.compile_seconds) == (26.6, 14.8)
+    assert found.engine.untraced_seconds == 0.0
+    # A restarted operator has read no agent yet: the phases the last status had stay.
+    kept = replica_startup(pod("x-1"), None, found)
+    assert kept is not None
+    assert kept.engine == found.engine
+    status = startup_status([pod("x-1")], [reading])
+    assert status is not None
+    assert status.summary == (
+        "all ready; slowest 240s (x-1, compile cache miss; engineStart 26.6s, compile 14.8s)"
+    )
+    assert (
+        found.model_dump(by_alias=True, exclude_none=True)["engine"]["engineStartSeconds"] == 26.6
+    )
+
+
+def test_start_phases_an_agent_cannot_have_measured_are_dropped() -> None:
+    for phases in (
+        {"weights": -1},
+        {"weights": "3"},
+        {"weights": True},
+        {"nope": 3},
+        {"weights": float("nan")},
+        {"weights": 1e12},
+    ):
+        reading = parse_status("x", {"phase": "ready", "startup": {"phases": phases}})
+        assert reading.start_phases == {}, phases
+        found = replica_startup(pod("x"), reading)
+        assert found is not None
+        assert found.engine is None
+    for report in (None, "x", {"phases": [1]}):
+        assert parse_status("x", {"phase": "ready", "startup": report}).start_phases is None
+
+
+def test_each_start_is_counted_once_per_phase_when_it_becomes_ready() -> None:
+    report = {"phase": "ready", "startup": {"phases": {"weights": 5.0, "untraced": 0.2}}}
+    loading = startup_status([pod("x-1", ready=None)])
+    ready = startup_status([pod("x-1")], [parse_status("x-1", report)])
+    assert ready is not None
+    [fresh] = newly_ready(loading, ready)
+    assert phase_seconds(fresh) == {
+        "scheduling": 2,
+        "containerStart": 88,  # pulled and created between 10:00:02 and 10:01:30
+        "weights": 5.0,
+        "untraced": 0.2,
+        "total": 240,
+    }
+    assert newly_ready(ready, ready) == []  # the next write, or a restarted operator's first
+    assert [r.pod for r in newly_ready(None, ready)] == ["x-1"]
+    assert newly_ready(ready, None) == []

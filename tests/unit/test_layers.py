@@ -15,8 +15,9 @@ Operator: api < planner < foundation (periodic among them) < sizing | render < d
           | standby | coalescer
           < runnables (the table of background loops) < handlers | main < cli | crdgen_io
 Engine:   contract < vllm_metrics | simulator < health | connections | agent_settings
-          | download_progress | worker | adapter_rules < supervisor | engine_client | agent_metrics
-          | probe_server | drain | download | adapter_loader < agent | worker_agent < cli
+          | download_progress | worker | adapter_rules | startup_log < supervisor | engine_client
+          | agent_metrics | probe_server | drain | download | adapter_loader < agent | worker_agent
+          < cli
 Router:   contract < prefix | hold | fairqueue | priorities | externals | metrics | tenants
           < ring | body
           | quota | migration < routes | metering | tenant_status < discovery | answers | store
@@ -128,6 +129,7 @@ ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_engine.worker",
         "llmop_engine.adapter_rules",
         "llmop_engine.compile_cache_rules",
+        "llmop_engine.startup_log",
     ),
     (
         "llmop_engine.supervisor",

@@ -18,18 +18,26 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
+from dataclasses import replace
 
-from llmop_engine import connections, health
+from llmop_engine import connections, health, startup_log
 from llmop_engine.adapter_loader import AdapterLoader
 from llmop_engine.agent_metrics import AgentMetrics
 from llmop_engine.agent_settings import AgentSettings, flag_value
 from llmop_engine.compile_cache import CompileCache
-from llmop_engine.contract import EngineFlag, drain_flag_path
+from llmop_engine.contract import (
+    STARTUP_KEY,
+    STARTUP_PHASES_KEY,
+    EngineFlag,
+    drain_flag_path,
+)
 from llmop_engine.drain import DrainOutcome, Load, drain_sequence, stop_hung
 from llmop_engine.engine_client import EngineClient
 from llmop_engine.health import Observation, Phase, Policy, Reach, Verdict
 from llmop_engine.probe_server import start as start_servers
+from llmop_engine.startup_log import EngineLog, Moments
 from llmop_engine.supervisor import (
     FORWARDED,
     Supervisor,
@@ -64,7 +72,14 @@ class Agent:
         self.settings = settings
         self.policy: Policy = settings
         self.metrics = AgentMetrics()
-        self.supervisor = Supervisor(engine_command(settings), engine_env(settings, os.environ))
+        # Where the start went: the engine's own lines (read on the relay's threads) and the
+        # agent's moments, on one monotonic clock.
+        self.moments = Moments(agent_started=time.monotonic())
+        self._engine_log = EngineLog()
+        self._engine_log_lock = threading.Lock()
+        self.supervisor = Supervisor(
+            engine_command(settings), engine_env(settings, os.environ), self._engine_line
+        )
         self.drain_flag = drain_flag_path(settings.agent_socket)
         self.client = EngineClient(engine_port(settings), settings.api_key)
         self.state = health.initial(time.monotonic())
@@ -95,9 +110,48 @@ class Agent:
             )
             if reason is not None:
                 return Verdict(phase=Phase.LOADING, live=v.live, ready=False, reason=reason)
+        if v.ready and not self.ever_ready:
+            self._first_ready()
         if v.ready:
             self.ever_ready = True
         return v
+
+    def _engine_line(self, line: str, now: float) -> None:
+        with self._engine_log_lock:
+            self._engine_log = startup_log.observe(self._engine_log, line, now)
+
+    def _start_phases(self) -> tuple[dict[str, float], Moments, EngineLog]:
+        """Seconds per phase found so far (`untraced` once ready), the moments, the lines."""
+        moments = replace(self.moments, listening=self.state.listening_since)
+        with self._engine_log_lock:
+            engine_log = self._engine_log
+        found = startup_log.phases(engine_log, moments)
+        phases = {phase.value: seconds for phase, seconds in found.items()}
+        if (rest := startup_log.untraced(found, moments)) is not None:
+            phases["untraced"] = rest
+        return phases, moments, engine_log
+
+    def startup(self) -> dict[str, object]:
+        """Where this start's seconds went, as far as it got (`/status.startup`)."""
+        phases, moments, engine_log = self._start_phases()
+        return {
+            STARTUP_PHASES_KEY: phases,
+            "totalSeconds": None
+            if moments.ready is None
+            else round(moments.ready - moments.agent_started, 1),
+            "compileHit": engine_log.compile_hit,
+            "graphCaptureSeconds": engine_log.graph_capture_seconds,
+        }
+
+    def _first_ready(self) -> None:
+        self.moments = replace(self.moments, ready=time.monotonic())
+        phases, moments, _ = self._start_phases()
+        self.metrics.startup(phases)
+        log.info(
+            "start: ready %.1fs after the agent started: %s",
+            (moments.ready or 0.0) - moments.agent_started,
+            ", ".join(f"{name} {seconds}s" for name, seconds in phases.items()),
+        )
 
     def status(self) -> dict[str, object]:
         v = self.verdict()
@@ -134,6 +188,7 @@ class Agent:
         } | ({} if self.adapters is None else {"adapters": self.adapters.statuses()})
         if self.compile_cache is not None:
             status["compileCache"] = self.compile_cache.status()
+        status[STARTUP_KEY] = self.startup()
         return status
 
     def metrics_text(self) -> bytes:
@@ -334,6 +389,7 @@ class Agent:
             extra = await asyncio.to_thread(self.compile_cache.prepare, os.environ)
             self.supervisor.env = {**(self.supervisor.env or os.environ), **extra}
         self.supervisor.start()
+        self.moments = replace(self.moments, spawned=time.monotonic())
         self.state = health.initial(time.monotonic())
         loop.add_signal_handler(signal.SIGTERM, self.request_drain, "SIGTERM")
         for sig in FORWARDED:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from llmop_engine.contract import ADAPTER_LOADED_METRIC
+from llmop_engine.contract import ADAPTER_LOADED_METRIC, STARTUP_PHASE_METRIC
 from llmop_engine.drain import DrainOutcome
 from llmop_engine.health import Phase, ProbeResult, Verdict
 from llmop_engine.vllm_metrics import EngineMetrics
@@ -112,8 +112,19 @@ class AgentMetrics:
             "ended them (finish_reason abort); 0 when it finished within budget, -1 unknown.",
             registry=reg,
         )
+        self.startup_phase = Gauge(
+            STARTUP_PHASE_METRIC,
+            "Seconds this engine's start spent in each phase, from the engine's own log lines "
+            "(set once, when it is first ready; `untraced`: what no line accounts for).",
+            ("phase",),
+            registry=reg,
+        )
         for phase in Phase:
             self.phase.labels(phase=phase.value).set(0)
+
+    def startup(self, phases: Mapping[str, float]) -> None:
+        for name, seconds in phases.items():
+            self.startup_phase.labels(phase=name).set(seconds)
 
     def update(self, verdict: Verdict, metrics: EngineMetrics | None) -> None:
         for phase in Phase:

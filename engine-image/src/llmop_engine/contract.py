@@ -249,6 +249,27 @@ COMPILE_CACHE_KEEP: Final = 4
 """Entries kept per model cache; each is a few MB to a few GB."""
 
 
+# --- Where a start went -------------------------------------------------------------------------
+
+STARTUP_KEY: Final = "startup"
+"""The agent's `/status` key: `{"phases": {phase: seconds}, "totalSeconds", "compileHit",
+"graphCaptureSeconds"}` (`llmop_engine.startup_log`)."""
+STARTUP_PHASES_KEY: Final = "phases"
+STARTUP_PHASES: Final = (
+    "prepare",
+    "engineStart",
+    "weights",
+    "compile",
+    "warmup",
+    "apiStart",
+    "firstProbe",
+    "untraced",
+)
+"""The phases of the engine's part of a start, in order; each is in `phases` once both its ends
+were seen; `untraced` (what no line accounts for) once the engine is ready."""
+STARTUP_PHASE_METRIC: Final = "llmop_engine_startup_phase_seconds"
+
+
 # --- Timings that are not settings ---------------------------------------------------------------
 
 ENGINE_EXIT_GRACE_SECONDS: Final = 10

@@ -16,11 +16,14 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 from llmop_engine import contract
 from llmop_engine.agent_settings import AgentSettings, flag_value, has_flag
 from llmop_engine.contract import EngineFlag, Env
+from llmop_engine.startup_log import LineSplitter
 
 log = logging.getLogger("llmop_engine.supervisor")
 
@@ -147,10 +150,46 @@ def live_members(pgid: int) -> list[int]:
     return found
 
 
+OnLine = Callable[[str, float], None]
+"""Called with each complete line the engine writes (cut to `startup_log.MAX_LINE`) and the
+monotonic moment it arrived, from the relay's thread."""
+
+
+def relay(source: int, target: int, on_line: OnLine) -> None:
+    """Copy every byte from `source` to `target` as it comes (the container log sees the engine's
+    output unchanged and undelayed, progress bars included), and hand each line to
+    `on_line`. Runs until the engine and everything that inherited its output are gone. A target
+    that stops taking writes is given up, never the reading: an engine blocked on a full pipe
+    would stop serving."""
+    splitter = LineSplitter()
+    writing = True
+    with contextlib.suppress(OSError), open(source, "rb", buffering=0, closefd=True) as pipe:
+        while chunk := pipe.read(65536):
+            if writing:
+                try:
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(target, view) :]
+                except OSError:
+                    writing = False
+            now = time.monotonic()
+            for line in splitter.feed(chunk):
+                try:
+                    on_line(line, now)
+                except Exception:  # a reader's bug must never stop the relay
+                    log.exception("reading the engine's output failed")
+
+
 class Supervisor:
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        on_line: OnLine | None = None,
+    ) -> None:
         self.argv = list(argv)
         self.env = None if env is None else dict(env)
+        self.on_line = on_line
         self.proc: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
         self._exited = asyncio.Event()
@@ -162,14 +201,30 @@ class Supervisor:
 
     def start(self) -> None:
         log.info("starting engine: %s", " ".join(self.argv))
-        # stdout/stderr are inherited: the engine's logs go to the container log unchanged.
+        # Without a reader, stdout/stderr are inherited; with one, each goes through a pipe and
+        # a relay thread to the agent's own (the container log gets the same bytes).
+        piped = subprocess.PIPE if self.on_line is not None else None
         # preexec_fn is safe here: the engine is spawned once, before the agent starts any thread.
         self.proc = subprocess.Popen(
             self.argv,
             start_new_session=True,
             env=self.env,
+            stdout=piped,
+            stderr=piped,
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
+        if self.on_line is not None:
+            for stream, target in ((self.proc.stdout, 1), (self.proc.stderr, 2)):
+                assert stream is not None
+                # The relay owns the read end from here (Popen's file object must not close it).
+                source = os.dup(stream.fileno())
+                stream.close()
+                threading.Thread(
+                    target=relay,
+                    args=(source, target, self.on_line),
+                    name=f"engine-output-{target}",
+                    daemon=True,
+                ).start()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGCHLD, self.reap)
 

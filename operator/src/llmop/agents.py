@@ -22,7 +22,12 @@ from typing import Any
 
 from llmop.conditions import REASON_DEEP_PROBE_FAILING
 from llmop.pods import PodIssue
-from llmop_engine.contract import AdapterStatusKey
+from llmop_engine.contract import (
+    STARTUP_KEY,
+    STARTUP_PHASES,
+    STARTUP_PHASES_KEY,
+    AdapterStatusKey,
+)
 
 CAPACITY_MARGIN = 0.10
 """Actual KV capacity may fall this far below the plan before it counts as a shortfall: the
@@ -84,6 +89,9 @@ class AgentReading:
     """The pod's LoRA adapters as its agent reported them (None: none reported)."""
     compile_cache: str | None = None
     """How this start used the compile cache (`COMPILE_CACHE_OUTCOMES`); None without one."""
+    start_phases: Mapping[str, float] | None = None
+    """Seconds per phase of the engine's start (`STARTUP_PHASES`), as far as it got; None
+    from an agent that does not report them."""
 
     @property
     def load(self) -> int | None:
@@ -121,7 +129,25 @@ def parse_status(pod: str, payload: Any) -> AgentReading:
         deep_probe_error=str(error) if error else None,
         adapters=parse_pod_adapters(payload.get("adapters")),
         compile_cache=_compile_cache(payload.get("compileCache")),
+        start_phases=_start_phases(payload.get(STARTUP_KEY)),
     )
+
+
+MAX_PHASE_SECONDS = 30 * 24 * 3600.0
+"""A phase longer than this is not a figure an agent measured: it is dropped."""
+
+
+def _start_phases(report: Any) -> Mapping[str, float] | None:
+    phases = report.get(STARTUP_PHASES_KEY) if isinstance(report, Mapping) else None
+    if not isinstance(phases, Mapping):
+        return None
+    return {
+        name: round(float(seconds), 1)
+        for name in STARTUP_PHASES
+        if isinstance(seconds := phases.get(name), int | float)
+        and not isinstance(seconds, bool)
+        and 0 <= seconds <= MAX_PHASE_SECONDS
+    }
 
 
 COMPILE_CACHE_OUTCOMES = ("hit", "miss", "off", "rejected", "error")

@@ -14,12 +14,31 @@ from datetime import datetime
 from typing import Any, cast
 
 from llmop.agents import AgentReading
-from llmop.api.v1alpha1 import CompileCacheOutcome, ReplicaStartup, StartupPhase, StartupStatus
+from llmop.api.v1alpha1 import (
+    CompileCacheOutcome,
+    EngineStartPhases,
+    ReplicaStartup,
+    StartupPhase,
+    StartupStatus,
+)
 from llmop.conditions import parse_time
 
 MAX_REPLICAS = 10
 """Replicas listed in the status: the ones not ready, then the newest."""
 _AGENT_PHASES: dict[str, StartupPhase] = {"downloading": "Downloading", "loading": "Loading"}
+ENGINE_PHASE_FIELDS: dict[str, str] = {
+    "prepare": "prepare_seconds",
+    "engineStart": "engine_start_seconds",
+    "weights": "weights_seconds",
+    "compile": "compile_seconds",
+    "warmup": "warmup_seconds",
+    "apiStart": "api_start_seconds",
+    "firstProbe": "first_probe_seconds",
+    "untraced": "untraced_seconds",
+}
+"""The agent's phase names (`llmop_engine.contract.STARTUP_PHASES`) → `EngineStartPhases`."""
+SUMMARY_PHASES = 2
+"""Engine phases named in the summary: the longest ones, what a person would act on."""
 
 
 def _after(start: datetime | None, end: Any) -> int | None:
@@ -36,7 +55,7 @@ def _condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
     return {}
 
 
-def _engine(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+def _engine_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return dict(statuses[0]) if statuses else {}
 
@@ -55,6 +74,17 @@ def _compile_cache(
     return None if known is None else known.compile_cache
 
 
+def _engine(reading: AgentReading | None, known: ReplicaStartup | None) -> EngineStartPhases | None:
+    if reading is None or reading.start_phases is None:
+        return None if known is None else known.engine
+    fields = {
+        ENGINE_PHASE_FIELDS[name]: seconds
+        for name, seconds in reading.start_phases.items()
+        if name in ENGINE_PHASE_FIELDS
+    }
+    return EngineStartPhases(**fields) if fields else None
+
+
 def replica_startup(
     pod: Mapping[str, Any], reading: AgentReading | None = None, known: ReplicaStartup | None = None
 ) -> ReplicaStartup | None:
@@ -67,7 +97,7 @@ def replica_startup(
         return None
     scheduled = _condition(pod, "PodScheduled")
     ready = _condition(pod, "Ready")
-    running = (_engine(pod).get("state") or {}).get("running") or {}
+    running = (_engine_container(pod).get("state") or {}).get("running") or {}
     phase: StartupPhase
     if ready.get("status") == "True":
         phase = "Ready"
@@ -94,6 +124,7 @@ def replica_startup(
         ),
         downloaded_bytes=None if phase != "Downloading" else _downloaded(reading, known),
         compile_cache=_compile_cache(reading, known),
+        engine=_engine(reading, known),
     )
 
 
@@ -110,7 +141,20 @@ def _summary(replicas: Sequence[ReplicaStartup]) -> str:
     if not timed:
         return ""
     slowest = max(timed, key=lambda r: r.ready_after_seconds or 0)
-    return f"all ready; slowest {slowest.ready_after_seconds}s ({slowest.pod}{_cache(slowest)})"
+    return (
+        f"all ready; slowest {slowest.ready_after_seconds}s "
+        f"({slowest.pod}{_cache(slowest)}{_longest(slowest.engine)})"
+    )
+
+
+def _longest(engine: EngineStartPhases | None) -> str:
+    """The engine phases that took longest, by the names `/status` and the docs use."""
+    if engine is None:
+        return ""
+    names = {field: name for name, field in ENGINE_PHASE_FIELDS.items()}
+    seconds = [(value, names[field]) for field, value in engine if value]
+    top = sorted(seconds, key=lambda pair: -pair[0])[:SUMMARY_PHASES]
+    return "; " + ", ".join(f"{name} {value:g}s" for value, name in top) if top else ""
 
 
 def _cache(replica: ReplicaStartup) -> str:
@@ -141,3 +185,30 @@ def startup_status(
     replicas.sort(key=lambda r: r.created, reverse=True)
     replicas.sort(key=lambda r: r.phase == "Ready")
     return StartupStatus(summary=_summary(replicas), replicas=replicas[:MAX_REPLICAS])
+
+
+def phase_seconds(replica: ReplicaStartup) -> dict[str, float]:
+    """One ready start's seconds per phase, for the operator's histogram: the cluster's part
+    from the pod's timestamps, the engine's from its agent."""
+    out: dict[str, float] = {}
+    if replica.scheduled_after_seconds is not None:
+        out["scheduling"] = replica.scheduled_after_seconds
+        if replica.started_after_seconds is not None:
+            out["containerStart"] = max(
+                0, replica.started_after_seconds - replica.scheduled_after_seconds
+            )
+    if replica.engine is not None:
+        names = {field: name for name, field in ENGINE_PHASE_FIELDS.items()}
+        out |= {names[field]: value for field, value in replica.engine if value is not None}
+    if replica.ready_after_seconds is not None:
+        out["total"] = replica.ready_after_seconds
+    return out
+
+
+def newly_ready(before: StartupStatus | None, after: StartupStatus | None) -> list[ReplicaStartup]:
+    """The replicas `after` shows Ready that `before` did not: each start is counted once,
+    and a restarted operator (whose first status repeats the last one) counts none again."""
+    if after is None:
+        return []
+    was_ready = {r.pod for r in (before.replicas if before else ()) if r.phase == "Ready"}
+    return [r for r in after.replicas if r.phase == "Ready" and r.pod not in was_ready]

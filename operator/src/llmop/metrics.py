@@ -8,7 +8,7 @@ LLMDeployments does not produce thousands of series.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -37,6 +37,8 @@ RESULT_SKIPPED = "skipped"
 RESULT_ERROR = "error"
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+START_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0)
+"""Seconds of one phase of an engine pod's start: sub-second probes to an hour-long download."""
 
 
 @dataclass
@@ -98,6 +100,15 @@ class Metrics:
             "1 while this process holds the leader Lease and reconciles; 0 on a standby.",
             registry=reg,
         )
+        self.start_phase = Histogram(
+            "llmop_startup_phase_seconds",
+            "Where engine pods' starts went, observed once per pod when it first shows Ready in "
+            "status: scheduling, containerStart (image pull and container creation), the "
+            "engine's phases from its own log lines, and total (created to Ready).",
+            ["phase"],
+            buckets=START_BUCKETS,
+            registry=reg,
+        )
         self._lock = threading.Lock()
         self._seen: dict[str, set[str]] = {}
 
@@ -119,6 +130,12 @@ class Metrics:
         """Record one finished reconcile (for a decision timed by the caller)."""
         self.reconciles.labels(trigger, result).inc()
         self.duration.labels(trigger, result).observe(seconds)
+
+    def started(self, phases: Iterable[Mapping[str, float]]) -> None:
+        """One observation per phase of each start that just became Ready."""
+        for found in phases:
+            for phase, seconds in found.items():
+                self.start_phase.labels(phase).observe(seconds)
 
     def observe_object(self, kind: str, key: str, *, present: bool) -> None:
         """Track one managed object from watch events (present=False when it was deleted)."""

@@ -540,7 +540,13 @@ class SimServer:
 
     async def _load_and_serve(self) -> int:
         loop = asyncio.get_running_loop()
-        log.info("loading model %s (simulated, %.1fs)", self.cfg.model, self.cfg.load_seconds)
+        # vLLM's own lines for the phases of its start (the agent reads them: startup_log).
+        log.info(
+            "Starting to load model %s... (simulated loading model, %.1fs)",
+            self.cfg.model,
+            self.cfg.load_seconds,
+        )
+        loading = loop.time()
         # Like vLLM, nothing listens until the weights are loaded: clients get connection refused.
         # A SIGTERM meanwhile ends the start, as vLLM's does.
         with contextlib.suppress(TimeoutError):
@@ -548,8 +554,10 @@ class SimServer:
         if self.stop_event.is_set():
             log.info("stopped while loading")
             _interrupt_start()
+        log.info("Loading weights took %.2f seconds", loop.time() - loading)
         blocks = self.cfg.num_gpu_blocks
         log.info("GPU KV cache size: %s tokens (simulated)", f"{blocks * self.cfg.block_size:,}")
+        log.info("init engine (profile, create kv cache, warmup model) took 0.00 s")
         engine_task = asyncio.create_task(self.engine.run(), name="sim-scheduler")
         runner = web.AppRunner(
             self.app(),

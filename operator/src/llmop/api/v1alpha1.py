@@ -1059,6 +1059,32 @@ StartupPhase = Literal["Scheduling", "PullingImage", "Starting", "Downloading", 
 CompileCacheOutcome = Literal["hit", "miss", "off", "rejected", "error"]
 
 
+class EngineStartPhases(ApiModel):
+    """Seconds of the engine's part of one start, read by its agent from the engine's own log
+    lines (vLLM's, which the simulator prints too). Consecutive: once ready they add up to the
+    agent's start → ready. A phase whose lines were not seen is unset (its seconds are then in
+    `untracedSeconds`)."""
+
+    prepare_seconds: float | None = Field(default=None, ge=0)
+    """Agent started → engine spawned (the compile cache seeded)."""
+    engine_start_seconds: float | None = Field(default=None, ge=0)
+    """Engine spawned → loading the model (importing torch and vLLM, config, tokenizer,
+    starting the engine core and workers)."""
+    weights_seconds: float | None = Field(default=None, ge=0)
+    """Loading the weights (every worker)."""
+    compile_seconds: float | None = Field(default=None, ge=0)
+    """Compiling the model (torch.compile; on CPU the compile warm-up): what the compile cache
+    saves."""
+    warmup_seconds: float | None = Field(default=None, ge=0)
+    """The rest of the engine's init: memory profiling, the KV cache, CUDA graph capture."""
+    api_start_seconds: float | None = Field(default=None, ge=0)
+    """Init done → the engine's API answers `/health`."""
+    first_probe_seconds: float | None = Field(default=None, ge=0)
+    """`/health` answers → the agent's first good one-token probe (the pod reports ready)."""
+    untraced_seconds: float | None = Field(default=None, ge=0)
+    """What no line accounts for (set once ready)."""
+
+
 class ReplicaStartup(ApiModel):
     """Where one engine pod's cold start went, in seconds after the pod was created."""
 
@@ -1083,6 +1109,8 @@ class ReplicaStartup(ApiModel):
     earlier start compiled for the same key), miss (it compiles, and publishes for the next),
     off (not used: the agent's `/status.compileCache.seedMessage` says why), rejected (an entry
     that failed its checks: compiled afresh) or error. Unset without a compile cache."""
+    engine: EngineStartPhases | None = None
+    """The engine's part of the start, phase by phase, as far as it got."""
 
 
 class StartupStatus(ApiModel):

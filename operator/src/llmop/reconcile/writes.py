@@ -10,7 +10,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from llmop import conditions, events, kinds, name_owners, pool_view
+from llmop import coldstart, conditions, events, kinds, name_owners, pool_view
 from llmop.api.v1alpha1 import LLMDeploymentStatus, ModelStatus
 from llmop.desired import DesiredState
 from llmop.hub import HubUnavailableError
@@ -129,6 +129,9 @@ def _write_status(
     ctx.update((namespace, name), lambda memory: replace(memory, written=kept))
     ctx.metrics.status_writes.inc()
     previous = observed.previous
+    ctx.metrics.started(
+        coldstart.phase_seconds(r) for r in coldstart.newly_ready(previous.startup, status.startup)
+    )
     now = ctx.clock()
     wanted = events.transition_events(previous.conditions, status.conditions)
     wanted += events.adapter_events(previous.adapters, status.adapters)
