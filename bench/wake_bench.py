@@ -56,7 +56,14 @@ from support.realnode import (  # noqa: E402
     service_url,
     vllm_cpu_spec,
 )
-from support.wake import COLUMNS, describe, from_zero, one_wake  # noqa: E402
+from support.wake import (  # noqa: E402
+    COLUMNS,
+    ENGINE_PHASES,
+    describe,
+    engine_phases,
+    from_zero,
+    one_wake,
+)
 
 SAMPLE = REPO_ROOT / "examples" / "simulator-small.yaml"
 NAME = "sleepy"
@@ -135,7 +142,7 @@ def served(
 
 def _wakes(
     rc: RealCluster, router: str, apps: str, wakes: int, *, label: str, name: str
-) -> list[tuple[str, dict[str, float]]]:
+) -> list[tuple[str, dict[str, float], dict[str, float]]]:
     rows = []
     for index in range(wakes):
         # The first wait includes the first replica's start (minReplicas 0 starts at 1).
@@ -147,9 +154,35 @@ def _wakes(
                 shown = rc.kubectl(*what, "-n", apps, check=False)
                 print(getattr(shown, "stdout", shown), file=sys.stderr)
             raise
-        rows.append((label, row))
-        print(f"{label} wake {index + 1}: {describe(row)}", file=sys.stderr, flush=True)
+        phases = engine_phases(rc, apps, name)
+        rows.append((label, row, phases))
+        print(
+            f"{label} wake {index + 1}: {describe(row)}; engine: {phases}",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
+
+
+def _table(rows: list[tuple[str, dict[str, float]]], columns: tuple[str, ...]) -> None:
+    """One row per wake, then each label's medians."""
+    print("| compile cache | wake | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 2) + "|")
+    for index, (label, row) in enumerate(rows):
+        print(
+            f"| {label} | {index + 1} | "
+            + " | ".join(f"{row[c]:.1f}" if c in row else "-" for c in columns)
+            + " |"
+        )
+    for label in dict.fromkeys(label for label, _ in rows):
+        mine = [row for lab, row in rows if lab == label]
+        medians = [
+            f"{statistics.median(r[c] for r in mine if c in r):.1f}"
+            if any(c in r for r in mine)
+            else "-"
+            for c in columns
+        ]
+        print(f"| {label} | median | " + " | ".join(medians) + " |")
 
 
 def main() -> int:
@@ -167,7 +200,7 @@ def main() -> int:
         "on": [True],
         "both": [False, True],
     }[args.compile_cache]
-    rows: list[tuple[str, dict[str, float]]] = []
+    rows: list[tuple[str, dict[str, float], dict[str, float]]] = []
     # The gateway is not what this measures: the router lets the wake's request in without a key.
     values: dict[str, Any] = {
         **NODE_IMAGE_VALUES,
@@ -201,23 +234,13 @@ def main() -> int:
         f"\nwake from zero: {engine}, the chart's operator and router pods on the real node; "
         "seconds after the request was sent\n"
     )
-    print("| compile cache | wake | " + " | ".join(COLUMNS) + " |")
-    print("|---" * (len(COLUMNS) + 2) + "|")
-    for index, (label, row) in enumerate(rows):
-        print(
-            f"| {label} | {index + 1} | "
-            + " | ".join(f"{row[c]:.1f}" if c in row else "-" for c in COLUMNS)
-            + " |"
-        )
-    for label in dict.fromkeys(label for label, _ in rows):
-        mine = [row for lab, row in rows if lab == label]
-        medians = [
-            f"{statistics.median(r[c] for r in mine if c in r):.1f}"
-            if any(c in r for r in mine)
-            else "-"
-            for c in COLUMNS
-        ]
-        print(f"| {label} | median | " + " | ".join(medians) + " |")
+    _table([(label, row) for label, row, _ in rows], COLUMNS)
+    print(
+        "\nwhere the engine's start went (status.startup.replicas[].engine: the agent's reading "
+        "of the engine's own log lines), seconds; engine Ready above = the container's start + "
+        "these + the kubelet's next readiness probe\n"
+    )
+    _table([(label, phases) for label, _, phases in rows], ENGINE_PHASES)
     return 0
 
 

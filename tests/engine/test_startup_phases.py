@@ -104,6 +104,7 @@ def test_the_agent_reports_where_the_simulators_start_went(fleet: Fleet) -> None
     phases = startup["phases"]
     print(f"\nsimulator start: {startup}")
     assert set(phases) >= {
+        "agentStart",
         "prepare",
         "engineStart",
         "weights",

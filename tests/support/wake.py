@@ -144,5 +144,41 @@ def one_wake(
     return {**seen, "first token": first, "answered": total}
 
 
+ENGINE_PHASES = (
+    "agentStart",
+    "prepare",
+    "engineStart",
+    "weights",
+    "compile",
+    "warmup",
+    "apiStart",
+    "firstProbe",
+    "untraced",
+)
+"""`status.startup.replicas[].engine`'s phases in order (`llmop_engine.contract.STARTUP_PHASES`)."""
+
+
+def engine_phases(
+    rc: RealCluster, namespace: str, name: str, timeout: float = 30
+) -> dict[str, float]:
+    """The newest ready replica's engine phases from the CR's status (the operator writes them
+    once it read the pod's agent after Ready), seconds per phase; {} when none came in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cr = rc.kit.get_llmd(namespace, name)
+        replicas = ((cr or {}).get("status") or {}).get("startup", {}).get("replicas") or []
+        ready = [r for r in replicas if r.get("phase") == "Ready" and r.get("engine")]
+        if ready:
+            engine = max(ready, key=lambda r: str(r.get("created")))["engine"]
+            if "untracedSeconds" in engine:
+                return {
+                    phase: float(engine[f"{phase}Seconds"])
+                    for phase in ENGINE_PHASES
+                    if engine.get(f"{phase}Seconds") is not None
+                }
+        time.sleep(1)
+    return {}
+
+
 def describe(row: dict[str, float]) -> str:
     return ", ".join(f"{column} {row[column]:.1f}" for column in COLUMNS if column in row)

@@ -22,6 +22,7 @@ from llmop_engine.startup_log import (
     Phase,
     observe,
     phases,
+    starts_serving,
     untraced,
 )
 
@@ -194,3 +195,13 @@ def test_random_chunking_gives_the_same_lines() -> None:
 
 def test_the_phases_are_the_ones_the_contract_names_in_order() -> None:
     assert (*(p.value for p in Phase), "untraced") == contract.STARTUP_PHASES
+
+
+def test_the_api_server_starting_is_told_once() -> None:
+    before = read(CPU_COLD[:-1])
+    line = (
+        "(APIServer pid=6465) INFO 12-05 22:05:21 [entry.py:140] Starting vLLM server on http://0"
+    )
+    after = observe(before, line, 44.0)
+    assert starts_serving(before, after)
+    assert not starts_serving(after, observe(after, CPU_COLD[-1][1], 44.5))

@@ -256,6 +256,7 @@ STARTUP_KEY: Final = "startup"
 "graphCaptureSeconds"}` (`llmop_engine.startup_log`)."""
 STARTUP_PHASES_KEY: Final = "phases"
 STARTUP_PHASES: Final = (
+    "agentStart",
     "prepare",
     "engineStart",
     "weights",

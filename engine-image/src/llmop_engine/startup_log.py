@@ -29,6 +29,7 @@ class Mark(enum.StrEnum):
     COMPILE_STARTED = "compileStarted"
     COMPILE_DONE = "compileDone"
     INIT_DONE = "initDone"
+    SERVING = "serving"
 
 
 _RULES: Final[tuple[tuple[Mark, re.Pattern[str]], ...]] = (
@@ -43,6 +44,9 @@ _RULES: Final[tuple[tuple[Mark, re.Pattern[str]], ...]] = (
     ),
     (Mark.COMPILE_DONE, re.compile(r"Warming up done\.|torch\.compile took [0-9.]+ s in total")),
     (Mark.INIT_DONE, re.compile(r"init engine \(profile, create kv cache, warmup model\) took ")),
+    # The API server is about to answer (vLLM's entrypoint, then uvicorn): the agent looks at
+    # once rather than at its next poll.
+    (Mark.SERVING, re.compile(r"Starting vLLM server on |Application startup complete\.")),
 )
 _COMPILE_SECONDS: Final = re.compile(r"torch\.compile took ([0-9.]+) s in total")
 _GRAPH_CAPTURE: Final = re.compile(r"Graph capturing finished in ([0-9.]+) secs")
@@ -61,8 +65,10 @@ cut, never held whole."""
 class Phase(enum.StrEnum):
     """The engine's part of a start, in order; the names docs/operations.md uses."""
 
+    AGENT_START = "agentStart"
+    """The agent's process started → its main loop runs (importing Python modules)."""
     PREPARE = "prepare"
-    """Agent started → engine spawned (the compile cache seeded)."""
+    """Agent running → engine spawned (the compile cache seeded)."""
     ENGINE_START = "engineStart"
     """Engine spawned → its first worker starts loading the model (importing torch and vLLM,
     reading the config and tokenizer, starting the engine core and workers)."""
@@ -91,6 +97,11 @@ class EngineLog:
     compile_hit: bool | None = None
     """True when vLLM loaded compiled graphs from its cache, False when it compiled; None
     when it said neither (the CPU build says neither)."""
+
+
+def starts_serving(before: EngineLog, after: EngineLog) -> bool:
+    """The line that made `after` from `before` says the engine's API is about to answer."""
+    return Mark.SERVING in after.first and Mark.SERVING not in before.first
 
 
 def observe(log: EngineLog, line: str, now: float) -> EngineLog:
@@ -123,6 +134,8 @@ class Moments:
 
     agent_started: float
     spawned: float | None = None
+    process_started: float | None = None
+    """When the agent's process was created (the kernel's record), before its imports."""
     listening: float | None = None
     ready: float | None = None
 
@@ -140,6 +153,7 @@ def phases(log: EngineLog, moments: Moments) -> dict[Phase, float]:
     weights_end = log.last.get(Mark.WEIGHTS_LOADED)
     init_done = log.first.get(Mark.INIT_DONE)
     out: dict[Phase, float | None] = {
+        Phase.AGENT_START: _between(moments.process_started, moments.agent_started),
         Phase.PREPARE: _between(moments.agent_started, moments.spawned),
         Phase.ENGINE_START: _between(moments.spawned, log.first.get(Mark.LOAD_STARTED)),
         Phase.WEIGHTS: _between(log.first.get(Mark.LOAD_STARTED), weights_end),
@@ -166,7 +180,7 @@ def _compile(log: EngineLog) -> float | None:
 
 def untraced(found: dict[Phase, float], moments: Moments) -> float | None:
     """Agent start → ready minus the phases found: the seconds no line accounts for."""
-    total = _between(moments.agent_started, moments.ready)
+    total = _between(moments.process_started or moments.agent_started, moments.ready)
     if total is None:
         return None
     return round(max(0.0, total - sum(found.values())), 1)

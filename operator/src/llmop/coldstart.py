@@ -27,6 +27,7 @@ MAX_REPLICAS = 10
 """Replicas listed in the status: the ones not ready, then the newest."""
 _AGENT_PHASES: dict[str, StartupPhase] = {"downloading": "Downloading", "loading": "Loading"}
 ENGINE_PHASE_FIELDS: dict[str, str] = {
+    "agentStart": "agent_start_seconds",
     "prepare": "prepare_seconds",
     "engineStart": "engine_start_seconds",
     "weights": "weights_seconds",

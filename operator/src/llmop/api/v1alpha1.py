@@ -1062,11 +1062,13 @@ CompileCacheOutcome = Literal["hit", "miss", "off", "rejected", "error"]
 class EngineStartPhases(ApiModel):
     """Seconds of the engine's part of one start, read by its agent from the engine's own log
     lines (vLLM's, which the simulator prints too). Consecutive: once ready they add up to the
-    agent's start → ready. A phase whose lines were not seen is unset (its seconds are then in
-    `untracedSeconds`)."""
+    agent process's start → ready. A phase whose lines were not seen is unset (its seconds are
+    then in `untracedSeconds`)."""
 
+    agent_start_seconds: float | None = Field(default=None, ge=0)
+    """The agent's process created → its main loop runs (Python imports)."""
     prepare_seconds: float | None = Field(default=None, ge=0)
-    """Agent started → engine spawned (the compile cache seeded)."""
+    """Agent running → engine spawned (the compile cache seeded)."""
     engine_start_seconds: float | None = Field(default=None, ge=0)
     """Engine spawned → loading the model (importing torch and vLLM, config, tokenizer,
     starting the engine core and workers)."""
