@@ -191,10 +191,21 @@ def _reason_within(
 def test_unpullable_image_is_reported(real_cluster: RealCluster, e2e_namespace: str) -> None:
     ns, name = e2e_namespace, "nopull"
     image = "localhost/llmop-no-such-image:0"
-    real_cluster.kit.apply_llmd(ns, name, real_node_spec(engine={"image": image}))
+    spec = real_node_spec(engine={"image": image}, scheduling={"prePullImage": True})
+    real_cluster.kit.apply_llmd(ns, name, spec)
     start = time.monotonic()
     found = _reason_within(real_cluster, ns, name, ("ImagePull", image), timeout=30)
     print(f"\nunpullable image reported after {time.monotonic() - start:.1f}s: {found}")
+    # The pre-pull says the image is on no node, and where to look.
+    pre_pull = wait_until(
+        lambda: ((real_cluster.kit.get_llmd(ns, name) or {}).get("status") or {}).get("prePull"),
+        timeout=30,
+        interval=1,
+        what="status.prePull",
+    )
+    assert pre_pull["pulled"] == 0, pre_pull
+    assert pre_pull["nodes"] >= 1, pre_pull
+    assert "pulling or failing: kubectl get pods" in pre_pull["message"], pre_pull
 
 
 def test_unschedulable_pod_is_reported(real_cluster: RealCluster, e2e_namespace: str) -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import urllib.request
 from datetime import datetime
+from typing import Any
 
 import pytest
 
 from llmop import names
+from support.cluster import wait_until
 from support.realnode import REAL_NODE, RealCluster, post_json, real_node_spec, service_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
@@ -23,9 +25,46 @@ def test_ready_after_probes_and_serves_through_the_service(
     real_cluster: RealCluster, e2e_namespace: str
 ) -> None:
     ns, name = e2e_namespace, "served"
-    real_cluster.kit.apply_llmd(ns, name, real_node_spec(replicas=1))
+    spec = real_node_spec(replicas=1, scheduling={"prePullImage": True})
+    real_cluster.kit.apply_llmd(ns, name, spec)
     obj = real_cluster.kit.wait_condition(ns, name, "Ready", "True", timeout=180)
     assert obj["status"]["readyReplicas"] == 1
+
+    def cr_status() -> dict[str, Any]:
+        found: dict[str, Any] = (real_cluster.kit.get_llmd(ns, name) or {}).get("status") or {}
+        return found
+
+    # The image pre-pull: its DaemonSet's pod ran the engine image on the real node.
+    pulled = wait_until(
+        lambda: (
+            (p := cr_status().get("prePull") or {}).get("nodes") and p["pulled"] == p["nodes"] and p
+        ),
+        timeout=60,
+        interval=1,
+        what="status.prePull: the image on every node",
+    )
+    print(f"\npre-pull: {pulled}")
+    (held,) = real_cluster.pods(
+        ns, f"{names.LABEL_INSTANCE}={name},{names.LABEL_COMPONENT}={names.PRE_PULL_COMPONENT}"
+    )
+    assert held["spec"]["nodeName"] == REAL_NODE
+
+    # Where the start went, phase by phase, read by the agent from the engine's own lines.
+    def replicas() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = (cr_status().get("startup") or {}).get("replicas") or []
+        return found
+
+    engine_start = wait_until(
+        lambda: (r := replicas()) and "untracedSeconds" in (r[0].get("engine") or {}) and r[0],
+        timeout=60,
+        interval=1,
+        what="status.startup.replicas[0].engine",
+    )
+    print(f"start: {engine_start}")
+    phases = engine_start["engine"]
+    assert phases["weightsSeconds"] >= 1, phases  # the simulator's model load
+    assert phases["untracedSeconds"] <= 1, phases
+    assert {"agentStartSeconds", "engineStartSeconds", "apiStartSeconds"} <= phases.keys()
 
     (pod,) = real_cluster.pods(ns, names.selector_string(name))
     assert pod["spec"]["nodeName"] == REAL_NODE

@@ -310,3 +310,56 @@ def test_delete_garbage_collects_children(
 def test_operator_log_has_no_tracebacks(operator: OperatorProcess) -> None:
     text = operator.log_path.read_text(errors="replace")
     assert "Traceback" not in text
+
+
+def test_pre_pull_daemon_set_follows_the_field_and_reports_the_nodes(
+    operator: OperatorProcess, kit: Kit, namespace: str
+) -> None:
+    kit.apply_llmd(namespace, "pulled", spec(replicas=1, scheduling={"prePullImage": True}))
+
+    def daemon_set() -> dict[str, Any] | None:
+        return kit.get("apps/v1", "DaemonSet", namespace, "pulled-prepull")
+
+    created = wait_until(daemon_set, timeout=30, interval=0.2, what="the pre-pull DaemonSet")
+    owner = created["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("LLMDeployment", "pulled", True)
+    engine = kit.deployment(namespace, "pulled")
+    assert engine is not None
+    image = engine["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert created["spec"]["template"]["spec"]["containers"][0]["image"] == image
+
+    def pre_pull() -> dict[str, Any]:
+        found: dict[str, Any] = (kit.get_llmd(namespace, "pulled") or {}).get("status", {})
+        return found.get("prePull") or {}
+
+    # The cluster's DaemonSet controller places one pod per node; the status counts them.
+    done = wait_until(
+        lambda: (p := pre_pull()).get("nodes", 0) > 0 and p.get("pulled") == p["nodes"] and p,
+        timeout=60,
+        interval=0.5,
+        what="status.prePull with every node pulled",
+    )
+    assert done["message"] == f"image on {done['nodes']} of {done['nodes']} nodes"
+    # Drift is undone like any child's.
+    kit.cluster.kubectl(
+        "patch",
+        "daemonset",
+        "pulled-prepull",
+        "-n",
+        namespace,
+        "--type=json",
+        "-p",
+        '[{"op":"replace","path":"/spec/template/spec/containers/0/args","value":["x"]}]',
+    )
+    wait_until(
+        lambda: (
+            (d := daemon_set())
+            and d["spec"]["template"]["spec"]["containers"][0]["args"] == ["hold"]
+        ),
+        timeout=20,
+        interval=0.2,
+        what="the DaemonSet restored",
+    )
+    kit.apply_llmd(namespace, "pulled", spec(replicas=1))
+    wait_until(lambda: daemon_set() is None, timeout=30, interval=0.2, what="DaemonSet deleted")
+    wait_until(lambda: not pre_pull(), timeout=30, interval=0.2, what="status.prePull cleared")

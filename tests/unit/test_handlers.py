@@ -73,6 +73,7 @@ def test_settings_use_our_prefixes_and_server_side_label_filters() -> None:
     }
     assert selectors == {
         ("apps", "v1", "deployments"): "app.kubernetes.io/managed-by=llmop",
+        ("apps", "v1", "daemonsets"): "app.kubernetes.io/managed-by=llmop",
         ("", "v1", "pods"): "app.kubernetes.io/managed-by=llmop",
         ("", "v1", "services"): "app.kubernetes.io/managed-by=llmop",
         ("", "v1", "configmaps"): "app.kubernetes.io/managed-by=llmop",

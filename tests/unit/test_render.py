@@ -384,16 +384,24 @@ def test_pdb_only_when_more_than_one_replica_can_exist(spec: dict[str, Any], has
 def test_wanted_and_unwanted() -> None:
     fixed = render()
     assert [c["kind"] for c in fixed.wanted()] == ["Service", "Deployment"]
-    assert fixed.unwanted() == [kinds.CONFIG_MAP, kinds.PDB, kinds.HPA, kinds.INFERENCE_POOL]
+    assert fixed.unwanted() == [
+        kinds.CONFIG_MAP,
+        kinds.PRE_PULL,
+        kinds.PDB,
+        kinds.HPA,
+        kinds.INFERENCE_POOL,
+    ]
     pool = {"endpointPickerRef": {"name": "epp", "port": 9002}}
     scaled = render(
         autoscaling={"maxReplicas": 3},
         router={"inferencePool": pool},
         adapters=[{"name": "sql", "source": "hf://acme/sql"}],
+        scheduling={"prePullImage": True},
     )
     assert [c["kind"] for c in scaled.wanted()] == [
         "Service",
         "ConfigMap",
+        "DaemonSet",
         "Deployment",
         "PodDisruptionBudget",
         "HorizontalPodAutoscaler",
@@ -441,3 +449,56 @@ def test_pod_runs_as_the_user_the_engine_images_create() -> None:
         user = re.search(r"^USER (\d+)", text, re.MULTILINE)
         assert user is not None, dockerfile
         assert pod_spec(render())["securityContext"]["runAsUser"] == int(user.group(1))
+
+
+def test_the_pre_pull_daemon_set_goes_where_the_engine_pods_go_and_is_never_one() -> None:
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        },
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []},
+    }
+    children = render(
+        resources={"gpus": 2, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+        scheduling={
+            "prePullImage": True,
+            "nodeSelector": {"pool": "gpu"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+            "affinity": affinity,
+            "priorityClassName": "llm",
+        },
+    )
+    ds = children.pre_pull
+    assert ds is not None
+    assert ds["metadata"]["name"] == "llama-prepull"
+    assert ds["metadata"]["labels"][names.LABEL_MANAGED_BY] == names.MANAGED_BY
+    pod = ds["spec"]["template"]["spec"]
+    engine = pod_spec(children)
+    # Where the engine pods may run, GPU taint and product included; not their pod affinity.
+    for key in ("nodeSelector", "tolerations"):
+        assert pod[key] == engine[key]
+    assert pod["affinity"] == {"nodeAffinity": affinity["nodeAffinity"]}
+    assert "priorityClassName" not in pod
+    [hold] = pod["containers"]
+    assert hold["image"] == container(children)["image"]
+    assert hold["args"] == ["hold"]
+    assert "nvidia.com/gpu" not in str(hold["resources"])
+    # Nothing that selects engine pods may select these.
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"] == labels
+    for selector in (
+        names.selector_labels("llama"),
+        children.service["spec"]["selector"],
+        {names.LABEL_MANAGED_BY: names.MANAGED_BY},  # the operator's pod watch
+    ):
+        assert not selector.items() <= labels.items(), selector
+    assert render().pre_pull is None
+
+
+def test_turning_pre_pull_on_changes_no_engine_pod() -> None:
+    plain, pulled = render(), render(scheduling={"prePullImage": True})
+    assert pulled.deployment == plain.deployment

@@ -407,3 +407,52 @@ def test_autoscaled_replicas_below_min_replicas_are_not_ready() -> None:
     at_floor = derive(resource, deployment(replicas=2, status=ROLLED_OUT))
     assert at_floor.replica_summary == "2/2"
     assert conds(at_floor)["Ready"][0] == "True"
+
+
+def test_pre_pull_status_counts_the_nodes_with_the_current_image() -> None:
+    spec = LLMDeployment.model_validate(
+        {
+            "metadata": {"name": "chat", "namespace": "team"},
+            "spec": {"model": {"name": "m"}, "scheduling": {"prePullImage": True}},
+        }
+    ).spec
+
+    def ds(generation: int = 2, **status: int) -> dict[str, Any]:
+        return {"metadata": {"generation": generation}, "status": status}
+
+    pull = status_mod.pre_pull_status
+    assert (
+        pull(
+            spec.model_copy(
+                update={"scheduling": spec.scheduling.model_copy(update={"pre_pull_image": False})}
+            ),
+            ds(),
+            "chat",
+            "team",
+        )
+        is None
+    )
+    assert pull(spec, None, "chat", "team").message == "creating DaemonSet chat-prepull"
+    done = pull(
+        spec,
+        ds(observedGeneration=2, desiredNumberScheduled=3, numberReady=3, updatedNumberScheduled=3),
+        "chat",
+        "team",
+    )
+    assert (done.nodes, done.pulled, done.message) == (3, 3, "image on 3 of 3 nodes")
+    # A new image: the old pods are still ready, but only the updated ones count.
+    rolling = pull(
+        spec,
+        ds(observedGeneration=2, desiredNumberScheduled=3, numberReady=3, updatedNumberScheduled=1),
+        "chat",
+        "team",
+    )
+    assert (rolling.pulled, rolling.nodes) == (1, 3)
+    assert rolling.message.startswith("image on 1 of 3 nodes; pulling or failing: kubectl get")
+    assert "-n team -l app.kubernetes.io/instance=chat,app.kubernetes.io/component=prepull" in (
+        rolling.message
+    )
+    stale = pull(spec, ds(observedGeneration=1, desiredNumberScheduled=3), "chat", "team")
+    assert (stale.pulled, stale.message) == (0, "DaemonSet chat-prepull is updating")
+    nowhere = pull(spec, ds(observedGeneration=2), "chat", "team")
+    assert nowhere.message.startswith("no node matches")

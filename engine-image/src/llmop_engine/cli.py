@@ -6,6 +6,8 @@
 - `simulate [<model>] [vLLM flags] [--sim-* flags]` runs the vLLM simulator in the foreground.
 - `download --model org/name [--revision sha] [--hf-home /models]` fills a model cache from the
   Hugging Face Hub (the operator's download Job; see `download.py`).
+- `hold` does nothing until SIGTERM or SIGINT: the image pre-pull pods
+  (`spec.scheduling.prePullImage`) keep the image on their node by running it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -76,9 +79,26 @@ def _download(argv: Sequence[str]) -> int:
     return download.main(argv)
 
 
+def _hold(argv: Sequence[str]) -> int:
+    """Wait for SIGTERM/SIGINT and exit 0 at once (a pre-pull pod's whole life)."""
+    if argv:
+        print(f"llmop-engine hold takes no arguments, got {' '.join(argv)!r}", file=sys.stderr)
+        return 2
+    stop = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    signal.sigwait(stop)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = {"run": _run, "drain": _drain, "simulate": _simulate, "download": _download}
+    commands = {
+        "run": _run,
+        "drain": _drain,
+        "simulate": _simulate,
+        "download": _download,
+        "hold": _hold,
+    }
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if args else 2
@@ -88,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = commands.get(args[0])
     if command is None:
         print(
-            f"llmop-engine: unknown command {args[0]!r}; one of run, drain, simulate, download",
+            f"llmop-engine: unknown command {args[0]!r}; one of {', '.join(commands)}",
             file=sys.stderr,
         )
         return 2

@@ -31,6 +31,9 @@ ENGINE_ARGS_SEPARATOR: Final = "--"
 """Everything after it goes to the engine unchanged."""
 DOWNLOAD: Final = "download"
 """Subcommand of the model cache's download Job: fill the cache once, with progress."""
+HOLD: Final = "hold"
+"""Subcommand of the image pre-pull pods: do nothing until SIGTERM (the image is on the node
+while it runs)."""
 
 Backend = Literal["vllm", "simulator"]
 BACKENDS: Final[tuple[Backend, ...]] = ("vllm", "simulator")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmop import names
 from llmop.api.v1alpha1 import API_VERSION, KIND, PLURAL
 from llmop_router import contract
 
@@ -75,6 +76,11 @@ DEPLOYMENT = ChildKind(
     read=True,
     workload=True,
 )
+PRE_PULL = ChildKind(
+    "apps/v1", "DaemonSet", "daemonsets", optional=True, name_suffix=names.PRE_PULL_SUFFIX
+)
+"""spec.scheduling.prePullImage: one idle pod of the engine image per node the engine pods may
+run on (`llmop.render.pre_pull`); applied before the workload, so its pulls start first."""
 PDB = ChildKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", optional=True)
 HPA = ChildKind(
     "autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", optional=True
@@ -129,6 +135,7 @@ JOB = ChildKind("batch/v1", "Job", "jobs", read=True)
 CHILDREN: tuple[ChildKind, ...] = (
     SERVICE,
     CONFIG_MAP,
+    PRE_PULL,
     DEPLOYMENT,
     LEADER_WORKER_SET,
     PDB,

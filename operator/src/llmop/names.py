@@ -27,6 +27,22 @@ rollout's new group has a new one; a group recreated after a failure keeps it)."
 APP_NAME = "llmop-engine"
 MANAGED_BY = "llmop"
 COMPONENT = "engine"
+PRE_PULL_SUFFIX = "-prepull"
+"""The pre-pull DaemonSet is `<name>-prepull` (spec.scheduling.prePullImage)."""
+PRE_PULL_APP_NAME = "llmop-prepull"
+PRE_PULL_COMPONENT = "prepull"
+PRE_PULL_CONTAINER = "prepull"
+
+
+def pre_pull_labels(name: str) -> dict[str, str]:
+    """Labels of the pre-pull pods: their own, never the engine pods' (a Service, a
+    PodMonitor, a NetworkPolicy or the operator's pod watch must not take them for engines)."""
+    return {
+        LABEL_NAME: PRE_PULL_APP_NAME,
+        LABEL_INSTANCE: name,
+        LABEL_COMPONENT: PRE_PULL_COMPONENT,
+    }
+
 
 ANNOTATION_TEMPLATE_HASH = f"{GROUP}/template-hash"
 """Hash of the rendered pod template; drift detection compares it."""

@@ -35,12 +35,12 @@ _METADATA_KEPT = (
     "ownerReferences",
 )
 _OUR_MANAGERS = (names.FIELD_MANAGER, names.HANDOVER_FIELD_MANAGER)
-_SPEC_AS_TEXT_KINDS = ("Deployment", "LeaderWorkerSet")
+_SPEC_AS_TEXT_KINDS = ("Deployment", "LeaderWorkerSet", "DaemonSet")
 """Kinds whose cached spec is kept as compact JSON text (plus `replicas`, which the status and
 the handover read on every event): a decoded pod template is ~12 KiB of small Python objects,
 its text ~3 KiB, and only the drift check reads it (`full_spec`)."""
 SPEC_TEXT = "specText"
-_STATUS_KEPT_KINDS = ("Deployment", "LeaderWorkerSet")
+_STATUS_KEPT_KINDS = ("Deployment", "LeaderWorkerSet", "DaemonSet")
 """The workload's status feeds the parent's; of the HPA's only its conditions are kept (see
 `hpa_conditions`); PDB/Service status churn is dropped."""
 

@@ -33,6 +33,7 @@ from llmop.api.v1alpha1 import (
     ModelRevision,
     ObjectMeta,
     PlanStatus,
+    PrePullStatus,
     RoutingStatus,
     ScaleToZeroStatus,
     StartupStatus,
@@ -382,6 +383,7 @@ def derive_status(
         ),
         plan=plan,
         startup=_startup(previous, replica_pods(pods), fleet),
+        pre_pull=pre_pull_status(spec, observed.children.get(kinds.PRE_PULL), name, namespace),
         inference_pool=observed.inference_pool,
         scale_to_zero=scale_to_zero_status(previous, spec, rollout, now),
         adapters=adapters,
@@ -397,6 +399,32 @@ def derive_status(
             ],
         ),
     )
+
+
+def pre_pull_status(
+    spec: LLMDeploymentSpec, daemon_set: Mapping[str, Any] | None, name: str, namespace: str
+) -> PrePullStatus | None:
+    """On how many of the engine pods' nodes the current engine image is (a ready pre-pull pod
+    of the current template); None without `spec.scheduling.prePullImage`."""
+    if not spec.scheduling.pre_pull_image:
+        return None
+    daemon_set_name = name + kinds.PRE_PULL.name_suffix
+    if daemon_set is None:
+        return PrePullStatus(message=f"creating DaemonSet {daemon_set_name}")
+    generation = (daemon_set.get("metadata") or {}).get("generation")
+    live = daemon_set.get("status") or {}
+    nodes = _int(live.get("desiredNumberScheduled"))
+    if isinstance(generation, int) and _int(live.get("observedGeneration")) < generation:
+        return PrePullStatus(nodes=nodes, message=f"DaemonSet {daemon_set_name} is updating")
+    pulled = min(_int(live.get("numberReady")), _int(live.get("updatedNumberScheduled")))
+    if nodes == 0:
+        message = "no node matches the engine pods' node selector, GPU product and tolerations"
+    else:
+        message = f"image on {pulled} of {nodes} nodes"
+    if nodes > 0 and pulled < nodes:
+        pods = f"{names.LABEL_INSTANCE}={name},{names.LABEL_COMPONENT}={names.PRE_PULL_COMPONENT}"
+        message += f"; pulling or failing: kubectl get pods -n {namespace} -l {pods}"
+    return PrePullStatus(nodes=nodes, pulled=pulled, message=message)
 
 
 def group_summary(spec: LLMDeploymentSpec, rollout: Rollout) -> str | None:

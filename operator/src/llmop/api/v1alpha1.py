@@ -457,6 +457,12 @@ class SchedulingSpec(ApiModel):
     topology_spread_constraints: list[FreeFormObject] = Field(default_factory=list, max_length=16)
     """Topology spread constraints (core/v1), passed through; the pod selector is filled in when
     `labelSelector` is omitted."""
+    pre_pull_image: bool = False
+    """Keep the engine image on every node the engine pods may run on (the same node selector,
+    GPU product, tolerations and node affinity), before any engine pod lands there: a DaemonSet
+    `<name>-prepull` of one idle container per node (1m CPU, 16Mi memory, no GPU), so a wake
+    from zero or a scale-up never waits for an image pull. `status.prePull` says on how many
+    nodes the image is."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -1125,6 +1131,17 @@ class StartupStatus(ApiModel):
     """Per replica, the ones not ready first, then the newest (at most 10)."""
 
 
+class PrePullStatus(ApiModel):
+    """The engine image on the nodes (with `spec.scheduling.prePullImage`)."""
+
+    nodes: int = Field(default=0, ge=0)
+    """Nodes the engine pods may run on (the pre-pull DaemonSet's desired pods)."""
+    pulled: int = Field(default=0, ge=0)
+    """Of those, nodes where the current image is pulled (its pre-pull pod is ready)."""
+    message: str = Field(default="", max_length=1024)
+    """`image on N of M nodes`, and why not on the others (an image pull error)."""
+
+
 class ScaleToZeroStatus(ApiModel):
     """When the model last went to zero and last woke (with `spec.autoscaling.minReplicas: 0`)."""
 
@@ -1218,6 +1235,8 @@ class LLMDeploymentStatus(ApiModel):
     """Resolved model revision and cache download progress (with spec.model.cache)."""
     startup: StartupStatus | None = None
     """Cold-start breakdown of the engine pods."""
+    pre_pull: PrePullStatus | None = None
+    """The engine image on the nodes (with `spec.scheduling.prePullImage`)."""
     inference_pool: str | None = None
     """Name of the InferencePool the operator applied for spec.router.inferencePool (kept so
     that removing the field deletes the pool without a request for every LLMDeployment)."""

@@ -20,6 +20,7 @@ from llmop.render.inference_pool import render_inference_pool
 from llmop.render.leader_worker_set import render_leader_worker_set
 from llmop.render.monitoring import render_service_monitor
 from llmop.render.network_policy import render_network_policy
+from llmop.render.pre_pull import render_pre_pull
 from llmop.render.service import render_service
 from llmop.settings import RenderSettings
 
@@ -41,12 +42,15 @@ class Children:
     inference_pool: dict[str, Any] | None
     network_policy: dict[str, Any] | None = None
     """The engine pods' ingress fence (with the operator's LLMOP_NETWORK_POLICY)."""
+    pre_pull: dict[str, Any] | None = None
+    """The image pre-pull DaemonSet (spec.scheduling.prePullImage)."""
 
     def by_kind(self) -> dict[ChildKind, dict[str, Any] | None]:
         """Every child kind of the registry → its manifest (None: must not exist)."""
         return {
             kinds.SERVICE: self.service,
             kinds.CONFIG_MAP: self.adapters,
+            kinds.PRE_PULL: self.pre_pull,
             kinds.DEPLOYMENT: self.deployment,
             kinds.LEADER_WORKER_SET: self.leader_worker_set,
             kinds.PDB: self.pdb,
@@ -114,6 +118,7 @@ def render_children(
             if settings.network_policy is not None
             else None
         ),
+        pre_pull=render_pre_pull(llmd, settings),
     )
 
 

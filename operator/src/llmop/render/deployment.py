@@ -172,6 +172,23 @@ def _pod_spec(
         ],
         "volumes": _volumes(llmd),
     }
+    pod |= node_placement(spec, settings)
+    if scheduling.priority_class_name:
+        pod["priorityClassName"] = scheduling.priority_class_name
+    if scheduling.topology_spread_constraints:
+        selector = {"matchLabels": names.selector_labels(llmd.metadata.name)}
+        pod["topologySpreadConstraints"] = [
+            {"labelSelector": selector, **constraint}
+            for constraint in scheduling.topology_spread_constraints
+        ]
+    return pod
+
+
+def node_placement(spec: LLMDeploymentSpec, settings: RenderSettings) -> dict[str, Any]:
+    """Which nodes the engine pods may run on: node selector (with the GPU product),
+    tolerations (with the GPU taint) and affinity, as pod spec fields."""
+    scheduling = spec.scheduling
+    pod: dict[str, Any] = {}
     node_selector = dict(sorted(scheduling.node_selector.items()))
     if spec.resources.gpu_product:
         node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_product
@@ -191,14 +208,6 @@ def _pod_spec(
         pod["tolerations"] = tolerations
     if scheduling.affinity:
         pod["affinity"] = scheduling.affinity
-    if scheduling.priority_class_name:
-        pod["priorityClassName"] = scheduling.priority_class_name
-    if scheduling.topology_spread_constraints:
-        selector = {"matchLabels": names.selector_labels(llmd.metadata.name)}
-        pod["topologySpreadConstraints"] = [
-            {"labelSelector": selector, **constraint}
-            for constraint in scheduling.topology_spread_constraints
-        ]
     return pod
 
 
@@ -215,7 +224,7 @@ def _engine_container(
     if role.serves_api:
         api_port = {"name": names.API_PORT_NAME, "containerPort": spec.service.port}
         ports.insert(0, {**api_port, "protocol": "TCP"})
-    image = _image(spec, settings)
+    image = engine_image(spec, settings)
     args = engine_args.agent_args(llmd, role.engine_flags, kv_cache_tokens=kv_cache_tokens)
     flags = contract.split_engine_args(args)[1]
     key = compile_cache_key.compile_cache_key(llmd, image=image, flags=flags)
@@ -267,7 +276,7 @@ def _engine_container(
     }
 
 
-def _image(spec: LLMDeploymentSpec, settings: RenderSettings) -> str:
+def engine_image(spec: LLMDeploymentSpec, settings: RenderSettings) -> str:
     if spec.engine.image:
         return spec.engine.image
     if spec.engine.backend == "simulator":
