@@ -21,9 +21,9 @@ import signal
 import threading
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from llmop_engine import connections, health, startup_log
-from llmop_engine.adapter_loader import AdapterLoader
 from llmop_engine.agent_metrics import AgentMetrics
 from llmop_engine.agent_settings import AgentSettings, flag_value
 from llmop_engine.compile_cache import CompileCache
@@ -48,6 +48,9 @@ from llmop_engine.supervisor import (
     mark_draining,
 )
 from llmop_engine.vllm_metrics import EngineMetrics
+
+if TYPE_CHECKING:
+    from llmop_engine.adapter_loader import AdapterLoader
 
 log = logging.getLogger("llmop_engine.agent")
 
@@ -114,9 +117,13 @@ class Agent:
         self._warned_no_metrics = False
         self._probe_task: asyncio.Task[None] | None = None
         self._last: Verdict | None = None
-        self.adapters = (
-            AdapterLoader(settings, self.client) if settings.adapters_dir is not None else None
-        )
+        self.adapters: AdapterLoader | None = None
+        if settings.adapters_dir is not None:
+            # Imported only here: it pulls huggingface_hub in, 40 % of the agent's imports,
+            # and every second of a start counts (a wake's request waits on it).
+            from llmop_engine.adapter_loader import AdapterLoader
+
+            self.adapters = AdapterLoader(settings, self.client)
         self._adapter_task: asyncio.Task[None] | None = None
         self.compile_cache = compile_cache(settings)
         self._publish_task: asyncio.Task[None] | None = None

@@ -1,7 +1,7 @@
 """Pure: the DaemonSet that keeps the engine image on every node the engine pods may run on.
 
 Kubernetes has no object that says "have this image on these nodes"; the platform's standard
-is a DaemonSet whose pods run the image and do nothing (JupyterHub's continuous image puller,
+is a DaemonSet whose pods run the image and do nothing (Eclipse Che's kubernetes-image-puller;
 kube-fledged and OpenKruise's ImagePullJob are the same idea with their own controllers). The
 kubelet pulls the image to start the pod, and keeps it while the pod runs (image garbage
 collection never removes an image a running container uses). So a wake from zero or a
