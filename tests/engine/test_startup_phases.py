@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -122,3 +124,33 @@ def test_the_agent_reports_where_the_simulators_start_went(fleet: Fleet) -> None
     # The engine's own lines reach the log through the relay, and the agent's summary too.
     assert "Starting vLLM server on http" in log, log[-3000:]
     assert "start: ready" in log, log[-3000:]
+
+
+@pytest.mark.timeout(60)
+def test_with_a_compile_cache_the_agent_seeds_before_it_spawns(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The compile cache path: the agent's servers first (the kubelet probes them while a large
+    cache is copied), then the seed, then the engine; the seconds between are `prepare`."""
+    cache = tmp_path / "model-cache"
+    cache.mkdir()
+    r = fleet.start(
+        ["--sim-load-seconds", "1"],
+        LLMOP_COMPILE_CACHE_KEY="ab" * 32,
+        LLMOP_MODEL_CACHE_DIR=str(cache),
+        LLMOP_COMPILE_CACHE_LOCAL_DIR=str(tmp_path / "local"),
+    )
+
+    async def scenario() -> dict[str, Any]:
+        await r.wait_ready(40)
+        async with aiohttp.ClientSession() as http, http.get(r.probe_url + "/status") as resp:
+            status: dict[str, Any] = await resp.json()
+        return status
+
+    status = asyncio.run(scenario())
+    assert status["compileCache"]["seed"] == "miss", status["compileCache"]
+    phases = status["startup"]["phases"]
+    assert {"agentStart", "prepare", "engineStart", "weights"} <= phases.keys(), phases
+    # Here the agent imported everything before it spawned: its start is longer than the
+    # early spawn's (which the test above sees as ~0.1 s).
+    assert phases["untraced"] <= 0.5, phases

@@ -126,12 +126,21 @@ def first_token(router: str, model: str, timeout: float = 300) -> tuple[float, f
 
 
 def one_wake(
-    rc: RealCluster, namespace: str, name: str, router: str, zero_timeout: float = 300
+    rc: RealCluster,
+    namespace: str,
+    name: str,
+    router: str,
+    *,
+    zero_timeout: float = 300,
+    before: Callable[[], None] | None = None,
 ) -> dict[str, float]:
-    """Wait for the CR to be at zero, wake it with one request; the moments (see the module)."""
+    """Wait for the CR to be at zero, run `before` (the bench's setup of the node), wake it with
+    one request; the moments (see the module)."""
     wait_until(
         lambda: at_zero(rc, namespace, name), timeout=zero_timeout, interval=1, what="at zero"
     )
+    if before is not None:
+        before()
     seen: dict[str, float] = {}
     stop = threading.Event()
     watcher = threading.Thread(target=_watch(rc, namespace, name, seen, stop), daemon=True)

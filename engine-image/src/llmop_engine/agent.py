@@ -18,7 +18,6 @@ import contextlib
 import logging
 import os
 import signal
-import threading
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -40,6 +39,8 @@ from llmop_engine.probe_server import start as start_servers
 from llmop_engine.startup_log import EngineLog, Moments
 from llmop_engine.supervisor import (
     FORWARDED,
+    EarlyStart,
+    EngineLines,
     Supervisor,
     clear_drain_mark,
     engine_command,
@@ -91,21 +92,28 @@ def directory_bytes(path: str) -> int:
 
 
 class Agent:
-    def __init__(self, settings: AgentSettings) -> None:
+    def __init__(self, settings: AgentSettings, early: EarlyStart | None = None) -> None:
         self.settings = settings
         self.policy: Policy = settings
         self.metrics = AgentMetrics()
         # Where the start went: the engine's own lines (read on the relay's threads) and the
         # agent's moments, on one monotonic clock.
-        self.moments = Moments(agent_started=time.monotonic(), process_started=process_started())
-        self._engine_log = EngineLog()
-        self._engine_log_lock = threading.Lock()
+        now = time.monotonic()
+        if early is not None:
+            self.lines, self.supervisor = early.lines, early.supervisor
+        else:
+            self.lines = EngineLines()
+            self.supervisor = Supervisor(
+                engine_command(settings), engine_env(settings, os.environ), self.lines.line
+            )
+        self.moments = Moments(
+            agent_started=now,
+            process_started=process_started(),
+            prepared=early.prepared_at if early is not None else now,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poll_now = asyncio.Event()
         self._fast_until = 0.0
-        self.supervisor = Supervisor(
-            engine_command(settings), engine_env(settings, os.environ), self._engine_line
-        )
         self.drain_flag = drain_flag_path(settings.agent_socket)
         self.client = EngineClient(engine_port(settings), settings.api_key)
         self.state = health.initial(time.monotonic())
@@ -146,13 +154,10 @@ class Agent:
             self.ever_ready = True
         return v
 
-    def _engine_line(self, line: str, now: float) -> None:
-        with self._engine_log_lock:
-            before = self._engine_log
-            self._engine_log = startup_log.observe(before, line, now)
-        if startup_log.starts_serving(before, self._engine_log) and self._loop is not None:
-            # Every second of a start counts (a wake's request waits on it): look now, not at
-            # the next poll.
+    def _serving_soon(self) -> None:
+        """From a relay thread: the engine says its API server starts. Every second of a start
+        counts (a wake's request waits on it): look now, not at the next poll."""
+        if self._loop is not None:
             self._loop.call_soon_threadsafe(self._look_soon)
 
     def _look_soon(self) -> None:
@@ -162,8 +167,7 @@ class Agent:
     def _start_phases(self) -> tuple[dict[str, float], Moments, EngineLog]:
         """Seconds per phase found so far (`untraced` once ready), the moments, the lines."""
         moments = replace(self.moments, listening=self.state.listening_since)
-        with self._engine_log_lock:
-            engine_log = self._engine_log
+        engine_log = self.lines.log
         found = startup_log.phases(engine_log, moments)
         phases = {phase.value: seconds for phase, seconds in found.items()}
         if (rest := startup_log.untraced(found, moments)) is not None:
@@ -424,6 +428,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         s = self.settings
         self._loop = loop
+        self.lines.on_serving = self._serving_soon
         runners = await start_servers(self, s.probe_host, s.probe_port, s.agent_socket)
         log.info(
             "agent probes on %s:%d, drain socket %s", s.probe_host, s.probe_port, s.agent_socket
@@ -434,7 +439,7 @@ class Agent:
             extra = await asyncio.to_thread(self.compile_cache.prepare, os.environ)
             self.supervisor.env = {**(self.supervisor.env or os.environ), **extra}
         self.supervisor.start()
-        self.moments = replace(self.moments, spawned=time.monotonic())
+        self.moments = replace(self.moments, spawned=self.supervisor.spawned_at)
         self.state = health.initial(time.monotonic())
         loop.add_signal_handler(signal.SIGTERM, self.request_drain, "SIGTERM")
         for sig in FORWARDED:
@@ -486,5 +491,5 @@ def compile_cache(settings: AgentSettings) -> CompileCache | None:
     )
 
 
-def run(settings: AgentSettings) -> int:
-    return asyncio.run(Agent(settings).run())
+def run(settings: AgentSettings, early: EarlyStart | None = None) -> int:
+    return asyncio.run(Agent(settings, early).run())

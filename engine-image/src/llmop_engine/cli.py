@@ -32,7 +32,6 @@ def _setup_logging(name: str) -> None:
 
 
 def _run(argv: Sequence[str]) -> int:
-    from llmop_engine.agent import run as run_agent
     from llmop_engine.agent_settings import parse_run_args
 
     settings = parse_run_args(argv, os.environ)
@@ -41,7 +40,14 @@ def _run(argv: Sequence[str]) -> int:
         from llmop_engine.worker_agent import run as run_worker
 
         return run_worker(settings)
-    return run_agent(settings)
+    from llmop_engine.supervisor import start_early
+
+    # The engine first: the agent's own imports (about a second on a busy node) then overlap
+    # the engine's start instead of preceding it.
+    early = start_early(settings)
+    from llmop_engine.agent import run as run_agent
+
+    return run_agent(settings, early)
 
 
 def _drain(argv: Sequence[str]) -> int:

@@ -66,9 +66,11 @@ class Phase(enum.StrEnum):
     """The engine's part of a start, in order; the names docs/operations.md uses."""
 
     AGENT_START = "agentStart"
-    """The agent's process started → its main loop runs (importing Python modules)."""
+    """The agent's process started → it prepares the engine's start (Python's own start and
+    imports; without a compile cache the agent spawns the engine first and imports the rest of
+    itself while the engine starts)."""
     PREPARE = "prepare"
-    """Agent running → engine spawned (the compile cache seeded)."""
+    """→ engine spawned (the compile cache seeded)."""
     ENGINE_START = "engineStart"
     """Engine spawned → its first worker starts loading the model (importing torch and vLLM,
     reading the config and tokenizer, starting the engine core and workers)."""
@@ -136,6 +138,8 @@ class Moments:
     spawned: float | None = None
     process_started: float | None = None
     """When the agent's process was created (the kernel's record), before its imports."""
+    prepared: float | None = None
+    """When the agent began preparing the engine's start (default: `agent_started`)."""
     listening: float | None = None
     ready: float | None = None
 
@@ -152,9 +156,10 @@ def phases(log: EngineLog, moments: Moments) -> dict[Phase, float]:
     leaves its two neighbours out, and `untraced` says how much that is."""
     weights_end = log.last.get(Mark.WEIGHTS_LOADED)
     init_done = log.first.get(Mark.INIT_DONE)
+    prepared = moments.prepared if moments.prepared is not None else moments.agent_started
     out: dict[Phase, float | None] = {
-        Phase.AGENT_START: _between(moments.process_started, moments.agent_started),
-        Phase.PREPARE: _between(moments.agent_started, moments.spawned),
+        Phase.AGENT_START: _between(moments.process_started, prepared),
+        Phase.PREPARE: _between(prepared, moments.spawned),
         Phase.ENGINE_START: _between(moments.spawned, log.first.get(Mark.LOAD_STARTED)),
         Phase.WEIGHTS: _between(log.first.get(Mark.LOAD_STARTED), weights_end),
         Phase.API_START: _between(init_done, moments.listening),

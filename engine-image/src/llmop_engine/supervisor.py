@@ -19,11 +19,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from llmop_engine import contract
 from llmop_engine.agent_settings import AgentSettings, flag_value, has_flag
 from llmop_engine.contract import EngineFlag, Env
-from llmop_engine.startup_log import LineSplitter
+from llmop_engine.startup_log import EngineLog, LineSplitter, observe, starts_serving
 
 log = logging.getLogger("llmop_engine.supervisor")
 
@@ -180,6 +181,29 @@ def relay(source: int, target: int, on_line: OnLine) -> None:
                     log.exception("reading the engine's output failed")
 
 
+class EngineLines:
+    """What the engine's lines told so far, for the agent (`startup_log`): the relay threads
+    write it, the agent reads it; `on_serving` (set by the agent once its loop runs) is called,
+    from a relay thread, when the engine says its API server starts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._log = EngineLog()
+        self.on_serving: Callable[[], None] | None = None
+
+    def line(self, text: str, now: float) -> None:
+        with self._lock:
+            before = self._log
+            self._log = observe(before, text, now)
+        if starts_serving(before, self._log) and (callback := self.on_serving) is not None:
+            callback()
+
+    @property
+    def log(self) -> EngineLog:
+        with self._lock:
+            return self._log
+
+
 class Supervisor:
     def __init__(
         self,
@@ -190,6 +214,7 @@ class Supervisor:
         self.argv = list(argv)
         self.env = None if env is None else dict(env)
         self.on_line = on_line
+        self.spawned_at: float | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
         self._exited = asyncio.Event()
@@ -199,7 +224,9 @@ class Supervisor:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def start(self) -> None:
+    def spawn(self) -> None:
+        """Start the engine process (and its output relays); no event loop needed, so the agent
+        can do it before importing the rest of itself. `start` then watches it."""
         log.info("starting engine: %s", " ".join(self.argv))
         # Without a reader, stdout/stderr are inherited; with one, each goes through a pipe and
         # a relay thread to the agent's own (the container log gets the same bytes).
@@ -225,8 +252,16 @@ class Supervisor:
                     name=f"engine-output-{target}",
                     daemon=True,
                 ).start()
+        self.spawned_at = time.monotonic()
+
+    def start(self) -> None:
+        """Spawn the engine unless `spawn` already did, and reap it when it exits."""
+        if self.proc is None:
+            self.spawn()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGCHLD, self.reap)
+        # An engine that exited before the handler existed (an early spawn) is reaped now.
+        self.reap()
 
     def alive(self) -> bool:
         return self.proc is not None and self.returncode is None
@@ -322,3 +357,28 @@ class Supervisor:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         return True
+
+
+@dataclass(frozen=True)
+class EarlyStart:
+    """An engine spawned before the agent imported its servers, for the agent to adopt."""
+
+    supervisor: Supervisor
+    lines: EngineLines
+    prepared_at: float
+    """When the agent began preparing the engine's start (its own start ends there)."""
+
+
+def start_early(settings: AgentSettings) -> EarlyStart | None:
+    """Spawn the engine first thing, so importing the agent's servers and metrics (about a
+    second on a busy node) overlaps the engine's own start instead of preceding it. Not with a
+    compile cache: seeding it can take long, and the kubelet's startup probe needs the agent's
+    servers meanwhile (the agent seeds, then spawns, as before). None then."""
+    if settings.compile_cache_key and settings.model_cache_dir:
+        return None
+    prepared_at = time.monotonic()
+    clear_drain_mark(contract.drain_flag_path(settings.agent_socket))
+    lines = EngineLines()
+    supervisor = Supervisor(engine_command(settings), engine_env(settings, os.environ), lines.line)
+    supervisor.spawn()
+    return EarlyStart(supervisor, lines, prepared_at)
