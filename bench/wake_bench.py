@@ -252,9 +252,11 @@ def _table(rows: list[tuple[str, dict[str, float]]], columns: tuple[str, ...]) -
     """One row per wake, then each label's medians."""
     print("| setup | wake | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 2) + "|")
-    for index, (label, row) in enumerate(rows):
+    seen: dict[str, int] = {}
+    for label, row in rows:
+        seen[label] = seen.get(label, 0) + 1
         print(
-            f"| {label} | {index + 1} | "
+            f"| {label} | {seen[label]} | "
             + " | ".join(f"{row[c]:.1f}" if c in row else "-" for c in columns)
             + " |"
         )
