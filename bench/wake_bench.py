@@ -134,12 +134,14 @@ def loopback_registry(tmp: Path) -> Iterator[str]:
 
 def remove_from_node(ref: str) -> None:
     """The image off the real node, its content and unpacked layers too (nothing else uses
-    them: they are salted), as on a node that never ran it."""
-    subprocess.run(
-        ["ctr", "-a", NODE_CONTAINERD, "-n", "k8s.io", "images", "rm", "--sync", ref],
-        check=False,
-        capture_output=True,
-    )
+    them: they are salted), as on a node that never ran it. The CRI keeps an image under its
+    tag and its digest: both names go."""
+    ctr = ["ctr", "-a", NODE_CONTAINERD, "-n", "k8s.io", "images"]
+    listed = subprocess.run([*ctr, "ls", "-q"], capture_output=True, text=True, check=True)
+    repository = ref.rsplit(":", 1)[0]
+    names = [n for n in listed.stdout.split() if n.startswith((f"{repository}:", f"{repository}@"))]
+    if names:
+        subprocess.run([*ctr, "rm", "--sync", *names], check=True, capture_output=True)
 
 
 CLAIM = "tiny-model"

@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from llmop import names
 from support.cluster import wait_until
 from support.realnode import RealCluster
 
@@ -53,9 +54,8 @@ def from_zero(spec: dict[str, Any], *, hold_seconds: int = 300) -> dict[str, Any
 
 
 def live_pods(rc: RealCluster, namespace: str, name: str) -> list[dict[str, Any]]:
-    pods = rc.kit.kube.list(
-        "v1", "Pod", namespace, label_selector=f"app.kubernetes.io/instance={name}"
-    )
+    # The engine pods' own labels: the image pre-pull's pods share the instance label.
+    pods = rc.kit.kube.list("v1", "Pod", namespace, label_selector=names.selector_string(name))
     # A finished pod (the model cache's download Job's) is not serving and never goes away.
     return [
         p
