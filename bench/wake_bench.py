@@ -135,11 +135,13 @@ def loopback_registry(tmp: Path) -> Iterator[str]:
 def remove_from_node(ref: str) -> None:
     """The image off the real node, its content and unpacked layers too (nothing else uses
     them: they are salted), as on a node that never ran it. The CRI keeps an image under its
-    tag and its digest: both names go."""
+    tag, its digest and its ID (`sha256:<config>`): every name that points at it goes."""
     ctr = ["ctr", "-a", NODE_CONTAINERD, "-n", "k8s.io", "images"]
-    listed = subprocess.run([*ctr, "ls", "-q"], capture_output=True, text=True, check=True)
+    listed = subprocess.run([*ctr, "ls"], capture_output=True, text=True, check=True)
+    rows = [line.split() for line in listed.stdout.splitlines()[1:] if line.strip()]
     repository = ref.rsplit(":", 1)[0]
-    names = [n for n in listed.stdout.split() if n.startswith((f"{repository}:", f"{repository}@"))]
+    ours = {row[2] for row in rows if row[0].startswith((f"{repository}:", f"{repository}@"))}
+    names = [row[0] for row in rows if row[2] in ours]
     if names:
         subprocess.run([*ctr, "rm", "--sync", *names], check=True, capture_output=True)
 
