@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import json
 import secrets
 import statistics
 import subprocess
@@ -133,17 +135,49 @@ def loopback_registry(tmp: Path) -> Iterator[str]:
 
 
 def remove_from_node(ref: str) -> None:
-    """The image off the real node, its content and unpacked layers too (nothing else uses
-    them: they are salted), as on a node that never ran it. The CRI keeps an image under its
-    tag, its digest and its ID (`sha256:<config>`): every name that points at it goes."""
-    ctr = ["ctr", "-a", NODE_CONTAINERD, "-n", "k8s.io", "images"]
-    listed = subprocess.run([*ctr, "ls"], capture_output=True, text=True, check=True)
+    """The image off the real node, its content and unpacked layers too, as on a node that
+    never ran it. The CRI keeps an image under its tag, its digest and its ID
+    (`sha256:<config>`): every name that points at it goes. Removing the names is not enough:
+    the CRI's pull lease keeps the blobs from garbage collection for a day, and a pull that
+    finds them takes 20 ms; so the blobs and the unpacked layers (salted: nothing else uses
+    them) are deleted by digest."""
+    ctr = ["ctr", "-a", NODE_CONTAINERD, "-n", "k8s.io"]
+    listed = subprocess.run([*ctr, "images", "ls"], capture_output=True, text=True, check=True)
     rows = [line.split() for line in listed.stdout.splitlines()[1:] if line.strip()]
     repository = ref.rsplit(":", 1)[0]
     ours = {row[2] for row in rows if row[0].startswith((f"{repository}:", f"{repository}@"))}
     names = [row[0] for row in rows if row[2] in ours]
+    blobs: list[str] = []
+    chain: list[str] = []
+    for digest in ours:
+        manifest = json.loads(_ctr_out([*ctr, "content", "get", digest]))
+        config_digest = manifest["config"]["digest"]
+        config = json.loads(_ctr_out([*ctr, "content", "get", config_digest]))
+        blobs += [layer["digest"] for layer in manifest["layers"]] + [config_digest, digest]
+        chain = chain_ids(config["rootfs"]["diff_ids"])
     if names:
-        subprocess.run([*ctr, "rm", "--sync", *names], check=True, capture_output=True)
+        subprocess.run([*ctr, "images", "rm", "--sync", *names], check=True, capture_output=True)
+    if blobs:
+        subprocess.run([*ctr, "content", "rm", *blobs], check=False, capture_output=True)
+    for key in reversed(chain):  # the top layer first: a parent cannot go before its child
+        subprocess.run([*ctr, "snapshots", "rm", key], check=False, capture_output=True)
+
+
+def _ctr_out(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def chain_ids(diff_ids: list[str]) -> list[str]:
+    """The unpacked layers' snapshot keys (OCI image spec: ChainID)."""
+    out: list[str] = []
+    for diff in diff_ids:
+        parent = f"{out[-1]} " if out else None
+        out.append(diff if parent is None else sha256_of(parent + diff))
+    return out
+
+
+def sha256_of(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 CLAIM = "tiny-model"
