@@ -159,8 +159,18 @@ def remove_from_node(ref: str) -> None:
         subprocess.run([*ctr, "images", "rm", "--sync", *names], check=True, capture_output=True)
     if blobs:
         subprocess.run([*ctr, "content", "rm", *blobs], check=False, capture_output=True)
-    for key in reversed(chain):  # the top layer first: a parent cannot go before its child
-        subprocess.run([*ctr, "snapshots", "rm", key], check=False, capture_output=True)
+    # The unpacked layers too: a pull skips fetching a layer whose snapshot exists. The last
+    # pod's container holds the top one until the kubelet's container GC (every minute).
+    deadline = time.monotonic() + 180
+    while chain:
+        for key in reversed(chain):  # the top layer first: a parent cannot go before its child
+            subprocess.run([*ctr, "snapshots", "rm", key], check=False, capture_output=True)
+        left = set(_ctr_out([*ctr, "snapshots", "ls"]).split()) & set(chain)
+        if not left:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{ref}: layers still unpacked on the node after 180 s: {left}")
+        time.sleep(2)
 
 
 def _ctr_out(argv: list[str]) -> str:
