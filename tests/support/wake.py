@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmop import names
+from llmop_engine.contract import STARTUP_PHASES
 from support.cluster import wait_until
 from support.realnode import RealCluster
 
@@ -153,18 +154,8 @@ def one_wake(
     return {**seen, "first token": first, "answered": total}
 
 
-ENGINE_PHASES = (
-    "agentStart",
-    "prepare",
-    "engineStart",
-    "weights",
-    "compile",
-    "warmup",
-    "apiStart",
-    "firstProbe",
-    "untraced",
-)
-"""`status.startup.replicas[].engine`'s phases in order (`llmop_engine.contract.STARTUP_PHASES`)."""
+ENGINE_PHASES = STARTUP_PHASES
+"""`status.startup.replicas[].engine`'s phases, in order."""
 
 
 def engine_phases(
