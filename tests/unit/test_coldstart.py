@@ -9,8 +9,7 @@ from llmop.agents import AgentReading, parse_status
 from llmop.api.v1alpha1 import ReplicaStartup
 from llmop.coldstart import (
     MAX_REPLICAS,
-    newly_ready,
-    phase_seconds,
+    new_phase_seconds,
     replica_startup,
     startup_status,
 )
@@ -228,19 +227,24 @@ def test_start_phases_an_agent_cannot_have_measured_are_dropped() -> None:
         assert parse_status("x", {"phase": "ready", "startup": report}).start_phases is None
 
 
-def test_each_start_is_counted_once_per_phase_when_it_becomes_ready() -> None:
+def test_each_start_is_counted_once_per_phase() -> None:
     report = {"phase": "ready", "startup": {"phases": {"weights": 5.0, "untraced": 0.2}}}
     loading = startup_status([pod("x-1", ready=None)])
-    ready = startup_status([pod("x-1")], [parse_status("x-1", report)])
-    assert ready is not None
-    [fresh] = newly_ready(loading, ready)
-    assert phase_seconds(fresh) == {
-        "scheduling": 2,
-        "containerStart": 88,  # pulled and created between 10:00:02 and 10:01:30
-        "weights": 5.0,
-        "untraced": 0.2,
-        "total": 240,
-    }
-    assert newly_ready(ready, ready) == []  # the next write, or a restarted operator's first
-    assert [r.pod for r in newly_ready(None, ready)] == ["x-1"]
-    assert newly_ready(ready, None) == []
+    # The kubelet's Ready comes first; the agent is read a little later.
+    ready = startup_status([pod("x-1")])
+    read = startup_status([pod("x-1")], [parse_status("x-1", report)])
+    assert new_phase_seconds(loading, ready) == [
+        {"scheduling": 2, "containerStart": 88, "total": 240}  # pulled 10:00:02 → 10:01:30
+    ]
+    assert new_phase_seconds(ready, read) == [{"weights": 5.0, "untraced": 0.2}]
+    # Both at once (a status written after the agent was read), and never again.
+    assert new_phase_seconds(loading, read) == [
+        {"scheduling": 2, "containerStart": 88, "total": 240, "weights": 5.0, "untraced": 0.2}
+    ]
+    assert new_phase_seconds(read, read) == []  # the next write, or a restarted operator's first
+    assert len(new_phase_seconds(None, read)) == 1
+    assert new_phase_seconds(read, None) == []
+    # An agent still starting has no `untraced` yet: its phases wait for the whole start.
+    partial = {"phase": "loading", "startup": {"phases": {"weights": 5.0}}}
+    starting = startup_status([pod("x-2", ready=None)], [parse_status("x-2", partial)])
+    assert new_phase_seconds(None, starting) == []

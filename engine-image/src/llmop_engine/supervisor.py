@@ -194,8 +194,8 @@ class EngineLines:
     def line(self, text: str, now: float) -> None:
         with self._lock:
             before = self._log
-            self._log = observe(before, text, now)
-        if starts_serving(before, self._log) and (callback := self.on_serving) is not None:
+            after = self._log = observe(before, text, now)
+        if starts_serving(before, after) and (callback := self.on_serving) is not None:
             callback()
 
     @property

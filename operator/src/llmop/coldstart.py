@@ -188,9 +188,7 @@ def startup_status(
     return StartupStatus(summary=_summary(replicas), replicas=replicas[:MAX_REPLICAS])
 
 
-def phase_seconds(replica: ReplicaStartup) -> dict[str, float]:
-    """One ready start's seconds per phase, for the operator's histogram: the cluster's part
-    from the pod's timestamps, the engine's from its agent."""
+def _cluster_seconds(replica: ReplicaStartup) -> dict[str, float]:
     out: dict[str, float] = {}
     if replica.scheduled_after_seconds is not None:
         out["scheduling"] = replica.scheduled_after_seconds
@@ -198,18 +196,46 @@ def phase_seconds(replica: ReplicaStartup) -> dict[str, float]:
             out["containerStart"] = max(
                 0, replica.started_after_seconds - replica.scheduled_after_seconds
             )
-    if replica.engine is not None:
-        names = {field: name for name, field in ENGINE_PHASE_FIELDS.items()}
-        out |= {names[field]: value for field, value in replica.engine if value is not None}
     if replica.ready_after_seconds is not None:
         out["total"] = replica.ready_after_seconds
     return out
 
 
-def newly_ready(before: StartupStatus | None, after: StartupStatus | None) -> list[ReplicaStartup]:
-    """The replicas `after` shows Ready that `before` did not: each start is counted once,
-    and a restarted operator (whose first status repeats the last one) counts none again."""
+def _engine_seconds(replica: ReplicaStartup) -> dict[str, float]:
+    if replica.engine is None:
+        return {}
+    names = {field: name for name, field in ENGINE_PHASE_FIELDS.items()}
+    return {names[field]: value for field, value in replica.engine if value is not None}
+
+
+def _engine_done(replica: ReplicaStartup | None) -> bool:
+    """The agent reported the whole start (`untraced` is set once the engine is ready)."""
+    return (
+        replica is not None
+        and replica.engine is not None
+        and (replica.engine.untraced_seconds is not None)
+    )
+
+
+def new_phase_seconds(
+    before: StartupStatus | None, after: StartupStatus | None
+) -> list[dict[str, float]]:
+    """Seconds per phase that `after` knows and `before` did not, for the operator's histogram,
+    so each start is counted once: the cluster's part (scheduling, containerStart, total) when
+    its pod first shows Ready, the engine's when its agent's report of the whole start first
+    arrives (an agent is read after the kubelet's Ready, so usually a write later). A restarted
+    operator, whose first status repeats the last one, counts nothing again."""
     if after is None:
         return []
-    was_ready = {r.pod for r in (before.replicas if before else ()) if r.phase == "Ready"}
-    return [r for r in after.replicas if r.phase == "Ready" and r.pod not in was_ready]
+    known = {r.pod: r for r in (before.replicas if before else ())}
+    out = []
+    for replica in after.replicas:
+        was = known.get(replica.pod)
+        found: dict[str, float] = {}
+        if replica.phase == "Ready" and (was is None or was.phase != "Ready"):
+            found |= _cluster_seconds(replica)
+        if _engine_done(replica) and not _engine_done(was):
+            found |= _engine_seconds(replica)
+        if found:
+            out.append(found)
+    return out

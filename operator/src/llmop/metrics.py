@@ -102,9 +102,10 @@ class Metrics:
         )
         self.start_phase = Histogram(
             "llmop_startup_phase_seconds",
-            "Where engine pods' starts went, observed once per pod when it first shows Ready in "
-            "status: scheduling, containerStart (image pull and container creation), the "
-            "engine's phases from its own log lines, and total (created to Ready).",
+            "Where engine pods' starts went, each observed once per pod: scheduling, "
+            "containerStart (image pull and container creation) and total (created to Ready) "
+            "when it first shows Ready in status, the engine's phases from its own log lines "
+            "when its agent's report of them arrives.",
             ["phase"],
             buckets=START_BUCKETS,
             registry=reg,
@@ -132,7 +133,7 @@ class Metrics:
         self.duration.labels(trigger, result).observe(seconds)
 
     def started(self, phases: Iterable[Mapping[str, float]]) -> None:
-        """One observation per phase of each start that just became Ready."""
+        """One observation per phase and start (`coldstart.new_phase_seconds`)."""
         for found in phases:
             for phase, seconds in found.items():
                 self.start_phase.labels(phase).observe(seconds)

@@ -129,9 +129,7 @@ def _write_status(
     ctx.update((namespace, name), lambda memory: replace(memory, written=kept))
     ctx.metrics.status_writes.inc()
     previous = observed.previous
-    ctx.metrics.started(
-        coldstart.phase_seconds(r) for r in coldstart.newly_ready(previous.startup, status.startup)
-    )
+    ctx.metrics.started(coldstart.new_phase_seconds(previous.startup, status.startup))
     now = ctx.clock()
     wanted = events.transition_events(previous.conditions, status.conditions)
     wanted += events.adapter_events(previous.adapters, status.adapters)
