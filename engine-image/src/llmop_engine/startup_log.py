@@ -50,6 +50,8 @@ _RULES: Final[tuple[tuple[Mark, re.Pattern[str]], ...]] = (
 )
 _COMPILE_SECONDS: Final = re.compile(r"torch\.compile took ([0-9.]+) s in total")
 _GRAPH_CAPTURE: Final = re.compile(r"Graph capturing finished in ([0-9.]+) secs")
+_PROCESS: Final = re.compile(r"\bpid=(\d+)")
+"""vLLM's prefix names the process: `(Worker_TP1 pid=2) INFO …`."""
 _COMPILE_HIT: Final = re.compile(
     r"Directly load the compiled graph|Directly load AOT compilation from path"
 )
@@ -93,12 +95,28 @@ class EngineLog:
 
     first: dict[Mark, float] = field(default_factory=dict)
     last: dict[Mark, float] = field(default_factory=dict)
-    compile_seconds: float = 0.0
-    """The sum of "torch.compile took X s in total" (GPU; one per compiled graph family)."""
-    graph_capture_seconds: float | None = None
+    compile_by_process: dict[str, float] = field(default_factory=dict)
+    """"torch.compile took X s in total" (GPU), summed per process (one line per compiled graph
+    family, one after the other) by the `pid=` of the line's prefix."""
+    capture_by_process: dict[str, float] = field(default_factory=dict)
+    """"Graph capturing finished in X secs", the same way."""
     compile_hit: bool | None = None
     """True when vLLM loaded compiled graphs from its cache, False when it compiled; None
     when it said neither (the CPU build says neither)."""
+
+    @property
+    def compile_seconds(self) -> float:
+        """The workers compile side by side: the longest one's sum."""
+        return max(self.compile_by_process.values(), default=0.0)
+
+    @property
+    def graph_capture_seconds(self) -> float | None:
+        return max(self.capture_by_process.values(), default=None)
+
+
+def _added(by_process: dict[str, float], line: str, seconds: float) -> dict[str, float]:
+    process = m[1] if (m := _PROCESS.search(line)) is not None else ""
+    return {**by_process, process: by_process.get(process, 0.0) + seconds}
 
 
 def starts_serving(before: EngineLog, after: EngineLog) -> bool:
@@ -120,9 +138,9 @@ def observe(log: EngineLog, line: str, now: float) -> EngineLog:
             last[mark] = now
     out = replace(log, first=first, last=last) if changed else log
     if (m := _COMPILE_SECONDS.search(line)) is not None:
-        out = replace(out, compile_seconds=out.compile_seconds + float(m.group(1)))
+        out = replace(out, compile_by_process=_added(out.compile_by_process, line, float(m[1])))
     if (m := _GRAPH_CAPTURE.search(line)) is not None:
-        out = replace(out, graph_capture_seconds=(out.graph_capture_seconds or 0) + float(m[1]))
+        out = replace(out, capture_by_process=_added(out.capture_by_process, line, float(m[1])))
     if out.compile_hit is None and _COMPILE_HIT.search(line):
         out = replace(out, compile_hit=True)
     elif _COMPILE_MISS.search(line):
