@@ -460,7 +460,7 @@ class SchedulingSpec(ApiModel):
     pre_pull_image: bool = False
     """Keep the engine image on every node the engine pods may run on (the same node selector,
     GPU product, tolerations and node affinity), before any engine pod lands there: a DaemonSet
-    `<name>-prepull` of one idle container per node (1m CPU, 16Mi memory, no GPU), so a wake
+    `<name>-prepull` of one idle container per node (1m CPU, 32Mi memory, no GPU), so a wake
     from zero or a scale-up never waits for an image pull. `status.prePull` says on how many
     nodes the image is."""
 
@@ -1072,9 +1072,10 @@ class EngineStartPhases(ApiModel):
     then in `untracedSeconds`)."""
 
     agent_start_seconds: float | None = Field(default=None, ge=0)
-    """The agent's process created → its main loop runs (Python imports)."""
+    """The agent's process created → it prepares the engine's start (Python's start; without a
+    compile cache the engine is spawned then, and the agent's own imports overlap its start)."""
     prepare_seconds: float | None = Field(default=None, ge=0)
-    """Agent running → engine spawned (the compile cache seeded)."""
+    """→ engine spawned (the compile cache seeded)."""
     engine_start_seconds: float | None = Field(default=None, ge=0)
     """Engine spawned → loading the model (importing torch and vLLM, config, tokenizer,
     starting the engine core and workers)."""
