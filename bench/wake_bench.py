@@ -23,10 +23,12 @@ layer salted (new digests, so nothing of it is on the node), to a loopback regis
 in every other row), `pulled` (the image removed from the node before each wake: the wake pulls
 it, as a node that never ran it does) and `pre-pulled` (the same registry image with the pre-pull
 DaemonSet, which pulled it while the model idled at zero). Needs the real node (root, Linux): it
-starts its own cluster. Prints a table per step and per engine phase; not a test.
+starts its own cluster. `--cpu 250m 1` (simulator) runs a row per engine container CPU size
+(request and limit): the limit's CFS quota paces the agent's and the engine's Python start.
+Prints a table per step and per engine phase; not a test.
 
     python bench/wake_bench.py [--wakes 3] [--load-seconds 5] [--engine vllm-cpu]
-        [--compile-cache off|on|both] [--image-pull both]
+        [--compile-cache off|on|both] [--image-pull both] [--cpu 250m 1]
 """
 
 from __future__ import annotations
@@ -86,11 +88,12 @@ Mode = bool | str | None
 ("pulled", "pre-pulled")."""
 
 
-def name_of(mode: Mode) -> str:
-    """Each mode's CR has its own name (a model name is the router's across namespaces: the
-    previous mode's, still terminating, would own it)."""
+def name_of(mode: Mode, cpu: str | None = None) -> str:
+    """Each mode's (and CPU size's) CR has its own name (a model name is the router's across
+    namespaces: the previous row's, still terminating, would own it)."""
     names: dict[Mode, str] = {None: NAME, False: f"{NAME}-cold", True: f"{NAME}-cached"}
-    return names.get(mode, f"{NAME}-{mode}")
+    name = names.get(mode, f"{NAME}-{mode}")
+    return f"{name}-cpu-{cpu.replace('.', '-').lower()}" if cpu else name
 
 
 REGISTRY_BUILD = REPO_ROOT / "e2e" / "cluster" / "build-registry.sh"
@@ -202,11 +205,18 @@ def host_address() -> str:
 
 
 def simulator_cr(
-    namespace: str, load_seconds: float, mode: Mode = None, image: str | None = None
+    namespace: str,
+    load_seconds: float,
+    mode: Mode = None,
+    image: str | None = None,
+    cpu: str | None = None,
 ) -> dict[str, Any]:
     sample: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
-    sample["metadata"] = {"name": name_of(mode), "namespace": namespace}
+    sample["metadata"] = {"name": name_of(mode, cpu), "namespace": namespace}
     sample["spec"]["engine"]["args"] = ["--sim-load-seconds", f"{load_seconds:g}"]
+    if cpu is not None:
+        # The container's CPU request and limit: the limit's CFS quota paces the Python start.
+        sample["spec"]["resources"]["cpu"] = cpu
     if mode in ("pulled", "pre-pulled"):
         sample["spec"]["engine"]["image"] = image
         scheduling = sample["spec"].setdefault("scheduling", {})
@@ -239,6 +249,8 @@ def served(
     load_seconds: float,
     compile_cache: Mode = None,
     image: str | None = None,
+    *,
+    cpu: str | None = None,
 ) -> Iterator[str]:
     """The CR applied in a fresh namespace (with the tiny model's volume, or an empty model
     cache volume, for vLLM), deleted after; yields the namespace."""
@@ -246,7 +258,7 @@ def served(
     volume = None
     try:
         if engine == "simulator":
-            cr = simulator_cr(apps, load_seconds, compile_cache, image)
+            cr = simulator_cr(apps, load_seconds, compile_cache, image, cpu)
         else:
             imported = import_into_node("engine-cpu")
             print(f"engine-cpu image: {imported:.0f} s", file=sys.stderr)
@@ -326,7 +338,16 @@ def main() -> int:
     parser.add_argument("--engine", choices=("simulator", "vllm-cpu"), default="simulator")
     parser.add_argument("--compile-cache", choices=("off", "on", "both"), default=None)
     parser.add_argument("--image-pull", choices=("both",), default=None)
+    parser.add_argument(
+        "--cpu",
+        nargs="+",
+        default=None,
+        help="simulator: the engine container's CPU (request and limit), a row each "
+        "(default: the sample's, 250m)",
+    )
     args = parser.parse_args()
+    if args.cpu and args.engine != "simulator":
+        parser.error("--cpu is for the simulator (vLLM's CPU build takes the cores it needs)")
     if args.compile_cache and args.engine != "vllm-cpu":
         parser.error("--compile-cache is for --engine vllm-cpu")
     if args.image_pull and args.engine != "simulator":
@@ -360,19 +381,21 @@ def main() -> int:
         image = stack.enter_context(loopback_registry(Path(tmp))) if args.image_pull else None
         release = stack.enter_context(chart_on_real_node(rc, values))
         router = service_url(rc.cluster, release.namespace, f"{release.name}-router")
-        for mode in modes:
+        for mode, cpu in [(mode, cpu) for mode in modes for cpu in args.cpu or [None]]:
             labels: dict[Mode, str] = {None: "on node" if image else "-", False: "off", True: "on"}
             label = labels.get(mode, str(mode))
+            if cpu is not None:
+                label = f"{cpu} CPU" if label == "-" else f"{label}, {cpu} CPU"
             # The pulled row's wakes find no image on the node, as a node that never ran it.
             before = (lambda: remove_from_node(str(image))) if mode == "pulled" else None
-            with served(rc, args.engine, args.load_seconds, mode, image) as apps:
+            with served(rc, args.engine, args.load_seconds, mode, image, cpu=cpu) as apps:
                 rows += _wakes(
                     rc,
                     router,
                     apps,
                     args.wakes,
                     label=label,
-                    name=name_of(mode),
+                    name=name_of(mode, cpu),
                     before_each=before,
                 )
     engine = (

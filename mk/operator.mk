@@ -42,7 +42,7 @@ WAKE_ENGINE ?= simulator
 
 .PHONY: bench-wake
 bench-wake: install cluster-binaries $(if $(filter vllm-cpu,$(WAKE_ENGINE)),vllm-cpu) ## Scale to zero: where a wake's seconds go, request held → first token (real node; WAKE_ENGINE=vllm-cpu for the real engine, COMPILE_CACHE=both its compile cache off and on side by side).
-	$(PY) bench/wake_bench.py --engine $(WAKE_ENGINE) $(if $(COMPILE_CACHE),--compile-cache $(COMPILE_CACHE))
+	$(PY) bench/wake_bench.py --engine $(WAKE_ENGINE) $(if $(COMPILE_CACHE),--compile-cache $(COMPILE_CACHE)) $(if $(filter simulator,$(WAKE_ENGINE)),--wakes $(or $(WAKES),5) --cpu $(or $(WAKE_CPU),250m 1))
 
 bench: bench-wake
 

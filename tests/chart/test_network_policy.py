@@ -163,9 +163,11 @@ def test_the_rendered_policies_admit_exactly_llmops_paths(chart: list[dict[str, 
     def ok(source: Any, dest: Pod, port: int) -> bool:
         return admitted(policies, CLUSTER, source, dest, port)
 
-    # Allowed: router -> engine API, Prometheus -> both metrics ports, operator -> agent,
-    # kubelet -> probes, the CR's own namespace -> API, anyone -> the router's public port.
+    # Allowed: router -> engine API and agent (a waking pod's /readyz), Prometheus -> both
+    # metrics ports, operator -> agent, kubelet -> probes, the CR's own namespace -> API,
+    # anyone -> the router's public port.
     assert ok(router, engine, API)
+    assert ok(router, engine, PROBE)
     assert ok(prometheus, engine, API)
     assert ok(prometheus, engine, PROBE)
     assert ok(operator, engine, PROBE)
@@ -177,12 +179,11 @@ def test_the_rendered_policies_admit_exactly_llmops_paths(chart: list[dict[str, 
     assert ok(prometheus, router, ADMIN)
     # Denied: another namespace -> engine API (where vLLM's LoRA load/unload routes and the
     # simulator's /sim/fault live: NetworkPolicy is L4, so the port is what is fenced), any pod
-    # -> the agent's port, a client -> the router's admin port, the router -> the agent.
+    # -> the agent's port, a client -> the router's admin port.
     assert not ok(stranger, engine, API)
     assert not ok(External("203.0.113.9"), engine, API)
     assert not ok(neighbour, engine, PROBE)
     assert not ok(stranger, engine, PROBE)
-    assert not ok(router, engine, PROBE)
     assert not ok(stranger, router, ADMIN)
     assert not ok(neighbour, router, ADMIN)
     assert not ok(Node("n2"), engine, PROBE)  # another node's address is not the pod's node

@@ -19,6 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from llmop_router.app import Router, serve
+from llmop_router.discovery import Catalog
 from llmop_router.hold import PHASE_REQUESTED, ScaleToZero
 from llmop_router.routes import Backend, RouteTable, Wake
 from router.test_proxy import FakeEngine, chat_body, engines, run, serving
@@ -262,5 +263,105 @@ def test_a_client_that_goes_away_while_held_leaves_the_queue() -> None:
             await rig.held(0)
             assert not rig.router.holding.holding(("team", "llama"))
             assert rig.waker.calls == [("team", "llama", "deployments")]
+
+    run(body)
+
+
+@dataclass
+class StandInAgent:
+    """An engine agent's readiness route: 503 until `ready`, counting the questions."""
+
+    ready: bool = False
+    asked: int = 0
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        self.asked += 1
+        return web.Response(status=200 if self.ready else 503, text="ok" if self.ready else "no")
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/readyz", self.readyz)
+        return app
+
+
+def starting_slice(engine: str, agent: str, ready: bool) -> dict[str, Any]:
+    """The woken CR's EndpointSlice with one pod on this machine: its API and agent ports."""
+    host, _, api_port = engine.rpartition(":")
+    return {
+        "metadata": {
+            "name": "llama-abcde",
+            "namespace": "team",
+            "labels": {"kubernetes.io/service-name": "llama"},
+        },
+        "addressType": "IPv4",
+        "ports": [
+            {"name": "http", "port": int(api_port)},
+            {"name": "probe", "port": int(agent.rpartition(":")[2])},
+        ],
+        "endpoints": [{"addresses": [host], "conditions": {"ready": ready, "terminating": False}}],
+    }
+
+
+def test_held_requests_go_to_a_starting_pod_once_its_agent_answers_the_router_ready() -> None:
+    """The woken CR's pod is listed as starting (not ready in its EndpointSlice): the router asks
+    its agent `/readyz` itself while requests wait, holds them while it answers 503, and sends
+    them the moment it answers 200, with no slice event saying ready (the kubelet's next probe
+    and the slice's update come later). A slice that then says ready changes nothing."""
+
+    async def body() -> None:
+        table = RouteTable()
+        catalog = Catalog(table)
+        cr = {
+            "metadata": {
+                "name": "llama",
+                "namespace": "team",
+                "creationTimestamp": "2026-12-06T00:00:00Z",
+            },
+            "spec": {"model": {"name": "org/model"}, "autoscaling": {"minReplicas": 0}},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "ScaledToZero"}]
+            },
+        }
+        catalog.on_llmdeployment("SYNC", {"items": [cr]})
+        catalog.on_endpoint_slice("SYNC", {"items": []})
+        waker = Waker()
+        router = Router(table, heartbeat=HEARTBEAT, waker=waker)
+        router.holder.starting = catalog
+        agent = StandInAgent()
+        async with AsyncExitStack() as stack:
+            url = await stack.enter_async_context(serving(router.app()))
+            agent_address = await stack.enter_async_context(serving(agent.app()))
+            (engine,) = await stack.enter_async_context(engines(CountingEngine("a", chunks=3)))
+            client = await stack.enter_async_context(aiohttp.ClientSession())
+
+            async def send(i: int) -> tuple[int, bytes]:
+                payload = body_of(f"request {i}", stream=i % 2 == 0)
+                async with client.post(f"http://{url}/v1/chat/completions", json=payload) as a:
+                    return a.status, await a.read()
+
+            sends = [asyncio.create_task(send(i)) for i in range(3)]
+            for _ in range(200):
+                if router.holding.held(("team", "llama")) == 3:
+                    break
+                await asyncio.sleep(0.02)
+            assert waker.calls == [("team", "llama", "deployments")]
+            # The pod is scheduled and starting: listed, not ready.
+            catalog.on_endpoint_slice("ADDED", starting_slice(engine.address, agent_address, False))
+            await asyncio.sleep(0.6)
+            assert agent.asked >= 3, agent.asked  # asked about every START_PROBE_SECONDS
+            assert router.holding.held(("team", "llama")) == 3
+            assert engine.seen == []
+            agent.ready = True
+            answers = await asyncio.wait_for(asyncio.gather(*sends), 5)
+            assert [status for status, _ in answers] == [200, 200, 200]
+            assert engine.finished == 3
+            assert table.backends["llama"].ring.endpoints == (engine.address,)
+            asked = agent.asked
+            catalog.on_endpoint_slice(
+                "MODIFIED", starting_slice(engine.address, agent_address, True)
+            )
+            assert table.backends["llama"].ring.endpoints == (engine.address,)
+            await asyncio.sleep(0.3)
+            assert agent.asked == asked  # nothing held: nobody asks any more
 
     run(body)

@@ -199,6 +199,17 @@ def test_the_router_finds_the_rendered_service_s_endpoints() -> None:
     api_port = container_ports[next(p for p in service["spec"]["ports"])["targetPort"]]
     assert table.backends["llama-8b"].ring.endpoints == (f"10.0.0.7:{api_port}",)
 
+    # A starting pod (not ready yet): the router asks its agent the rendered readiness route.
+    endpoint_slice["endpoints"] = [{"addresses": ["10.0.0.8"], "conditions": {"ready": False}}]
+    catalog.on_endpoint_slice("MODIFIED", endpoint_slice)
+    engine = next(c for c in children.workload["spec"]["template"]["spec"]["containers"])
+    readiness = engine["readinessProbe"]["httpGet"]
+    assert readiness["path"] == contract.AGENT_READY_PATH
+    agent_port = container_ports[readiness["port"]]
+    assert catalog.starting_agents(("team", "llama")) == {
+        f"10.0.0.8:{api_port}": f"10.0.0.8:{agent_port}"
+    }
+
 
 def test_the_operator_reads_the_activity_the_router_writes() -> None:
     async def body() -> None:

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from llmop_router.discovery import Catalog, claim_of, owners, ready_endpoints, wake_of
+from llmop_router.discovery import (
+    Catalog,
+    claim_of,
+    owners,
+    ready_endpoints,
+    starting_pods,
+    wake_of,
+)
 from llmop_router.hold import ScaleToZero
 from llmop_router.routes import Fallback, RouteTable, Wake
 
@@ -429,3 +436,69 @@ def test_endpoints_carry_the_model_revision_the_status_gives_their_pod() -> None
     empty["status"] = {"routing": {"servedNames": ["llama"], "modelRevisions": []}}
     catalog.on_llmdeployment("MODIFIED", empty)
     assert table.backends["llama"].revisions == {}
+
+
+def test_starting_endpoints_with_their_agents_and_the_routers_own_confirmation() -> None:
+    """A pod not ready yet is listed with its agent's port (never a terminating one); once the
+    router confirms it ready itself it is routed, until its slice says ready or drops it; a
+    later not-ready is obeyed (the confirmation was forgotten)."""
+    starting = {"ready": False, "serving": False, "terminating": False}
+    found = starting_pods(
+        [
+            endpoint_slice(
+                "llama",
+                ("10.244.7.2", READY),
+                ("10.244.7.3", starting),
+                ("10.244.7.4", {"ready": False, "terminating": True}),
+            ),
+            endpoint_slice("llama", ("fd00::7", starting), address_type="IPv6", name="v6"),
+            endpoint_slice("llama", ("engine.example", starting), address_type="FQDN", name="f"),
+        ]
+    )
+    assert found == {
+        "10.244.7.3:8000": ("", "10.244.7.3:8081"),
+        "[fd00::7]:8000": ("", "[fd00::7]:8081"),
+    }
+    no_agent_port = endpoint_slice("llama", ("10.244.7.3", starting))
+    no_agent_port["ports"] = no_agent_port["ports"][:1]
+    assert starting_pods([no_agent_port]) == {}
+
+    table = RouteTable()
+    catalog = Catalog(table)
+    catalog.on_llmdeployment("SYNC", {"items": [llmd("llama")]})
+    catalog.on_endpoint_slice(
+        "SYNC", {"items": [endpoint_slice("llama", ("10.244.7.3", starting))]}
+    )
+    service = ("team", "llama")
+    assert table.backends["llama"].ring.endpoints == ()
+    assert catalog.starting_agents(service) == {"10.244.7.3:8000": "10.244.7.3:8081"}
+
+    catalog.confirm_ready(service, "10.244.7.9:8000")  # not one of its starting endpoints
+    assert table.backends["llama"].ring.endpoints == ()
+    catalog.confirm_ready(service, "10.244.7.3:8000")
+    assert table.backends["llama"].ring.endpoints == ("10.244.7.3:8000",)
+    assert catalog.starting_agents(service) == {}
+    # Another slice event keeps it routed while its own slice still says starting.
+    catalog.on_endpoint_slice("ADDED", endpoint_slice("llama", ("10.244.7.5", starting), name="b"))
+    assert table.backends["llama"].ring.endpoints == ("10.244.7.3:8000",)
+
+    # Its slice says ready: ready, and the confirmation is forgotten...
+    catalog.on_endpoint_slice("MODIFIED", endpoint_slice("llama", ("10.244.7.3", READY)))
+    assert table.backends["llama"].ring.endpoints == ("10.244.7.3:8000",)
+    assert catalog.confirmed == {}
+    # ...so a later not-ready (the kubelet's probe failed) takes it out of the table.
+    catalog.on_endpoint_slice("MODIFIED", endpoint_slice("llama", ("10.244.7.3", starting)))
+    assert table.backends["llama"].ring.endpoints == ()
+
+    # A confirmed endpoint that starts terminating, or whose slice goes, is gone at once.
+    catalog.confirm_ready(service, "10.244.7.5:8000")
+    assert table.backends["llama"].ring.endpoints == ("10.244.7.5:8000",)
+    catalog.on_endpoint_slice(
+        "MODIFIED",
+        endpoint_slice("llama", ("10.244.7.5", {"ready": False, "terminating": True}), name="b"),
+    )
+    assert table.backends["llama"].ring.endpoints == ()
+    catalog.confirm_ready(service, "10.244.7.3:8000")
+    catalog.on_endpoint_slice("DELETED", endpoint_slice("llama"))
+    assert table.backends["llama"].ring.endpoints == ()
+    assert catalog.confirmed == {}

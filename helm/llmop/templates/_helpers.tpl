@@ -169,6 +169,11 @@ renders (llmop.render.network_policy adds the CR's own namespace and pods).
 {{- $api = append $api . }}
 {{- end }}
 {{- $api = concat $api .Values.networkPolicy.engineApiFrom }}
-{{- $probe := concat (include "llmop.operatorPeers" . | fromJsonArray) .Values.networkPolicy.engineProbeFrom }}
+{{- $probe := include "llmop.operatorPeers" . | fromJsonArray }}
+{{- if .Values.router.enabled }}
+{{- /* The router asks a waking CR's starting pods /readyz itself (docs/router.md). */}}
+{{- $probe = append $probe (dict "namespaceSelector" $ns "podSelector" (dict "matchLabels" (include "llmop.routerSelectorLabels" . | fromYaml))) }}
+{{- end }}
+{{- $probe = concat $probe .Values.networkPolicy.engineProbeFrom }}
 {{- toJson (dict "api" $api "probe" $probe) }}
 {{- end }}

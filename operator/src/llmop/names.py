@@ -61,7 +61,7 @@ KOPF_PREFIX = GROUP
 ENGINE_CONTAINER = "engine"
 PROBE_PORT = contract.PROBE_PORT
 """The agent's probe port: the engine contract's, never a second literal."""
-PROBE_PORT_NAME = "probe"
+PROBE_PORT_NAME = router_contract.AGENT_PORT_NAME
 API_PORT_NAME = router_contract.API_PORT_NAME
 METRICS_PATH = contract.METRICS_PATH
 QUEUE_DEPTH_METRIC = contract.QUEUE_DEPTH_METRIC

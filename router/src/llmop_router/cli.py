@@ -249,6 +249,8 @@ def watching(  # noqa: C901
     routed. With the gateway and an `external_namespace`, the LLMExternalModels there (and
     their Secrets) are read too; readiness does not wait for them (a fallback is optional)."""
     catalog = Catalog(router.table, namespaces, serving)
+    # A waking CR's starting pods, which the router asks itself while requests wait.
+    router.holder.starting = catalog
     gateway = router.gateway
     if gateway is not None:
         catalog.cluster_lists = (LLMTENANTS[1], LLMPRIORITYCLASSES[1])

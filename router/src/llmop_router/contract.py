@@ -136,6 +136,12 @@ def scale_path(resource: str, namespace: str, name: str) -> str:
 API_PORT_NAME: Final = "http"
 """The engine Service's API port name: the router takes the EndpointSlices' port of this name."""
 
+AGENT_PORT_NAME: Final = "probe"
+"""The engine Service's port of the engine agent (probes, `/status`): while requests are held
+for a waking CR, the router asks its starting pods' agents whether they are ready."""
+AGENT_READY_PATH: Final = "/readyz"
+"""The agent's readiness route (the kubelet's readiness probe asks the same): 200 when ready."""
+
 ROUTER_POD_LABELS: Final[Mapping[str, str]] = {"app.kubernetes.io/name": "llmop-router"}
 """What the chart labels the router's pods with (the operator lists them by it)."""
 ROUTER_POD_SELECTOR: Final = ",".join(f"{k}={v}" for k, v in ROUTER_POD_LABELS.items())

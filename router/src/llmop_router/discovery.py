@@ -16,6 +16,12 @@ operator of an older version) the oldest claimant keeps it (then namespace/name 
 same on every replica. A CR outside the namespaces allowed to serve (`servingNamespaces`, the
 chart's router.servingNamespaces; empty: all) is not routed at all.
 
+Endpoints not ready yet and not terminating are kept too, with their agent's address: while
+requests wait for a waking CR the router asks those agents itself (`scale_to_zero`), and one
+that answered ready is routed at once instead of after the kubelet's next readiness probe and
+the EndpointSlice's update (Knative's activator probes the pods it wakes for the same reason).
+That lasts until its slice says ready, or no longer lists it as starting.
+
 The catalog also knows how fresh its view is: when each list last heard from the API server (a
 list, a watch opened, an event or a bookmark) and the watch's last failure, so a table the
 watches stopped updating is reported stale instead of served as current for ever. Time is a
@@ -246,6 +252,30 @@ def ready_endpoints(slices: Iterable[Mapping[str, Any]]) -> list[str]:
     return sorted(ready_pods(slices))
 
 
+def starting_pods(slices: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Endpoints not ready yet and not terminating (a pod starting, or one its readiness probe
+    turned away), each → (the pod behind it, its agent's `ip:port`): what the router may ask
+    itself while requests wait for a waking CR. Slices without the agent's port give none."""
+    found: dict[str, tuple[str, str]] = {}
+    for endpoint_slice in slices:
+        if endpoint_slice.get("addressType", "IPv4") not in ("IPv4", "IPv6"):
+            continue
+        ports = {p.get("name"): p.get("port") for p in endpoint_slice.get("ports") or []}
+        api, agent = ports.get(API_PORT_NAME), ports.get(contract.AGENT_PORT_NAME)
+        if not isinstance(api, int) or not isinstance(agent, int):
+            continue
+        for endpoint in endpoint_slice.get("endpoints") or []:
+            conditions = endpoint.get("conditions") or {}
+            if conditions.get("ready") is not False or conditions.get("terminating") is True:
+                continue
+            target = endpoint.get("targetRef") or {}
+            pod = str(target.get("name") or "") if target.get("kind", "Pod") == "Pod" else ""
+            for address in (endpoint.get("addresses") or [])[:1]:
+                host = f"[{address}]" if ":" in address else address
+                found[f"{host}:{api}"] = (pod, f"{host}:{agent}")
+    return found
+
+
 def ready_pods(slices: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     """`ready_endpoints`, each with the name of the pod behind it (its `targetRef`; "" when
     the endpoint names no pod)."""
@@ -283,6 +313,12 @@ class Catalog:
     claims: dict[Key, Claim] = field(default_factory=dict)
     slices: dict[Key, dict[str, dict[str, str]]] = field(default_factory=dict)
     """Service → EndpointSlice name → its ready endpoints → the pod behind each."""
+    starting: dict[Key, dict[str, dict[str, tuple[str, str]]]] = field(default_factory=dict)
+    """Service → EndpointSlice name → its `starting_pods`."""
+    confirmed: dict[Key, set[str]] = field(default_factory=dict)
+    """Service → its starting endpoints whose agent answered ready to the router itself
+    (`confirm_ready`): routed like ready ones until their slice says ready (then they are
+    ready) or drops them, and forgotten then, so a later not-ready is obeyed."""
     synced: set[str] = field(default_factory=set)
     problems: dict[str, str] = field(default_factory=dict)
     """List → why it cannot be listed now (the CRD not installed, RBAC), as the watch says."""
@@ -319,8 +355,11 @@ class Catalog:
         if kind == "SYNC":
             scope = obj.get("namespace")
             self.slices = {k: v for k, v in self.slices.items() if not _in(k, scope)}
+            self.starting = {k: v for k, v in self.starting.items() if not _in(k, scope)}
             for item in obj.get("items") or []:
                 self._store_slice(item)
+            for known in list(self.confirmed):
+                self._forget_unstarting(known)
             self.synced.add(list_key(ENDPOINT_SLICES, scope))
             self._assign_models()
             return
@@ -330,8 +369,42 @@ class Catalog:
         name = (obj.get("metadata") or {}).get("name", "")
         if kind == "DELETED":
             self.slices.get(service, {}).pop(name, None)
+            self.starting.get(service, {}).pop(name, None)
         else:
             self._store_slice(obj)
+        self._forget_unstarting(service)
+        self._refresh(service)
+
+    def starting_agents(self, service: Key) -> dict[str, str]:
+        """The service's starting endpoints not confirmed yet → their agents' `ip:port`."""
+        confirmed = self.confirmed.get(service, set())
+        return {
+            endpoint: agent
+            for found in self.starting.get(service, {}).values()
+            for endpoint, (_pod, agent) in found.items()
+            if endpoint not in confirmed
+        }
+
+    def confirm_ready(self, service: Key, endpoint: str) -> None:
+        """A starting endpoint's agent answered ready to the router: it is routed from now on,
+        while its slice still lists it as starting (an endpoint it does not list: nothing)."""
+        starting = {e for found in self.starting.get(service, {}).values() for e in found}
+        if endpoint in starting:
+            self.confirmed.setdefault(service, set()).add(endpoint)
+            self._refresh(service)
+
+    def _forget_unstarting(self, service: Key) -> None:
+        """Confirmations of endpoints no longer starting go: ready now, gone or terminating."""
+        confirmed = self.confirmed.get(service)
+        if confirmed is None:
+            return
+        starting = {e for found in self.starting.get(service, {}).values() for e in found}
+        confirmed &= starting
+        if not confirmed:
+            del self.confirmed[service]
+
+    def _refresh(self, service: Key) -> None:
+        """The table's entries of the service's models, after its endpoints changed."""
         claim = self.claims.get(service)
         wake = claim.wake if claim is not None else None
         limit = claim.migration_limit if claim is not None else None
@@ -424,10 +497,16 @@ class Catalog:
         return sorted(self.pods(service))
 
     def pods(self, service: Key) -> dict[str, str]:
-        """The service's ready endpoints → the pod behind each ("" when unknown)."""
-        return {
+        """The service's ready endpoints, and its starting ones the router confirmed ready
+        itself, → the pod behind each ("" when unknown)."""
+        pods = {
             e: pod for found in self.slices.get(service, {}).values() for e, pod in found.items()
         }
+        confirmed = self.confirmed.get(service)
+        if confirmed:
+            for found in self.starting.get(service, {}).values():
+                pods.update({e: pod for e, (pod, _agent) in found.items() if e in confirmed})
+        return pods
 
     def _store_claim(self, obj: Mapping[str, Any]) -> None:
         claim = claim_of(obj)
@@ -439,6 +518,7 @@ class Catalog:
         if service is not None:
             name = (obj.get("metadata") or {}).get("name", "")
             self.slices.setdefault(service, {})[name] = ready_pods([obj])
+            self.starting.setdefault(service, {})[name] = starting_pods([obj])
 
     def _assign_models(self) -> None:
         chosen = owners(self.claims.values())

@@ -4,7 +4,8 @@
 A request for a CR with no ready endpoint whose Ready condition says `ScaledToZero` is held
 (`hold.Holding` decides, a pump task per CR acts): the first one of an episode wakes the CR (its
 workload's scale 0 → 1, by `waker`), and the held requests are released in arrival order at the
-engines' concurrency once an endpoint is ready, answered 504 past `holdTimeoutSeconds`, refused
+engines' concurrency once an endpoint is ready (or its agent answered the router's own
+readiness question: `StartProbes`), answered 504 past `holdTimeoutSeconds`, refused
 429 past `maxPendingRequests` or past the pod's caps across CRs (`--max-held-requests`,
 `--max-held-bytes`), and 503 when this router pod stops. A held streaming request gets
 an SSE comment every `heartbeat` seconds, so proxies in front see bytes; once that has sent the
@@ -15,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
+import aiohttp
 from aiohttp import web
 
+from llmop_router import contract
 from llmop_router.answers import error, prepare_stream
 from llmop_router.hold import PHASE_REQUESTED, Held, Holding, Key
 from llmop_router.limits import DEFAULT as DEFAULT_LIMITS
@@ -37,9 +41,97 @@ HOLD_TICK_SECONDS = 0.05
 WAKE_RETRY_SECONDS = 2.0
 WAKE_TIMEOUT_SECONDS = 10.0
 FULL_RETRY_AFTER_SECONDS = "10"
+START_PROBE_SECONDS = 0.1
+"""How often a starting pod's agent is asked whether it is ready while its CR's requests wait
+(the kubelet asks every second, and the EndpointSlice carries its answer later still)."""
+START_PROBE_TIMEOUT_SECONDS = 1.0
 
 Waker = Callable[[Backend], Awaitable[str]]
 """Wakes a CR at zero (scale subresource 0 → 1 when it is 0); returns the phase to wait in."""
+
+
+class Starting(Protocol):
+    """The watch's view of a CR's pods that are starting (`discovery.Catalog`)."""
+
+    def starting_agents(self, service: Key) -> Mapping[str, str]:
+        """Its starting endpoints not confirmed ready yet → their agents' `ip:port`."""
+        ...
+
+    def confirm_ready(self, service: Key, endpoint: str) -> None:
+        """The endpoint's agent answered ready: route to it now."""
+        ...
+
+
+class NoStarting:
+    """A static table: no watch, no starting pods to ask."""
+
+    def starting_agents(self, service: Key) -> Mapping[str, str]:
+        return {}
+
+    def confirm_ready(self, service: Key, endpoint: str) -> None:
+        return None
+
+
+class StartProbes:
+    """While one CR's requests are held and none of its endpoints is ready: each starting pod's
+    agent asked `/readyz` every `START_PROBE_SECONDS` by a task of its own. The first 200 makes
+    it routable (`Starting.confirm_ready`): the same answer the kubelet's readiness probe acts
+    on (one success), without waiting up to its period and the EndpointSlice's update."""
+
+    def __init__(self, key: Key, starting: Starting) -> None:
+        self.key = key
+        self.starting = starting
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    def update(self) -> None:
+        """Ask every starting endpoint the watch lists now; stop asking the ones it dropped."""
+        agents = self.starting.starting_agents(self.key)
+        for endpoint in set(self._tasks) - set(agents):
+            self._tasks.pop(endpoint).cancel()
+        for endpoint, agent in agents.items():
+            if endpoint not in self._tasks:
+                self._tasks[endpoint] = asyncio.create_task(self._ask(endpoint, agent))
+
+    def follow(self, endpoints: tuple[str, ...]) -> None:
+        """Ask while the CR has no routable endpoint; stop once it has one."""
+        if endpoints:
+            self.stop()
+        else:
+            self.update()
+
+    def stop(self) -> None:
+        """An endpoint is ready: nothing more to ask."""
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
+
+    async def close(self) -> None:
+        self.stop()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _ask(self, endpoint: str, agent: str) -> None:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=START_PROBE_TIMEOUT_SECONDS)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        url = f"http://{agent}{contract.AGENT_READY_PATH}"
+        while True:
+            try:
+                async with self._session.get(url, allow_redirects=False) as answer:
+                    if answer.status == 200:
+                        log.info(
+                            "%s/%s: %s answered ready to the router; routing to it before its "
+                            "EndpointSlice says so",
+                            *self.key,
+                            endpoint,
+                        )
+                        self.starting.confirm_ready(self.key, endpoint)
+                        return
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                pass  # not listening yet, or busy starting: asked again
+            await asyncio.sleep(START_PROBE_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -68,6 +160,9 @@ class Holder:
         self.heartbeat = heartbeat
         self.waker = waker
         """None (a static table): held requests wait for endpoints, nothing is scaled."""
+        self.starting: Starting = NoStarting()
+        """The watch's starting pods (a static table has none: held requests wait for ready
+        endpoints only)."""
         self.queues = Holding(
             max_held=limits.max_held_requests, max_held_bytes=limits.max_held_bytes
         )
@@ -190,6 +285,7 @@ class Holder:
         current = None
         ready_seen = False
         next_wake = 0.0
+        probes = StartProbes(key, self.starting)
         try:
             while self.queues.holding(key):
                 now = loop.time()
@@ -204,6 +300,7 @@ class Holder:
                     if await self._wake(key, backend):
                         next_wake = now + WAKE_RETRY_SECONDS
                     continue
+                probes.follow(endpoints)
                 if endpoints and not ready_seen:
                     ready_seen = True
                     self.metrics.wake_seconds.observe(now - episode.started)
@@ -221,6 +318,7 @@ class Holder:
         finally:
             self._pumps.pop(key, None)
             self._gauge(key)
+            await probes.close()
 
     async def _wake(self, key: Key, backend: Backend | None) -> bool:
         """Wake the CR once for this episode; True when it failed and is to be tried again."""

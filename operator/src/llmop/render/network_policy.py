@@ -8,9 +8,10 @@ lists; the CR's own namespace and the CR's own pods are added here:
 
 - the API port (`http`, where vLLM also serves its LoRA and the simulator its fault routes): the
   router, pods of the CR's own namespace, Prometheus (vLLM's `/metrics`) and the extra API peers;
-- the agent's port (`probe`: probes, `/status`, `/metrics`): the operator, Prometheus and the
-  extra probe peers. Kubelet probes come from the pod's own node, which NetworkPolicy always
-  admits ("traffic to and from the node where a Pod is running is always allowed",
+- the agent's port (`probe`: probes, `/status`, `/metrics`): the operator, the router (it asks a
+  waking CR's starting pods `/readyz` itself), Prometheus and the extra probe peers. Kubelet
+  probes come from the pod's own node, which NetworkPolicy always admits ("traffic to and from
+  the node where a Pod is running is always allowed",
   https://kubernetes.io/docs/concepts/services-networking/network-policies/); a CNI that does
   not follows the extra probe peers (the node CIDR as an ipBlock);
 - every port between the CR's own pods: a multi-node replica's leader and workers rendezvous
