@@ -10,7 +10,9 @@ seen, in seconds after the request was sent:
   pod scheduled    the scheduler bound it to the node
   engine started   the pod's containers run (image present, sandbox and volumes set up)
   engine Ready     the agent's deep probe passed and the kubelet marked the pod Ready
-  first token      the first `data:` event reached the client (the router released the request)
+  first token      the first `data:` event reached the client (the router released the request:
+                   once its own question to the starting pod's agent was answered ready, so
+                   this can come before `engine Ready`)
 
 plus `answered` (the stream's end). A step can be seen up to one poll late."""
 
@@ -54,15 +56,17 @@ def from_zero(spec: dict[str, Any], *, hold_seconds: int = 300) -> dict[str, Any
     return scaled
 
 
-def live_pods(rc: RealCluster, namespace: str, name: str) -> list[dict[str, Any]]:
+def engine_pods(rc: RealCluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The CR's engine pods, terminating ones included."""
     # The engine pods' own labels: the image pre-pull's pods share the instance label.
     pods = rc.kit.kube.list("v1", "Pod", namespace, label_selector=names.selector_string(name))
     # A finished pod (the model cache's download Job's) is not serving and never goes away.
+    return [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+
+
+def live_pods(rc: RealCluster, namespace: str, name: str) -> list[dict[str, Any]]:
     return [
-        p
-        for p in pods
-        if not p["metadata"].get("deletionTimestamp")
-        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        p for p in engine_pods(rc, namespace, name) if not p["metadata"].get("deletionTimestamp")
     ]
 
 
@@ -106,6 +110,11 @@ def _watch(
     return loop
 
 
+READY_AFTER_SECONDS = 15.0
+"""How long after the answer the watch still waits to see the pod Ready (a kubelet probe
+period and a status update, with room)."""
+
+
 def first_token(router: str, model: str, timeout: float = 300) -> tuple[float, float]:
     """Send one streaming chat request; (seconds to the first data event, seconds to the end)."""
     body = (
@@ -137,8 +146,13 @@ def one_wake(
 ) -> dict[str, float]:
     """Wait for the CR to be at zero, run `before` (the bench's setup of the node), wake it with
     one request; the moments (see the module)."""
+    # At zero and the last pod gone, terminating included: a model idles minutes before it is
+    # woken, and a pod still terminating would hold its CPU request against the new one's.
     wait_until(
-        lambda: at_zero(rc, namespace, name), timeout=zero_timeout, interval=1, what="at zero"
+        lambda: at_zero(rc, namespace, name) and not engine_pods(rc, namespace, name),
+        timeout=zero_timeout,
+        interval=1,
+        what="at zero, no engine pod left",
     )
     if before is not None:
         before()
@@ -148,6 +162,9 @@ def one_wake(
     watcher.start()
     try:
         first, total = first_token(router, name)
+        # The router may send the first token before the kubelet marks the pod Ready (it asks
+        # the starting pod's agent itself): the watch goes on to see that moment too.
+        watcher.join(timeout=READY_AFTER_SECONDS)
     finally:
         stop.set()
         watcher.join(timeout=10)
