@@ -22,6 +22,7 @@ from llmop_router.app import Router, serve
 from llmop_router.discovery import Catalog
 from llmop_router.hold import PHASE_REQUESTED, ScaleToZero
 from llmop_router.routes import Backend, RouteTable, Wake
+from llmop_router.scale_to_zero import MAX_START_PROBES, StartProbes
 from router.test_proxy import FakeEngine, chat_body, engines, run, serving
 
 HEARTBEAT = 0.2
@@ -363,5 +364,34 @@ def test_held_requests_go_to_a_starting_pod_once_its_agent_answers_the_router_re
             assert table.backends["llama"].ring.endpoints == (engine.address,)
             await asyncio.sleep(0.3)
             assert agent.asked == asked  # nothing held: nobody asks any more
+
+    run(body)
+
+
+@dataclass
+class ManyStarting:
+    """A CR with many starting pods whose agents refuse connections."""
+
+    count: int
+    confirmed: list[str] = field(default_factory=list)
+
+    def starting_agents(self, service: tuple[str, str]) -> dict[str, str]:
+        return {f"127.0.0.{i + 2}:8000": "127.0.0.1:9" for i in range(self.count)}
+
+    def confirm_ready(self, service: tuple[str, str], endpoint: str) -> None:
+        self.confirmed.append(endpoint)
+
+
+def test_a_cr_with_many_starting_pods_has_a_bounded_number_asked() -> None:
+    async def body() -> None:
+        starting = ManyStarting(count=3 * MAX_START_PROBES)
+        probes = StartProbes(("team", "llama"), starting)
+        probes.follow(())
+        assert len(probes.asking) == MAX_START_PROBES
+        await asyncio.sleep(0.3)  # refused, asked again: never confirmed
+        assert starting.confirmed == []
+        probes.follow(("10.0.0.1:8000",))  # an endpoint is routable: nobody is asked
+        assert probes.asking == frozenset()
+        await probes.close()
 
     run(body)

@@ -45,6 +45,9 @@ START_PROBE_SECONDS = 0.1
 """How often a starting pod's agent is asked whether it is ready while its CR's requests wait
 (the kubelet asks every second, and the EndpointSlice carries its answer later still)."""
 START_PROBE_TIMEOUT_SECONDS = 1.0
+MAX_START_PROBES = 16
+"""Starting pods of one CR asked at once (a wake starts one; an HPA may add more meanwhile):
+the rest wait for the kubelet, so a CR of many pods costs a bounded number of tasks."""
 
 Waker = Callable[[Backend], Awaitable[str]]
 """Wakes a CR at zero (scale subresource 0 → 1 when it is 0); returns the phase to wait in."""
@@ -86,12 +89,18 @@ class StartProbes:
 
     def update(self) -> None:
         """Ask every starting endpoint the watch lists now; stop asking the ones it dropped."""
-        agents = self.starting.starting_agents(self.key)
+        listed = self.starting.starting_agents(self.key)
+        agents = {e: listed[e] for e in sorted(listed)[:MAX_START_PROBES]}
         for endpoint in set(self._tasks) - set(agents):
             self._tasks.pop(endpoint).cancel()
         for endpoint, agent in agents.items():
             if endpoint not in self._tasks:
                 self._tasks[endpoint] = asyncio.create_task(self._ask(endpoint, agent))
+
+    @property
+    def asking(self) -> frozenset[str]:
+        """The endpoints being asked now."""
+        return frozenset(self._tasks)
 
     def follow(self, endpoints: tuple[str, ...]) -> None:
         """Ask while the CR has no routable endpoint; stop once it has one."""
