@@ -354,3 +354,33 @@ def test_prepare_empties_only_its_own_folders(tmp_path: Path) -> None:
     c.prepare({})
     assert (c.local / "not-ours").read_text() == "kept"
     assert not (c.local / "vllm" / "stale").exists()
+
+
+def test_the_images_model_infos_join_a_private_cache_that_lacks_them(tmp_path: Path) -> None:
+    """The image fills vLLM's model-info cache in its default root ($HOME/.cache/vllm); a compile
+    cache gives vLLM another root, so they are copied in (without them vLLM asks a second Python
+    process at start), never over what the entry brought."""
+    home = tmp_path / "home"
+    image = home / ".cache" / "vllm" / "modelinfos"
+    image.mkdir(parents=True)
+    (image / "llama.json").write_bytes(b'{"from": "image"}')
+    (image / "qwen.json").write_bytes(b'{"from": "image"}')
+    miss = cache(tmp_path, "pod-a")
+    env = miss.prepare({"HOME": str(home)})
+    infos = Path(env["VLLM_CACHE_ROOT"]) / "modelinfos"
+    assert sorted(p.name for p in infos.iterdir()) == ["llama.json", "qwen.json"]
+    assert miss.report.seed == "miss"
+
+    first = published(tmp_path, "pod-b")  # its entry holds modelinfos/llama.json of its own
+    hit = cache(tmp_path, "pod-c")
+    env = hit.prepare({"XDG_CACHE_HOME": str(home / ".cache")})
+    infos = Path(env["VLLM_CACHE_ROOT"]) / "modelinfos"
+    assert (infos / "llama.json").read_bytes() == (
+        first.local / "vllm" / "modelinfos" / "llama.json"
+    ).read_bytes()
+    assert (infos / "qwen.json").read_bytes() == b'{"from": "image"}'
+    assert hit.report.seed == "hit"
+    # No image cache (no HOME, or an image without one): nothing added, nothing fails.
+    assert cache(tmp_path, "pod-d").prepare({}) and cache(tmp_path, "pod-e").prepare(
+        {"HOME": str(tmp_path / "nowhere")}
+    )

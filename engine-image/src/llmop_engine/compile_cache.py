@@ -51,6 +51,8 @@ ENGINE_DIRS: Final = {
 torch.compile artifacts under `VLLM_CACHE_ROOT/torch_compile_cache` and points TorchInductor
 there itself while it compiles; Inductor's own default (`/tmp/torchinductor_<user>`) and Triton's
 (`~/.triton`, GPU kernels) catch what is compiled outside it."""
+MODELINFOS: Final = "modelinfos"
+"""vLLM's cache of what each model class supports, under `VLLM_CACHE_ROOT`."""
 SPACE_MARGIN_BYTES: Final = 64 * 2**20
 """Free space left on the model cache after a publish (a full volume would fail model loads)."""
 CHUNK: Final = 1 << 20
@@ -221,9 +223,36 @@ class CompileCache:
         except Exception as exc:  # the engine starts without the cache, whatever went wrong
             self._clear_local()
             self._seeded("error", f"seeding failed: {type(exc).__name__}: {exc}")
+        self._add_image_modelinfos(environ)
         with self._lock:
             self.report.seed_seconds = round(time.monotonic() - started, 3)
         return env
+
+    def _add_image_modelinfos(self, environ: Mapping[str, str]) -> None:
+        """The model infos the image keeps in vLLM's default cache root (its Dockerfile fills
+        them), copied into the private one where the entry did not bring them: without them
+        vLLM asks a second Python process at start. Never raises."""
+        image = _default_vllm_cache_root(environ)
+        if image is None:
+            return
+        source, target = (
+            image / MODELINFOS,
+            self.local / ENGINE_DIRS["VLLM_CACHE_ROOT"] / MODELINFOS,
+        )
+        try:
+            names = [p.name for p in source.iterdir() if p.suffix == ".json" and p.is_file()]
+            missing = [name for name in names if not (target / name).exists()]
+            if missing:
+                target.mkdir(parents=True, exist_ok=True)
+                for name in missing:
+                    shutil.copyfile(source / name, target / name)
+        except FileNotFoundError:
+            return  # an image without them
+        except OSError as exc:
+            log.warning("copying the image's vLLM model infos from %s failed: %s", source, exc)
+            return
+        if missing:
+            log.info("compile cache: %d model infos from the image added", len(missing))
 
     def _seed(self) -> None:
         try:
@@ -393,3 +422,13 @@ class CompileCache:
         for name in rules.stale_leftovers(leftovers, time.time()):
             shutil.rmtree(self.root / name, ignore_errors=True)
         return len(doomed)
+
+
+def _default_vllm_cache_root(environ: Mapping[str, str]) -> Path | None:
+    """vLLM's own default `VLLM_CACHE_ROOT` (`vllm/envs.py`): `$XDG_CACHE_HOME/vllm`, else
+    `$HOME/.cache/vllm`; None without either."""
+    if environ.get("XDG_CACHE_HOME"):
+        return Path(environ["XDG_CACHE_HOME"]) / "vllm"
+    if environ.get("HOME"):
+        return Path(environ["HOME"]) / ".cache" / "vllm"
+    return None
