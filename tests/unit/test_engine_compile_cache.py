@@ -381,6 +381,6 @@ def test_the_images_model_infos_join_a_private_cache_that_lacks_them(tmp_path: P
     assert (infos / "qwen.json").read_bytes() == b'{"from": "image"}'
     assert hit.report.seed == "hit"
     # No image cache (no HOME, or an image without one): nothing added, nothing fails.
-    assert cache(tmp_path, "pod-d").prepare({}) and cache(tmp_path, "pod-e").prepare(
-        {"HOME": str(tmp_path / "nowhere")}
-    )
+    for environ in ({}, {"HOME": str(tmp_path / "nowhere")}):
+        env = cache(tmp_path, "pod-d").prepare(environ)
+        assert not (Path(env["VLLM_CACHE_ROOT"]) / "modelinfos" / "qwen.json").exists()
