@@ -30,7 +30,7 @@ parameter here (the caller's monotonic clock).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -252,27 +252,34 @@ def ready_endpoints(slices: Iterable[Mapping[str, Any]]) -> list[str]:
     return sorted(ready_pods(slices))
 
 
+def _slice_endpoints(
+    slices: Iterable[Mapping[str, Any]],
+) -> Iterator[tuple[Mapping[str, Any], str, str, dict[str, Any]]]:
+    """Each IP endpoint of `slices`: its conditions, its host (an IPv6 one bracketed), the pod
+    behind it (its `targetRef`; "" when it names none) and its slice's ports by name."""
+    for endpoint_slice in slices:
+        if endpoint_slice.get("addressType", "IPv4") not in ("IPv4", "IPv6"):
+            continue
+        ports = {p.get("name"): p.get("port") for p in endpoint_slice.get("ports") or []}
+        for endpoint in endpoint_slice.get("endpoints") or []:
+            target = endpoint.get("targetRef") or {}
+            pod = str(target.get("name") or "") if target.get("kind", "Pod") == "Pod" else ""
+            for address in (endpoint.get("addresses") or [])[:1]:
+                host = f"[{address}]" if ":" in address else address
+                yield endpoint.get("conditions") or {}, host, pod, ports
+
+
 def starting_pods(slices: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
     """Endpoints not ready yet and not terminating (a pod starting, or one its readiness probe
     turned away), each → (the pod behind it, its agent's `ip:port`): what the router may ask
     itself while requests wait for a waking CR. Slices without the agent's port give none."""
     found: dict[str, tuple[str, str]] = {}
-    for endpoint_slice in slices:
-        if endpoint_slice.get("addressType", "IPv4") not in ("IPv4", "IPv6"):
-            continue
-        ports = {p.get("name"): p.get("port") for p in endpoint_slice.get("ports") or []}
+    for conditions, host, pod, ports in _slice_endpoints(slices):
         api, agent = ports.get(API_PORT_NAME), ports.get(contract.AGENT_PORT_NAME)
-        if not isinstance(api, int) or not isinstance(agent, int):
+        if conditions.get("ready") is not False or conditions.get("terminating") is True:
             continue
-        for endpoint in endpoint_slice.get("endpoints") or []:
-            conditions = endpoint.get("conditions") or {}
-            if conditions.get("ready") is not False or conditions.get("terminating") is True:
-                continue
-            target = endpoint.get("targetRef") or {}
-            pod = str(target.get("name") or "") if target.get("kind", "Pod") == "Pod" else ""
-            for address in (endpoint.get("addresses") or [])[:1]:
-                host = f"[{address}]" if ":" in address else address
-                found[f"{host}:{api}"] = (pod, f"{host}:{agent}")
+        if isinstance(api, int) and isinstance(agent, int):
+            found[f"{host}:{api}"] = (pod, f"{host}:{agent}")
     return found
 
 
@@ -280,23 +287,12 @@ def ready_pods(slices: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     """`ready_endpoints`, each with the name of the pod behind it (its `targetRef`; "" when
     the endpoint names no pod)."""
     found: dict[str, str] = {}
-    for endpoint_slice in slices:
-        if endpoint_slice.get("addressType", "IPv4") not in ("IPv4", "IPv6"):
+    for conditions, host, pod, ports in _slice_endpoints(slices):
+        # `ready` unset means ready (EndpointSlice API); terminating pods are never picked.
+        if conditions.get("ready") is False or conditions.get("terminating") is True:
             continue
-        ports = [p for p in endpoint_slice.get("ports") or [] if p.get("name") == API_PORT_NAME]
-        if not ports or ports[0].get("port") is None:
-            continue
-        port = ports[0]["port"]
-        for endpoint in endpoint_slice.get("endpoints") or []:
-            conditions = endpoint.get("conditions") or {}
-            # `ready` unset means ready (EndpointSlice API); terminating pods are never picked.
-            if conditions.get("ready") is False or conditions.get("terminating") is True:
-                continue
-            target = endpoint.get("targetRef") or {}
-            pod = str(target.get("name") or "") if target.get("kind", "Pod") == "Pod" else ""
-            for address in (endpoint.get("addresses") or [])[:1]:
-                host = f"[{address}]" if ":" in address else address
-                found[f"{host}:{port}"] = pod
+        if (port := ports.get(API_PORT_NAME)) is not None:
+            found[f"{host}:{port}"] = pod
     return found
 
 
@@ -388,18 +384,19 @@ class Catalog:
     def confirm_ready(self, service: Key, endpoint: str) -> None:
         """A starting endpoint's agent answered ready to the router: it is routed from now on,
         while its slice still lists it as starting (an endpoint it does not list: nothing)."""
-        starting = {e for found in self.starting.get(service, {}).values() for e in found}
-        if endpoint in starting:
+        if endpoint in self._starting_endpoints(service):
             self.confirmed.setdefault(service, set()).add(endpoint)
             self._refresh(service)
+
+    def _starting_endpoints(self, service: Key) -> set[str]:
+        return {e for found in self.starting.get(service, {}).values() for e in found}
 
     def _forget_unstarting(self, service: Key) -> None:
         """Confirmations of endpoints no longer starting go: ready now, gone or terminating."""
         confirmed = self.confirmed.get(service)
         if confirmed is None:
             return
-        starting = {e for found in self.starting.get(service, {}).values() for e in found}
-        confirmed &= starting
+        confirmed &= self._starting_endpoints(service)
         if not confirmed:
             del self.confirmed[service]
 
