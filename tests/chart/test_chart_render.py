@@ -335,6 +335,8 @@ def test_router_is_two_restricted_replicas_behind_its_service_writing_only_scale
         *("--migration-limit", "2", "--migration-inactivity-seconds", "30"),
         *("--shutdown-delay", "5", "--drain", "60"),
     ]
+    # The operator decides who owns each name: a CR without a status yet is not routed.
+    assert "--await-name-decisions" in container["args"]
     # The kubelet waits out the delay, the drain and the exit before it kills.
     assert pod["spec"]["terminationGracePeriodSeconds"] == 70
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}

@@ -3,14 +3,17 @@
 as the chart tells it) decides who owns a served name, and a real `llmop-router serve` routes by
 that decision. Two namespaces claim one name: the first owns it, the second is Degraded
 `ModelNameConflict`; the first deleted and recreated (a GitOps replace) keeps the name, and the
-router never hands it to the second meanwhile. A namespace outside `servingNamespaces` is not
-routed and is told why (`NamespaceNotServed`)."""
+router never hands it to the second meanwhile, nor to a newcomer claiming it alone while it
+stays reserved. A namespace outside `servingNamespaces` is not routed and is told why
+(`NamespaceNotServed`)."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,28 @@ def routed_to(router: RouterUrls, model: str) -> str | None:
     return None if entry is None else str(entry["namespace"])
 
 
+@contextmanager
+def sampled(router: RouterUrls, model: str) -> Iterator[set[str | None]]:
+    """Every namespace the router sent `model` to (None: not routed) while the block runs,
+    read every 0.05 s."""
+    seen: set[str | None] = set()
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            seen.add(routed_to(router, model))
+            stop.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        sampler.join()
+    seen.add(routed_to(router, model))
+
+
 def test_a_name_keeps_its_owner_across_a_recreate(
     llmop_crd: Cluster,
     operator_kubeconfig: Path,
@@ -81,7 +106,10 @@ def test_a_name_keeps_its_owner_across_a_recreate(
         },
     )
     operator.start()
-    args = ("--namespaces", watched, "--serving-namespaces", f"{first},{second}")
+    args = (
+        *("--namespaces", watched, "--serving-namespaces", f"{first},{second}"),
+        "--await-name-decisions",  # as the chart runs it
+    )
     try:
         with router_process(llmop_crd.kubeconfig, tmp_path / "router.log", args) as router:
             named = spec(replicas=0, model={"name": spec()["model"]["name"], "servedName": model})
@@ -99,17 +127,7 @@ def test_a_name_keeps_its_owner_across_a_recreate(
             assert wait_until(lambda: routed_to(router, model), timeout=30) == first
 
             # Watch the router's table from here on: the name must never go to `second`.
-            seen: set[str | None] = set()
-            stop = threading.Event()
-
-            def sample() -> None:
-                while not stop.is_set():
-                    seen.add(routed_to(router, model))
-                    stop.wait(0.1)
-
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            try:
+            with sampled(router, model) as seen:
                 llmop_crd.kubectl("delete", "llmdeployment", "chat", "-n", first, "--wait=true")
                 # Longer than two decisions: the owner is gone, the name stays reserved to it.
                 wait_until(
@@ -123,9 +141,6 @@ def test_a_name_keeps_its_owner_across_a_recreate(
                     lambda: owned(kit, first, "chat") == [model], timeout=30, what="taken back"
                 )
                 wait_until(lambda: routed_to(router, model) == first, timeout=30, what="routed")
-            finally:
-                stop.set()
-                sampler.join()
             assert second not in seen, seen
             assert degraded(kit, second, "chat")[1] == "ModelNameConflict"
             record = json.loads(
@@ -135,6 +150,23 @@ def test_a_name_keeps_its_owner_across_a_recreate(
             )
             owners = json.loads(record["data"]["owners.json"])
             assert owners[model] == {"namespace": first, "name": "chat"}
+
+            # The owner deleted with no other claimant left, then a newcomer claims the name:
+            # it is never routed, not even before the operator's first status of it (when no
+            # claimant's status decides the name).
+            llmop_crd.kubectl("delete", "llmdeployment", "chat", "-n", second, "--wait=true")
+            llmop_crd.kubectl("delete", "llmdeployment", "chat", "-n", first, "--wait=true")
+            wait_until(lambda: routed_to(router, model) is None, timeout=30, what="unrouted")
+            with sampled(router, model) as seen:
+                kit.apply_llmd(second, "late", named)
+                wait_until(
+                    lambda: "which is gone" in degraded(kit, second, "late")[2],
+                    timeout=30,
+                    what="the newcomer told the name is reserved",
+                )
+                time.sleep(1.0)
+            assert second not in seen, seen
+            assert owned(kit, second, "late") == []
 
             # A namespace outside servingNamespaces: not routed, and told why.
             kit.apply_llmd(outside, "other", spec(replicas=0))

@@ -260,8 +260,22 @@ def test_before_the_first_decision_a_status_keeps_what_it_said() -> None:
     assert issue.message == lost.message
     ctx.names = {("b", "chat"): name_owners.Verdict(owned=("llama", "llama-sql"))}
     assert _names(ctx, "b", "chat", previous) == (["llama", "llama-sql"], None)
-    ctx.names = {}  # decided, and it claims nothing (routing off)
-    assert _names(ctx, "b", "chat", previous) == (None, None)
+    ctx.names = {}  # it claims nothing (routing off), or is newer than the last decision
+    assert _names(ctx, "b", "chat", previous) == ([], None)
+
+
+def test_undecided_is_written_as_owning_nothing_never_as_no_routing() -> None:
+    """No `status.routing` makes the router fall back to the oldest claimant (operators that
+    predate names): a CR not decided yet (new, or before a restarted operator's first
+    decision) must say it owns nothing, or a name reserved to a deleted owner goes to it."""
+    config = load(["--router", "llmop-system/llmop-router:8080"], {})
+    ctx = Context(kube=cast(Any, None), config=config, metrics=Metrics(), instance="t")
+    assert _names(ctx, "b", "new", LLMDeploymentStatus()) == ([], None)
+    ctx.names = {}
+    assert _names(ctx, "b", "new", LLMDeploymentStatus()) == ([], None)
+    # Without a router the operator decides no names: no `routing` at all.
+    bare = Context(kube=cast(Any, None), config=load([], {}), metrics=Metrics(), instance="t")
+    assert _names(bare, "b", "new", LLMDeploymentStatus()) == (None, None)
 
 
 class ListingKube:

@@ -168,6 +168,38 @@ def test_when_the_owner_of_a_shared_name_goes_the_other_claim_takes_it() -> None
     assert table.backends["shared"].ring.endpoints == ("10.244.7.3:8000",)
 
 
+def test_where_the_operator_decides_names_a_cr_it_has_not_seen_is_not_routed() -> None:
+    """A name reserved to a deleted owner and claimed by a new CR alone: the new CR has no
+    status yet, so without `await_decisions` the rule for operators that predate names routes
+    it (the oldest claimant); with it, nothing is routed until the operator's status says
+    who owns the name. A status without `routing` (an operator that predates names) still
+    falls back."""
+    newcomer = llmd("thief", namespace="y", model={"name": "m", "servedName": "shared"})
+    serving = endpoint_slice("thief", ("10.244.7.3", READY), namespace="y")
+    for awaiting, routed in ((False, True), (True, False)):
+        table = RouteTable()
+        catalog = Catalog(table, await_decisions=awaiting)
+        catalog.on_endpoint_slice("SYNC", {"items": [serving]})
+        catalog.on_llmdeployment("SYNC", {"items": [newcomer]})
+        assert ("shared" in table.backends) is routed, awaiting
+    table = RouteTable()
+    catalog = Catalog(table, await_decisions=True)
+    catalog.on_endpoint_slice("SYNC", {"items": [serving]})
+    catalog.on_llmdeployment("ADDED", newcomer)
+    assert table.models() == []
+    # The operator's first status: undecided, so it owns nothing yet.
+    catalog.on_llmdeployment("MODIFIED", {**newcomer, "status": {"routing": {"servedNames": []}}})
+    assert table.models() == []
+    # Decided for it: routed.
+    catalog.on_llmdeployment(
+        "MODIFIED", {**newcomer, "status": {"routing": {"servedNames": ["shared"]}}}
+    )
+    assert table.backends["shared"].ring.endpoints == ("10.244.7.3:8000",)
+    # An operator that predates names writes a status without `routing`: the oldest claimant.
+    catalog.on_llmdeployment("MODIFIED", {**newcomer, "status": {"observedGeneration": 1}})
+    assert table.backends["shared"].ring.endpoints == ("10.244.7.3:8000",)
+
+
 def test_a_namespaced_list_replaces_only_its_own_namespace() -> None:
     table = RouteTable()
     catalog = Catalog(table, namespaces=("a", "b"))

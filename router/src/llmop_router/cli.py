@@ -138,6 +138,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "names answer 404 (default: every namespace)",
     )
     serving.add_argument(
+        "--await-name-decisions",
+        action="store_true",
+        help="the operator decides which CR owns each model name (the chart's install): a CR "
+        "it has not written a status for yet is not routed until it has (without: the oldest "
+        "claimant of a name no status decides is routed meanwhile)",
+    )
+    serving.add_argument(
         "--migration-limit",
         type=int,
         default=MigrationSettings.limit,
@@ -198,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 stale_after,
                 serving=serving_namespaces,
                 external_namespace=args.external_namespace,
+                await_decisions=args.await_name_decisions,
             )
         )
     asyncio.run(
@@ -241,14 +249,16 @@ def watching(  # noqa: C901
     *,
     serving: tuple[str, ...] = (),
     external_namespace: str = "",
+    await_decisions: bool = False,
 ) -> None:
     """Fill the router's table from the watches for as long as the app runs; ready once every
     list arrived (until then `/readyz` says what it waits for: a CRD not installed, say), and
     unready again while a watch has not heard from the API server for `stale_after` seconds
     (0: never). The same credentials wake CRs at zero. Only CRs in `serving` (empty: all) are
-    routed. With the gateway and an `external_namespace`, the LLMExternalModels there (and
-    their Secrets) are read too; readiness does not wait for them (a fallback is optional)."""
-    catalog = Catalog(router.table, namespaces, serving)
+    routed, and with `await_decisions` only once the operator has written their status. With
+    the gateway and an `external_namespace`, the LLMExternalModels there (and their Secrets)
+    are read too; readiness does not wait for them (a fallback is optional)."""
+    catalog = Catalog(router.table, namespaces, serving, await_decisions)
     # A waking CR's starting pods, which the router asks itself while requests wait.
     router.holder.starting = catalog
     gateway = router.gateway

@@ -11,10 +11,13 @@ When two CRs claim one model name, the operator decides which owns it (`llmop.na
 stable across the owner being recreated) and writes the names each CR owns into its
 `status.routing.servedNames`: a name is routed only to a CR whose status lists it, and to none
 while its claimants carry `status.routing` but none lists it (an owner recreated a moment ago).
-Only where no claimant of a name carries `status.routing` yet (a CR before its first status, an
-operator of an older version) the oldest claimant keeps it (then namespace/name order), the
-same on every replica. A CR outside the namespaces allowed to serve (`servingNamespaces`, the
-chart's router.servingNamespaces; empty: all) is not routed at all.
+Only where no claimant of a name carries `status.routing` (an operator of an older version; a
+CR before its first status, unless the router is told the operator decides names:
+`--await-name-decisions`, which the chart sets) the oldest claimant keeps it (then
+namespace/name order), the same on every replica. The operator writes an undecided CR as
+owning nothing, so with it a name reserved to a deleted owner never goes to a newcomer. A CR
+outside the namespaces allowed to serve (`servingNamespaces`, the chart's
+router.servingNamespaces; empty: all) is not routed at all.
 
 Endpoints not ready yet and not terminating are kept too, with their agent's address: while
 requests wait for a waking CR the router asks those agents itself (`scale_to_zero`), and one
@@ -31,7 +34,7 @@ parameter here (the caller's monotonic clock).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmop_router import contract
@@ -135,6 +138,19 @@ def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
         revisions_of(llmd),
         gpus_of(spec),
     )
+
+
+def claim_of_seen(llmd: Mapping[str, Any], *, await_decisions: bool) -> Claim | None:
+    """`claim_of`, where the operator decides names (`await_decisions`): a CR with no status
+    at all (the operator has not seen it yet) owns nothing until its status says otherwise.
+    Else it would be routed by the rule for operators that predate names (the oldest
+    claimant): a new CR claiming a name reserved to a deleted owner, with no other claimant,
+    would get it until its first status, to pods of a Service of its name made beforehand.
+    A status without `routing` still falls back (an operator that predates names)."""
+    claim = claim_of(llmd)
+    if claim is None or not await_decisions or claim.owned is not None or llmd.get("status"):
+        return claim
+    return replace(claim, owned=())
 
 
 def gpus_of(spec: Mapping[str, Any]) -> int:
@@ -306,6 +322,9 @@ class Catalog:
     """The namespaces watched; empty: all."""
     serving: tuple[str, ...] = ()
     """The namespaces whose CRs may be routed (`--serving-namespaces`); empty: all."""
+    await_decisions: bool = False
+    """`--await-name-decisions`: the operator decides names, so a CR it has not written a
+    status for yet owns nothing until it has (see `claim_of_seen`)."""
     claims: dict[Key, Claim] = field(default_factory=dict)
     slices: dict[Key, dict[str, dict[str, str]]] = field(default_factory=dict)
     """Service → EndpointSlice name → its ready endpoints → the pod behind each."""
@@ -506,7 +525,7 @@ class Catalog:
         return pods
 
     def _store_claim(self, obj: Mapping[str, Any]) -> None:
-        claim = claim_of(obj)
+        claim = claim_of_seen(obj, await_decisions=self.await_decisions)
         if claim is not None and (not self.serving or claim.namespace in self.serving):
             self.claims[(claim.namespace, claim.name)] = claim
 

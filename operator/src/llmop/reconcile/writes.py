@@ -243,18 +243,23 @@ def _names(
     """The names a parent owns through the router and why it lost any (`llmop.name_check`'s
     verdict; none: it claims nothing, or it is newer than the last decision). Nothing decided
     yet in this process: what the status said, so a restart never drops `status.routing` and
-    lets the router fall back to the oldest CR meanwhile."""
+    lets the router fall back to the oldest CR meanwhile.
+
+    Undecided is written as owning nothing (`servedNames: []`), never as no `routing`: a CR
+    whose status lacks `routing` is routed by the router's rule for operators that predate
+    names (the oldest claimant), which would hand a name reserved to a deleted owner to a new
+    CR for the seconds until the next decision."""
     if ctx.router is None:
         return None, None
     if ctx.names is not None:
         verdict = ctx.names.get((namespace, name))
         if verdict is None:
-            return None, None
+            return [], None
     else:
         before = conditions.find(previous.conditions, conditions.DEGRADED)
         kept = before is not None and before.reason in name_owners.REASONS
         return (
-            None if previous.routing is None else list(previous.routing.served_names),
+            [] if previous.routing is None else list(previous.routing.served_names),
             PodIssue(before.reason, before.message, "") if kept and before else None,
         )
     issue = name_owners.verdict_issue(
