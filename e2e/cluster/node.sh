@@ -62,7 +62,7 @@ CREATED_DIRS="$PERSIST/created-dirs.txt"
 # Directories outside ours that the kubelet, containerd or CNI create when missing; `down` removes
 # the ones that did not exist before `up`.
 FOREIGN_DIRS=(/var/log/containers /var/log/pods /run/netns /var/lib/cni /run/containerd /var/lib/kubelet /opt/containerd /etc/cni)
-PACKAGES=(containerd runc containernetworking-plugins iptables conntrack openssl curl)
+PACKAGES=(containerd runc containernetworking-plugins iptables conntrack openssl curl ipset)
 
 log() { echo "node[$NODE_NAME]: $*" >&2; }
 die() {

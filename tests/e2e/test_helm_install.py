@@ -5,7 +5,8 @@ installed with the chart's default values except the images' pull policy (nothin
 here), into a namespace that enforces Pod Security `restricted`. Its pods find their in-cluster
 config and reach the API server through the `kubernetes` Service, elect a leader, and reconcile
 the simulator sample into pods that answer through their Service and through the chart's router.
-Under streaming load through the router's Service, one router pod is deleted (nothing lost) and
+The NetworkPolicies the chart and the operator render are enforced on the node for one test
+(kube-router's NetworkPolicy controller) and each path is tried from pods. Under streaming load through the router's Service, one router pod is deleted (nothing lost) and
 one is killed (its streams in flight lost, new requests served by the other pod). Then the leader
 pod is deleted while the sample changes, the release is upgraded (the operator rolls, the engines
 do not) and uninstalled (the CRD, the CR and its serving pods stay).
@@ -36,6 +37,7 @@ import yaml
 from llmop_router.contract import API_KEY_PREFIX, api_key_hash
 from support.cluster import create_namespace, wait_until
 from support.helm_release import CHART_DIR, CRD_NAME, NODE_IMAGE_VALUES, adopt_crd
+from support.netpol_enforcer import connects, enforcing
 from support.operator import REPO_ROOT
 from support.realnode import (
     NODE_CONTAINERD,
@@ -338,6 +340,130 @@ def test_the_routers_gateway_wants_a_key_and_forgets_a_deleted_tenants(install: 
     for pod in install.router_pods():
         text = _scrape(pod["status"]["podIP"], ROUTER_ADMIN_PORT)
         assert _gauge(text, "llmop_gateway_store_degraded") == 0.0
+
+
+PATHS = ("engine API", "engine agent", "router", "router admin")
+ADMITTED = {
+    # Another namespace: the router's public port only (`networkPolicy.routerFrom` empty).
+    "stranger": {"engine API": False, "engine agent": False, "router": True, "router admin": False},
+    # The CR's own namespace: its engines' API too, never their agents or the admin port.
+    "neighbour": {"engine API": True, "engine agent": False, "router admin": False},
+    # The router: the engines' API and the agents (it asks a waking pod's agent itself).
+    "router": {"engine API": True, "engine agent": True},
+    # The operator: the agents (their /status) and the router's admin port (/routes).
+    "operator": {"engine agent": True, "router admin": True},
+}
+
+
+def _named_port(pod: dict[str, Any], name: str) -> int:
+    port: int = next(
+        p["containerPort"]
+        for c in pod["spec"]["containers"]
+        for p in c.get("ports") or []
+        if p.get("name") == name
+    )
+    return port
+
+
+def _client_pod(install: Install, namespace: str, image: str) -> str:
+    """A pod that only sleeps (python3 in the engine image), to connect from; its name once it
+    runs."""
+    name = f"netpol-client-{secrets.token_hex(2)}"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "netpol-client"}},
+        "spec": {
+            "nodeName": NODE,
+            "terminationGracePeriodSeconds": 0,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65534,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "client",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python3", "-c", "import time; time.sleep(3600)"],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+    install.rc.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    wait_until(
+        lambda: install.get("pod", name, "-n", namespace)["status"].get("phase") == "Running",
+        timeout=60,
+        what=f"client pod {namespace}/{name} running",
+    )
+    return name
+
+
+def test_the_network_policies_are_enforced_on_the_real_node(
+    install: Install, tmp_path: Path
+) -> None:
+    """The chart's NetworkPolicies (the router's) and the one the operator renders per CR (the
+    engines'), enforced on the real node by kube-router's NetworkPolicy controller
+    (`support.netpol_enforcer`; kube-proxy enforces none). From pods in another namespace, in
+    the CR's own, the router and the operator, each path opens or is refused as
+    docs/operations.md says; a request through the router's Service is served meanwhile and
+    every pod stays Ready (the kubelet's probes come from the node, always admitted). Before
+    and after enforcement every path opens: a refusal is the policies', not the probe's."""
+    wait_until(lambda: _sample_ready(install), timeout=120, what="the sample Ready")
+    (engine, *_) = install.engine_pods()
+    (router_pod, *_) = install.router_pods()
+    (operator_pod, *_) = install.operator_pods()
+    address, router_address = engine["status"]["podIP"], router_pod["status"]["podIP"]
+    targets = {
+        "engine API": f"{address}:{_named_port(engine, 'http')}",
+        "engine agent": f"{address}:{_named_port(engine, 'probe')}",
+        "router": f"{router_address}:{ROUTER_PORT}",
+        "router admin": f"{router_address}:{ROUTER_ADMIN_PORT}",
+    }
+    outside = create_namespace(install.rc.cluster, "netpol")
+    image = engine["spec"]["containers"][0]["image"]
+    neighbour = ""
+    try:
+        stranger = _client_pod(install, outside, image)
+        neighbour = _client_pod(install, install.apps, image)
+        sources = {
+            "stranger": (outside, stranger, ""),
+            "neighbour": (install.apps, neighbour, ""),
+            "router": (install.namespace, router_pod["metadata"]["name"], "router"),
+            "operator": (install.namespace, operator_pod["metadata"]["name"], "operator"),
+        }
+
+        def reach(source: str) -> dict[str, bool]:
+            namespace, pod, container = sources[source]
+            paths = list(ADMITTED[source])
+            found = connects(
+                install.rc.cluster, namespace, pod, [targets[p] for p in paths], container
+            )
+            return {p: found[targets[p]] == "open" for p in paths}
+
+        assert reach("stranger") == dict.fromkeys(PATHS, True)
+        router_url = service_url(install.rc.cluster, install.namespace, f"{install.release}-router")
+        started = time.monotonic()
+        with enforcing(install.rc.cluster, NODE, tmp_path / "kube-router.log"):
+            install.timings["NetworkPolicy enforced"] = time.monotonic() - started
+            found = {source: reach(source) for source in ADMITTED}
+            _completion(router_url, install.sample, install.auth)
+            time.sleep(3)  # a few of the kubelet's probe periods
+            pods = install.engine_pods() + install.router_pods() + install.operator_pods()
+            unready = [p["metadata"]["name"] for p in pods if not pod_ready(p)]
+        assert found == ADMITTED
+        assert not unready, unready
+        assert reach("stranger") == dict.fromkeys(PATHS, True)
+        print(f"network policy: {found}")
+    finally:
+        if neighbour:
+            install.kubectl("delete", "pod", neighbour, "-n", install.apps, "--wait=false")
+        install.kubectl("delete", "namespace", outside, "--wait=false", check=False)
 
 
 def _ready_routers(install: Install) -> list[dict[str, Any]] | None:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 CLUSTER = Path(__file__).resolve().parents[2] / "e2e" / "cluster"
-# Helpers that share a Kubernetes line (prometheus-adapter, on k8s.io/* v0.30, shares nothing).
+# Helpers that share a Kubernetes line (prometheus-adapter, on k8s.io/* v0.30, and kube-router,
+# on v0.29, share nothing).
 FAMILIES = {
     "k8s.io/* v0.36": ("k8s", "kwok", "lws", "etcd"),
     "k8s.io/* v0.37": ("coredns", "prometheus"),
