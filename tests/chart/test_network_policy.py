@@ -1,10 +1,10 @@
 """The NetworkPolicies llmop ships (the chart's router policy, and the engine policy the operator
 renders per LLMDeployment from the chart's LLMOP_NETWORK_POLICY), proven with a NetworkPolicy
 evaluator (`support.netpol`), checked on Kubernetes' documented examples first, then asked which
-paths the rendered policies admit: every path, in milliseconds. The same policies enforced on
-the real node (kube-router's NetworkPolicy controller) are proven by
-`tests/e2e/test_helm_install.py::test_the_network_policies_are_enforced_on_the_real_node`. Also: the guardrails' list of the operator's own variables
-covers every variable the renderer writes."""
+paths the rendered policies admit: every path, in milliseconds. The same policies enforced on the
+real node (kube-router's NetworkPolicy controller) are proven by
+`tests/e2e/test_helm_install.py::test_the_network_policies_are_enforced_on_the_real_node`. Also: the
+guardrails' list of the operator's own variables covers every variable the renderer writes."""
 
 from __future__ import annotations
 

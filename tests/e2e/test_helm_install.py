@@ -3,16 +3,17 @@
 The operator image (built from operator/Dockerfile and imported into the node's containerd) is
 installed with the chart's default values except the images' pull policy (nothing can be pulled
 here), into a namespace that enforces Pod Security `restricted`. Its pods find their in-cluster
-config and reach the API server through the `kubernetes` Service, elect a leader, and reconcile
-the simulator sample into pods that answer through their Service and through the chart's router.
-The NetworkPolicies the chart and the operator render are enforced on the node for one test
-(kube-router's NetworkPolicy controller) and each path is tried from pods. Under streaming load through the router's Service, one router pod is deleted (nothing lost) and
-one is killed (its streams in flight lost, new requests served by the other pod). Then the leader
-pod is deleted while the sample changes, the release is upgraded (the operator rolls, the engines
-do not) and uninstalled (the CRD, the CR and its serving pods stay).
+config and reach the API server through the `kubernetes` Service, elect a leader, and reconcile the
+simulator sample into pods that answer through their Service and through the chart's router. The
+NetworkPolicies the chart and the operator render are enforced on the node for one test
+(kube-router's NetworkPolicy controller) and each path is tried from pods. Under streaming load
+through the router's Service, one router pod is deleted (nothing lost) and one is killed (its
+streams in flight lost, new requests served by the other pod). Then the leader pod is deleted while
+the sample changes, the release is upgraded (the operator rolls, the engines do not) and uninstalled
+(the CRD, the CR and its serving pods stay).
 
-While this module runs, the session's host operator is stopped: two operators would both
-reconcile every namespace (their Leases live in different namespaces)."""
+While this module runs, the session's host operator is stopped: two operators would both reconcile
+every namespace (their Leases live in different namespaces)."""
 
 from __future__ import annotations
 
