@@ -401,6 +401,21 @@ def test_serving_namespaces_reach_the_router_and_the_operator() -> None:
     assert env_of(operator)["LLMOP_SERVING_NAMESPACES"] == ""
 
 
+@pytest.mark.parametrize("gateway", [True, False])
+def test_the_operator_knows_whether_the_router_is_a_gateway(gateway: bool) -> None:
+    """The gateway sends engines no key: the operator is told, to report a routed CR whose
+    engine wants one (EngineKeyBehindGateway)."""
+    values = {**MATRIX["monitoring-all"], "router": {"gateway": {"enabled": gateway}}}
+    operator = find(render(values), "Deployment", "llmop")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    env = env_of(operator)
+    assert env["LLMOP_ROUTER_GATEWAY"] == str(gateway).lower()
+    router = config.load([], env).router
+    assert router is not None
+    assert router.gateway is gateway
+
+
 def test_router_admin_port_is_on_its_pods_for_the_operator_and_prometheus_not_its_service() -> None:
     values = {**MATRIX["monitoring-all"], "router": {"adminPort": 9100, "staleAfterSeconds": 45}}
     docs = render(values)

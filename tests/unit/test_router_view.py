@@ -64,6 +64,51 @@ def test_router_unavailable_message_says_where_to_look_and_what_still_serves() -
     assert OWN in message
 
 
+GATEWAY = RouterRef("llmop-system", "llmop-router", 8080, gateway=True)
+ENGINE_KEY = {"service": {"apiKeySecretRef": {"name": "engine-key", "key": "key"}}}
+
+
+@pytest.mark.parametrize(
+    ("router", "spec", "degraded"),
+    [
+        # The gateway sends the engine no key: every request through it would be a 401.
+        (RouterView(GATEWAY, True), ENGINE_KEY, ("True", "EngineKeyBehindGateway")),
+        (RouterView(GATEWAY, None), ENGINE_KEY, ("True", "EngineKeyBehindGateway")),
+        # No ready router pod says more first.
+        (RouterView(GATEWAY, False), ENGINE_KEY, ("True", "RouterUnavailable")),
+        # Without the gateway the router relays the client's own Authorization: fine.
+        (RouterView(REF, True), ENGINE_KEY, ("False", "AsExpected")),
+        # Not routed, or no engine key: fine.
+        (
+            RouterView(GATEWAY, True),
+            {**ENGINE_KEY, "router": {"enabled": False}},
+            ("False", "AsExpected"),
+        ),
+        (RouterView(GATEWAY, True), {}, ("False", "AsExpected")),
+    ],
+)
+def test_an_engine_key_behind_the_gateway_is_degraded(
+    router: RouterView, spec: dict[str, Any], degraded: tuple[str, str]
+) -> None:
+    status = derive(router, **spec)
+    assert conds(status)["Degraded"] == degraded
+    assert conds(status)["Ready"] == ("True", "AllReplicasReady")
+    if degraded[1] == "EngineKeyBehindGateway":
+        message = next(c.message for c in status.conditions if c.type == "Degraded")
+        assert "spec.service.apiKeySecretRef" in message
+        assert "spec.router.enabled: false" in message
+        assert OWN in message
+
+
+def test_the_router_gateway_setting() -> None:
+    assert load(["--router", "a/b:8080"], {}).router == RouterRef("a", "b", 8080)
+    on = {"LLMOP_ROUTER_GATEWAY": "True"}
+    assert load(["--router", "a/b:8080"], on).router == RouterRef("a", "b", 8080, gateway=True)
+    assert load([], on).router is None
+    with pytest.raises(ConfigError, match="LLMOP_ROUTER_GATEWAY"):
+        load(["--router", "a/b:8080"], {"LLMOP_ROUTER_GATEWAY": "yes"})
+
+
 @pytest.mark.parametrize(
     ("deployment_body", "ready"),
     [

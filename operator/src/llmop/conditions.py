@@ -55,6 +55,10 @@ REASON_AUTOSCALER_INACTIVE = "AutoscalerInactive"
 """Degraded=True: the HPA cannot compute or apply a replica count (e.g. no custom metrics API)."""
 REASON_ROUTER_UNAVAILABLE = "RouterUnavailable"
 """Degraded=True: the model is routed, and the llmop router has no ready pod."""
+REASON_ENGINE_KEY_BEHIND_GATEWAY = "EngineKeyBehindGateway"
+"""Degraded=True: the model is routed through the router's gateway, which authenticates clients
+itself and forwards no key, and its engine wants one (`spec.service.apiKeySecretRef`): every
+request through the router would be answered 401."""
 REASON_MODEL_NAME_CONFLICT = "ModelNameConflict"
 """Degraded=True: another LLMDeployment owns (or holds reserved) a model name this one claims;
 the router does not route that name here (`llmop.name_owners`)."""

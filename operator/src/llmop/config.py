@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmop.router_view import RouterRef
 from llmop.settings import (
@@ -218,6 +218,12 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "[default: no router]",
     )
     parser.add_argument(
+        "--router-gateway",
+        default=default("ROUTER_GATEWAY", "false"),
+        help="the router's gateway is on (it authenticates clients and sends engines no key): "
+        "a routed LLMDeployment whose engine wants a key is Degraded EngineKeyBehindGateway",
+    )
+    parser.add_argument(
         "--serving-namespaces",
         default=default("SERVING_NAMESPACES", ""),
         help="comma-separated namespaces whose LLMDeployments may serve through the router; "
@@ -288,6 +294,21 @@ def _network_policy(text: str) -> str | None:
     return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
 
 
+def _router(ref: str | None, gateway: str) -> RouterRef | None:
+    """`--router` and `--router-gateway`, read."""
+    try:
+        router = RouterRef.parse(ref) if ref else None
+    except ValueError as error:
+        raise ConfigError(f"--router (LLMOP_ROUTER): {error}") from error
+    if gateway.strip().lower() not in ("true", "false"):
+        raise ConfigError(
+            f"--router-gateway (LLMOP_ROUTER_GATEWAY) must be true or false, not {gateway!r}"
+        )
+    if router is not None and gateway.strip().lower() == "true":
+        router = replace(router, gateway=True)
+    return router
+
+
 def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
     """Parse `argv` (without the program and `run` words) over `env`."""
     try:
@@ -314,10 +335,7 @@ def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
         )
     if args.log_format not in LOG_FORMATS:
         raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
-    try:
-        router = RouterRef.parse(args.router) if args.router else None
-    except ValueError as error:
-        raise ConfigError(f"--router (LLMOP_ROUTER): {error}") from error
+    router = _router(args.router, args.router_gateway)
     return OperatorConfig(
         namespaces=namespaces,
         standalone=peering_name is None,

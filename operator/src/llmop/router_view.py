@@ -5,7 +5,8 @@ The chart tells the operator where its router runs (`LLMOP_ROUTER=<namespace>/<n
 Service and a Deployment of that name); without it no router is installed and every CR is
 reached through its own Service. A routed CR's `status.endpoint` is the router's URL; while the
 router Deployment has no ready pod, the CR is `Degraded` with reason `RouterUnavailable` (its own
-Service still serves it). The router's readiness is read from its Deployment, which the
+Service still serves it), and while its engine wants a key that the router's gateway never sends,
+with reason `EngineKeyBehindGateway`. The router's readiness is read from its Deployment, which the
 operator may read already: no permission beyond what it has for its engines.
 """
 
@@ -30,6 +31,9 @@ class RouterRef:
     namespace: str
     name: str
     port: int
+    gateway: bool = False
+    """Its gateway is on (`LLMOP_ROUTER_GATEWAY`, the chart's router.gateway.enabled): it
+    authenticates clients with LLMTenant keys and sends engines no key of theirs."""
 
     @classmethod
     def parse(cls, text: str) -> RouterRef:
@@ -70,9 +74,27 @@ def endpoint(router: RouterView | None, routed: bool, own: str) -> str:
     return router.ref.endpoint if router is not None and routed else own
 
 
-def router_issue(router: RouterView | None, routed: bool, own: str) -> PodIssue | None:
-    """RouterUnavailable while a routed CR's router has no ready pod."""
-    if router is None or not routed or router.ready is not False:
+def router_issue(
+    router: RouterView | None, routed: bool, own: str, *, engine_key: bool = False
+) -> PodIssue | None:
+    """RouterUnavailable while a routed CR's router has no ready pod; EngineKeyBehindGateway
+    while its engine wants a key (`engine_key`: `spec.service.apiKeySecretRef`) that the
+    router's gateway never sends."""
+    if router is None or not routed:
+        return None
+    if router.ready is not False:
+        if engine_key and router.ref.gateway:
+            return PodIssue(
+                conditions.REASON_ENGINE_KEY_BEHIND_GATEWAY,
+                f"The engine wants its own API key (spec.service.apiKeySecretRef), and the "
+                f"router {router.ref} is a gateway: it authenticates clients with LLMTenant "
+                f"keys and sends the engine none, so every request to {router.ref.endpoint} "
+                "for this model is answered 401. Remove spec.service.apiKeySecretRef (the "
+                "router's NetworkPolicy fence admits only the router, the model's own namespace "
+                "and Prometheus to the engine), or set spec.router.enabled: false to serve it "
+                f"only through its own Service {own} with its key.",
+                "",
+            )
         return None
     return PodIssue(
         conditions.REASON_ROUTER_UNAVAILABLE,

@@ -360,7 +360,12 @@ def derive_status(
             _degraded_issue(previous, pods, fleet, now, groups)
             or autoscaler_issue(hpa, rollout.ready)
             or observed.name_issue
-            or router_issue(router, routed, own_endpoint)
+            or router_issue(
+                router,
+                routed,
+                own_endpoint,
+                engine_key=spec.service.api_key_secret_ref is not None,
+            )
             or observed.pool_issue
         ),
         shortfall=shortfall,
