@@ -156,6 +156,26 @@ async def test_a_model_outside_the_list_is_not_found_and_not_listed() -> None:
 
 
 @synchronous
+async def test_a_model_whose_engine_wants_its_own_key_is_refused_with_the_fix() -> None:
+    """The gateway sends engines no key: an engine with `spec.service.apiKeySecretRef` would
+    answer 401, which reads as "your key is wrong". The gateway says what is wrong instead,
+    before admission (nothing charged) and without sending."""
+    async with rig(tenant("a", KEY, limits={"requestsPerMinute": 1})) as r:
+        backend = r.router.table.backends["llama"]
+        backend.engine_key = True
+        for _ in range(2):  # a limit of 1 a minute: the refusal charged nothing
+            status, _, text = await r.post(completion())
+            assert status == 503, text
+            message = json.loads(text)["error"]["message"]
+            assert "spec.service.apiKeySecretRef" in message
+            assert "EngineKeyBehindGateway" in message
+        assert r.sim.stats["requests"] == 0
+        backend.engine_key = False
+        status, _, _ = await r.post(completion())
+        assert status == 200
+
+
+@synchronous
 async def test_a_request_limit_answers_429_with_the_exact_wait() -> None:
     limits = {"requestsPerMinute": 60, "burstSeconds": 2}
     async with rig(tenant("a", KEY, limits=limits)) as r:

@@ -53,6 +53,12 @@ READY = {"ready": True, "serving": True, "terminating": False}
 
 def test_claims() -> None:
     assert claim_of(llmd("llama")).model == "llama"  # type: ignore[union-attr]
+    assert not claim_of(llmd("llama")).engine_key  # type: ignore[union-attr]
+    keyed = llmd("llama", service={"apiKeySecretRef": {"name": "k", "key": "key"}})
+    assert claim_of(keyed).engine_key  # type: ignore[union-attr]
+    catalog = Catalog(table := RouteTable())
+    catalog.on_llmdeployment("SYNC", {"items": [keyed]})
+    assert table.backends["llama"].engine_key
     served = llmd("llama", model={"name": "org/m", "servedName": "llama-8b"})
     assert claim_of(served).model == "llama-8b"  # type: ignore[union-attr]
     assert claim_of(llmd("llama", router={"enabled": False})) is None

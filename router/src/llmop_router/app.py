@@ -53,7 +53,7 @@ from llmop_router.prefix import RoutingInfo
 from llmop_router.priorities import PriorityClass
 from llmop_router.proxy import ENGINE_REFUSED, Proxy
 from llmop_router.quota import Usage
-from llmop_router.routes import Choice, Fallback, RouteTable, Wake
+from llmop_router.routes import Backend, Choice, Fallback, RouteTable, Wake
 from llmop_router.scale_to_zero import HEARTBEAT_SECONDS, Holder, Waker
 from llmop_router.sharing import (
     SATURATED,
@@ -346,6 +346,8 @@ class Router:
         priority = priority_of(request, gateway.classes, identity.tenant.priority_class)
         if isinstance(priority, web.Response):
             return self._answered(info.model, priority)
+        if choice.backend.engine_key:
+            return self._answered(info.model, engine_key_refusal(choice.backend))
         admitted = await self._admit(request, gateway, identity, info, body)
         if isinstance(admitted, web.Response):
             return self._answered(info.model, admitted)
@@ -687,6 +689,21 @@ class Attempt:
     headers: CIMultiDict[str]
     priority: PriorityClass
     started: float
+
+
+def engine_key_refusal(backend: Backend) -> web.Response:
+    """A model whose engine wants its own key, which the gateway never sends: the engine would
+    answer 401, as if the client's key were wrong; this says what is wrong and who fixes it.
+    Nothing is charged (before admission)."""
+    cr = f"LLMDeployment {backend.namespace}/{backend.name}"
+    message = (
+        f"{cr} cannot be served through the gateway: its engine wants its own API key "
+        "(spec.service.apiKeySecretRef), and the gateway authenticates clients itself and "
+        "sends engines none. Its owner removes spec.service.apiKeySecretRef, or serves it "
+        "through its own Service (spec.router.enabled: false); the CR is Degraded "
+        "EngineKeyBehindGateway meanwhile"
+    )
+    return error(503, message, "ServiceUnavailableError")
 
 
 async def _with_model(body: bytes, model: str) -> bytes:

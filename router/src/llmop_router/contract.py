@@ -40,6 +40,10 @@ REASON_SCALED_TO_ZERO: Final = "ScaledToZero"
 class Spec:
     """The CR's spec keys the router reads (camelCase, as the API serves them)."""
 
+    SERVICE: Final = "service"
+    SERVICE_API_KEY_SECRET_REF: Final = "apiKeySecretRef"
+    """`spec.service.apiKeySecretRef`: the engine wants this key, which the gateway never sends
+    (it authenticates clients itself): such a model is refused at the gateway, not sent."""
     ROUTER: Final = "router"
     ENABLED: Final = "enabled"
     """`spec.router.enabled`: false keeps the CR out of the router."""

@@ -74,6 +74,8 @@ class Claim:
     nothing of revisions (an operator of an older version), so migration is not pinned."""
     gpus: int = 0
     """GPUs behind each endpoint: `spec.resources.gpus` times the pods of a multi-node group."""
+    engine_key: bool = False
+    """The engine wants its own API key (`spec.service.apiKeySecretRef`)."""
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -137,6 +139,7 @@ def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
         fallback_of(router.get(Spec.FALLBACK), (model, *adapters)),
         revisions_of(llmd),
         gpus_of(spec),
+        engine_key_of(spec),
     )
 
 
@@ -151,6 +154,12 @@ def claim_of_seen(llmd: Mapping[str, Any], *, await_decisions: bool) -> Claim | 
     if claim is None or not await_decisions or claim.owned is not None or llmd.get("status"):
         return claim
     return replace(claim, owned=())
+
+
+def engine_key_of(spec: Mapping[str, Any]) -> bool:
+    """The engine wants its own API key (`spec.service.apiKeySecretRef` set)."""
+    service = spec.get(Spec.SERVICE)
+    return isinstance(service, Mapping) and bool(service.get(Spec.SERVICE_API_KEY_SECRET_REF))
 
 
 def gpus_of(spec: Mapping[str, Any]) -> int:
@@ -437,6 +446,7 @@ class Catalog:
                 fallback=fallback,
                 revisions=revisions,
                 gpus=claim.gpus if claim is not None and model == claim.model else 0,
+                engine_key=claim is not None and claim.engine_key,
             )
 
     @property
@@ -557,6 +567,7 @@ class Catalog:
                 revisions=endpoint_revisions(pods, claim.revisions),
                 # The CR's GPUs counted once, on its served name (not again on its adapters').
                 gpus=claim.gpus if model == claim.model else 0,
+                engine_key=claim.engine_key,
             )
         self._served = served
 

@@ -65,6 +65,8 @@ class Backend:
     gpus: int = 0
     """GPUs behind each endpoint (0 on an adapter's name: the CR's are counted on its served
     name), for the GPU-time cost (`llmop_gateway_gpu_cost_per_hour`)."""
+    engine_key: bool = False
+    """The engine wants its own API key (`spec.service.apiKeySecretRef`)."""
 
 
 @dataclass(frozen=True)
@@ -100,23 +102,34 @@ class RouteTable:
         fallback: tuple[Fallback, ...] = (),
         revisions: dict[str, str] | None = None,
         gpus: int = 0,
+        engine_key: bool = False,
     ) -> None:
         """Route `model` to these endpoints (the ring is rebuilt only when the set changed).
-        `wake`, `migration_limit`, `fallback`, `revisions` and `gpus` are what the CR says;
-        `wake` None (the CR not known) keeps what the backend had of all five."""
+        `wake`, `migration_limit`, `fallback`, `revisions`, `gpus` and `engine_key` are what
+        the CR says; `wake` None (the CR not known) keeps what the backend had of all six."""
         wanted = tuple(sorted(set(endpoints)))
         current = self.backends.get(model)
         if wake is None and current is not None:
             wake, migration_limit = current.wake, current.migration_limit
             fallback, revisions, gpus = current.fallback, current.revisions, current.gpus
+            engine_key = current.engine_key
         wake = wake or Wake()
         if current is not None and current.ring.endpoints == wanted:
             current.namespace, current.name = namespace, name
             current.wake, current.migration_limit = wake, migration_limit
             current.fallback, current.revisions, current.gpus = fallback, revisions, gpus
+            current.engine_key = engine_key
             return
         self.backends[model] = Backend(
-            namespace, name, Ring.of(wanted), wake, migration_limit, fallback, revisions, gpus
+            namespace,
+            name,
+            Ring.of(wanted),
+            wake,
+            migration_limit,
+            fallback,
+            revisions,
+            gpus,
+            engine_key,
         )
 
     def remove(self, model: str) -> None:
