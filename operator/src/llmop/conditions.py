@@ -57,8 +57,8 @@ REASON_ROUTER_UNAVAILABLE = "RouterUnavailable"
 """Degraded=True: the model is routed, and the llmop router has no ready pod."""
 REASON_ENGINE_KEY_BEHIND_GATEWAY = "EngineKeyBehindGateway"
 """Degraded=True: the model is routed through the router's gateway, which authenticates clients
-itself and forwards no key, and its engine wants one (`spec.service.apiKeySecretRef`): every
-request through the router would be answered 401."""
+itself and forwards no key, and its engine wants one (`spec.service.apiKeySecretRef`): the
+router refuses every request for it."""
 REASON_MODEL_NAME_CONFLICT = "ModelNameConflict"
 """Degraded=True: another LLMDeployment owns (or holds reserved) a model name this one claims;
 the router does not route that name here (`llmop.name_owners`)."""

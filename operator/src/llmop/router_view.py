@@ -88,11 +88,12 @@ def router_issue(
                 conditions.REASON_ENGINE_KEY_BEHIND_GATEWAY,
                 f"The engine wants its own API key (spec.service.apiKeySecretRef), and the "
                 f"router {router.ref} is a gateway: it authenticates clients with LLMTenant "
-                f"keys and sends the engine none, so every request to {router.ref.endpoint} "
-                "for this model is answered 401. Remove spec.service.apiKeySecretRef (the "
-                "router's NetworkPolicy fence admits only the router, the model's own namespace "
-                "and Prometheus to the engine), or set spec.router.enabled: false to serve it "
-                f"only through its own Service {own} with its key.",
+                f"keys and sends the engine none, so it refuses every request to "
+                f"{router.ref.endpoint} for this model (503; the engine would answer 401). "
+                "Remove spec.service.apiKeySecretRef (the engine's NetworkPolicy admits only "
+                "the router, the model's own namespace and Prometheus to its API port), or set "
+                f"spec.router.enabled: false to serve it only through its own Service {own} "
+                "with its key.",
                 "",
             )
         return None
