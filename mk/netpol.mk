@@ -8,5 +8,7 @@
 netpol-binaries: ## Build (or reuse from ~/.cache/llmop) kube-router, the e2e tests' NetworkPolicy enforcer.
 	@e2e/cluster/build-kube-router.sh >/dev/null
 
-# The real-node tests start it: build it in the open, before pytest.
-test-prereqs-first: netpol-binaries
+# Only tests/e2e/test_helm_install.py starts it, and that module runs late in its session (it
+# waits for the metrics pipeline): build it beside the sessions; the test's own call of the
+# build script waits for that build (one lock) or reuses it.
+test-prereqs-beside: netpol-binaries
