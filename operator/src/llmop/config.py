@@ -300,13 +300,12 @@ def _router(ref: str | None, gateway: str) -> RouterRef | None:
         router = RouterRef.parse(ref) if ref else None
     except ValueError as error:
         raise ConfigError(f"--router (LLMOP_ROUTER): {error}") from error
-    if gateway.strip().lower() not in ("true", "false"):
+    on = gateway.strip().lower()
+    if on not in ("true", "false"):
         raise ConfigError(
             f"--router-gateway (LLMOP_ROUTER_GATEWAY) must be true or false, not {gateway!r}"
         )
-    if router is not None and gateway.strip().lower() == "true":
-        router = replace(router, gateway=True)
-    return router
+    return replace(router, gateway=True) if router is not None and on == "true" else router
 
 
 def load(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:

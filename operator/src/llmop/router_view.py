@@ -82,25 +82,25 @@ def router_issue(
     router's gateway never sends."""
     if router is None or not routed:
         return None
-    if router.ready is not False:
-        if engine_key and router.ref.gateway:
-            return PodIssue(
-                conditions.REASON_ENGINE_KEY_BEHIND_GATEWAY,
-                f"The engine wants its own API key (spec.service.apiKeySecretRef), and the "
-                f"router {router.ref} is a gateway: it authenticates clients with LLMTenant "
-                f"keys and sends the engine none, so it refuses every request to "
-                f"{router.ref.endpoint} for this model (503; the engine would answer 401). "
-                "Remove spec.service.apiKeySecretRef (the engine's NetworkPolicy admits only "
-                "the router, the model's own namespace and Prometheus to its API port), or set "
-                f"spec.router.enabled: false to serve it only through its own Service {own} "
-                "with its key.",
-                "",
-            )
+    if router.ready is False:
+        return PodIssue(
+            conditions.REASON_ROUTER_UNAVAILABLE,
+            f"The router {router.ref} has no ready pod: requests to {router.ref.endpoint} fail. "
+            f"Check `kubectl get pods -n {router.ref.namespace} -l "
+            f"{router_contract.ROUTER_POD_SELECTOR}`; the model's own Service {own} still "
+            "serves it.",
+            "",
+        )
+    if not (engine_key and router.ref.gateway):
         return None
     return PodIssue(
-        conditions.REASON_ROUTER_UNAVAILABLE,
-        f"The router {router.ref} has no ready pod: requests to {router.ref.endpoint} fail. "
-        f"Check `kubectl get pods -n {router.ref.namespace} -l "
-        f"{router_contract.ROUTER_POD_SELECTOR}`; the model's own Service {own} still serves it.",
+        conditions.REASON_ENGINE_KEY_BEHIND_GATEWAY,
+        f"The engine wants its own API key (spec.service.apiKeySecretRef), and the router "
+        f"{router.ref} is a gateway: it authenticates clients with LLMTenant keys and sends the "
+        f"engine none, so it refuses every request to {router.ref.endpoint} for this model "
+        "(503; the engine would answer 401). Remove spec.service.apiKeySecretRef (the engine's "
+        "NetworkPolicy admits only the router, the model's own namespace and Prometheus to its "
+        f"API port), or set spec.router.enabled: false to serve it only through its own Service "
+        f"{own} with its key.",
         "",
     )
