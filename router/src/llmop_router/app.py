@@ -409,9 +409,12 @@ class Router:
                     size=len(body),
                     saturated_after=saturated_after,
                 )
-                given, prepared = await self._queued(
-                    attempt.request, info.stream, waiting, saturated_after
-                )
+                if isinstance(waiting, Turn | Refusal):
+                    given: Turn | Refusal | None = waiting
+                else:
+                    given, prepared = await self._queued(
+                        attempt.request, info.stream, waiting, saturated_after
+                    )
                 if given is None:
                     assert prepared is not None
                     self.metrics.client_disconnects.inc()  # gone between heartbeats

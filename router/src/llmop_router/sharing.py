@@ -16,6 +16,7 @@ bound or `--queue-wait-seconds`); 503 when the wait ended with no endpoint, or t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, replace
 
 from aiohttp import web
@@ -108,7 +109,7 @@ class Sharing:
             return choice
         return replace(choice, pick=replace(choice.pick, order=tuple(order)))
 
-    async def turn(
+    def turn(
         self,
         backend: Backend,
         model: str,
@@ -119,10 +120,13 @@ class Sharing:
         cost: float,
         size: int,
         saturated_after: float | None = None,
-    ) -> Turn | Refusal:
-        """Wait for a slot of `model` (served by `backend`) under the class `priority`: the
-        turn, or why none (SATURATED once it waited `saturated_after` seconds, for a fallback
-        to take it)."""
+    ) -> Turn | Refusal | Coroutine[None, None, Turn | Refusal]:
+        """A slot of `model` (served by `backend`) under the class `priority`. Decided at once
+        when a slot is free (the turn) or none can be waited for (the refusal): the common case
+        costs the request no turn of the event loop, which under load is a millisecond or more.
+        Else the request waits in the queue, and what comes back is to be awaited: the turn,
+        or why none (SATURATED once it waited `saturated_after` seconds, for a fallback to take
+        it)."""
         key = (backend.namespace, backend.name)
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -153,15 +157,28 @@ class Sharing:
             self._pumps[key] = asyncio.create_task(self._pump(key, model))
         # A class above it may wait only for want of its own share: a slot may be free for it.
         self._hand_out(key, backend)
+        return self._waited(backend, model, item, future, started, saturated_after)
+
+    async def _waited(  # noqa: PLR0917 - the queued request's parts, from `turn`
+        self,
+        backend: Backend,
+        model: str,
+        item: Waiting,
+        future: asyncio.Future[str],
+        started: float,
+        saturated_after: float | None,
+    ) -> Turn | Refusal:
+        key = (backend.namespace, backend.name)
         outcome = await self._wait(model, item, future, key=key, saturated_after=saturated_after)
-        waited = loop.time() - started
+        waited = asyncio.get_running_loop().time() - started
+        priority = item.terms
         if outcome != "go":
             return self._refused(
-                outcome, backend, tenant=tenant, priority=priority, waited=waited, model=model
+                outcome, backend, tenant=item.tenant, priority=priority, waited=waited, model=model
             )
         self.metrics.outcomes.labels("dispatched").inc()
         self.metrics.wait_seconds.observe(waited)
-        return Turn(key, model, tenant, priority.name, weight, cost, waited)
+        return Turn(key, model, item.tenant, priority.name, item.weight, item.cost, waited)
 
     async def _wait(
         self,
