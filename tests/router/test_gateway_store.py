@@ -238,9 +238,9 @@ def test_admissions_share_round_trips_and_survive_a_flushed_script_cache(
         sent: list[int] = []
         send = store.pipe._send
 
-        async def counting(batch: Any) -> None:
+        def counting(connection: Any, batch: Any) -> None:
             sent.append(len(batch))
-            await send(batch)
+            send(connection, batch)
 
         store.pipe._send = counting  # type: ignore[method-assign]
         try:

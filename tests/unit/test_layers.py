@@ -149,7 +149,7 @@ ENGINE_INDEPENDENT = (
 )
 
 ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("llmop_router.contract", "llmop_router.limits"),
+    ("llmop_router.contract", "llmop_router.limits", "llmop_router.resp"),
     (
         "llmop_router.prefix",
         "llmop_router.hold",

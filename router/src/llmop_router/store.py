@@ -24,14 +24,17 @@ so usage is neither lost nor doubled.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import itertools
 import logging
+import ssl
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from llmop_router.quota import (
     LEASE_MS,
@@ -44,6 +47,7 @@ from llmop_router.quota import (
     gcra,
     settled_tat,
 )
+from llmop_router.resp import Parser, ProtocolError, ReplyError, pack
 
 log = logging.getLogger("llmop_router.store")
 
@@ -54,9 +58,9 @@ the router waits out before sending it again."""
 LINGER_SECONDS = 0.005
 """How long a settlement may wait for an admission's batch to go with: a lease comes back
 and a refund lands that much later, never lost."""
-MAX_CONNECTIONS = 64
-"""Connections to the store per router pod: a request waits for one (within the store timeout)
-rather than failing as the default pool does past its cap."""
+MAX_CONNECTIONS = 4
+"""Connections of the client library's pool (a tenant's usage, for its status): requests'
+commands go through `Pipe`'s one connection."""
 CONCURRENCY_RETRY_MS = 1000
 """Retry-After of a request refused for the tenant's concurrency cap: when a lease frees is
 not known (it is when some answer ends), so a second, as OpenAI's clients expect."""
@@ -293,30 +297,30 @@ def tenant_key(tenant: str, suffix: str) -> str:
 
 
 class Pipe:
-    """Commands to the store, batched: every command asked for in one turn of the event loop
-    goes out in one write on one connection, and the replies are read back in order.
+    """Commands to the store on one pipelined connection: every command asked for in one turn of
+    the event loop goes out in one write, and each reply resolves its caller's future as soon as
+    it is read, in the connection's own callback (`resp` parses it).
 
-    A round trip costs the router far more CPU than the script costs Redis (a redis-py call is
-    ~120 µs of the router's CPU on the bench machine, most of it in the client's layers and one
-    socket write and read each): under load, dozens of admissions and settlements share one.
-    A lone admission goes out on the next turn, so it waits for no batch to fill; commands
-    nobody waits on (settlements, renewals) linger up to `LINGER_SECONDS` for the next
-    admission's batch, so a request costs one round trip, not two. Batches are
-    sent concurrently, each on a connection of its own (at most `MAX_CONNECTIONS`); a batch
-    that does not finish within `timeout` fails every command in it and drops its connection.
-    Scripts go as `EVALSHA`; one the server does not know (it restarted) is sent again as
-    `EVAL`, which loads it."""
+    A round trip costs the router more than the script costs Redis, and under load each hop
+    through the event loop costs a waiting request a millisecond or more: so no reader task
+    and no client-library layers between the socket and the request, and dozens of admissions
+    and settlements share a write. A lone admission goes out on the next turn, so it waits for
+    no batch to fill; commands nobody waits on (settlements, renewals) linger up to
+    `LINGER_SECONDS` for the next admission's batch, so a request costs one round trip, not
+    two. Redis runs one connection's commands in order, as it runs many connections' (one
+    thread): batches in flight follow each other on the one connection. A batch not answered
+    within `timeout` fails every command still waiting and drops the connection; the next
+    command opens a new one. Scripts go as `EVALSHA`; one the server does not know (it
+    restarted) is sent again as `EVAL`, which loads it."""
 
-    def __init__(self, connect: Callable[[], Any], timeout: float) -> None:
-        self._connect = connect
-        """A new (unconnected) redis-py connection."""
+    def __init__(self, address: StoreAddress, timeout: float) -> None:
+        self.address = address
         self.timeout = timeout
-        self._idle: list[Any] = []
-        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         self._queue: list[_Call] = []
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
-        self._sending: set[asyncio.Task[None]] = set()
+        self._connection: _Connection | None = None
+        self._connecting: asyncio.Task[None] | None = None
 
     def call(
         self,
@@ -325,21 +329,22 @@ class Pipe:
         abandoned: Callable[[Any], None] | None = None,
         linger: bool = False,
     ) -> asyncio.Future[Any]:
-        """The reply of one command (`script`: the body of an `EVALSHA`'s script).
-        `abandoned` gets the reply of a command whose caller stopped waiting for it; `linger`:
-        no request waits on it, it may go with the next batch."""
+        """The reply of one command (`script`: the body of an `EVALSHA`'s script; an error
+        reply is the future's exception). `abandoned` gets the reply of a command whose caller
+        stopped waiting for it; `linger`: no request waits on it, it may go with the next
+        batch."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(_Call(args, future, script, abandoned))
         if self._scheduled:
             pass
         elif not linger:
-            # The task starts on the next turn, after every request ready in this one has
-            # queued its command: they go together, and none waits longer than that turn.
+            # Sent on the next turn, after every request ready in this one has queued its
+            # command: they go together, and none waits longer than that turn.
             self._scheduled = True
-            self._start()
+            loop.call_soon(self._flush)
         elif self._timer is None:
-            self._timer = loop.call_later(LINGER_SECONDS, self._start)
+            self._timer = loop.call_later(LINGER_SECONDS, self._flush)
         return future
 
     def script(
@@ -360,109 +365,201 @@ class Pipe:
         """A command whose reply nobody needs (a failure is logged)."""
         self.call(*args, linger=True).add_done_callback(_log_failure)
 
-    def _start(self) -> None:
-        task = asyncio.ensure_future(self._flush())
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _flush(self) -> None:
-        """Send what is queued now as one batch."""
+    def _flush(self) -> None:
+        """Send what is queued now as one batch, once connected."""
         self._scheduled = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._queue:
+        if not self._queue:
+            return
+        connection = self._connection
+        if connection is not None and connection.open:
             batch, self._queue = self._queue, []
-            await self._send(batch)
+            self._send(connection, batch)
+        elif self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
 
-    async def _send(self, batch: list[_Call]) -> None:
-        async with self._slots:
-            connection = self._idle.pop() if self._idle else self._connect()
-            try:
-                async with asyncio.timeout(self.timeout):
-                    replies = await _round_trip(connection, batch)
-            except BaseException as exc:
-                await connection.disconnect(nowait=True)
-                failure = exc if isinstance(exc, Exception) else ConnectionError("cancelled")
-                for call in batch:
-                    if not call.future.done():
-                        call.future.set_exception(failure)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            self._idle.append(connection)
-        for call, reply in zip(batch, replies, strict=True):
-            if call.future.done():  # its caller stopped waiting (cancelled, timed out)
-                if call.abandoned is not None and not isinstance(reply, Exception):
-                    call.abandoned(reply)
-            elif isinstance(reply, Exception):
-                call.future.set_exception(reply)
-            else:
-                call.future.set_result(reply)
+    def _send(self, connection: _Connection, batch: list[_Call]) -> None:
+        connection.send(batch)
+
+    async def _connect(self) -> None:
+        """A new connection, then what queued meanwhile; if it fails, what queued fails."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                self._connection = await _Connection.open_to(self.address, self.timeout)
+        except BaseException as exc:
+            failure = exc if isinstance(exc, Exception) else ConnectionError("cancelled")
+            queued, self._queue = self._queue, []
+            for call in queued:
+                call.fail(failure)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._connecting = None
+        self._flush()
 
     async def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        for task in list(self._sending):
-            task.cancel()
-        for connection in self._idle:
-            await connection.disconnect()
-        self._idle = []
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if self._connection is not None:
+            self._connection.close(ConnectionError("the router closed its store connection"))
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """Where the store listens, from its URL: `redis://[user:password@]host[:port][/db]`,
+    `rediss://…` (TLS, verified against the system's CAs) or `unix:///path[?db=N]`. A password
+    given apart (`--store-password-file`) wins over one in the URL."""
+
+    host: str = "localhost"
+    port: int = 6379
+    path: str = ""
+    tls: bool = False
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def of(cls, url: str, password: str | None = None) -> StoreAddress:
+        parsed = urllib.parse.urlsplit(url)
+        query = urllib.parse.parse_qs(parsed.query)
+        username = urllib.parse.unquote(parsed.username) if parsed.username else None
+        if password is None and parsed.password:
+            password = urllib.parse.unquote(parsed.password)
+        db = query.get("db", ["0"])[0]
+        if parsed.scheme == "unix":
+            return cls(path=parsed.path, db=int(db), username=username, password=password)
+        if parsed.scheme not in ("redis", "rediss"):
+            raise ValueError(
+                f"store URL {url!r}: use redis://host:port/db, rediss://… (TLS) or unix:///path"
+            )
+        return cls(
+            host=parsed.hostname or "localhost",
+            port=parsed.port or 6379,
+            tls=parsed.scheme == "rediss",
+            db=int(parsed.path.strip("/") or db),
+            username=username,
+            password=password,
+        )
+
+
+class _Connection(asyncio.Protocol):
+    """One connection to the store: replies come in the order the commands went."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.parser = Parser()
+        self.waiting: collections.deque[_Call] = collections.deque()
+        self.transport: asyncio.Transport | None = None
+        self.open = False
+
+    @classmethod
+    async def open_to(cls, address: StoreAddress, timeout: float) -> _Connection:
+        loop = asyncio.get_running_loop()
+        connection: _Connection
+        if address.path:
+            _, connection = await loop.create_unix_connection(lambda: cls(timeout), address.path)
+        else:
+            tls = ssl.create_default_context() if address.tls else None
+            _, connection = await loop.create_connection(
+                lambda: cls(timeout), address.host, address.port, ssl=tls
+            )
+        hello: list[_Call] = []
+        if address.password is not None:
+            who = (address.username,) if address.username else ()
+            hello.append(_Call(("AUTH", *who, address.password), loop.create_future()))
+        if address.db:
+            hello.append(_Call(("SELECT", address.db), loop.create_future()))
+        if hello:
+            connection.send(hello)
+            try:
+                await asyncio.gather(*(call.future for call in hello))
+            except BaseException:
+                connection.close(ConnectionError("the store refused the connection's setup"))
+                raise
+        connection.open = True
+        return connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not `asyncio.Transport` subclasses; both have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def send(self, batch: list[_Call]) -> None:
+        assert self.transport is not None
+        self.waiting.extend(batch)
+        last = batch[-1]
+        last.timer = asyncio.get_running_loop().call_later(self.timeout, self._expired, last)
+        self.transport.write(pack([call.args for call in batch]))
+
+    def _expired(self, call: _Call) -> None:
+        if call.timer is not None:  # still unanswered (an answer cancels its timer)
+            self.close(TimeoutError(f"the store did not answer within {self.timeout:g} s"))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            replies = self.parser.feed(data)
+        except (ProtocolError, ValueError) as exc:
+            self.close(ConnectionError(f"the store's answer is not RESP: {exc}"))
+            return
+        for reply in replies:
+            if not self.waiting:
+                self.close(ConnectionError("the store answered a command it was not sent"))
+                return
+            call = self.waiting.popleft()
+            if call.timer is not None:
+                call.timer.cancel()
+                call.timer = None
+            if isinstance(reply, ReplyError) and reply.no_script and call.script is not None:
+                again = ("EVAL", call.script, *call.args[2:])
+                self.send([_Call(again, call.future, None, call.abandoned)])
+                continue
+            call.answer(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close(exc or ConnectionError("the store closed the connection"))
+
+    def close(self, failure: Exception) -> None:
+        """Fail every command still waiting, and drop the connection."""
+        self.open = False
+        waiting, self.waiting = self.waiting, collections.deque()
+        for call in waiting:
+            call.fail(failure)
+        if self.transport is not None:
+            self.transport.abort()
 
 
 @dataclass(slots=True)
 class _Call:
     args: tuple[Any, ...]
     future: asyncio.Future[Any]
-    script: str | None
-    abandoned: Callable[[Any], None] | None
+    script: str | None = None
+    abandoned: Callable[[Any], None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    """Set on a batch's last command until it is answered: the batch's bound."""
+
+    def answer(self, reply: Any) -> None:
+        if self.future.done():  # its caller stopped waiting (cancelled, timed out)
+            if self.abandoned is not None and not isinstance(reply, Exception):
+                self.abandoned(reply)
+        elif isinstance(reply, Exception):
+            self.future.set_exception(reply)
+        else:
+            self.future.set_result(reply)
+
+    def fail(self, failure: Exception) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if not self.future.done():
+            self.future.set_exception(failure)
 
 
 def _log_failure(future: asyncio.Future[Any]) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.info("a store command failed: %s", future.exception())
-
-
-def pack(commands: list[tuple[Any, ...]]) -> bytes:
-    """Commands as RESP, in one buffer. The client's own packer checks each argument's type
-    through a general encoder (~5 µs an argument here, ~20 arguments a script call); these
-    are only ever `str` and `int`."""
-    out = []
-    for args in commands:
-        out.append(b"*%d\r\n" % len(args))
-        for arg in args:
-            data = arg.encode() if isinstance(arg, str) else b"%d" % arg
-            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
-async def _round_trip(connection: Any, batch: list[_Call]) -> list[Any]:
-    """The batch's replies; scripts the server did not know are sent again as `EVAL`."""
-    from redis.exceptions import NoScriptError
-
-    replies = await _exchange(connection, [c.args for c in batch])
-    unknown = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
-    if unknown:
-        again = [("EVAL", batch[i].script, *batch[i].args[2:]) for i in unknown]
-        for i, reply in zip(unknown, await _exchange(connection, again), strict=True):
-            replies[i] = reply
-    return replies
-
-
-async def _exchange(connection: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
-    """Send `commands` in one write and read their replies (an error reply is its exception)."""
-    from redis.exceptions import ResponseError
-
-    if not connection.is_connected:
-        await connection.connect()
-    await connection.send_packed_command(pack(commands), check_health=False)
-    replies: list[Any] = []
-    for _ in commands:
-        try:
-            replies.append(await connection.read_response())
-        except ResponseError as exc:
-            replies.append(exc)
-    return replies
 
 
 class Redis:
@@ -484,10 +581,7 @@ class Redis:
         )
         self.client: Any = aioredis.Redis(connection_pool=pool)
         """For the rare calls (a tenant's usage); requests go through `pipe`."""
-        # The pipe's connections have no per-read timeout (each would cost a timer per reply):
-        # the pipe bounds a whole batch instead.
-        options = {**pool.connection_kwargs, "socket_timeout": None}
-        self.pipe = Pipe(lambda: pool.connection_class(**options), timeout)
+        self.pipe = Pipe(StoreAddress.of(url, password), timeout)
         self._shas = {s: hashlib.sha1(s.encode()).hexdigest() for s in SCRIPTS}
 
     async def admit(self, ask: Admission) -> Decision:
