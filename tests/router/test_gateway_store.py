@@ -22,7 +22,7 @@ from llmop_router.quota import Estimate, Usage, admission
 from llmop_router.routes import RouteTable
 from llmop_router.store import Guarded, Redis, tenant_key
 from llmop_router.tenants import parse_tenant
-from router.test_gateway import KEY, completion, settled, simulator, synchronous, tenant
+from router.test_gateway import KEY, OTHER_KEY, completion, settled, simulator, synchronous, tenant
 from support.redis import RedisServer
 
 
@@ -73,8 +73,8 @@ async def leases_held(router: Router, count: int, within: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> int:
-    headers = {"Authorization": f"Bearer {KEY}"}
+async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any], key: str = KEY) -> int:
+    headers = {"Authorization": f"Bearer {key}"}
     async with http.post(url + "/v1/completions", json=body, headers=headers) as answer:
         await answer.read()
         return answer.status
@@ -189,15 +189,33 @@ def test_a_store_outage_fails_open_and_loses_no_usage(redis_server: RedisServer)
 
 
 def test_a_store_outage_fails_closed_when_told(redis_server: RedisServer) -> None:
+    """Fail closed: a tenant with limits is refused 503 while the store is down. A tenant
+    without limits has nothing to exceed and asks the store nothing before its request goes:
+    it is served, and its usage reaches the store once the store answers again."""
+
     @synchronous
     async def run() -> None:
+        limited = tenant("a", KEY, limits={"requestsPerMinute": 1000})
         async with (
-            replicas(redis_server.url, tenant("a", KEY), fail_open=False) as (urls, _),
+            replicas(redis_server.url, limited, tenant("b", OTHER_KEY), fail_open=False) as (
+                urls,
+                routers,
+            ),
             aiohttp.ClientSession() as http,
         ):
             assert await post(http, urls[0], completion(1)) == 200
             redis_server.stop()
             assert await post(http, urls[0], completion(1)) == 503
+            assert await post(http, urls[0], completion(2), key=OTHER_KEY) == 200
+            redis_server.start()
+            assert await post(http, urls[0], completion(1)) == 200  # the store answers again
+            gateway = routers[0].gateway
+            assert gateway is not None
+            month = time.strftime("%Y-%m", time.gmtime())
+            deadline = time.monotonic() + 10
+            while (await gateway.store.usage("b", month)).get("llama:out") != 2:
+                assert time.monotonic() < deadline, "the unlimited tenant's usage never arrived"
+                await asyncio.sleep(0.05)
 
     run()
 

@@ -111,6 +111,13 @@ class Admission:
     """`YYYY-MM` (UTC): the usage hash the budget reads."""
     estimate: Estimate
 
+    @property
+    def limited(self) -> bool:
+        """Whether there is anything to decide: a bucket, a concurrency cap or a budget. A
+        request of a tenant without limits is only metered (at settlement): its admission
+        needs no answer from the store."""
+        return bool(self.buckets) or self.concurrency is not None or self.budget_picos is not None
+
 
 def admission(tenant: Tenant, model: str, request_id: str, est: Estimate, month: str) -> Admission:
     buckets = _scope(tenant.rates, "", est, tenant.burst_seconds)
