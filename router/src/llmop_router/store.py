@@ -30,7 +30,6 @@ import itertools
 import logging
 import ssl
 import time
-import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -408,11 +407,28 @@ class Pipe:
             self._connection.close(ConnectionError("the router closed its store connection"))
 
 
+def url_options(url: str, password: str | None = None) -> dict[str, Any]:
+    """The store's URL as redis-py reads it (`parse_url`: `redis://[user:password@]host[:port]
+    [/db]`, `rediss://…` for TLS, `unix:///path[?db=N]`), for both of `Redis`'s clients, so
+    they connect alike; a password given apart (`--store-password-file`) wins over one in the
+    URL."""
+    from redis.asyncio.connection import parse_url
+
+    try:
+        options: dict[str, Any] = dict(parse_url(url))
+    except ValueError as exc:
+        raise ValueError(
+            f"store URL {url!r}: use redis://host:port/db, rediss://… (TLS) or unix:///path ({exc})"
+        ) from exc
+    if password is not None:
+        options["password"] = password
+    return options
+
+
 @dataclass(frozen=True)
 class StoreAddress:
-    """Where the store listens, from its URL: `redis://[user:password@]host[:port][/db]`,
-    `rediss://…` (TLS, verified against the system's CAs) or `unix:///path[?db=N]`. A password
-    given apart (`--store-password-file`) wins over one in the URL."""
+    """Where the pipe connects: the store URL's parts (`url_options`); TLS is verified against
+    the system's CAs."""
 
     host: str = "localhost"
     port: int = 6379
@@ -424,25 +440,17 @@ class StoreAddress:
 
     @classmethod
     def of(cls, url: str, password: str | None = None) -> StoreAddress:
-        parsed = urllib.parse.urlsplit(url)
-        query = urllib.parse.parse_qs(parsed.query)
-        username = urllib.parse.unquote(parsed.username) if parsed.username else None
-        if password is None and parsed.password:
-            password = urllib.parse.unquote(parsed.password)
-        db = query.get("db", ["0"])[0]
-        if parsed.scheme == "unix":
-            return cls(path=parsed.path, db=int(db), username=username, password=password)
-        if parsed.scheme not in ("redis", "rediss"):
-            raise ValueError(
-                f"store URL {url!r}: use redis://host:port/db, rediss://… (TLS) or unix:///path"
-            )
+        from redis.asyncio.connection import SSLConnection
+
+        options = url_options(url, password)
         return cls(
-            host=parsed.hostname or "localhost",
-            port=parsed.port or 6379,
-            tls=parsed.scheme == "rediss",
-            db=int(parsed.path.strip("/") or db),
-            username=username,
-            password=password,
+            host=options.get("host") or "localhost",
+            port=int(options.get("port") or 6379),
+            path=options.get("path") or "",
+            tls=options.get("connection_class") is SSLConnection,
+            db=int(options.get("db") or 0),
+            username=options.get("username"),
+            password=options.get("password"),
         )
 
 
@@ -569,11 +577,10 @@ class Redis:
     def __init__(self, url: str, *, timeout: float, password: str | None = None) -> None:
         import redis.asyncio as aioredis
 
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
+        pool = aioredis.BlockingConnectionPool(
+            **url_options(url, password),
             max_connections=MAX_CONNECTIONS,
             timeout=None,
-            password=password,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             decode_responses=True,
