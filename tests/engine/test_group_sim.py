@@ -247,7 +247,14 @@ def test_a_worker_held_up_for_seconds_delays_the_group_and_it_goes_on(fleet: Fle
             return outcome, livez
 
     outcome, livez = asyncio.run(scenario())
+    # The leader logs the rank's answer when its ping monitor reads it, a moment after SIGCONT;
+    # the stream (200 simulated tokens) may have ended before the pause even began, so nothing
+    # above waited for that line: read until it is there (CI once read the log first).
+    deadline = time.monotonic() + 10
     log = leader.log_tail(8000)
+    while "answers again" not in log and time.monotonic() < deadline:
+        time.sleep(0.1)
+        log = leader.log_tail(8000)
     assert "answered no ping" in log, log
     assert "answers again: the pipeline goes on" in log, log
     assert outcome == ("ok", ""), (outcome, log)
