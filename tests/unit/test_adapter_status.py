@@ -172,3 +172,41 @@ def test_one_event_per_adapter_phase_change(
     got = events.adapter_events(entries(before), entries(after))
     assert [(e.type, e.reason) for e in got] == expected
     assert all("Adapter sql" in e.message for e in got)
+
+
+def revisioned(pod: str, revision: str | None, **phases: str) -> PodReport:
+    return PodReport(
+        pod, tuple(PodAdapter(name, phase, revision=revision) for name, phase in phases.items())
+    )
+
+
+def test_an_adapter_is_settled_for_the_router_only_at_one_revision_on_every_ready_replica() -> None:
+    """`status.routing.adapterRevisions`: what a stream of an adapter is pinned to. A new
+    revision asked for (the status' revision changes in the pass that writes the pods'
+    ConfigMap) is not settled while any ready replica still reports the old one loaded, nor
+    while one is loading it; `chat` (no revision: files without one) settles on its files."""
+    a, b = "a" * 40, "b" * 40
+    ready = {"p", "q"}
+
+    def routing(reports: list[PodReport], **kw: Any) -> dict[str, tuple[str | None, bool]]:
+        listed = list(statuses(reports, ready, **kw).values())
+        out = adapter_status.routing_revisions(listed, reports, ready)
+        assert out is not None
+        return {r.name: (r.revision, r.settled) for r in out}
+
+    both = [
+        PodReport(pod, (PodAdapter("sql", "Loaded", revision=a), PodAdapter("chat", "Loaded")))
+        for pod in "pq"
+    ]
+    assert routing(both) == {"sql": (a, True), "chat": (None, True)}
+    replaced = dict(SQL, revision=b)
+    asked = routing(both, adapters=[replaced, CHAT])
+    assert asked["sql"] == (b, False)  # every replica still serves `a`
+    half = [revisioned("p", b, sql="Loaded"), revisioned("q", b, sql="Loading")]
+    assert routing(half, adapters=[replaced, CHAT])["sql"] == (b, False)
+    done = [revisioned(pod, b, sql="Loaded") for pod in "pq"]
+    assert routing(done, adapters=[replaced, CHAT])["sql"] == (b, True)
+    # A replica that is not ready does not count either way.
+    stale = [*done, revisioned("r", a, sql="Loaded")]
+    assert routing(stale, adapters=[replaced, CHAT])["sql"] == (b, True)
+    assert adapter_status.routing_revisions(None, [], ready) is None

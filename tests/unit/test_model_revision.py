@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llmop import kinds, model_revision, names
+from llmop.agents import AgentReading, PodAdapter
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentStatus
 from llmop.desired import desired_state
 from llmop.pods import pod_summary
@@ -103,21 +104,27 @@ def test_revisions_group_pods_and_stay_bounded() -> None:
     assert sum(len(v) for v in bounded.values()) <= model_revision.MAX_PODS
 
 
-def test_the_status_lists_which_pods_serve_which_revision() -> None:
-    old = [pod_summary(engine_pod(f"rev-a-{i}")) for i in range(2)]
-    new = [pod_summary(engine_pod("rev-b-0", model={"name": "org/other"}))]
-    observed = Observed(
+def derived(
+    resource: LLMDeployment, pods: list[dict[str, Any]], **observed: Any
+) -> LLMDeploymentStatus:
+    """The status the operator derives for `resource` with these pod summaries."""
+    seen = Observed(
         "rev",
         "team",
         generation=1,
         previous=LLMDeploymentStatus(),
         children={kinds.DEPLOYMENT: {"status": {}}},
-        pods=[*old, *new],
-        routing=["rev"],
+        pods=pods,
+        **observed,
     )
-    status = derive_status(
-        observed, llmd().spec, None, template_hash=None, now=datetime(2026, 12, 5, tzinfo=UTC)
-    )
+    now = datetime(2026, 12, 6, tzinfo=UTC)
+    return derive_status(seen, resource.spec, None, template_hash=None, now=now)
+
+
+def test_the_status_lists_which_pods_serve_which_revision() -> None:
+    old = [pod_summary(engine_pod(f"rev-a-{i}")) for i in range(2)]
+    new = [pod_summary(engine_pod("rev-b-0", model={"name": "org/other"}))]
+    status = derived(llmd(), [*old, *new], routing=["rev"])
     assert status.routing is not None
     listed = {r.revision: r.pods for r in status.routing.model_revisions}
     assert listed == {
@@ -126,3 +133,22 @@ def test_the_status_lists_which_pods_serve_which_revision() -> None:
     }
     body = status.model_dump(by_alias=True, exclude_none=True)
     assert body["routing"]["modelRevisions"][0].keys() == {"revision", "pods"}
+    assert "adapterRevisions" not in body["routing"]  # no adapters
+
+
+def test_the_status_says_which_adapters_are_settled_at_which_revision() -> None:
+    sha = "c" * 40
+    adapters = [{"name": "sql", "source": "hf://acme/sql", "revision": sha}]
+    pods = []
+    for name in ("rev-a-0", "rev-a-1"):
+        pod = engine_pod(name, adapters=adapters)
+        pod["status"]["containerStatuses"] = [{"name": "engine", "ready": True}]
+        pods.append(pod_summary(pod))
+    fleet = [
+        AgentReading(pod, ready=True, adapters=(PodAdapter("sql", "Loaded", revision=sha),))
+        for pod in ("rev-a-0", "rev-a-1")
+    ]
+    status = derived(llmd(adapters=adapters), pods, fleet=fleet, routing=["rev", "sql"])
+    body = status.model_dump(by_alias=True, exclude_none=True)
+    settled = [{"name": "sql", "revision": sha, "settled": True}]
+    assert body["routing"]["adapterRevisions"] == settled

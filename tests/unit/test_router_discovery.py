@@ -476,6 +476,42 @@ def test_endpoints_carry_the_model_revision_the_status_gives_their_pod() -> None
     assert table.backends["llama"].revisions == {}
 
 
+def test_an_adapters_endpoints_carry_its_revision_too_while_it_is_settled() -> None:
+    """`status.routing.adapterRevisions`: a stream of an adapter is pinned to the pod's model
+    revision and the adapter's; while the adapter is not settled no endpoint is a target for a
+    continuation of it. The base name keeps the model's pins only; a status without the key
+    (an older operator) pins adapters as the base."""
+    table = RouteTable()
+    catalog = Catalog(table)
+    adapters = [{"name": "sql", "source": "hf://acme/sql"}, {"name": "chat", "source": "pvc://x"}]
+    revised = llmd("llama", adapters=adapters)
+    routing: dict[str, Any] = {
+        "servedNames": ["llama", "sql", "chat"],
+        "modelRevisions": [{"revision": "m1", "pods": ["llama-1", "llama-2"]}],
+        "adapterRevisions": [
+            {"name": "sql", "revision": "a1", "settled": True},
+            {"name": "chat", "settled": True},  # files without a revision
+            {"revision": "x"},  # malformed: left out
+        ],
+    }
+    revised["status"] = {"routing": routing}
+    catalog.on_llmdeployment("SYNC", {"items": [revised]})
+    slice_body = endpoint_slice("llama", ("10.0.0.1", READY), ("10.0.0.2", READY))
+    catalog.on_endpoint_slice("SYNC", {"items": [with_pods(slice_body, "llama-1", "llama-2")]})
+    both = ("10.0.0.1:8000", "10.0.0.2:8000")
+    assert table.backends["llama"].revisions == dict.fromkeys(both, "m1")
+    assert table.backends["sql"].revisions == dict.fromkeys(both, "m1 adapter revision:a1")
+    assert table.backends["chat"].revisions == dict.fromkeys(both, "m1 adapter no revision")
+
+    routing["adapterRevisions"][0] = {"name": "sql", "revision": "a2", "settled": False}
+    catalog.on_llmdeployment("MODIFIED", revised)
+    assert table.backends["sql"].revisions == {}
+    assert table.backends["llama"].revisions == dict.fromkeys(both, "m1")
+    del routing["adapterRevisions"]
+    catalog.on_llmdeployment("MODIFIED", revised)
+    assert table.backends["sql"].revisions == dict.fromkeys(both, "m1")
+
+
 def test_starting_endpoints_with_their_agents_and_the_routers_own_confirmation() -> None:
     """A pod not ready yet is listed with its agent's port (never a terminating one); once the
     router confirms it ready itself it is routed, until its slice says ready or drops it; a

@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from llmop.agents import PodAdapter
-from llmop.api.v1alpha1 import AdapterPhase, AdapterStatus, LLMDeploymentSpec
+from llmop.api.v1alpha1 import AdapterPhase, AdapterRevision, AdapterStatus, LLMDeploymentSpec
 from llmop.conditions import Observation
 from llmop.render.adapters import Refusal, lora_slots
 
@@ -125,6 +125,32 @@ def adapter_statuses(
                 message=message[:4096] if message else None,
             )
         )
+    return out
+
+
+def routing_revisions(
+    statuses: Sequence[AdapterStatus] | None,
+    reports: Sequence[PodReport],
+    ready_pods: Collection[str],
+) -> list[AdapterRevision] | None:
+    """`status.routing.adapterRevisions`: each declared adapter's revision, settled when every
+    ready replica reports it Loaded at that revision (Ready, and no replica on another one).
+    A new revision is written here in the pass that writes the pods' ConfigMap, so the router
+    knows of it before an agent can have loaded it (docs/router.md, "Pinned to a model
+    revision", says the one window left)."""
+    if statuses is None:
+        return None
+    out = []
+    for status in statuses:
+        loaded = [
+            a.revision
+            for r in reports
+            if r.pod in ready_pods
+            for a in r.adapters or ()
+            if a.name == status.name and a.phase == "Loaded"
+        ]
+        settled = status.phase == "Ready" and all(r == status.revision for r in loaded)
+        out.append(AdapterRevision(name=status.name, revision=status.revision, settled=settled))
     return out
 
 

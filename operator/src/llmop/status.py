@@ -26,6 +26,7 @@ from llmop.adapter_preflight import AdapterVerdict
 from llmop.agents import AgentReading
 from llmop.api.v1alpha1 import (
     ActualCapacity,
+    AdapterRevision,
     AdapterStatus,
     LLMDeployment,
     LLMDeploymentSpec,
@@ -371,7 +372,9 @@ def derive_status(
         shortfall=shortfall,
         waiting=observed.waiting,
     )
-    adapters = _adapters(name, namespace, spec, pods, fleet, verdicts=observed.adapter_verdicts)
+    adapters, adapter_revisions = _adapters(
+        name, namespace, spec, pods, fleet, verdicts=observed.adapter_verdicts
+    )
     adapters_condition = adapter_status.adapters_ready(adapters)
     if adapters_condition is not None:
         observations.append(adapters_condition)
@@ -402,6 +405,7 @@ def derive_status(
                 ModelRevision(revision=revision, pods=served)
                 for revision, served in revisions_by_pod(pods).items()
             ],
+            adapter_revisions=adapter_revisions,
         ),
     )
 
@@ -448,19 +452,22 @@ def _adapters(
     fleet: Sequence[AgentReading] | None,
     *,
     verdicts: Mapping[str, AdapterVerdict | None],
-) -> list[AdapterStatus] | None:
+) -> tuple[list[AdapterStatus] | None, list[AdapterRevision] | None]:
     """status.adapters from the agents' reports (every adapter Pending until they are read),
-    the operator's own refusals and the Hub pre-flight's (resolved commit, rank)."""
+    the operator's own refusals and the Hub pre-flight's (resolved commit, rank); and
+    status.routing.adapterRevisions from the same (`adapter_status.routing_revisions`)."""
     if not spec.adapters:
-        return None
+        return None, None
     ready = {
         str((pod.get("metadata") or {}).get("name")) for pod in replica_pods(pods) if _ready(pod)
     }
     reports = [adapter_status.PodReport(r.pod, r.adapters) for r in fleet or ()]
     llmd = LLMDeployment(metadata=ObjectMeta(name=name, namespace=namespace), spec=spec)
     refused = refusals(llmd) | adapter_preflight.refused(verdicts)
-    statuses = adapter_status.adapter_statuses(spec, refused, reports, ready)
-    return adapter_preflight.with_verdicts(statuses, verdicts)
+    statuses = adapter_preflight.with_verdicts(
+        adapter_status.adapter_statuses(spec, refused, reports, ready), verdicts
+    )
+    return statuses, adapter_status.routing_revisions(statuses, reports, ready)
 
 
 def _needs_router(spec: LLMDeploymentSpec, router: RouterView | None) -> Problem | None:

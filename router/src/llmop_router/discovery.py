@@ -76,6 +76,10 @@ class Claim:
     """GPUs behind each endpoint: `spec.resources.gpus` times the pods of a multi-node group."""
     engine_key: bool = False
     """The engine wants its own API key (`spec.service.apiKeySecretRef`)."""
+    adapter_revisions: dict[str, str | None] | None = None
+    """Adapter name → what a stream of it is pinned to (its revision while settled; None:
+    not settled, no stream of it continued), from `status.routing.adapterRevisions`; None:
+    the status says nothing of adapters' revisions."""
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -140,6 +144,7 @@ def claim_of(llmd: Mapping[str, Any]) -> Claim | None:
         revisions_of(llmd),
         gpus_of(spec),
         engine_key_of(spec),
+        adapter_revisions_of(llmd),
     )
 
 
@@ -220,6 +225,16 @@ def owned_of(llmd: Mapping[str, Any]) -> tuple[str, ...] | None:
     return tuple(str(n) for n in names if isinstance(n, str)) if isinstance(names, list) else ()
 
 
+def _routing_list(llmd: Mapping[str, Any], key: str) -> list[Any] | None:
+    """`status.routing.<key>` ([] when it is not a list); None when the status does not carry
+    the key (an operator that predates it)."""
+    routing = (llmd.get("status") or {}).get(Status.ROUTING)
+    if not isinstance(routing, Mapping) or key not in routing:
+        return None
+    entries = routing.get(key)
+    return entries if isinstance(entries, list) else []
+
+
 MAX_REVISION_PODS = 2000
 """Pods read from `status.routing.modelRevisions` at most (the operator lists no more)."""
 
@@ -228,12 +243,11 @@ def revisions_of(llmd: Mapping[str, Any]) -> tuple[tuple[str, str], ...] | None:
     """`status.routing.modelRevisions` as (pod, revision) pairs; None when the status does not
     carry the key (not pinned: the operator predates it). Malformed entries are left out: their
     pods are then no target for a continued stream."""
-    routing = (llmd.get("status") or {}).get(Status.ROUTING)
-    if not isinstance(routing, Mapping) or Status.MODEL_REVISIONS not in routing:
+    entries = _routing_list(llmd, Status.MODEL_REVISIONS)
+    if entries is None:
         return None
-    entries = routing.get(Status.MODEL_REVISIONS)
     found: list[tuple[str, str]] = []
-    for entry in entries if isinstance(entries, list) else []:
+    for entry in entries:
         if not isinstance(entry, Mapping):
             continue
         revision, pods = entry.get(Status.REVISION), entry.get(Status.PODS)
@@ -241,6 +255,41 @@ def revisions_of(llmd: Mapping[str, Any]) -> tuple[tuple[str, str], ...] | None:
             continue
         found += [(pod, revision) for pod in pods if isinstance(pod, str)]
     return tuple(found[:MAX_REVISION_PODS])
+
+
+def adapter_revisions_of(llmd: Mapping[str, Any]) -> dict[str, str | None] | None:
+    """`status.routing.adapterRevisions` as adapter name → pin (`revision:<r>` while settled,
+    None while not); None when the status does not carry the key."""
+    entries = _routing_list(llmd, Status.ADAPTER_REVISIONS)
+    if entries is None:
+        return None
+    found: dict[str, str | None] = {}
+    for entry in entries:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get(Status.NAME), str):
+            continue
+        revision = entry.get(Status.REVISION)
+        settled = entry.get(Status.SETTLED) is True
+        pin = f"revision:{revision}" if isinstance(revision, str) else "no revision"
+        found[entry[Status.NAME]] = pin if settled else None
+    return found
+
+
+def served_revisions(
+    pods: Mapping[str, str], claim: Claim | None, model: str
+) -> dict[str, str] | None:
+    """Endpoint → what a stream of `model` begun there is pinned to: the pod's model revision
+    (`endpoint_revisions`), and for an adapter also the adapter's (no endpoint while it is not
+    settled: its files may be changing on some replicas). None: not pinned."""
+    if claim is None:
+        return None
+    revisions = endpoint_revisions(pods, claim.revisions)
+    adapters = claim.adapter_revisions
+    if revisions is None or adapters is None or model == claim.model or model not in adapters:
+        return revisions
+    pin = adapters[model]
+    if pin is None:
+        return {}
+    return {endpoint: f"{revision} adapter {pin}" for endpoint, revision in revisions.items()}
 
 
 def owners(claims: Iterable[Claim]) -> dict[str, Claim]:
@@ -435,7 +484,6 @@ class Catalog:
         limit = claim.migration_limit if claim is not None else None
         fallback = claim.fallback if claim is not None else ()
         pods = self.pods(service)
-        revisions = endpoint_revisions(pods, claim.revisions if claim is not None else None)
         for model in self._served.get(service, ()):
             self.table.set(
                 model,
@@ -444,7 +492,7 @@ class Catalog:
                 wake,
                 migration_limit=limit,
                 fallback=fallback,
-                revisions=revisions,
+                revisions=served_revisions(pods, claim, model),
                 gpus=claim.gpus if claim is not None and model == claim.model else 0,
                 engine_key=claim is not None and claim.engine_key,
             )
@@ -564,7 +612,7 @@ class Catalog:
                 claim.wake,
                 migration_limit=claim.migration_limit,
                 fallback=claim.fallback,
-                revisions=endpoint_revisions(pods, claim.revisions),
+                revisions=served_revisions(pods, claim, model),
                 # The CR's GPUs counted once, on its served name (not again on its adapters').
                 gpus=claim.gpus if model == claim.model else 0,
                 engine_key=claim.engine_key,

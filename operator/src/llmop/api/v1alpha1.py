@@ -1187,6 +1187,20 @@ class ModelRevision(ApiModel):
     """The names of the engine pods serving it (leaders only in a multi-node group)."""
 
 
+class AdapterRevision(ApiModel):
+    """One adapter's revision, as the router pins a stream of it to the files that began it."""
+
+    name: str = Field(max_length=253)
+    """`spec.adapters[].name`."""
+    revision: str | None = Field(default=None, max_length=256)
+    """The revision the operator asks the replicas to load (`status.adapters[].revision`);
+    absent for files that carry none (`pvc://`)."""
+    settled: bool = False
+    """Every ready replica serves the adapter at `revision`. While not (an adapter being
+    loaded, or replaced in place by a new revision), a stream of it cut mid-answer is not
+    continued: which files a replica serves is not known."""
+
+
 class RoutingStatus(ApiModel):
     """What the shared router may route to this LLMDeployment, as the operator decided."""
 
@@ -1199,6 +1213,10 @@ class RoutingStatus(ApiModel):
     """Which pods serve which model revision. The router continues a stream cut mid-answer
     only on a pod of the revision that started it (docs/router.md, "Request migration"): during a
     rollout that changes the model, old and new pods serve the same names."""
+    adapter_revisions: list[AdapterRevision] | None = Field(default=None, max_length=MAX_ADAPTERS)
+    """The declared adapters' revisions (absent without adapters). A stream of an adapter is
+    continued only while the adapter is settled at the revision it had when the stream
+    began: an adapter's files change in place, without a new pod."""
 
 
 class LLMDeploymentStatus(ApiModel):
