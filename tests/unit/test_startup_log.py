@@ -9,6 +9,7 @@ format strings (`gpu_model_runner.py`, `compilation/monitor.py`, `compilation/ba
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 
@@ -25,6 +26,7 @@ from llmop_engine.startup_log import (
     starts_serving,
     untraced,
 )
+from llmop_engine.supervisor import EngineLines
 
 CPU_COLD = [
     # (seconds after the agent started, line)
@@ -206,3 +208,16 @@ def test_the_api_server_starting_is_told_once() -> None:
     after = observe(before, line, 44.0)
     assert starts_serving(before, after)
     assert not starts_serving(after, observe(after, CPU_COLD[-1][1], 44.5))
+
+
+def test_the_agent_waits_for_an_early_engines_first_line_and_no_longer() -> None:
+    """The agent imports its own servers once the engine printed its first line (past its
+    imports), or after `FIRST_LINE_WAIT_SECONDS`, so the two do not share a small CPU quota
+    on the engine's path to its first token."""
+    lines = EngineLines()
+    assert not lines.wait_first(0.01)  # silent: the wait ends by its bound
+    thread = threading.Timer(0.05, lambda: lines.line("Starting to load model m...", 1.0))
+    thread.start()
+    assert lines.wait_first(5.0)
+    thread.join()
+    assert lines.wait_first(0.0)  # told once, told for good

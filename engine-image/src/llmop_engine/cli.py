@@ -40,11 +40,13 @@ def _run(argv: Sequence[str]) -> int:
         from llmop_engine.worker_agent import run as run_worker
 
         return run_worker(settings)
-    from llmop_engine.supervisor import start_early
+    from llmop_engine.supervisor import FIRST_LINE_WAIT_SECONDS, start_early
 
     # The engine first: the agent's own imports (about a second on a busy node) then overlap
     # the engine's start instead of preceding it.
     early = start_early(settings)
+    if early is not None:
+        early.lines.wait_first(FIRST_LINE_WAIT_SECONDS)
     from llmop_engine.agent import run as run_agent
 
     return run_agent(settings, early)

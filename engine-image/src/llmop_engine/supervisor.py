@@ -189,9 +189,11 @@ class EngineLines:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._log = EngineLog()
+        self._first = threading.Event()
         self.on_serving: Callable[[], None] | None = None
 
     def line(self, text: str, now: float) -> None:
+        self._first.set()
         with self._lock:
             before = self._log
             after = self._log = observe(before, text, now)
@@ -202,6 +204,10 @@ class EngineLines:
     def log(self) -> EngineLog:
         with self._lock:
             return self._log
+
+    def wait_first(self, timeout: float) -> bool:
+        """Until the engine's first line (it got past its own imports), at most `timeout`."""
+        return self._first.wait(timeout)
 
 
 class Supervisor:
@@ -359,6 +365,15 @@ class Supervisor:
         return True
 
 
+FIRST_LINE_WAIT_SECONDS = 1.5
+"""How long the agent lets an early engine import alone before importing its own servers: in a
+container with a small CPU limit both share one CFS quota, and the engine's imports are on the
+path to its first token while the agent's are not (the simulator at 250m, `make bench-wake`:
+engine start 1.0 to 1.4 s importing beside the agent, 0.5 to 0.6 s alone). The engine's first
+line ends the wait; vLLM, whose imports take longer than this, shares the CPU after it as
+before."""
+
+
 @dataclass(frozen=True)
 class EarlyStart:
     """An engine spawned before the agent imported its servers, for the agent to adopt."""
@@ -371,7 +386,8 @@ class EarlyStart:
 
 def start_early(settings: AgentSettings) -> EarlyStart | None:
     """Spawn the engine first thing, so importing the agent's servers and metrics (about a
-    second on a busy node) overlaps the engine's own start instead of preceding it. Not with a
+    second on a busy node) overlaps the engine's own start instead of preceding it (the agent
+    then waits for the engine's first line: `FIRST_LINE_WAIT_SECONDS`). Not with a
     compile cache: seeding it can take long, and the kubelet's startup probe needs the agent's
     servers meanwhile (the agent seeds, then spawns, as before). None then."""
     if settings.compile_cache_key and settings.model_cache_dir:
