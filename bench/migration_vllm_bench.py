@@ -21,9 +21,12 @@ prompt) sent straight to the replica that continued it, without any fault; its t
 the reference's first k tokens' is compared the same way.
 
 Then `--stops` streams with a stop string spanning two tokens, killed inside it: compared with
-the engine's own answer to the same request (its own stop rules), past the router.
+the engine's own answer to the same request (its own stop rules), past the router. With
+`--stream-interval N` the engines send N tokens an event (vLLM's flag), so the event completing
+a stop string also carries tokens after it, which the router must drop as vLLM does.
 
     python bench/migration_vllm_bench.py [--kills 30] [--hangs 10] [--stops 6] [--seed 7]
+        [--stream-interval N]
 """
 
 from __future__ import annotations
@@ -213,14 +216,17 @@ class Fault:
 
 
 class Rig:
-    def __init__(self, venv: Path, model: Path, logs: Path) -> None:
+    def __init__(
+        self, venv: Path, model: Path, logs: Path, engine_args: list[str] = ENGINE_ARGS
+    ) -> None:
         self.venv, self.model, self.logs = venv, model, logs
+        self.engine_args = engine_args
         self.ports = [free_port(), free_port()]
         self.engines = [self._start(port) for port in self.ports]
 
     def _start(self, port: int) -> real_vllm.Engine:
         return real_vllm.start(
-            self.venv, self.model, self.logs, engine_args=ENGINE_ARGS, api_port=port
+            self.venv, self.model, self.logs, engine_args=self.engine_args, api_port=port
         )
 
     async def ready(self) -> None:
@@ -356,29 +362,34 @@ class StopTrial:
         return self.answered and (a.ids, a.completion_tokens) == (e.ids, e.completion_tokens)
 
 
-async def stop_trials(rig: Rig, router: str, count: int, seed: int) -> list[StopTrial]:
+async def stop_trials(
+    rig: Rig, router: str, count: int, seed: int
+) -> tuple[list[StopTrial], list[StopTrial]]:
     """Streams with a stop string that spans two tokens, their engine's EngineCore SIGKILLed
     once the first of those tokens was read (its characters held back by the router, which
     matches stop strings itself): does the continuation stop where the engine's own stop rules
     stop an uncut request, with the same text, ids, `stop_reason` and usage?"""
     draw = random.Random(seed + 1)
     found: list[StopTrial] = []
+    controls: list[StopTrial] = []
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         for n in range(1, count + 1):
             prompt = draw.randrange(len(PROMPTS))
             plain = await stream(http, router, body(PROMPTS[prompt]))
+            pieces = await token_pieces(http, rig.engines[0].api, plain)
             spans = [
                 j
                 for j in range(4, MAX_TOKENS - 8)
-                if len(plain.pieces[j].strip()) >= 1 and len(plain.pieces[j + 1]) >= 2
+                if len(pieces[j].strip()) >= 1 and len(pieces[j + 1]) >= 2
             ]
             j = draw.choice(spans)
-            stop = plain.pieces[j][-2:] + plain.pieces[j + 1][:2]
+            stop = pieces[j][-2:] + pieces[j + 1][:2]
             payload = {**body(PROMPTS[prompt]), "stop": [stop]}
             engine = await stream(http, rig.engines[0].api + "/v1/completions", payload)
             uncut = await stream(http, router, payload)
             control = StopTrial(prompt, stop, 0, uncut, engine)
+            controls.append(control)
             print(
                 f"  control, through the router without a fault: "
                 f"{'equal' if control.equal else 'DIFFERENT: ' + control.differences()}",
@@ -411,7 +422,22 @@ async def stop_trials(rig: Rig, router: str, count: int, seed: int) -> list[Stop
             )
             if hit:
                 await rig.restart(hit[0])
-    return found
+    return found, controls
+
+
+async def token_pieces(http: aiohttp.ClientSession, api: str, answer: Answer) -> list[str]:
+    """The text of each generated token: the events' texts when each carried one token, else
+    from the engine's own `/detokenize` of growing prefixes (events of several tokens:
+    `--stream-interval`)."""
+    if len(answer.pieces) == len(answer.ids):
+        return answer.pieces
+    context = answer.prompt_ids[-6:]
+    texts = []
+    for k in range(len(answer.ids) + 1):
+        payload = {"model": MODEL, "tokens": context + answer.ids[:k]}
+        async with http.post(api + "/detokenize", json=payload) as response:
+            texts.append((await response.json())["prompt"])
+    return [texts[k + 1][len(texts[k]) :] for k in range(len(answer.ids))]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -419,7 +445,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
-def report(faults: list[Fault], seconds: float, stops: list[StopTrial]) -> None:
+def report(
+    faults: list[Fault], seconds: float, stops: list[StopTrial], controls: list[StopTrial]
+) -> None:
     print(
         f"\nmigration over 2 real vLLM (CPU) replicas, tiny model, greedy streams of "
         f"{MAX_TOKENS} tokens, one at a time ({seconds:.0f} s in all)\n"
@@ -440,14 +468,18 @@ def report(faults: list[Fault], seconds: float, stops: list[StopTrial]) -> None:
             f"| {sum(f.control_equal for f in rows)} | "
             f"{statistics.median(stalls):.2f} / {pct(stalls, 0.99):.2f} |"
         )
-    if stops:
-        answered, equal = sum(t.answered for t in stops), sum(t.equal for t in stops)
-        print(
-            f"| stop string across the seam (EngineCore SIGKILL inside it) | {len(stops)} | "
-            f"{sum(t.answer.done and not t.answer.error for t in stops)} | text, finish and "
-            f"stop_reason: {answered}; also ids and usage: {equal} (of the engine's own stop) "
-            "| - | - |"
-        )
+    for label, trials in (
+        ("stop string across the seam (EngineCore SIGKILL inside it)", stops),
+        ("stop string, no fault (through the router)", controls),
+    ):
+        if trials:
+            answered, equal = sum(t.answered for t in trials), sum(t.equal for t in trials)
+            print(
+                f"| {label} | {len(trials)} | "
+                f"{sum(t.answer.done and not t.answer.error for t in trials)} | text, finish and "
+                f"stop_reason: {answered}; also ids and usage: {equal} (of the engine's own "
+                "stop) | - | - |"
+            )
     differing = [f for f in faults if not f.equal]
     for f in differing:
         print(
@@ -464,6 +496,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--stops", type=int, default=6, help="stop-string trials")
     parser.add_argument("--logs", type=Path)
+    parser.add_argument(
+        "--stream-interval", type=int, default=1, help="vLLM's: tokens per streamed event"
+    )
     args = parser.parse_args()
     try:
         venv = real_vllm.venv()
@@ -473,7 +508,8 @@ def main() -> int:
     model = tiny_model.ensure(str(venv / "bin" / "python"))
     started = time.monotonic()
     logs = args.logs or Path(tempfile.mkdtemp(prefix="migration-vllm-bench-"))
-    rig = Rig(venv, model, logs)
+    engine_args = [*ENGINE_ARGS, "--stream-interval", str(max(1, args.stream_interval))]
+    rig = Rig(venv, model, logs, engine_args)
     router, table = None, ""
     try:
         asyncio.run(rig.ready())
@@ -484,8 +520,8 @@ def main() -> int:
         wait_listening(port)
         url = f"http://127.0.0.1:{port}/v1/completions"
         faults = asyncio.run(run(rig, url, args.kills, args.hangs, args.seed))
-        stops = asyncio.run(stop_trials(rig, url, args.stops, args.seed))
-        report(faults, time.monotonic() - started, stops)
+        stops, controls = asyncio.run(stop_trials(rig, url, args.stops, args.seed))
+        report(faults, time.monotonic() - started, stops, controls)
     finally:
         if router is not None:
             stop_all([router])

@@ -715,3 +715,61 @@ def test_an_end_of_sequence_where_the_context_says_so_unless_ignore_eos() -> Non
 
     scenario(body, cfg)
     assert parse(["--sim-eos-probability", "0.05"]).eos_probability == 0.05
+
+
+def test_a_stream_interval_merges_tokens_into_events_like_vllm() -> None:
+    """`--stream-interval N`: the first token goes alone, then N tokens an event (their texts
+    and ids together), the finish at once with what is left (vLLM 0.32's
+    `RequestState.make_request_output`); the answer itself does not change."""
+    assert parse(["--stream-interval", "3"]).stream_interval == 3
+    with pytest.raises(SystemExit):
+        parse(["--stream-interval", "0"])  # vLLM refuses it too
+
+    async def body(api: Api) -> None:
+        usage = {"include_usage": True}
+        merged = await api.stream(
+            "/v1/completions", completion(max_tokens=12, stream_options=usage)
+        )
+        sizes = [len(c["choices"][0]["token_ids"]) for c in merged.chunks]
+        assert sizes == [1, 3, 3, 3, 2], sizes
+        for chunk in merged.chunks:
+            choice = chunk["choices"][0]
+            assert choice["text"] == "".join(tokens.word_text(t) for t in choice["token_ids"])
+        assert merged.finish == ("length", None)
+        assert merged.usage["completion_tokens"] == 12
+        chat_merged = await api.stream("/v1/chat/completions", chat(max_tokens=7))
+        chat_sizes = [len(c["choices"][0].get("token_ids") or []) for c in chat_merged.chunks]
+        assert chat_sizes == [0, 1, 3, 3], chat_sizes  # the role chunk, then the tokens
+        # A fault still fires after exactly its number of tokens.
+        crashed = await api.stream("/v1/completions", completion(max_tokens=12), "crash@5")
+        assert crashed.broken is not None
+        assert len(crashed.ids) == 5
+
+    scenario(body, SimConfig(model=MODEL, decode_ms=1.0, decode_ms_per_seq=0.0, stream_interval=3))
+
+    # The same answer one token an event.
+    async def plain(api: Api) -> None:
+        one = await api.stream("/v1/completions", completion(max_tokens=12))
+        assert [len(c["choices"][0]["token_ids"]) for c in one.chunks] == [1] * 12
+
+    scenario(plain)
+
+
+def test_detokenize_answers_the_text_of_ids_like_vllm() -> None:
+    """vLLM's `POST /detokenize`: `{"prompt": text}`; generated ids decode exactly, a prompt's
+    pieces (one-way) to nothing; an unknown model is vLLM's 404, a bad id its 400."""
+
+    async def body(api: Api) -> None:
+        full = await api.stream("/v1/completions", completion(max_tokens=6))
+        status, doc = await api.post("/detokenize", {"tokens": full.prompt_ids + full.ids})
+        assert status == 200
+        assert doc == {"prompt": full.text}
+        assert (await api.post("/detokenize", {"tokens": []})) == (200, {"prompt": ""})
+        status, _ = await api.post("/detokenize", {"tokens": [-1]})
+        assert status == 400
+        async with api.http.post(
+            api.base + "/detokenize", json={"model": "other", "tokens": [1000]}
+        ) as r:
+            assert r.status == 404
+
+    scenario(body)

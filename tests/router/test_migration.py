@@ -9,15 +9,22 @@ meters the whole answer once."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from typing import Any
 
+import pytest
+from aiohttp import web
+
+from llmop_engine.simulator.server import SimServer
+from llmop_router.discovery import Claim, served_revisions
 from llmop_router.migration import Settings
 from llmop_router.routes import Wake
 from support.migration_rig import (
     CHAT,
     COMPLETIONS,
     KEY,
+    SIM,
     Answer,
     Rig,
     chat,
@@ -377,3 +384,130 @@ async def test_a_stop_string_spanning_the_seam_ends_the_answer_where_the_engine_
                         assert answer.done == 1
                     assert migrated.errors == []
         assert r.metric("llmop_router_migrations_total", reason="reset", outcome="continued") == 4
+
+
+@synchronous
+async def test_a_stop_string_completed_inside_a_merged_event_keeps_only_the_tokens_up_to_it() -> (
+    None
+):
+    """An engine that sends several tokens an event (vLLM's `--stream-interval`, or its output
+    collector merging steps when the reader lags) also sends, in the event that completes a stop
+    string, the tokens after the one that completed it; vLLM itself keeps only those up to it.
+    The router asks the engine's tokenizer (`/detokenize`) which one it was, so the ids and the
+    usage equal the engine's own stop, wherever in the event the string completes."""
+    config = dataclasses.replace(SIM, stream_interval=4)
+    async with rig(config=config) as r:
+        for path, body in ((COMPLETIONS, completion), (CHAT, chat)):
+            _, plain = await r.stream(path, body(return_token_ids=True, max_tokens=40))
+            n = len(plain.prompt_ids)
+            ends = sorted({plain.text.index(" ", 12 + 5 * i) for i in range(6)})
+            for include in (False, True):
+                for end in ends:
+                    stop = plain.text[end - 2 : end + 3]  # across a word boundary
+                    extra = {"return_token_ids": True, "max_tokens": 40, "stop": [stop]}
+                    extra["include_stop_str_in_output"] = include
+                    reference = await direct(r, path, body(**extra))
+                    assert reference.finish == ["stop"], reference.text
+                    k = len(reference.ids)
+                    for fault in (None, f"crash@ctx:{n + k - 2}"):
+                        _, answer = await r.stream(path, body(**extra), fault)
+                        case = (path, include, stop, fault)
+                        assert answer.errors == [], case
+                        assert answer.text == reference.text, case
+                        assert answer.ids == reference.ids, case
+                        assert counts(answer.usage) == counts(reference.usage), case
+                        assert answer.chunks[-1]["choices"][0]["stop_reason"] == stop, case
+
+
+def test_an_engine_that_cannot_decode_keeps_every_id_of_the_merged_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No `/detokenize` (an engine older than the route, or one that fails it): the answer still
+    ends at its stop string with the text the engine would give, and keeps the merged event's
+    ids, as before the router could decode them, never an error."""
+
+    async def missing(self: SimServer, request: web.Request) -> web.Response:
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+    monkeypatch.setattr(SimServer, "detokenize", missing)
+
+    async def run() -> None:
+        async with rig(config=dataclasses.replace(SIM, stream_interval=4)) as r:
+            _, plain = await r.stream(COMPLETIONS, completion(return_token_ids=True))
+            stop = plain.text[8:12]
+            extra = {"return_token_ids": True, "stop": [stop]}
+            reference = await direct(r, COMPLETIONS, completion(**extra))
+            _, answer = await r.stream(COMPLETIONS, completion(**extra))
+            assert answer.errors == []
+            assert answer.text == reference.text
+            assert answer.finish == ["stop"]
+            assert answer.ids[: len(reference.ids)] == reference.ids
+            assert len(answer.ids) > len(reference.ids), "the stop completes mid-event"
+            assert counts(answer.usage)[1] == len(answer.ids)
+
+    asyncio.run(run())
+
+
+@synchronous
+async def test_a_stream_of_an_adapter_continues_only_while_the_adapter_stays_settled() -> None:
+    """An adapter's files change in place (a new revision loaded under the same name, no new
+    pod): the router pins a stream of it to the adapter's revision as well as the model's
+    (`status.routing.adapterRevisions`, through `discovery.served_revisions`), and continues it
+    only while the adapter is settled at the revision it had when the stream began."""
+    config = dataclasses.replace(SIM, served_model_names=("llama", "sql"))
+    async with rig(config=config) as r:
+        endpoints = [rep.address for rep in r.replicas]
+        pods = {rep.address: f"pod-{i}" for i, rep in enumerate(r.replicas)}
+
+        def route(pin: str | None) -> None:
+            claim = Claim(
+                "team",
+                "llama",
+                "llama",
+                "",
+                adapters=("sql",),
+                revisions=tuple((pod, "m1") for pod in pods.values()),
+                adapter_revisions={"sql": pin},
+            )
+            for model in claim.models:
+                revisions = served_revisions(pods, claim, model)
+                r.router.table.set(model, "team", "llama", endpoints, Wake(), revisions=revisions)
+
+        def body() -> dict[str, Any]:
+            return completion(model="sql", return_token_ids=True)
+
+        route("revision:a1")
+        _, reference = await r.stream(COMPLETIONS, body())
+        n = len(reference.prompt_ids)
+        _, migrated = await r.stream(COMPLETIONS, body(), f"crash@ctx:{n + 5}")
+        assert_same(migrated, reference)
+
+        # Replaced in place while the stream runs (the engine hangs, the router waits out its
+        # inactivity bound meanwhile): one error event, never the other files.
+        streaming = asyncio.create_task(r.stream(COMPLETIONS, body(), f"hang@ctx:{n + 5}"))
+        await asyncio.sleep(0.15)
+        route(None)  # the new revision asked for, not yet on every replica
+        text, answer = await streaming
+        assert text.count("event: error") == 1
+        assert answer.ids == reference.ids[:5]
+        await asyncio.sleep(0)
+        streaming = asyncio.create_task(r.stream(COMPLETIONS, body(), f"hang@ctx:{n + 5}"))
+        await asyncio.sleep(0.15)
+        route("revision:a2")  # settled again, at another revision
+        text, answer = await streaming
+        assert text.count("event: error") == 1
+
+        # A stream begun while the adapter is not settled is not continued either; the base
+        # model's streams are (its pins are the model's only).
+        route(None)
+        text, _ = await r.stream(COMPLETIONS, body(), f"crash@ctx:{n + 5}")
+        assert text.count("event: error") == 1
+        _, base = await r.stream(COMPLETIONS, completion(return_token_ids=True))
+        _, continued = await r.stream(
+            COMPLETIONS, completion(return_token_ids=True), f"crash@ctx:{n + 5}"
+        )
+        assert continued.errors == []
+        assert continued.ids == base.ids
+        assert (
+            r.metric("llmop_router_migrations_total", reason="reset", outcome="other_revision") == 1
+        )

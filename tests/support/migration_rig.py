@@ -188,10 +188,10 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def rig(
-    replicas: int = 2, settings: Settings = SETTINGS, gateway: bool = False
+    replicas: int = 2, settings: Settings = SETTINGS, gateway: bool = False, config: SimConfig = SIM
 ) -> AsyncIterator[Rig]:
     async with contextlib.AsyncExitStack() as stack:
-        found = [await stack.enter_async_context(replica()) for _ in range(replicas)]
+        found = [await stack.enter_async_context(replica(config)) for _ in range(replicas)]
         table = RouteTable()
         table.set("llama", "team", "llama", [r.address for r in found])
         router = Router(table, migration=settings)

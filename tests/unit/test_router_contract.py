@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from llmop import idle, idle_check, kinds
+from llmop.agents import AgentReading, PodAdapter
 from llmop.api.v1alpha1 import LLMDeployment, LLMDeploymentStatus, ScaleToZeroSpec
 from llmop.pods import pod_summary
 from llmop.render import RenderSettings, render_children
@@ -249,6 +251,44 @@ def test_the_operator_finds_the_admin_port_by_the_name_the_router_contract_gives
     )
 
 
+def _derived(
+    resource: LLMDeployment, pods: Sequence[dict[str, Any]], **observed: Any
+) -> LLMDeploymentStatus:
+    """The status the operator derives for `resource` serving these pods (all ready)."""
+    seen = Observed(
+        "llama",
+        "team",
+        generation=1,
+        previous=LLMDeploymentStatus(),
+        children={kinds.DEPLOYMENT: workload_status(len(pods), len(pods))},
+        pods=[pod_summary(p) for p in pods],
+        router=ROUTER,
+        **observed,
+    )
+    return derive_status(seen, resource.spec, None, template_hash=None, now=T0)
+
+
+def _slice_of(pods: Sequence[str]) -> dict[str, Any]:
+    """The EndpointSlice of the CR's Service, one ready endpoint per pod (10.0.0.1, …)."""
+    return {
+        "metadata": {
+            "name": "llama-abcde",
+            "namespace": "team",
+            "labels": {"kubernetes.io/service-name": "llama"},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": contract.API_PORT_NAME, "port": 8000}],
+        "endpoints": [
+            {
+                "addresses": [f"10.0.0.{i}"],
+                "conditions": {"ready": True},
+                "targetRef": {"kind": "Pod", "name": name, "namespace": "team"},
+            }
+            for i, name in enumerate(pods, start=1)
+        ],
+    }
+
+
 def test_the_router_pins_continuations_to_the_revisions_the_operator_writes() -> None:
     """Pods rendered from two specs (a rollout to another model revision) → the operator's pod
     summaries and status → the router's endpoints, each with its pod's revision."""
@@ -263,34 +303,8 @@ def test_the_router_pins_continuations_to_the_revisions_the_operator_writes() ->
 
     pods = [pod(old_spec, "llama-a-1"), pod(old_spec, "llama-a-2"), pod(new_spec, "llama-b-1")]
     resource = _resource(new_spec)
-    observed = Observed(
-        "llama",
-        "team",
-        generation=1,
-        previous=LLMDeploymentStatus(),
-        children={kinds.DEPLOYMENT: workload_status(3, 3)},
-        pods=[pod_summary(p) for p in pods],
-        router=ROUTER,
-        routing=["llama-8b"],
-    )
-    status = derive_status(observed, resource.spec, None, template_hash=None, now=T0)
-    endpoint_slice = {
-        "metadata": {
-            "name": "llama-abcde",
-            "namespace": "team",
-            "labels": {"kubernetes.io/service-name": "llama"},
-        },
-        "addressType": "IPv4",
-        "ports": [{"name": contract.API_PORT_NAME, "port": 8000}],
-        "endpoints": [
-            {
-                "addresses": [f"10.0.0.{i}"],
-                "conditions": {"ready": True},
-                "targetRef": {"kind": "Pod", "name": p["metadata"]["name"], "namespace": "team"},
-            }
-            for i, p in enumerate(pods, start=1)
-        ],
-    }
+    status = _derived(resource, pods, routing=["llama-8b"])
+    endpoint_slice = _slice_of([p["metadata"]["name"] for p in pods])
     table = RouteTable()
     catalog = Catalog(table)
     catalog.on_llmdeployment("SYNC", {"items": [_as_served(resource, status)]})
@@ -299,3 +313,51 @@ def test_the_router_pins_continuations_to_the_revisions_the_operator_writes() ->
     assert revisions is not None
     assert revisions["10.0.0.1:8000"] == revisions["10.0.0.2:8000"] != revisions["10.0.0.3:8000"]
     assert set(revisions) == {"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
+
+
+def test_the_router_pins_an_adapters_streams_to_the_adapter_revision_the_operator_writes() -> None:
+    """Agents' reports → the operator's `status.routing.adapterRevisions` → the router's pins
+    for the adapter's name: its revision while every ready replica serves it, no target while
+    a replica is still loading a new one; the base name keeps the model's pins."""
+    sha = "d" * 40
+    spec = {
+        "model": MODEL,
+        "engine": {"backend": "simulator"},
+        "adapters": [{"name": "sql", "source": "hf://acme/sql", "revision": sha}],
+    }
+    resource = _resource(spec)
+    deployment = render_children(resource, SETTINGS, load_timeout_seconds=900).deployment
+    assert deployment is not None
+    template = deployment["spec"]["template"]
+    names = ("llama-a-1", "llama-a-2")
+    pods = [
+        {
+            "metadata": {**template["metadata"], "name": name},
+            "spec": template["spec"],
+            "status": {"containerStatuses": [{"name": "engine", "ready": True}]},
+        }
+        for name in names
+    ]
+    endpoint_slice = _slice_of(names)
+
+    def pins(*phases: str) -> tuple[dict[str, str] | None, dict[str, str] | None]:
+        fleet = [
+            AgentReading(name, ready=True, adapters=(PodAdapter("sql", phase, revision=sha),))
+            for name, phase in zip(names, phases, strict=True)
+        ]
+        status = _derived(resource, pods, fleet=fleet, routing=["llama-8b", "sql"])
+        table = RouteTable()
+        catalog = Catalog(table)
+        catalog.on_llmdeployment("SYNC", {"items": [_as_served(resource, status)]})
+        catalog.on_endpoint_slice("SYNC", {"items": [endpoint_slice]})
+        return table.backends["llama-8b"].revisions, table.backends["sql"].revisions
+
+    base, adapter = pins("Loaded", "Loaded")
+    assert base is not None
+    assert adapter is not None
+    assert set(adapter) == set(base) == {"10.0.0.1:8000", "10.0.0.2:8000"}
+    assert all(sha in adapter[e] and base[e] in adapter[e] for e in base)
+    base, adapter = pins("Loaded", "Loading")
+    assert adapter == {}
+    assert base is not None
+    assert len(base) == 2

@@ -99,6 +99,13 @@ class Status:
     revision that began it. Absent (an operator of an older version): not pinned."""
     REVISION: Final = "revision"
     PODS: Final = "pods"
+    ADAPTER_REVISIONS: Final = "adapterRevisions"
+    """`status.routing.adapterRevisions`: `[{name, revision, settled}]`, each adapter's revision
+    and whether every ready replica serves it (`llmop.adapter_status.routing_revisions`); a
+    stream of an adapter is continued only while the adapter stays settled at the revision it
+    had when the stream began. Absent: adapters pinned as the base model is."""
+    NAME: Final = "name"
+    SETTLED: Final = "settled"
 
 
 # --- Scale to zero ------------------------------------------------------------------------------

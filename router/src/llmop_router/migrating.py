@@ -28,7 +28,7 @@ from llmop_router.hold import Key
 from llmop_router.metering import Tap
 from llmop_router.metrics import RouterMetrics
 from llmop_router.migration import DONE, Record, Settings, Verdict, dumps, error_document
-from llmop_router.routes import Choice, RouteTable
+from llmop_router.routes import Backend, Choice, RouteTable
 
 log = logging.getLogger("llmop_router.migration")
 
@@ -36,6 +36,9 @@ ATTEMPTS = 2
 """Before the first 200: the first pick and one retry on a different pod (as the proxy)."""
 TICK = 0.25
 """How often a quiet stream checks its inactivity bounds."""
+DECODE_SECONDS = 1.0
+"""The most a stream's last event waits for the engine to decode which of a merged event's
+tokens completed a stop string (`StopChunk`); past it every id is kept."""
 MAX_PENDING = 1 << 22
 """An incomplete event longer than this is relayed as bytes (and the stream no longer parsed)."""
 EVENT_END = b"\n\n"
@@ -101,6 +104,8 @@ class StreamForward:
         """The model revision of the pod that began the answer (None: not known)."""
         self.pinned = False
         """The next attempt continues generated tokens: only a pod of `revision` may take it."""
+        self._stopped: dict[str, object] | None = None
+        """The event in which the router's stop string ended the answer, not yet sent."""
 
     # -- the attempts --------------------------------------------------------------------
 
@@ -195,10 +200,16 @@ class StreamForward:
         pods serve which (`Backend.revisions`)."""
         live: set[str] = set()
         revisions: dict[str, str] | None = None
-        for backend in self.table.backends.values():
-            if (backend.namespace, backend.name) == self.cr:
-                live.update(backend.ring.endpoints)
-                revisions = backend.revisions if revisions is None else revisions
+        own = self._own_backend()
+        if own is not None:
+            # The request's own name: an adapter's pins differ from its base's.
+            live.update(own.ring.endpoints)
+            revisions = own.revisions
+        else:
+            for backend in self.table.backends.values():
+                if (backend.namespace, backend.name) == self.cr:
+                    live.update(backend.ring.endpoints)
+                    revisions = backend.revisions if revisions is None else revisions
         if not pinned or revisions is None:
             return live
         return {e for e in live if self.revision is not None and revisions.get(e) == self.revision}
@@ -207,15 +218,23 @@ class StreamForward:
         """Some pod other than the failed ones could take the request, revision aside."""
         return bool(self._live(pinned=False) - set(self.failed))
 
+    def _own_backend(self) -> Backend | None:
+        """The table's backend of the request's model name now, when it is still this CR's."""
+        model = self.record.body.get("model")
+        backend = self.table.backends.get(model) if isinstance(model, str) else None
+        if backend is None or (backend.namespace, backend.name) != self.cr:
+            return None
+        return backend
+
     def _revision_of(self, endpoint: str) -> str | None:
-        # The pick's backend knows the endpoint it picked (no walk over every routed model);
-        # the table's, where the status named it since.
+        # The pick's backend knows the endpoint it picked; the table's, where the status named
+        # it since.
         revisions = self.choice.backend.revisions
         if revisions is None or endpoint in revisions:
             return None if revisions is None else revisions[endpoint]
-        for backend in self.table.backends.values():
-            if (backend.namespace, backend.name) == self.cr and backend.revisions is not None:
-                return backend.revisions.get(endpoint)
+        own = self._own_backend()
+        if own is not None and own.revisions is not None:
+            return own.revisions.get(endpoint)
         return None
 
     def _next(self, failed: list[str], tries: int) -> str | None:
@@ -328,6 +347,7 @@ class StreamForward:
                 await self._write(out)
             if verdict == "stopped":
                 upstream.close()  # vLLM aborts a request whose client left
+                await self._write(await self._stop_event(endpoint))
                 return None
             if verdict:
                 return None if verdict == "done" else verdict
@@ -398,14 +418,51 @@ class StreamForward:
                 continue
             if seen.verdict is Verdict.STOP:
                 # The router's stop string ends the answer here; the engine's rest is dropped
-                # (closing the upstream aborts it).
+                # (closing the upstream aborts it), and the event goes out from `_stop_event`.
                 self._seam_relayed()
-                out.append(b"data: " + dumps(doc) + EVENT_END)
-                out.append(record.ending(None))
+                self._stopped = doc
                 return b"".join(out), "stopped"
             self._seam_relayed()
             out.append(b"data: " + dumps(doc) + EVENT_END)
         return b"".join(out), ""
+
+    async def _stop_event(self, endpoint: str) -> bytes:
+        """The event that completed the router's stop string, and the answer's end: when it
+        carried several tokens, only those up to the one that completed the string are kept
+        (as vLLM keeps them), which the engine's tokenizer says (`/detokenize`)."""
+        doc, self._stopped = self._stopped, None
+        assert doc is not None
+        chunk = self.record.stop_chunk
+        if chunk is not None:
+            texts = await self._decode(endpoint, chunk.prefixes())
+            self.record.keep_stop_ids(doc, chunk.kept(texts))
+        return b"data: " + dumps(doc) + EVENT_END + self.record.ending(None)
+
+    async def _decode(self, endpoint: str, prefixes: list[list[int]]) -> list[str | None]:
+        """The engine's text of each id list (vLLM's `POST /detokenize`, all at once); None for
+        one it did not answer (an engine without the route, gone, or slower than
+        `DECODE_SECONDS`)."""
+        headers = {"Content-Type": "application/json"}
+        if "Authorization" in self.headers:
+            headers["Authorization"] = self.headers["Authorization"]
+        model = self.record.body.get("model")
+
+        async def one(ids: list[int]) -> str | None:
+            body = dumps({"model": model, "tokens": ids})
+            url = f"http://{endpoint}/detokenize"
+            async with self.session.post(url, data=body, headers=headers) as answer:
+                if answer.status != 200:
+                    return None
+                doc = await answer.json(content_type=None)
+            text = doc.get("prompt") if isinstance(doc, dict) else None
+            return text if isinstance(text, str) else None
+
+        try:
+            async with asyncio.timeout(DECODE_SECONDS):
+                return list(await asyncio.gather(*(one(ids) for ids in prefixes)))
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            log.info("%s could not decode a stop string's tokens: %r", endpoint, exc)
+            return [None] * len(prefixes)
 
     def _seam_relayed(self) -> None:
         """A continuation's first event goes out: the seam's time is measured."""

@@ -17,6 +17,7 @@ role chunk, no router-asked ids, usage counted over all attempts (`prompt_tokens
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
@@ -202,6 +203,9 @@ class Stops:
     offset: int = 0
     emitted: int = 0
     """Characters of the answer sent to the client."""
+    reach: int = 0
+    """At a match: the characters of the event's new text up to the end of the stop string
+    (which of its tokens completed it: `StopChunk`)."""
 
     KEEP: ClassVar[int] = 4096
     """Text already sent is dropped past this much (the search needs `max(len) - 1` of it)."""
@@ -232,6 +236,11 @@ class Stops:
             found = check_stop_strings(self.text, len(new), self.strings, self.include)
             if found is not None:
                 stop, cut = found
+                # vLLM's `stop_end`: where the match ends (`include`: where the text is cut).
+                match_end = cut if cut >= 0 else len(self.text)
+                self.reach = (
+                    match_end + (0 if self.include else len(stop)) - (len(self.text) - len(new))
+                )
                 if cut >= 0:
                     self.text = self.text[:cut]
                 return self._send(self.offset + len(self.text)), stop
@@ -252,6 +261,53 @@ class Stops:
         out = self.text[self.emitted - self.offset : upto - self.offset]
         self.emitted = upto
         return out
+
+
+STOP_CHUNK_MAX_IDS = 64
+"""An event of more tokens than this completing a stop string keeps them all (not decoded)."""
+DECODE_CONTEXT = 6
+"""Ids before the event decoded with it, so its first token's text is what a stream shows (a
+leading space) and not a sequence's start (vLLM's incremental detokenizer reads 5 back)."""
+
+
+@dataclass(frozen=True)
+class StopChunk:
+    """The event whose text completed a stop string carried several tokens (an engine's
+    `--stream-interval`, or vLLM's output collector merging steps when the reader lags), and
+    the engine, which never saw the stop strings, sent the tokens after the one that completed
+    it too. vLLM keeps only the tokens up to that one (`BaseIncrementalDetokenizer.update`:
+    `bisect_left(token_offsets, stop_end)`); which one it is comes from decoding growing
+    prefixes of the event's ids with the engine's own tokenizer (`prefixes`, `kept`)."""
+
+    ids: tuple[int, ...]
+    context: tuple[int, ...]
+    reach: int
+    """Characters of the event's text up to the end of the stop string."""
+
+    def prefixes(self) -> list[list[int]]:
+        """What to decode: the context alone, then with the event's first 1 … n-1 ids (all n
+        are kept when none of those reaches the match)."""
+        return [[*self.context, *self.ids[:k]] for k in range(len(self.ids))]
+
+    def kept(self, texts: Sequence[str | None]) -> int:
+        """How many of the event's ids to keep, from the decoded `prefixes` (None: that one
+        could not be decoded, and every id is kept, as before decoding was tried)."""
+        if len(texts) != len(self.ids) or texts[0] is None:
+            return len(self.ids)
+        base = _streamed_length(texts[0])
+        for k, text in enumerate(texts[1:], 1):
+            if text is None:
+                return len(self.ids)
+            if _streamed_length(text) - base >= self.reach:
+                return k
+        return len(self.ids)
+
+
+def _streamed_length(decoded: str) -> int:
+    """The length a stream shows of a decoded prefix: a decode that ends inside a character
+    (a byte-level token of a multi-byte one) ends in U+FFFD, which vLLM's incremental
+    detokenizer (tokenizers' `DecodeStream`) holds back until the character is complete."""
+    return len(decoded.rstrip("\ufffd"))
 
 
 def first_body(body: dict[str, Any]) -> bytes:
@@ -310,6 +366,9 @@ class Record:
     stops: Stops | None = None
     """The request's stop strings, matched here (only for a request that can be continued:
     the engines of any other one match them)."""
+    stop_chunk: StopChunk | None = None
+    """The event that completed a stop string carried several ids: some may be dropped
+    (`keep_stop_ids`) once decoding said which completed it."""
 
     @classmethod
     def of(cls, path: str, body: dict[str, Any], settings: Settings) -> Record:
@@ -369,7 +428,7 @@ class Record:
         self.generated.extend(new)
         if choices:
             self.events += 1
-        return Seen(Verdict.STOP if stopped else Verdict.FORWARD)
+        return self._verdict(stopped, new)
 
     def _stop(self, choice: dict[str, Any], tokens: int) -> bool:
         """Match the router's stop strings on one choice's new text (rewritten in place to what
@@ -394,6 +453,29 @@ class Record:
         choice["stop_reason"] = stop
         self.finished = "stop"
         return True
+
+    def _verdict(self, stopped: bool, new: list[int]) -> Seen:
+        """Forward the event, or (a stop string ended the answer in it, `new` its ids, the
+        last of `generated`) stop there, noting a merged event's ids (`StopChunk`)."""
+        if not stopped:
+            return Seen(Verdict.FORWARD)
+        if self.stops is not None and 1 < len(new) <= STOP_CHUNK_MAX_IDS:
+            before = [*(self.prompt_ids or ()), *self.generated[: len(self.generated) - len(new)]]
+            context = tuple(before[-DECODE_CONTEXT:])
+            self.stop_chunk = StopChunk(tuple(new), context, self.stops.reach)
+        return Seen(Verdict.STOP)
+
+    def keep_stop_ids(self, doc: dict[str, Any], kept: int) -> None:
+        """Keep only the first `kept` ids of the event that completed a stop string (`doc`,
+        as rewritten by `see`): in what was generated (so usage counts them) and in the ids
+        the client asked for."""
+        chunk, self.stop_chunk = self.stop_chunk, None
+        if chunk is None or not 0 < kept < len(chunk.ids):
+            return
+        del self.generated[len(self.generated) - (len(chunk.ids) - kept) :]
+        for choice in doc.get("choices") or ():
+            if isinstance(choice, dict) and isinstance(choice.get("token_ids"), list):
+                choice["token_ids"] = choice["token_ids"][:kept]
 
     def see_bytes(self, data: bytes) -> bytes | None:
         """`see` without parsing, for the bulk of a first attempt's events (`strip_ids`): the

@@ -1,6 +1,7 @@
 """The simulator's HTTP server: vLLM's OpenAI-compatible routes over the batching model.
 
-Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (JSON or SSE streaming), `/health`
+Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (JSON or SSE streaming),
+`/detokenize` (ids to text, as vLLM's: generated ids decode exactly, prompt pieces to ""), `/health`
 (200; 503 once crashed), `/ping`, `/version`, `/metrics` (vLLM names), `/load` (in-flight
 generation requests, as vLLM's with `--enable-server-load-tracking`), and the simulation controls
 `POST|GET /sim/fault` and `GET /sim/stats` (request counts, split by probe vs client traffic; probes
@@ -60,7 +61,7 @@ from llmop_engine.contract import (
     UNLOAD_LORA_PATH,
     Env,
 )
-from llmop_engine.simulator import decoding, generation, request_faults
+from llmop_engine.simulator import decoding, generation, request_faults, tokens
 from llmop_engine.simulator.batching import BatchEngine, RequestTooLongError
 from llmop_engine.simulator.faults import FaultError, FaultState
 from llmop_engine.simulator.group import Rendezvous, run_headless
@@ -160,6 +161,7 @@ class SimServer:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get("/load", self.load)
         app.router.add_post(LOAD_LORA_PATH, self.load_lora)
@@ -308,6 +310,28 @@ class SimServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's `POST /detokenize` `{"model", "tokens"}` → `{"prompt": text}`."""
+        if (denied := self._auth(request)) is not None:
+            return denied
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "request body is not JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("tokens"), list):
+            return _error(400, "tokens: a list of token ids is required")
+        model = body.get("model")
+        if model is not None:
+            names = self.cfg.served_model_names or (self.cfg.model,)
+            shift = self._model_shift(str(model), names)
+            if isinstance(shift, web.Response):
+                return shift
+        try:
+            ids = tokens.check_ids(body["tokens"]) if body["tokens"] else []
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return web.json_response({"prompt": "".join(tokens.word_text(i) for i in ids)})
+
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
@@ -355,7 +379,13 @@ class SimServer:
         try:
             if gen.stream:
                 shape = StreamShape(chat, rid, int(time.time()), str(model), gen.return_token_ids)
-                stream = Stream(shape, jobs, include_usage=gen.include_usage, fault=fault)
+                stream = Stream(
+                    shape,
+                    jobs,
+                    include_usage=gen.include_usage,
+                    fault=fault,
+                    interval=self.cfg.stream_interval,
+                )
                 return await self._stream(request, stream)
             return await self._complete(
                 request, jobs, gen, chat=chat, model=str(model), rid=rid, fault=fault

@@ -56,9 +56,12 @@ class SimConfig:
     fault_after_seconds: float = 0.0
     slow_factor: float = 10.0
     request_fault: str = ""
+    """Default `X-Sim-Fault` spec for requests without the header (`request_faults`)."""
     eos_probability: float = 0.0
     """Chance per token that an answer ends (EOS) unless `ignore_eos`: `decoding.plan`."""
-    """Default `X-Sim-Fault` spec for requests without the header (`request_faults`)."""
+    stream_interval: int = 1
+    """vLLM's `--stream-interval`: a stream's chunk carries this many tokens (the first token
+    and the finish go at once), as vLLM's output processor batches them (`streaming`)."""
     crash_exit_delay_seconds: float = 1.0
     # vLLM's API server exits 0 after its EngineCore died: the simulator does the same.
     crash_exit_code: int = 0
@@ -93,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=float, default=0.0)
     p.add_argument("--api-key", default=None)
     p.add_argument("--disable-log-stats", action="store_true")
+    p.add_argument("--stream-interval", type=int, default=1)
     # vLLM 0.32's LoRA flags and defaults (vllm/config/lora.py); --max-cpu-loras defaults to
     # --max-loras and may not be below it.
     p.add_argument("--enable-lora", action="store_true")
@@ -178,6 +182,8 @@ def parse(argv: Sequence[str]) -> SimConfig:
         log.info("simulator ignores vLLM flags it does not model: %s", " ".join(unknown))
     if not 0 <= ns.node_rank < max(1, ns.nnodes):
         parser.error(f"--node-rank {ns.node_rank} is outside 0..{max(1, ns.nnodes) - 1}")
+    if ns.stream_interval < 1:
+        parser.error(f"--stream-interval {ns.stream_interval}: must be at least 1 (as vLLM's)")
     if ns.headless and ns.node_rank == 0:
         parser.error("--headless is for ranks other than 0 (rank 0 serves the API)")
     model = ns.model or model or DEFAULT_MODEL
@@ -211,6 +217,7 @@ def parse(argv: Sequence[str]) -> SimConfig:
         slow_factor=max(1.0, ns.sim_slow_factor),
         request_fault=_request_fault(parser, ns.sim_request_fault),
         eos_probability=min(1.0, max(0.0, ns.sim_eos_probability)),
+        stream_interval=ns.stream_interval,
         crash_exit_delay_seconds=max(0.0, ns.sim_crash_exit_delay),
         crash_exit_code=ns.sim_crash_exit_code,
         group=GroupConfig(

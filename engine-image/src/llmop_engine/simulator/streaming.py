@@ -7,7 +7,9 @@ prompt); it returns the SSE text to write now and what the server does after wri
 body ends with what was returned; the engine's requests are aborted).
 
 Order and content follow vLLM 0.32 (`openai_shapes` has the field shapes): chat's role chunk rides
-with the first output; one chunk per token with its text (held back for stop strings) and id; the
+with the first output; one chunk per token with its text (held back for stop strings) and id, or
+with `--stream-interval N` one chunk per N tokens (their texts and ids together; the first token
+and the finish go at once, as vLLM's `RequestState.make_request_output` sends them); the
 finish reason on the last token's chunk for "length" and "stop", on a chunk of its own without
 ids for an abort (carrying the held-back text); no choice at all for a prompt aborted before its
 first token; the usage chunk when asked for; `[DONE]`, except after an engine error, where the
@@ -49,10 +51,12 @@ class Stream:
         *,
         include_usage: bool,
         fault: tuple[str, int] | None = None,
+        interval: int = 1,
     ) -> None:
         self.shape = shape
         self.jobs = list(jobs)
         self.include_usage = include_usage
+        self.interval = max(1, interval)
         # A fault at or past the first prompt's planned end never fires.
         self.fault = fault if fault is not None and fault[1] < len(jobs[0].plan.ids) else None
 
@@ -62,8 +66,12 @@ class Stream:
             limit = job.req.generated
             if index == 0 and self.fault is not None:
                 limit = min(limit, self.fault[1])
+            faulting = index == 0 and self.fault is not None and limit == self.fault[1]
             while job.sent < limit:
-                parts.append(self._token(index, job))
+                count = self._batch(job, limit, faulting)
+                if not count:
+                    break
+                parts.append(self._token(index, job, count))
             if index == 0 and self.fault is not None and job.sent == self.fault[1]:
                 return self._fault(parts)
             if job.req.finished and job.sent == job.req.generated and not job.closed:
@@ -80,10 +88,21 @@ class Stream:
         job.opened = True
         return self.shape.role(index, job.prompt_ids) if self.shape.chat else ""
 
-    def _token(self, index: int, job: Job) -> str:
+    def _batch(self, job: Job, limit: int, faulting: bool) -> int:
+        """How many of the generated tokens the next chunk carries (0: wait for more): all of
+        them at the finish or a fault (a dying engine's buffered tokens go out as they are in
+        the simulator: its fault fires after exactly N tokens), one for the first token."""
+        pending = limit - job.sent
+        if job.sent == 0 or self.interval == 1:
+            return 1
+        if pending >= self.interval or faulting or job.req.finished:
+            return pending
+        return 0
+
+    def _token(self, index: int, job: Job, count: int = 1) -> str:
         head = "" if job.opened else self._open(index, job)
         k = job.sent
-        job.sent += 1
+        job.sent += count
         plan, req = job.plan, job.req
         final = (
             req.finished and job.sent == req.generated and req.finish_reason in ("length", "stop")
@@ -92,8 +111,8 @@ class Stream:
             job.closed = True
         return head + self.shape.token(
             index,
-            plan.texts[k],
-            plan.ids[k : k + 1],
+            "".join(plan.texts[k : k + count]),
+            plan.ids[k : k + count],
             finish=req.finish_reason if final else None,
             stop_reason=plan.stop_reason if final and req.finish_reason == "stop" else None,
             prompt_ids=None if k else job.prompt_ids,
