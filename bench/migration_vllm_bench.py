@@ -25,8 +25,13 @@ the engine's own answer to the same request (its own stop rules), past the route
 `--stream-interval N` the engines send N tokens an event (vLLM's flag), so the event completing
 a stop string also carries tokens after it, which the router must drop as vLLM does.
 
+Then `--min-tokens` streams (no fault) with `min_tokens` M and a stop string ending in the
+text of the M-th token: vLLM checks stop strings token by token once more than M tokens exist,
+so that match does not count; with events of several tokens the one crossing M holds it, and
+the router must search that event only from its token past M.
+
     python bench/migration_vllm_bench.py [--kills 30] [--hangs 10] [--stops 6] [--seed 7]
-        [--stream-interval N]
+        [--stream-interval N] [--min-tokens 6]
 """
 
 from __future__ import annotations
@@ -425,6 +430,33 @@ async def stop_trials(
     return found, controls
 
 
+async def min_tokens_trials(rig: Rig, router: str, count: int, seed: int) -> list[StopTrial]:
+    """Streams with `min_tokens` M and a stop string ending in the M-th token's text (one the
+    engine does not match: it checks only past M), through the router and straight to the
+    engine: the same text, ids, finish and usage?"""
+    draw = random.Random(seed + 2)
+    trials: list[StopTrial] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
+        for n in range(1, count + 1):
+            prompt = draw.randrange(len(PROMPTS))
+            plain = await stream(http, router, body(PROMPTS[prompt]))
+            pieces = await token_pieces(http, rig.engines[0].api, plain)
+            minimum = draw.randrange(2, MAX_TOKENS // 2)
+            through = "".join(pieces[:minimum])
+            stop = through[-2:] if len(pieces[minimum - 1]) >= 2 else through[-3:]
+            payload = {**body(PROMPTS[prompt]), "stop": [stop], "min_tokens": minimum}
+            engine = await stream(http, rig.engines[0].api + "/v1/completions", payload)
+            answer = await stream(http, router, payload)
+            trials.append(StopTrial(prompt, stop, minimum, answer, engine))
+            print(
+                f"min_tokens {n}/{count}: {minimum}, stop {stop!r} (the engine stops after "
+                f"{len(engine.ids)} tokens): "
+                + ("equal" if trials[-1].equal else "DIFFERENT: " + trials[-1].differences()),
+                flush=True,
+            )
+    return trials
+
+
 async def token_pieces(http: aiohttp.ClientSession, api: str, answer: Answer) -> list[str]:
     """The text of each generated token: the events' texts when each carried one token, else
     from the engine's own `/detokenize` of growing prefixes (events of several tokens:
@@ -446,7 +478,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 def report(
-    faults: list[Fault], seconds: float, stops: list[StopTrial], controls: list[StopTrial]
+    faults: list[Fault],
+    seconds: float,
+    stops: list[StopTrial],
+    controls: list[StopTrial],
+    minimums: list[StopTrial],
 ) -> None:
     print(
         f"\nmigration over 2 real vLLM (CPU) replicas, tiny model, greedy streams of "
@@ -471,6 +507,7 @@ def report(
     for label, trials in (
         ("stop string across the seam (EngineCore SIGKILL inside it)", stops),
         ("stop string, no fault (through the router)", controls),
+        ("stop string before min_tokens, no fault (through the router)", minimums),
     ):
         if trials:
             answered, equal = sum(t.answered for t in trials), sum(t.equal for t in trials)
@@ -495,6 +532,7 @@ def main() -> int:
     parser.add_argument("--hangs", type=int, default=10)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--stops", type=int, default=6, help="stop-string trials")
+    parser.add_argument("--min-tokens", type=int, default=6, help="min_tokens trials")
     parser.add_argument("--logs", type=Path)
     parser.add_argument(
         "--stream-interval", type=int, default=1, help="vLLM's: tokens per streamed event"
@@ -521,7 +559,8 @@ def main() -> int:
         url = f"http://127.0.0.1:{port}/v1/completions"
         faults = asyncio.run(run(rig, url, args.kills, args.hangs, args.seed))
         stops, controls = asyncio.run(stop_trials(rig, url, args.stops, args.seed))
-        report(faults, time.monotonic() - started, stops, controls)
+        minimums = asyncio.run(min_tokens_trials(rig, url, args.min_tokens, args.seed))
+        report(faults, time.monotonic() - started, stops, controls, minimums)
     finally:
         if router is not None:
             stop_all([router])

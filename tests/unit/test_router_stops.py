@@ -24,12 +24,18 @@ from llmop_router.migration import (
 )
 
 
+def detokenize(ids: list[int]) -> str:
+    """The simulator's `/detokenize`."""
+    return "".join(tokens.word_text(i) for i in ids)
+
+
 def routed(
     path: str, body: dict[str, Any], raw: decoding.Plan, interval: int = 1
 ) -> tuple[list[str], Record, Any]:
     """Feed the unstopped answer's events to a `Record`: the texts the client gets per event,
     the record, and the last event. An event carries one token, or with `interval` that many
-    after the first (vLLM's `--stream-interval`)."""
+    after the first (vLLM's `--stream-interval`); one crossing `min_tokens` is decoded first,
+    as the router's relay does (`MinTokensSpan`)."""
     record = Record.of(path, body, Settings())
     assert record.refused is None
     assert record.stops is not None
@@ -47,6 +53,9 @@ def routed(
             choice = {"index": 0, "text": text, "finish_reason": finish}
         choice["token_ids"] = list(raw.ids[start:end])
         doc = {"id": "cmpl-1", "created": 1, "model": "m", "choices": [choice]}
+        span = record.min_tokens_span(doc)
+        if span is not None:
+            record.past_min_tokens(span.offset([detokenize(ids) for ids in span.prefixes()]))
         seen = record.see(doc)
         assert seen.verdict in (Verdict.FORWARD, Verdict.STOP)
         sent.append(choice["delta"].get("content", "") if path == CHAT else choice["text"])
@@ -116,31 +125,37 @@ def test_in_merged_events_the_router_keeps_the_ids_up_to_the_one_completing_the_
     """Events of 2-5 tokens (an engine's `--stream-interval`): the event completing a stop
     string also carries the tokens after the one that completed it. Decoding its prefixes
     (here with the simulator's tokenizer, as `/detokenize` answers) keeps exactly the ids the
-    engine keeps when it matches the strings itself."""
+    engine keeps when it matches the strings itself; with `min_tokens`, the event crossing it
+    is searched only from its first token past it, as the engine checks token by token."""
     shuffle = random.Random(11)
-    trimmed = 0
-    for _ in range(400):
+    trimmed = spanned = 0
+    for _ in range(800):
         context, max_tokens, raw = random_answer(shuffle)
         body: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": max_tokens}
         body["stop"] = random_stops(shuffle, raw.text)
         body["include_stop_str_in_output"] = shuffle.random() < 0.3
+        if shuffle.random() < 0.5:
+            body["min_tokens"] = shuffle.randrange(1, max_tokens)
         if path == CHAT:
             body["messages"] = [{"role": "user", "content": "hi"}]
         else:
             body["prompt"] = context
         engine = decoding.plan(context, max_tokens, decoding.SamplingSpec.from_body(body))
-        sent, record, doc = routed(path, body, raw, interval=shuffle.randrange(2, 6))
+        interval = shuffle.randrange(2, 6)
+        sent, record, doc = routed(path, body, raw, interval=interval)
+        spanned += body.get("min_tokens", 0) % interval not in (0, 1)
         chunk = record.stop_chunk
         if chunk is not None:
-            decoded = ["".join(tokens.word_text(i) for i in ids) for ids in chunk.prefixes()]
+            decoded = [detokenize(ids) for ids in chunk.prefixes()]
             before = len(record.generated)
             record.keep_stop_ids(doc, chunk.kept(decoded))
             trimmed += len(record.generated) < before
-        case = (body["stop"], body["include_stop_str_in_output"])
+        case = (body["stop"], body["include_stop_str_in_output"], body.get("min_tokens"))
         assert "".join(sent) + record.stops.flush() == engine.text, case  # type: ignore[union-attr]
         assert record.generated == list(engine.ids), case
         assert doc["choices"][0]["finish_reason"] == engine.finish, case
-    assert trimmed > 50, "too few merged events held tokens after the stop to prove anything"
+    assert trimmed > 100, "too few merged events held tokens after the stop to prove anything"
+    assert spanned > 100, "too few events crossed min_tokens to prove anything"
 
 
 def test_a_merged_event_keeps_every_id_when_its_prefixes_are_not_decoded() -> None:

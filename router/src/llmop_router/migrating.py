@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -27,7 +28,16 @@ from llmop_router.answers import error_event, forwarded_headers
 from llmop_router.hold import Key
 from llmop_router.metering import Tap
 from llmop_router.metrics import RouterMetrics
-from llmop_router.migration import DONE, Record, Settings, Verdict, dumps, error_document
+from llmop_router.migration import (
+    DONE,
+    MinTokensSpan,
+    Record,
+    Seen,
+    Settings,
+    Verdict,
+    dumps,
+    error_document,
+)
 from llmop_router.routes import Backend, Choice, RouteTable
 
 log = logging.getLogger("llmop_router.migration")
@@ -42,6 +52,8 @@ tokens completed a stop string (`StopChunk`); past it every id is kept."""
 MAX_PENDING = 1 << 22
 """An incomplete event longer than this is relayed as bytes (and the stream no longer parsed)."""
 EVENT_END = b"\n\n"
+SPAN = "span"
+"""`_events`' verdict for an event that needs decoding before its stop search (`_span`)."""
 
 RelayPlain = Callable[[aiohttp.ClientResponse, Callable[[], None]], Awaitable[web.StreamResponse]]
 """The proxy's own relay, for answers that are not an SSE 200 (errors, a JSON answer)."""
@@ -106,6 +118,8 @@ class StreamForward:
         """The next attempt continues generated tokens: only a pod of `revision` may take it."""
         self._stopped: dict[str, object] | None = None
         """The event in which the router's stop string ended the answer, not yet sent."""
+        self._span: tuple[MinTokensSpan, bytes] | None = None
+        """The event crossing `min_tokens` and the events after it, to decode first."""
 
     # -- the attempts --------------------------------------------------------------------
 
@@ -342,9 +356,7 @@ class StreamForward:
                 continue
             complete, pending = pending[: cut + 2], pending[cut + 2 :]
             got_event = True
-            out, verdict = self._events(complete) if self.parse else self._raw(complete)
-            if out:
-                await self._write(out)
+            verdict = await self._relay(complete, endpoint)
             if verdict == "stopped":
                 upstream.close()  # vLLM aborts a request whose client left
                 await self._write(await self._stop_event(endpoint))
@@ -387,11 +399,24 @@ class StreamForward:
         self.record.events += complete.count(b"data:")
         return complete, ""
 
+    async def _relay(self, complete: bytes, endpoint: str) -> str:
+        """Send whole events on; their verdict ("": go on, "stopped", "done", or why the
+        attempt failed)."""
+        out, verdict = self._events(complete) if self.parse else self._raw(complete)
+        while verdict == SPAN:
+            if out:
+                await self._write(out)
+            out, verdict = await self._past_min_tokens(endpoint)
+        if out:
+            await self._write(out)
+        return verdict
+
     def _events(self, complete: bytes) -> tuple[bytes, str]:
         """Parsed events: what to send on, and "" (go on), "done" or why the attempt failed."""
         out: list[bytes] = []
         record = self.record
-        for raw in complete.split(EVENT_END):
+        parts = complete.split(EVENT_END)
+        for at, raw in enumerate(parts):
             if not raw.strip():
                 continue
             data = _data(raw)
@@ -411,20 +436,41 @@ class StreamForward:
                 record.refused = record.refused or "an event that is not JSON"
                 out.append(raw + EVENT_END)
                 continue
-            seen = record.see(doc)
-            if seen.verdict is Verdict.FAIL:
-                return b"".join(out), seen.reason
-            if seen.verdict is Verdict.DROP:
-                continue
-            if seen.verdict is Verdict.STOP:
-                # The router's stop string ends the answer here; the engine's rest is dropped
-                # (closing the upstream aborts it), and the event goes out from `_stop_event`.
-                self._seam_relayed()
-                self._stopped = doc
-                return b"".join(out), "stopped"
-            self._seam_relayed()
-            out.append(b"data: " + dumps(doc) + EVENT_END)
+            span = record.min_tokens_span(doc) if record.stops is not None else None
+            if span is not None:
+                # Rare (once a stream at most): decoded before the event goes on.
+                self._span = (span, EVENT_END.join(parts[at:]))
+                return b"".join(out), SPAN
+            verdict = self._seen(record.see(doc), doc, out)
+            if verdict:
+                return b"".join(out), verdict
         return b"".join(out), ""
+
+    def _seen(self, seen: Seen, doc: dict[str, Any], out: list[bytes]) -> str:
+        """One event as `Record.see` judged it: added to `out` ("": go on), or the attempt's
+        verdict."""
+        if seen.verdict is Verdict.FAIL:
+            return seen.reason
+        if seen.verdict is Verdict.DROP:
+            return ""
+        self._seam_relayed()
+        if seen.verdict is Verdict.STOP:
+            # The router's stop string ends the answer here; the engine's rest is dropped
+            # (closing the upstream aborts it), and the event goes out from `_stop_event`.
+            self._stopped = doc
+            return "stopped"
+        out.append(b"data: " + dumps(doc) + EVENT_END)
+        return ""
+
+    async def _past_min_tokens(self, endpoint: str) -> tuple[bytes, str]:
+        """The event whose tokens cross `min_tokens` (`MinTokensSpan`, held by `_events`),
+        once the engine's tokenizer said where in its text the stop search begins, and the
+        events after it."""
+        assert self._span is not None
+        (span, rest), self._span = self._span, None
+        texts = await self._decode(endpoint, span.prefixes())
+        self.record.past_min_tokens(span.offset(texts))
+        return self._events(rest)
 
     async def _stop_event(self, endpoint: str) -> bytes:
         """The event that completed the router's stop string, and the answer's end: when it

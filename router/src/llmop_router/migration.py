@@ -206,6 +206,9 @@ class Stops:
     reach: int = 0
     """At a match: the characters of the event's new text up to the end of the stop string
     (which of its tokens completed it: `StopChunk`)."""
+    skip: int | None = None
+    """For the next event only: the characters of its text before its first token past
+    `min_tokens`, where the search begins (`MinTokensSpan`); None: the whole event's."""
 
     KEEP: ClassVar[int] = 4096
     """Text already sent is dropped past this much (the search needs `max(len) - 1` of it)."""
@@ -230,10 +233,11 @@ class Stops:
         """One event's new text, with `tokens` generated so far (this event's included) and
         whether the engine finished the answer: the text to send now, and the stop string
         that ends the answer here (None)."""
+        skip, self.skip = self.skip or 0, None
         self.text += new
         end = self.offset + len(self.text)
-        if new and tokens > self.min_tokens:
-            found = check_stop_strings(self.text, len(new), self.strings, self.include)
+        if len(new) > skip and tokens > self.min_tokens:
+            found = check_stop_strings(self.text, len(new) - skip, self.strings, self.include)
             if found is not None:
                 stop, cut = found
                 # vLLM's `stop_end`: where the match ends (`include`: where the text is cut).
@@ -301,6 +305,29 @@ class StopChunk:
             if _streamed_length(text) - base >= self.reach:
                 return k
         return len(self.ids)
+
+
+@dataclass(frozen=True)
+class MinTokensSpan:
+    """An event of several tokens whose last ones pass `min_tokens` (`--stream-interval`, or
+    merged steps). vLLM checks the stop strings token by token once more than `min_tokens`
+    exist, so only a match ending in the text of those later tokens counts; where that text
+    begins in the event comes from decoding the event's first `before` ids after the context
+    (`prefixes`, `offset`)."""
+
+    ids: tuple[int, ...]
+    """The event's ids up to the `min_tokens`-th of the answer."""
+    context: tuple[int, ...]
+
+    def prefixes(self) -> list[list[int]]:
+        return [list(self.context), [*self.context, *self.ids]]
+
+    def offset(self, texts: Sequence[str | None]) -> int:
+        """Characters of the event's text before its first token past `min_tokens`, from the
+        decoded `prefixes`; 0 when they were not decoded (the whole event is searched)."""
+        if len(texts) != 2 or texts[0] is None or texts[1] is None:
+            return 0
+        return max(0, _streamed_length(texts[1]) - _streamed_length(texts[0]))
 
 
 def _streamed_length(decoded: str) -> int:
@@ -464,6 +491,34 @@ class Record:
             context = tuple(before[-DECODE_CONTEXT:])
             self.stop_chunk = StopChunk(tuple(new), context, self.stops.reach)
         return Seen(Verdict.STOP)
+
+    def min_tokens_span(self, doc: Any) -> MinTokensSpan | None:
+        """What to decode before `see` of the event `doc`, when its ids cross `min_tokens`
+        with tokens before the crossing (`MinTokensSpan`); None for any other event, and for
+        this one once its span is known (`past_min_tokens`)."""
+        stops = self.stops
+        if stops is None or stops.skip is not None or not isinstance(doc, dict):
+            return None
+        before = stops.min_tokens - len(self.generated)
+        choices = doc.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        ids = choice.get("token_ids") if isinstance(choice, dict) else None
+        if before <= 0 or not isinstance(ids, list) or not before < len(ids) <= STOP_CHUNK_MAX_IDS:
+            return None
+        if not all(isinstance(i, int) for i in ids):
+            return None
+        prompt = self.prompt_ids
+        if prompt is None:  # the span is in the first event, which carries the prompt's ids
+            holder = doc if self.chat else choice
+            given = holder.get("prompt_token_ids") if isinstance(holder, dict) else None
+            prompt = [i for i in given if isinstance(i, int)] if isinstance(given, list) else []
+        context = [*prompt[-DECODE_CONTEXT:], *self.generated][-DECODE_CONTEXT:]
+        return MinTokensSpan(tuple(ids[:before]), tuple(context))
+
+    def past_min_tokens(self, skip: int) -> None:
+        """The next event's stop search begins `skip` characters into its text."""
+        if self.stops is not None:
+            self.stops.skip = skip
 
     def keep_stop_ids(self, doc: dict[str, Any], kept: int) -> None:
         """Keep only the first `kept` ids of the event that completed a stop string (`doc`,
