@@ -84,6 +84,22 @@ def random_stops(shuffle: random.Random, whole: str) -> list[str]:
     return stops
 
 
+def random_body(
+    shuffle: random.Random, path: str, context: list[int], max_tokens: int, stop: Any
+) -> dict[str, Any]:
+    """A streaming request with `stop`, sometimes `include_stop_str_in_output` (3 in 10) and
+    sometimes `min_tokens` (1 in 2)."""
+    body: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": max_tokens, "stop": stop}
+    body["include_stop_str_in_output"] = shuffle.random() < 0.3
+    if shuffle.random() < 0.5:
+        body["min_tokens"] = shuffle.randrange(0, max_tokens)
+    if path == CHAT:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = context
+    return body
+
+
 @pytest.mark.parametrize("keep", [Stops.KEEP, 9], ids=["keep-4096", "keep-9"])
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
 def test_the_router_stops_where_the_engine_would_have(
@@ -96,16 +112,8 @@ def test_the_router_stops_where_the_engine_would_have(
     for _ in range(400):
         context, max_tokens, raw = random_answer(shuffle)
         stops = random_stops(shuffle, raw.text)
-        body: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": max_tokens}
-        body["stop"] = stops if len(stops) > 1 or shuffle.random() < 0.5 else stops[0]
-        if shuffle.random() < 0.3:
-            body["include_stop_str_in_output"] = True
-        if shuffle.random() < 0.3:
-            body["min_tokens"] = shuffle.randrange(0, max_tokens)
-        if path == CHAT:
-            body["messages"] = [{"role": "user", "content": "hi"}]
-        else:
-            body["prompt"] = context
+        stop = stops if len(stops) > 1 or shuffle.random() < 0.5 else stops[0]
+        body = random_body(shuffle, path, context, max_tokens, stop)
         engine = decoding.plan(context, max_tokens, decoding.SamplingSpec.from_body(body))
         sent, record, doc = routed(path, body, raw)
         last = doc["choices"][0]
@@ -131,26 +139,20 @@ def test_in_merged_events_the_router_keeps_the_ids_up_to_the_one_completing_the_
     trimmed = spanned = 0
     for _ in range(800):
         context, max_tokens, raw = random_answer(shuffle)
-        body: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": max_tokens}
-        body["stop"] = random_stops(shuffle, raw.text)
-        body["include_stop_str_in_output"] = shuffle.random() < 0.3
-        if shuffle.random() < 0.5:
-            body["min_tokens"] = shuffle.randrange(1, max_tokens)
-        if path == CHAT:
-            body["messages"] = [{"role": "user", "content": "hi"}]
-        else:
-            body["prompt"] = context
+        body = random_body(shuffle, path, context, max_tokens, random_stops(shuffle, raw.text))
         engine = decoding.plan(context, max_tokens, decoding.SamplingSpec.from_body(body))
         interval = shuffle.randrange(2, 6)
         sent, record, doc = routed(path, body, raw, interval=interval)
-        spanned += body.get("min_tokens", 0) % interval not in (0, 1)
+        # Events: token 1, then `interval` tokens each; one crosses min_tokens inside it.
+        minimum = body.get("min_tokens", 0)
+        spanned += minimum > 1 and (minimum - 1) % interval != 0
         chunk = record.stop_chunk
         if chunk is not None:
             decoded = [detokenize(ids) for ids in chunk.prefixes()]
             before = len(record.generated)
             record.keep_stop_ids(doc, chunk.kept(decoded))
             trimmed += len(record.generated) < before
-        case = (body["stop"], body["include_stop_str_in_output"], body.get("min_tokens"))
+        case = (body["stop"], body["include_stop_str_in_output"], minimum)
         assert "".join(sent) + record.stops.flush() == engine.text, case  # type: ignore[union-attr]
         assert record.generated == list(engine.ids), case
         assert doc["choices"][0]["finish_reason"] == engine.finish, case
