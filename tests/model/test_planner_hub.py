@@ -19,6 +19,7 @@ from llmop import hub as hub_io
 from llmop.planner.model_config import ModelFiles, facts_from_files
 from llmop.preflight import HubFailure
 from support.hub_standin import HubRepo, HubStandin
+from support.hybrid_configs import GRANITE_H_SHAPE
 from support.published_configs import CHECKPOINT_GIB, CONFIGS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,6 +137,23 @@ def test_plan_with_model_files_is_offline_and_quick(tmp_path: Path) -> None:
     assert elapsed < 2.0, elapsed
 
 
+def test_a_mamba_hybrid_is_planned_from_its_files(tmp_path: Path) -> None:
+    """Granite 4.0-H's kind (4 attention and 36 Mamba-2 layers): its groups, from its
+    config and its checkpoint's size (tests/unit/test_planner_hybrids.py has the arithmetic)."""
+    directory = tmp_path / "granite"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(GRANITE_H_SHAPE))
+    index = {"metadata": {"total_size": 14 * GIB}, "weight_map": {"lm_head.weight": "x"}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    started = time.monotonic()
+    result = _llmop(
+        "plan", "-f", "-", "--model-files", str(directory), stdin=_manifest("ibm/granite-h")
+    )
+    assert result.returncode == 0, result.stderr
+    assert "10 KV groups" in result.stdout
+    assert time.monotonic() - started < 2.0
+
+
 def test_plan_outside_the_catalog_uses_the_hub_and_says_so(standin: HubStandin) -> None:
     repo = "Qwen/Qwen2.5-72B-Instruct-AWQ"
     result = _llmop(
@@ -172,13 +190,13 @@ def test_plan_without_a_reachable_hub_says_it_could_not_plan(standin: HubStandin
 def test_a_config_it_cannot_size_names_file_and_field(tmp_path: Path, command: str) -> None:
     directory = tmp_path / "hybrid"
     directory.mkdir()
-    config = {"model_type": "qwen3_next", "layer_types": ["linear_attention"]}
+    config = {"model_type": "jamba", "num_hidden_layers": 4}
     (directory / "config.json").write_text(json.dumps(config))
     result = _llmop(
-        command, "-f", "-", "--model-files", str(directory), stdin=_manifest("Qwen/Qwen3-Next")
+        command, "-f", "-", "--model-files", str(directory), stdin=_manifest("ai21labs/Jamba")
     )
     assert result.returncode == 2
-    assert "config.json: model_type: 'qwen3_next'" in result.stderr
+    assert "config.json: model_type: 'jamba'" in result.stderr
 
 
 def test_render_plans_from_model_files_as_the_operator_does(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ startup logs (tests/support/published_configs.py says where each figure comes fr
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -271,8 +272,9 @@ def test_plan_reports_batch_budget_groups_and_a_decode_ceiling() -> None:
 
 def test_cpu_plan_of_the_tiny_model_matches_vllm_cpu_log() -> None:
     """The tiny test model (tests/support/tiny_model.py, float32) on vLLM's CPU build with
-    VLLM_CPU_KVCACHE_SPACE=1 logs "CPU KV cache size: 524,288 tokens"
-    (../shared/reference/vllm-cpu.md)."""
+    VLLM_CPU_KVCACHE_SPACE=1 logs "CPU KV cache size: 524,288 tokens" with --dtype float32
+    (../shared/reference/vllm-cpu.md), and 1,048,576 with --dtype auto: vLLM 0.32 computes a
+    float32 checkpoint in bfloat16 there too."""
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -286,6 +288,9 @@ def test_cpu_plan_of_the_tiny_model_matches_vllm_cpu_log() -> None:
         "torch_dtype": "float32",
     }
     facts = facts_from_config(config, name="tiny")
-    plan = plan_cpu_capacity(CpuPlanRequest(facts, memory_gib=8, kv_cache_gib=1, max_model_len=512))
+    request = CpuPlanRequest(facts, memory_gib=8, kv_cache_gib=1, max_model_len=512)
+    plan = plan_cpu_capacity(replace(request, dtype="float32"))
     assert plan.kv_cache_tokens == 524_288
     assert plan.max_concurrency == pytest.approx(1024.0)
+    plan = plan_cpu_capacity(request)
+    assert (plan.kv_cache_tokens, plan.max_concurrency) == (1_048_576, 2048.0)

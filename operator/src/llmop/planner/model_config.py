@@ -31,7 +31,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmop.planner.dtypes import UnknownDtypeError, is_quantized, weight_bytes_per_param
-from llmop.planner.kv_layout import CHUNKED, FULL, MLA, SLIDING, AttentionLayer
+from llmop.planner.kv_layout import (
+    CHUNKED,
+    FULL,
+    GATED_DELTA_NET,
+    MAMBA2,
+    MLA,
+    SLIDING,
+    STATE,
+    AttentionLayer,
+    StateShape,
+)
 from llmop.planner.models import ATTENTION_GQA, ATTENTION_MLA, ModelArchitecture
 
 CONFIG_FILE = "config.json"
@@ -85,6 +95,12 @@ _SUPPORTED = frozenset(
         *_MLA_TYPES,
     }
 )
+
+# Mamba-2 / gated-delta-net hybrids the planner sizes (vLLM 0.32: granitemoehybrid.py,
+# qwen3_next.py): their state layers and full-attention layers, by `layer_types`.
+_STATE_HYBRIDS = frozenset({"granitemoehybrid", "qwen3_next"})
+_STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba"})
+_FULL_LAYER_TYPES = frozenset({"full_attention", "attention"})
 
 # Layer types of Mamba / linear-attention hybrids, and config keys that only they carry.
 _HYBRID_KEYS = (
@@ -215,6 +231,8 @@ def text_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], str, str]:
 
 
 def _refuse_unknown(text: Mapping[str, Any], text_type: str, where: str) -> None:
+    if text_type in _STATE_HYBRIDS:
+        return
     for key in _HYBRID_KEYS:
         if key in text:
             raise _err(
@@ -260,9 +278,82 @@ def _layer_types(text: Mapping[str, Any], text_type: str, layers: int) -> list[s
     return ["full_attention"] * layers
 
 
+def _state_shape(text: Mapping[str, Any], text_type: str, where: str) -> StateShape:
+    """A hybrid's state layer shape, from the keys vLLM reads for it."""
+    if text_type == "qwen3_next":
+        return StateShape(
+            GATED_DELTA_NET,
+            heads=_need(text, where, "linear_num_value_heads"),
+            head_dim=_need(text, where, "linear_value_head_dim"),
+            state_size=_need(text, where, "linear_key_head_dim"),
+            conv_kernel=_need(text, where, "linear_conv_kernel_dim"),
+            groups=_need(text, where, "linear_num_key_heads"),
+        )
+    hidden = _need(text, where, "hidden_size")
+    intermediate = (_int(text, "mamba_expand") or 2) * hidden
+    heads = _int(text, "mamba_n_heads") or 128
+    head_dim = _int(text, "mamba_d_head") or intermediate // heads
+    if heads * head_dim != intermediate:
+        raise _err(
+            f"{where}mamba_d_head",
+            f"{heads} heads of {head_dim} do not make mamba_expand x hidden_size {intermediate}",
+            "fix the config",
+        )
+    return StateShape(
+        MAMBA2,
+        heads=heads,
+        head_dim=head_dim,
+        state_size=_int(text, "mamba_d_state") or 256,
+        conv_kernel=_int(text, "mamba_d_conv") or 4,
+        groups=_int(text, "mamba_n_groups") or 1,
+        intermediate=intermediate,
+    )
+
+
+def _state_hybrid_layers(
+    text: Mapping[str, Any], text_type: str, where: str, *, layers: int, kv_heads: int, head: int
+) -> tuple[AttentionLayer, ...]:
+    """A Mamba-2 or gated-delta-net hybrid's layers (transformers' default `layer_types`:
+    Qwen3-Next every 4th layer full attention, Granite 4.0 every layer a state layer)."""
+    given = text.get("layer_types") or text.get("layers_block_type")
+    if isinstance(given, list) and given:
+        types = [str(value) for value in given]
+    elif text_type == "qwen3_next":
+        interval = _int(text, "full_attention_interval") or 4
+        types = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(layers)
+        ]
+    else:
+        types = ["linear_attention"] * layers
+    if len(types) != layers:
+        raise _err(
+            f"{where}layer_types",
+            f"{len(types)} entries for num_hidden_layers {layers}",
+            "fix the config (the two must agree)",
+        )
+    state = _state_shape(text, text_type, where)
+    out: list[AttentionLayer] = []
+    for value in types:
+        if value in _STATE_LAYER_TYPES:
+            out.append(AttentionLayer(STATE, 0, 0, 0, state=state))
+        elif value in _FULL_LAYER_TYPES:
+            out.append(AttentionLayer(FULL, kv_heads, head, head))
+        else:
+            raise _err(
+                f"{where}layer_types",
+                f"layer type {value!r} is not one the planner knows how vLLM sizes",
+            )
+    return tuple(out)
+
+
 def _attention_layers(
     text: Mapping[str, Any], text_type: str, where: str, *, layers: int, kv_heads: int, head: int
 ) -> tuple[AttentionLayer, ...]:
+    if text_type in _STATE_HYBRIDS:
+        return _state_hybrid_layers(
+            text, text_type, where, layers=layers, kv_heads=kv_heads, head=head
+        )
     if text_type in _MLA_TYPES and _int(text, "kv_lora_rank"):
         rank = _need(text, where, "kv_lora_rank")
         rope = _need(text, where, "qk_rope_head_dim")
@@ -463,6 +554,7 @@ def facts_from_config(
         text, text_type, where, layers=layers, kv_heads=kv_heads, head=head
     )
     mla = attention_layers[0].kind == MLA
+    attention = next((x for x in attention_layers if x.kind != STATE), None)
     dtype = _dtype(config, text)
     quantization = quantization_of(config, text)
     _check_sizes(dtype, quantization)
@@ -472,6 +564,12 @@ def facts_from_config(
     element = _TORCH_DTYPE_BYTES.get(dtype, 2)
     if checkpoint_bytes is not None and checkpoint_bytes <= 0:
         raise ModelConfigError(f"{INDEX_FILE}: metadata.total_size: not a positive size")
+    if checkpoint_bytes is None and any(x.kind == STATE for x in attention_layers):
+        # The parameter count from shapes knows attention and MLP layers, not Mamba mixers.
+        raise ModelConfigError(
+            f"{INDEX_FILE}: missing; the weights of a Mamba or linear-attention hybrid "
+            f"({text_type}) are sized from its checkpoint, not its config; {FIX}"
+        )
     if checkpoint_bytes is not None and quantization is None:
         # An unquantized checkpoint's bytes are its parameters at its dtype: exact count.
         scale = checkpoint_bytes / element / total if total else 1.0
@@ -481,7 +579,7 @@ def facts_from_config(
         parameters=max(1, total),
         layers=layers,
         kv_heads=1 if mla else kv_heads,
-        head_dim=attention_layers[0].head_size,
+        head_dim=attention.head_size if attention is not None else head,
         max_position_embeddings=max_length(text, where),
         dtype=dtype,
         attention=ATTENTION_MLA if mla else ATTENTION_GQA,

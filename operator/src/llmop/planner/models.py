@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from llmop.planner.kv_layout import AttentionLayer
+from llmop.planner.kv_layout import AttentionLayer, StateShape
 
 ATTENTION_GQA = "gqa"
 """Multi-head or grouped-query attention: K and V per KV head per layer."""
@@ -93,6 +93,11 @@ class ModelArchitecture:
     @property
     def is_mla(self) -> bool:
         return self.attention == ATTENTION_MLA
+
+    @property
+    def state_layers(self) -> tuple[StateShape, ...]:
+        """The state shapes of its Mamba or linear-attention layers (none: a transformer)."""
+        return tuple(layer.state for layer in self.attention_layers if layer.state is not None)
 
 
 def _gqa(  # noqa: PLR0917 - positional on purpose: each catalog row reads like a table line

@@ -1,0 +1,86 @@
+"""Configs of Mamba-2 and gated-delta-net hybrids for the planner's tests: small ones that
+vLLM's CPU build serves with dummy weights (tests/unit/test_planner_hybrids.py checks the plan
+against its log lines), and one of Granite 4.0-H's kind at a GPU's size. Made for the tests,
+in the published configs' key spellings; not copies of published files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GRANITE_TINY: dict[str, Any] = {
+    "architectures": ["GraniteMoeHybridForCausalLM"],
+    "model_type": "granitemoehybrid",
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+    "mamba_n_heads": 8,
+    "mamba_d_head": 32,
+    "mamba_d_state": 128,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_n_groups": 1,
+    "mamba_chunk_size": 64,
+    "intermediate_size": 256,
+    "shared_intermediate_size": 256,
+    "num_local_experts": 2,
+    "num_experts_per_tok": 1,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "position_embedding_type": "rope",
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+"""A tiny Granite 4.0 hybrid: 3 Mamba-2 layers of 34,304 state elements (conv (256 + 2 x 128)
+x 3, SSM 8 x 32 x 128), one attention layer of 4 x (32 + 32) elements a token."""
+
+QWEN3_NEXT_TINY: dict[str, Any] = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "full_attention_interval": 4,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 2,
+    "num_experts_per_tok": 1,
+    "moe_intermediate_size": 128,
+    "shared_expert_intermediate_size": 128,
+    "intermediate_size": 256,
+    "decoder_sparse_step": 1,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+"""A tiny Qwen3-Next: 3 gated-delta-net layers (conv (32 x 2 x 2 + 32 x 4) x 3, temporal
+4 x 32 x 32) and every 4th layer full attention (2 KV heads of 64)."""
+
+GRANITE_H_SHAPE: dict[str, Any] = {
+    "model_type": "granitemoehybrid",
+    "hidden_size": 1536,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "layer_types": ["full_attention" if i % 10 == 5 else "linear_attention" for i in range(40)],
+    "mamba_n_heads": 48,
+    "mamba_d_head": 64,
+    "mamba_d_state": 128,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_n_groups": 1,
+    "intermediate_size": 512,
+    "num_local_experts": 64,
+    "num_experts_per_tok": 6,
+    "vocab_size": 100352,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+"""A hybrid of Granite 4.0-H's kind at a GPU's size: 4 attention and 36 Mamba-2 layers."""
