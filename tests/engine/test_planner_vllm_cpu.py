@@ -1,0 +1,91 @@
+"""The CPU planner against real vLLM (CPU build): the tiny test model and small Mamba-2 and
+gated-delta-net hybrids (tests/support/hybrid_configs.py) served with dummy weights under
+`--dtype auto`, `VLLM_CPU_KVCACHE_SPACE=1` and `--max-model-len 512`: does the plan give the
+"CPU KV cache size: N tokens, Maximum concurrency ...: Cx" that vLLM logs?
+
+Three vLLM starts take ~1.5 min on the project's 2-core machine, so this is opt-in
+(`LLMOP_VLLM_PLANNER=1 pytest tests/engine/test_planner_vllm_cpu.py`); the figures it checks
+are kept as a unit test (tests/unit/test_planner_hybrids.py), which runs in `make test`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import real_vllm
+from llmop.planner.cpu import CpuPlanRequest, plan_cpu_capacity
+from llmop.planner.model_config import facts_from_config
+from support import tiny_model
+from support.harness.replicas import free_port
+from support.hybrid_configs import GRANITE_TINY, QWEN3_NEXT_TINY
+
+OPT_IN = "LLMOP_VLLM_PLANNER"
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.engine,
+    pytest.mark.skipif(
+        os.environ.get(OPT_IN) != "1",
+        reason=f"opt-in ({OPT_IN}=1): three vLLM starts, ~1.5 min",
+    ),
+]
+
+LOGGED = re.compile(
+    r"CPU KV cache size: ([0-9,]+) tokens, Maximum concurrency for 512 tokens per request: "
+    r"([0-9.]+)x"
+)
+START_TIMEOUT = 240.0
+
+
+def logged_capacity(venv: Path, model: Path, log: Path) -> tuple[int, float]:
+    """Start `vllm serve` on `model` until it logs its KV cache; its tokens and concurrency."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env["HF_HUB_OFFLINE"] = "1"
+    argv = [str(venv / "bin" / "vllm"), "serve", str(model), "--load-format", "dummy"]
+    argv += ["--max-model-len", "512", "-O0", "--port", str(free_port())]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline and proc.poll() is None:
+            found = LOGGED.search(log.read_text(errors="replace"))
+            if found:
+                return int(found.group(1).replace(",", "")), float(found.group(2))
+            time.sleep(0.5)
+        raise AssertionError(f"vLLM logged no KV cache size: {log}")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "granite-4.0-hybrid", "qwen3-next"])
+def test_the_cpu_plan_gives_what_vllm_logs(name: str, tmp_path: Path) -> None:
+    venv = real_vllm.venv()
+    tiny = Path(tiny_model.ensure(str(venv / "bin" / "python")))
+    configs: dict[str, dict[str, Any]] = {
+        "tiny-llama": json.loads((tiny / "config.json").read_text()),
+        "granite-4.0-hybrid": GRANITE_TINY,
+        "qwen3-next": QWEN3_NEXT_TINY,
+    }
+    config = configs[name]
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in tiny.iterdir():
+        if path.name.startswith("tokenizer") or path.name == "special_tokens_map.json":
+            shutil.copy(path, model / path.name)
+    (model / "config.json").write_text(json.dumps(config))
+    tokens, concurrency = logged_capacity(venv, model, tmp_path / "vllm.log")
+    facts = facts_from_config(config, name=name, checkpoint_bytes=8 * 1024**2)
+    plan = plan_cpu_capacity(CpuPlanRequest(facts, memory_gib=8, kv_cache_gib=1, max_model_len=512))
+    assert (plan.kv_cache_tokens, round(plan.max_concurrency, 2)) == (tokens, concurrency)
