@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "engine-image" / "vllm-cpu" / "build.sh"
@@ -30,6 +31,17 @@ MODEL_NAME = "tiny"
 # Numbers the run measured, printed in the terminal summary (engine start, RSS, drain, hang).
 MEASURED: dict[str, str] = {}
 SKIPPED: list[str] = []
+
+
+def opt_in(variable: str, cost: str, target: str | None = None) -> list[pytest.MarkDecorator]:
+    """The marks of a real-vLLM module too slow for `make test`: it runs when `variable` is 1
+    (or by its make `target`); `cost` says what it costs, in the skip reason."""
+    how = f"{variable}=1" + (f", `make {target}`" if target else "")
+    return [
+        pytest.mark.vllm,
+        pytest.mark.engine,
+        pytest.mark.skipif(os.environ.get(variable) != "1", reason=f"opt-in ({how}): {cost}"),
+    ]
 
 
 class UnavailableError(Exception):

@@ -13,28 +13,20 @@ engine with `model.cache.compileCache` on: the key, the model cache directory an
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import time
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from engine import real_vllm
 from engine.real_vllm import MEASURED, Engine
 from llmop_engine import contract
 
 OPT_IN = "LLMOP_VLLM_COMPILE_CACHE"
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.engine,
-    pytest.mark.skipif(
-        os.environ.get(OPT_IN) != "1",
-        reason=f"opt-in ({OPT_IN}=1, `make vllm-compile-cache-test`): two compiled vLLM starts, "
-        "~2 min",
-    ),
-]
+pytestmark = real_vllm.opt_in(
+    OPT_IN, "two compiled vLLM starts, ~2 min", target="vllm-compile-cache-test"
+)
 
 KEY = "c0ffee" * 5 + "00"
 START_TIMEOUT = 300.0

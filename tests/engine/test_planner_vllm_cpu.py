@@ -30,14 +30,7 @@ from support.harness.replicas import free_port
 from support.hybrid_configs import GRANITE_TINY, QWEN3_NEXT_TINY
 
 OPT_IN = "LLMOP_VLLM_PLANNER"
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.engine,
-    pytest.mark.skipif(
-        os.environ.get(OPT_IN) != "1",
-        reason=f"opt-in ({OPT_IN}=1): three vLLM starts, ~1.5 min",
-    ),
-]
+pytestmark = real_vllm.opt_in(OPT_IN, "three vLLM starts, ~1.5 min")
 
 LOGGED = re.compile(
     r"CPU KV cache size: ([0-9,]+) tokens, Maximum concurrency for 512 tokens per request: "
