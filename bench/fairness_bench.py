@@ -4,8 +4,9 @@ fairly, and is every refusal a 429 with Retry-After?
 
 The rig, all on loopback: two simulator engines (`--max-num-seqs 8`: 16 slots in all; the
 default 20 ms decode step + 0.15 ms per running sequence), two `llmop-router serve --static …
---static-tenants … --replicas 2` (the chart's two replicas; each sends its half of the slots),
-tenants without limits (the store is not what is measured: each router counts alone). Each
+--static-tenants … --replicas 2 --store redis://…` (the chart's two replicas sharing a real
+redis-server: each owns half of the slots and lends freed ones to the other when its waiting
+work outranks), tenants without limits (the store's limits are not what is measured). Each
 tenant's client is a pool of up to 512 keep-alive connections split evenly over the two routers
 (never short of one), sending open-loop Poisson arrivals. The engines' `running` is sampled
 every 100 ms (slot use).
@@ -14,6 +15,8 @@ Each configuration restarts the routers with its own files:
   before    the model's `maxNumSeqs` set past any load: nothing waits in the router, every
             request goes to the engines' first-come-first-served queue (the router before the
             fair queue; the same load)
+  static    `maxNumSeqs` 8, the classes of `strict`, but routers without a store: each holds
+            its static half of the slots (no loans; the router before slots were lent)
   strict    `maxNumSeqs` 8: LLMPriorityClass interactive (value 100) over batch (value 0,
             queue.maxWaitSeconds 5)
   capped    the same, batch with maxSharePercent 88 (one of a router pod's 8 slots kept back)
@@ -21,7 +24,10 @@ Each configuration restarts the routers with its own files:
 Scenarios:
   P1  priority: two batch tenants at 2x capacity together (capacity measured first, closed
       loop), an interactive tenant streaming at 1 req/s; interactive success and TTFT, slot
-      use, how batch was refused. Per config. 60 s each.
+      use, how batch was refused. Per config. 120 s each. Batch answers vary from 32 to 96
+      tokens (mean 64): answers of one length that start in one engine step all end in one,
+      so slots would free in waves that a waiting request must wait out (measured: one router
+      holding all 16 slots, p99 881 ms over 120 s at 64 tokens each, 438 ms varied).
   P2  fairness: two backlogged batch tenants of one class, one sending twice the other, equal
       weights (Jain's index of their service per 10 s window, before and with the queue), then
       both sending alike with weights 2:1 (their service ratio); a light tenant below
@@ -45,6 +51,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -66,6 +73,7 @@ from gateway_bench import Ask, Pool, Record, Table, key_of, ms, open_loop, pct, 
 from llmop_router.contract import api_key_hash
 from router_bench import start, stop_all, wait_listening
 from support.harness.replicas import free_port
+from support.redis import RedisServer
 
 MODEL = "llama"
 SEQS = 8
@@ -130,6 +138,9 @@ class Config:
     """`llama`'s endpoints (None: the two engines)."""
     external_port: int | None = None
     """Set: `llama` falls back to the LLMExternalModel `managed` on this port."""
+    store: bool = True
+    """The routers share the rig's redis-server (and lend each other slots); else each
+    counts alone, with its static half of the slots."""
 
 
 class Rig:
@@ -139,6 +150,7 @@ class Rig:
         self.ports = [free_port(), free_port()]
         self.routers: list[subprocess.Popen[bytes]] = []
         self.engines: list[subprocess.Popen[bytes]] = []
+        self.redis = RedisServer(log_dir=workdir / "redis")
 
     def start_engines(self) -> None:
         for port in self.engine_ports:
@@ -179,6 +191,8 @@ class Rig:
             argv = ["-m", "llmop_router", "serve", "--host", "127.0.0.1", "--port", str(port)]
             argv += ["--admin-port", str(free_port()), "--static", str(table)]
             argv += ["--static-tenants", str(tenants), "--replicas", "2", "--shutdown-delay", "0"]
+            if config.store:
+                argv += ["--store", self.redis.url]
             with (self.dir / f"router-{port}.log").open("ab") as out:
                 process = subprocess.Popen(
                     [sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT
@@ -189,6 +203,7 @@ class Rig:
 
     def close(self) -> None:
         stop_all([*self.routers, *self.engines])
+        self.redis.close()
 
 
 @contextlib.contextmanager
@@ -197,6 +212,7 @@ def rig_running(logs: Path | None) -> Iterator[Rig]:
     workdir.mkdir(parents=True, exist_ok=True)
     rig = Rig(workdir)
     try:
+        rig.redis.start()
         rig.start_engines()
         yield rig
     finally:
@@ -216,9 +232,18 @@ async def sample_running(ports: Sequence[int], until: float, into: list[int]) ->
             await asyncio.sleep(0.1)
 
 
-def batch_ask(name: str) -> Any:
-    # Prompts differ (as real ones do): the ring spreads them rather than keep one prefix home.
-    return lambda n: Ask(name, prompt_chars=PROMPT_CHARS, max_tokens=BATCH_TOKENS, variant=n + 1)
+def batch_ask(name: str, *, varied: bool = False) -> Any:
+    """Request n of a batch tenant. Prompts differ (as real ones do): the ring spreads them
+    rather than keep one prefix home. `varied`: its output length drawn from 32-96 tokens
+    (mean 64, the same for every run), as real answers vary; else exactly 64."""
+
+    def ask(n: int) -> Ask:
+        tokens = BATCH_TOKENS
+        if varied:
+            tokens = random.Random(f"{name}-{n}").randint(BATCH_TOKENS // 2, 3 * BATCH_TOKENS // 2)
+        return Ask(name, prompt_chars=PROMPT_CHARS, max_tokens=tokens, variant=n + 1)
+
+    return ask
 
 
 async def capacity(rig: Rig, seconds: float = 8.0) -> float:
@@ -266,9 +291,11 @@ async def idle(ports: Sequence[int], timeout: float = 300.0) -> None:
     raise RuntimeError(f"the engines were still busy after {timeout:.0f} s")
 
 
-async def load(rig: Rig, rates: dict[str, float], seconds: float, *, stream: set[str]) -> Run:
+async def load(
+    rig: Rig, rates: dict[str, float], seconds: float, *, stream: set[str], varied: bool = False
+) -> Run:
     """Each tenant at its rate (req/s) for `seconds`, together, from idle engines; the engines'
-    slots sampled."""
+    slots sampled (`varied`: batch output lengths vary, `batch_ask`)."""
     await idle(rig.engine_ports)
     t0 = time.monotonic() + 0.2
     running: list[int] = []
@@ -287,7 +314,7 @@ async def load(rig: Rig, rates: dict[str, float], seconds: float, *, stream: set
                     stream=True,
                     variant=n + 1,
                 )
-            return batch_ask(name)
+            return batch_ask(name, varied=varied)
 
         sampler = asyncio.create_task(sample_running(rig.engine_ports, t0 + seconds, running))
         found = await asyncio.gather(
@@ -317,7 +344,7 @@ def p1_rows(table: Table, config: str, run: Run) -> None:
     ttft = [r.ttft for r in ok if r.ttft is not None]
     success = 100.0 * len(ok) / max(1, len(chat))
     p50, p99 = pct(ttft, 0.5), pct(ttft, 0.99)
-    judged = config != "before"
+    judged = config not in {"before", "static"}
     table.add(
         f"{config}: interactive success",
         f"{success:.1f} % of {len(chat)}",
@@ -353,17 +380,19 @@ async def scenario_p1(rig: Rig, seconds: float, measured: float) -> Table:
     table = Table("P1", "priority: 2 batch tenants at 2x capacity together, interactive at 1 req/s")
     configs = [
         Config("before", 1_000_000, objects()),
+        Config("static", SEQS, objects(), store=False),
         Config("strict", SEQS, objects()),
         Config("capped", SEQS, objects(share=CAPPED_SHARE)),
     ]
     rates = {"batch-1": measured, "batch-2": measured, "chat": 1.0}
     for config in configs:
         rig.configure(config)
-        run = await load(rig, rates, seconds, stream={"chat"})
+        run = await load(rig, rates, seconds, stream={"chat"}, varied=True)
         p1_rows(table, config.name, run)
     table.notes.append(
         f"capacity {measured:.1f} batch requests/s, measured ({2 * SEQS} slots, {BATCH_TOKENS} "
-        f"tokens each); batch queue bound {BATCH_WAIT_SECONDS} s; capped: batch "
+        f"tokens each); batch answers of {BATCH_TOKENS // 2}-{3 * BATCH_TOKENS // 2} tokens "
+        f"(mean {BATCH_TOKENS}); batch queue bound {BATCH_WAIT_SECONDS} s; capped: batch "
         f"maxSharePercent {CAPPED_SHARE}; {seconds:.0f} s per configuration"
     )
     return table
@@ -600,7 +629,9 @@ async def scenario_p3(rig: Rig, count: int) -> Table:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default=",".join(SCENARIOS))
-    parser.add_argument("--scale", type=float, default=1.0, help="60 s per configuration x this")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="P1 and P2: 120 s per configuration x this"
+    )
     parser.add_argument("--logs", type=Path)
     parser.add_argument("--strict", action="store_true", help="exit 1 when a check fails")
     args = parser.parse_args()
@@ -617,7 +648,7 @@ def main() -> None:
         measured = asyncio.run(capacity(rig))
         print(f"capacity: {measured:.1f} batch requests/s with every slot busy")
         if "P1" in only:
-            tables.append(asyncio.run(scenario_p1(rig, seconds, measured)))
+            tables.append(asyncio.run(scenario_p1(rig, 2 * seconds, measured)))
             tables[-1].print()
         if "P2" in only:
             tables.append(asyncio.run(scenario_p2(rig, 2 * seconds, measured)))

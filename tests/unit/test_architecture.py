@@ -214,6 +214,7 @@ ROUTER_PURE = {
     "discovery.py",
     "hold.py",
     "fairqueue.py",
+    "loans.py",
     "priorities.py",
     "externals.py",
     "body.py",

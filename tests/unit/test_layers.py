@@ -18,7 +18,7 @@ Engine:   contract < vllm_metrics | simulator < health | connections | agent_set
           | download_progress | worker | adapter_rules | startup_log < supervisor | engine_client
           | agent_metrics | probe_server | drain | download | adapter_loader < agent | worker_agent
           < cli
-Router:   contract < prefix | hold | fairqueue | priorities | externals | metrics | tenants
+Router:   contract < prefix | hold | fairqueue | loans | priorities | externals | metrics | tenants
           < ring | body
           | quota | migration < routes | metering | tenant_status < discovery | answers | store
           | migrating < proxy | scale_to_zero | kube | intake | edge | gateway | sharing < app
@@ -154,6 +154,7 @@ ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_router.prefix",
         "llmop_router.hold",
         "llmop_router.fairqueue",
+        "llmop_router.loans",
         "llmop_router.priorities",
         "llmop_router.externals",
         "llmop_router.metrics",

@@ -159,6 +159,7 @@ class Router:
 
     async def _on_startup(self, _app: web.Application) -> None:
         await self.proxy.open()
+        self.sharing.start()
 
     async def _on_cleanup(self, _app: web.Application) -> None:
         self.holder.close()

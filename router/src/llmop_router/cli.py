@@ -58,7 +58,7 @@ from llmop_router.metrics import GatewayMetrics, GpuCost
 from llmop_router.migration import Settings as MigrationSettings
 from llmop_router.priorities import PriorityClass, parse_priority_class
 from llmop_router.routes import Backend, RouteTable
-from llmop_router.store import Guarded, Local, Redis, Store
+from llmop_router.store import Bus, Guarded, Local, Redis, Store
 from llmop_router.tenant_status import status_patch
 from llmop_router.tenants import Tenant, parse_tenant
 
@@ -594,6 +594,8 @@ def _gateway(args: argparse.Namespace, router: Router) -> Gateway:
     else:
         store = Local()
     router.sharing.replicas = max(1, args.replicas)
+    if isinstance(store, Guarded) and args.replicas > 1:
+        router.sharing.bus = Bus(store.shared)
     if args.gpu_hour_price is not None:
         table = router.table
         router.metrics.registry.register(

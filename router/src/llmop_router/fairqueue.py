@@ -23,7 +23,8 @@ unless the newcomer outranks a waiting request, which it then displaces from the
 class's deadline leaves. A request in flight is never evicted.
 
 Per router pod: each pod counts only what it sent itself, against its share of the slots (the
-caller divides them between the router pods).
+caller divides them between the router pods, and lends freed ones to a pod whose waiting work
+outranks its own: `loans`); a class's `maxSharePercent` applies to the pod's own share.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ OUTPUT_WEIGHT = 2.0
 SHED = "shed"
 FULL = "full"
 DISPLACED = "displaced"
+UNBOUNDED = 1 << 62
+"""Slots past any model's (what one more free slot could serve, whatever is free now)."""
 
 
 @dataclass(frozen=True)
@@ -100,9 +103,10 @@ class ModelQueue:
             for queue in band.tenants.values():
                 yield from queue
 
-    def free_for(self, terms: PriorityClass, slots: int) -> bool:
-        """Whether a request of this class may take a slot now."""
-        return self.busy() < slots and self.running[terms.name] < terms.slots_of(slots)
+    def free_for(self, terms: PriorityClass, slots: int, share: int) -> bool:
+        """Whether a request of this class may take a slot now (`share`: the slots its
+        class's `maxSharePercent` applies to)."""
+        return self.busy() < slots and self.running[terms.name] < _cap(terms, slots, share)
 
 
 @dataclass
@@ -140,18 +144,22 @@ class FairQueues:
         now: float,
         wait_seconds: float,
         slots: int,
+        share: int | None = None,
     ) -> Verdict:
-        """A request for the model with `slots` in all (free or not): at once while its class
+        """A request for the model with `slots` in all (free or not; `share`: the slots the
+        classes' `maxSharePercent` apply to, `slots` unless given): at once while its class
         may take a free one and nobody of its class or above waits for one; else queued, shed
         or refused."""
         queue = self.models.setdefault(key, ModelQueue())
+        share = slots if share is None else share
         # Ahead of it: requests of its class or above that could take a free slot now (a class
         # that holds its share already waits for its own slots, not for this one).
         ahead = any(
-            band.value >= terms.value and queue.running[name] < _head(band).terms.slots_of(slots)
+            band.value >= terms.value
+            and queue.running[name] < _cap(_head(band).terms, slots, share)
             for name, band in queue.bands.items()
         )
-        if not ahead and queue.free_for(terms, slots):
+        if not ahead and queue.free_for(terms, slots, share):
             self._charge(queue, tenant, cost / weight)
             queue.running[terms.name] += 1
             return Verdict(go=True)
@@ -184,15 +192,16 @@ class FairQueues:
         self.by_class[terms.name] += 1
         return Verdict(waiting=item, displaced=displaced)
 
-    def dispatch(self, key: Key, slots: int) -> list[Waiting]:
+    def dispatch(self, key: Key, slots: int, share: int | None = None) -> list[Waiting]:
         """Take out, in class then fair order, as many requests as the model has free slots
-        (`slots` in all, less what runs) that their classes may take."""
+        (`slots` in all, less what runs) that their classes may take (of `share`)."""
         queue = self.models.get(key)
         if queue is None:
             return []
+        share = slots if share is None else share
         out = []
         while queue.waiting and queue.busy() < slots:
-            item = self._next(queue, slots)
+            item = self._next(queue, slots, share)
             if item is None:
                 break  # every waiting class holds its share
             self._remove(queue, item)
@@ -200,6 +209,20 @@ class FairQueues:
             queue.running[item.terms.name] += 1
             out.append(item)
         return out
+
+    def best(self, key: Key, share: int) -> tuple[int, int] | None:
+        """What waits for the model that one more free slot would serve: the value of the
+        highest class whose share (of `share`) has room, and how many of its requests could
+        go; None when nothing could (what other router pods are told: `loans`)."""
+        queue = self.models.get(key)
+        if queue is None or not queue.waiting:
+            return None
+        item = self._next(queue, UNBOUNDED, share)
+        if item is None:
+            return None
+        band = queue.bands[item.terms.name]
+        room = _cap(item.terms, UNBOUNDED, share) - queue.running[item.terms.name]
+        return band.value, min(room, sum(len(q) for q in band.tenants.values()))
 
     def expire(self, key: Key, now: float) -> list[Waiting]:
         """Take out the requests past their deadline."""
@@ -248,12 +271,12 @@ class FairQueues:
             self._drop_if_idle(key)
         return taken
 
-    def _next(self, queue: ModelQueue, slots: int) -> Waiting | None:
+    def _next(self, queue: ModelQueue, slots: int, share: int) -> Waiting | None:
         """The request the next free slot goes to: the highest class that may take one, its
         tenant with the least service, that tenant's oldest."""
         bands = sorted(queue.bands.items(), key=lambda entry: (-entry[1].value, entry[0]))
         for name, band in bands:
-            if not band.tenants or queue.running[name] >= _head(band).terms.slots_of(slots):
+            if not band.tenants or queue.running[name] >= _cap(_head(band).terms, slots, share):
                 continue
             tenant = min(
                 band.tenants,
@@ -298,6 +321,12 @@ class FairQueues:
         queue = self.models.get(key)
         if queue is not None and queue.waiting == 0 and not queue.busy():
             del self.models[key]
+
+
+def _cap(terms: PriorityClass, slots: int, share: int) -> int:
+    """The most of `slots` a class may hold: its `maxSharePercent` of the pod's own `share`
+    (a slot lent by another pod is for a class below its share there too), or all of them."""
+    return terms.slots_of(share) if terms.max_share_percent < 100 else slots
 
 
 def _head(band: Band) -> Waiting:

@@ -180,6 +180,14 @@ class QueueMetrics:
             buckets=QUEUE_WAIT_BUCKETS,
             registry=registry,
         )
+        self.loans = Counter(
+            "llmop_gateway_slot_loans",
+            "Slots of a saturated model this router pod passed to another (--replicas with a "
+            "shared store): lend (its waiting work outranked this pod's) or return (a "
+            "borrowed slot given back)",
+            ["kind"],
+            registry=registry,
+        )
 
 
 class GatewayMetrics:

@@ -8,6 +8,11 @@ with the least weighted service, then that tenant's oldest. A pump per busy mode
 every `TICK_SECONDS` for deadlines and for slots that new endpoints bring. A request that
 waited its model's fallback's `afterSeconds` leaves for the fallback (the app sends it).
 
+With several router pods and a shared store (`--replicas`, `--store`), each pod owns its share
+of the slots and lends a freed one to a pod whose waiting work outranks its own (`loans`;
+messages on the store's pub/sub: `store.Bus`), so priority holds across the pods and a request
+waits for the first of all the model's slots to free, not of its own pod's.
+
 Refusals: 429 with `Retry-After` when the model has endpoints but none for this request now
 (sheddable while saturated, queue full, displaced by a higher priority, waited past its class's
 bound or `--queue-wait-seconds`); 503 when the wait ended with no endpoint, or this pod stops.
@@ -16,8 +21,11 @@ bound or `--queue-wait-seconds`); 503 when the wait ended with no endpoint, or t
 from __future__ import annotations
 
 import asyncio
+import logging
+import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, replace
+from typing import Any
 
 from aiohttp import web
 
@@ -33,9 +41,13 @@ from llmop_router.fairqueue import (
     Waiting,
 )
 from llmop_router.limits import Limits
+from llmop_router.loans import BEAT_SECONDS, Advert, Loans
 from llmop_router.metrics import QueueMetrics
 from llmop_router.priorities import Classes, PriorityClass
 from llmop_router.routes import Backend, Choice, RouteTable
+from llmop_router.store import Bus
+
+log = logging.getLogger("llmop_router.sharing")
 
 TICK_SECONDS = 0.1
 RETRY_AFTER_SECONDS = "1"
@@ -86,13 +98,40 @@ class Sharing:
         self._waiters: dict[int, asyncio.Future[str]] = {}
         self._pumps: dict[Key, asyncio.Task[None]] = {}
         self.metrics.waiting.set_function(lambda: self.queues.total)
+        self.bus: Bus | None = None
+        """Set with several replicas and a shared store: slots are lent between the pods."""
+        self.me = uuid.uuid4().hex[:16]
+        """This pod among its peers (a restarted pod is a new one)."""
+        self.loans = Loans()
+        self._advertised: dict[Key, Advert] = {}
+        """What this pod last told its peers it has waiting, per model."""
+        self.epoch = 0
+        """Starts again (+1) whenever this pod may have missed messages (`loans`)."""
+        self._subscribed = False
+        self._reset = False
+        """A new epoch no peer has heard of yet: said on the next beat."""
+        self._tasks: list[asyncio.Task[None]] = []
 
-    def slots(self, backend: Backend | None) -> int:
-        """The model's slots through this pod: its ready endpoints x the engine's batch, this
+    def start(self) -> None:
+        """Listen to the other router pods (with a bus)."""
+        if self.bus is not None and not self._tasks:
+            listening = self.bus.listen(self._received, self._lost)
+            self._tasks = [asyncio.ensure_future(listening), asyncio.ensure_future(self._beat())]
+
+    def _own(self, backend: Backend | None) -> int:
+        """The model's slots this pod owns: its ready endpoints x the engine's batch, this
         pod's share of them (rounded up: at worst the engines queue a few)."""
         if backend is None or not backend.ring.endpoints:
             return 0
         return self._share(backend.wake.concurrency * len(backend.ring.endpoints))
+
+    def slots(self, backend: Backend | None) -> int:
+        """The model's slots through this pod: its own, and those other pods lent it less
+        those it lent them."""
+        own = self._own(backend)
+        if not own or backend is None:
+            return 0
+        return max(0, own + self.loans.net((backend.namespace, backend.name)))
 
     def _share(self, slots: int) -> int:
         """This pod's share of `slots`, rounded up."""
@@ -104,7 +143,11 @@ class Sharing:
         the engine, behind whatever came first)."""
         share = self._share(choice.backend.wake.concurrency) if choice.backend.ring.endpoints else 0
         in_flight = self.table.in_flight
-        order = sorted(choice.pick.order, key=lambda e: in_flight.get(e, 0) >= share)
+        key = (choice.backend.namespace, choice.backend.name)
+        order = sorted(
+            choice.pick.order,
+            key=lambda e: in_flight.get(e, 0) >= share + self.loans.at(key, e),
+        )
         if order == list(choice.pick.order):
             return choice
         return replace(choice, pick=replace(choice.pick, order=tuple(order)))
@@ -141,6 +184,7 @@ class Sharing:
             now=started,
             wait_seconds=wait,
             slots=self.slots(backend),
+            share=self._own(backend),
         )
         if verdict.displaced is not None:
             self._resolve(verdict.displaced, DISPLACED)
@@ -216,18 +260,172 @@ class Sharing:
         self._hand_out(turn.key, self.table.backends.get(turn.model))
 
     def stop(self) -> None:
-        """Answer every waiting request 503 (this pod stops; the client's retry goes elsewhere)."""
+        """Answer every waiting request 503 (this pod stops; the client's retry goes elsewhere),
+        and let the other pods take back the slots they lent it."""
         for _key, item in self.queues.take_all():
             self._resolve(item, STOPPING)
+        if self.bus is not None and self.loans.busy():
+            self.epoch += 1  # the peers forget their loans with this pod
+            self._publish_state()
 
     def close(self) -> None:
         self.stop()
-        for task in self._pumps.values():
+        for task in [*self._pumps.values(), *self._tasks]:
             task.cancel()
 
-    def _hand_out(self, key: Key, backend: Backend | None) -> None:
-        for item in self.queues.dispatch(key, self.slots(backend)):
+    def _hand_out(self, key: Key, backend: Backend | None, *, lent: bool = False) -> None:
+        """Free slots of `key` to whom they are for (`lent`: one was just lent to this pod)."""
+        own = self._own(backend)
+        if self.bus is not None and backend is not None:
+            self._lend_or_give_back(key, backend, own)
+        for item in self.queues.dispatch(key, self.slots(backend), own):
             self._resolve(item, "go")
+        if self.bus is not None:
+            self._advertise(key, own, again=lent)
+
+    # -- slots lent between router pods (`loans`) ----------------------------------------------
+
+    def _lend_or_give_back(self, key: Key, backend: Backend, own: int) -> None:
+        """Each free slot of `key`: back to a pod it was borrowed from, unless what waits here
+        outranks what that pod has waiting; else to a pod whose waiting work outranks this
+        one's; else it stays (dispatched here)."""
+        best = self.queues.best(key, own)
+        waiting = Advert(*best) if best is not None else None
+        free = self.slots(backend) - self.queues.running(key)
+        while free > 0:
+            kind = "return"
+            peer = next(
+                (p for p in self.loans.owed(key) if not self.loans.keeps(key, p, waiting)), None
+            )
+            if peer is None:
+                kind, peer = "lend", self.loans.wanting(key, waiting)
+            if peer is None:
+                return
+            endpoint = self._free_endpoint(key, backend)
+            if kind == "return":
+                self.loans.give_back(peer, key, endpoint)
+            else:
+                self.loans.lend(peer, key, endpoint)
+            self.metrics.loans.labels(kind).inc()
+            self._send(kind, peer, key, endpoint)
+            free -= 1
+
+    def _free_endpoint(self, key: Key, backend: Backend) -> str:
+        """The endpoint where this pod uses least of what it may: where a freed slot is."""
+        share = self._share(backend.wake.concurrency)
+        in_flight = self.table.in_flight
+        return max(
+            backend.ring.endpoints,
+            key=lambda e: share + self.loans.at(key, e) - in_flight.get(e, 0),
+        )
+
+    def _advertise(self, key: Key, own: int, *, again: bool = False) -> None:
+        """Tell the other pods when what waits here for `key` changed, or `again` (after a
+        loan: the lender counts what it lent against the last advert it heard, and more may
+        wait here now than that one said)."""
+        best = self.queues.best(key, own)
+        advert = Advert(*best) if best is not None else None
+        if self._advertised.get(key) == advert and not (again and advert is not None):
+            return
+        if advert is None:
+            del self._advertised[key]
+        else:
+            self._advertised[key] = advert
+        self._publish_state()
+
+    def _publish_state(self) -> None:
+        waiting = [[*k, a.value, a.count] for k, a in self._advertised.items()]
+        self._publish({"kind": "state", "waiting": waiting})
+
+    def _send(self, kind: str, peer: str, key: Key, endpoint: str) -> None:
+        """A slot lent or given back to `peer`, in the epoch of it this pod knows."""
+        to_epoch = self.loans.epochs.get(peer, 0)
+        message = {"kind": kind, "to": peer, "to_epoch": to_epoch, "model": [*key]}
+        self._publish({**message, "endpoint": endpoint})
+
+    def _publish(self, message: dict[str, Any]) -> None:
+        assert self.bus is not None
+        self.bus.publish({**message, "from": self.me, "epoch": self.epoch}, self._failed)
+
+    def _failed(self) -> None:
+        if not self._reset:
+            self._lost()
+
+    def _lost(self) -> None:
+        """Messages to or from the peers may have been lost (a publish failed, or the
+        subscription was made again): every loan is forgotten, and a new epoch begins, which
+        the peers hear of with the next message (they forget theirs with this pod)."""
+        if not self._subscribed:
+            self._subscribed = True  # the first subscription: nothing to have missed
+            return
+        self.epoch += 1
+        self._reset = True
+        keys = self.loans.forget_all()
+        log.info("router pods' loans forgotten (messages may have been lost)")
+        for key in keys:
+            self._hand_out(key, self._backend_of(key))
+
+    def _received(self, message: dict[str, Any]) -> None:
+        sender, epoch = message.get("from"), message.get("epoch")
+        now = asyncio.get_running_loop().time()
+        if not isinstance(sender, str) or sender == self.me or len(sender) > 64:
+            return
+        if not isinstance(epoch, int):
+            return
+        read, keys = self.loans.hear(sender, epoch, now)
+        if not read:
+            return
+        kind = message.get("kind")
+        if kind == "state":
+            keys |= self.loans.advertised(sender, _adverts(message.get("waiting")))
+        elif (
+            kind in {"lend", "return"}
+            and message.get("to") == self.me
+            and message.get("to_epoch") == self.epoch
+        ):
+            keys |= self._taken(sender, str(kind), message)
+        for key in keys:
+            self._hand_out(key, self._backend_of(key), lent=kind == "lend")
+
+    def _taken(self, sender: str, kind: str, message: dict[str, Any]) -> set[Key]:
+        """A slot lent or given back to this pod."""
+        model, endpoint = message.get("model"), message.get("endpoint")
+        if not (isinstance(model, list) and len(model) == 2 and isinstance(endpoint, str)):
+            return set()
+        if len(endpoint) > MAX_ENDPOINT_CHARS:
+            return set()
+        key = (str(model[0]), str(model[1]))
+        if kind == "lend":
+            self.loans.borrowed(sender, key, endpoint)
+            if self._backend_of(key) is None:
+                # A model this pod does not route (yet): the slot goes straight back.
+                self.loans.give_back(sender, key, endpoint)
+                self._send("return", sender, key, endpoint)
+                return set()
+        else:
+            self.loans.given_back(sender, key, endpoint)
+        return {key}
+
+    def _backend_of(self, key: Key) -> Backend | None:
+        for backend in self.table.backends.values():
+            if (backend.namespace, backend.name) == key:
+                return backend
+        return None
+
+    async def _beat(self) -> None:
+        """Every beat: forget peers gone silent, start over after lost messages, and say this
+        pod's state while it has loans or waiting work (so peers know it is alive)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(BEAT_SECONDS)
+            keys: set[Key] = set()
+            for peer in self.loans.silent(loop.time()):
+                keys |= self.loans.forget(peer)
+            for key in keys:
+                self._hand_out(key, self._backend_of(key))
+            if self._advertised or self.loans.busy() or self._reset:
+                self._reset = False
+                self._publish_state()
 
     def _resolve(self, item: Waiting, outcome: str) -> None:
         future = self._waiters.get(item.ticket)
@@ -299,7 +497,7 @@ class Sharing:
             )
             return Refusal(kind, error(429, message, "RateLimitError", retry))
         if kind == TIMEOUT:
-            if self.slots(self.table.backends.get(model)):
+            if self._own(self.table.backends.get(model)):
                 message = (
                     f"{cr} is saturated: no slot freed for this request within {waited:.1f} s "
                     f"({_wait_bound(priority, self.wait_seconds)}); retry later"
@@ -309,6 +507,26 @@ class Sharing:
             return Refusal(kind, error(503, message, "ServiceUnavailableError", retry))
         message = f"this router pod is stopping while the request waited for {cr}; retry"
         return Refusal(STOPPING, error(503, message, "ServiceUnavailableError", retry))
+
+
+def _adverts(raw: Any) -> dict[Key, Advert]:
+    """A peer's `waiting` list ([namespace, name, value, count], ...), what is well formed."""
+    adverts: dict[Key, Advert] = {}
+    if not isinstance(raw, list):
+        return adverts
+    for entry in raw[:MAX_ADVERTS]:
+        if (
+            isinstance(entry, list)
+            and len(entry) == 4
+            and all(isinstance(v, str) for v in entry[:2])
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in entry[2:])
+        ):
+            adverts[entry[0], entry[1]] = Advert(entry[2], entry[3])
+    return adverts
+
+
+MAX_ADVERTS = 1000
+MAX_ENDPOINT_CHARS = 256
 
 
 def _wait_bound(priority: PriorityClass, default: float) -> str:

@@ -19,14 +19,19 @@ seconds, during which requests are admitted by a local store holding `1/replicas
 limit, its buckets starting empty (fail open), or refused 503 (fail closed). Settlements the
 store did not confirm are sent again when it answers, and its script counts each request once,
 so usage is neither lost nor doubled.
+
+`Bus` carries the router pods' messages to each other (slots lent between them: `loans`) on
+the store's pub/sub channel `llmop:router:slots`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import itertools
+import json
 import logging
 import ssl
 import time
@@ -676,6 +681,70 @@ class Redis:
     async def close(self) -> None:
         await self.pipe.close()
         await self.client.aclose()
+
+
+# --- Messages between router pods ------------------------------------------------------------
+
+SLOTS_CHANNEL = "llmop:router:slots"
+MAX_MESSAGE_BYTES = 64 * 1024
+"""A message longer than this is not read (a router pod's state is a few hundred bytes)."""
+RESUBSCRIBE_SECONDS = 1.0
+
+
+class Bus:
+    """Messages between the router pods that share the store (`loans`): published on the
+    request path's pipe (out on the next turn of the loop, one round trip with whatever else
+    goes), read on a connection of their own subscribed to `SLOTS_CHANNEL`."""
+
+    def __init__(self, redis: Redis, channel: str = SLOTS_CHANNEL) -> None:
+        self.redis = redis
+        self.channel = channel
+
+    def publish(self, message: dict[str, Any], failed: Callable[[], None]) -> None:
+        """Send `message` to every subscribed pod (this one too); `failed` is called if the
+        store did not take it (it may or may not have reached the others)."""
+        data = json.dumps(message, separators=(",", ":"))
+        future = self.redis.pipe.call("PUBLISH", self.channel, data)
+
+        def done(sent: asyncio.Future[Any]) -> None:
+            if sent.cancelled() or sent.exception() is not None:
+                failed()
+
+        future.add_done_callback(done)
+
+    async def listen(
+        self, received: Callable[[dict[str, Any]], None], subscribed: Callable[[], None]
+    ) -> None:
+        """Hand every message to `received`, until cancelled; `subscribed` is called after
+        each (re)subscription, as messages may have been lost while there was none."""
+        while True:
+            pubsub = self.redis.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                subscribed()
+                while True:
+                    message = await pubsub.get_message(timeout=RESUBSCRIBE_SECONDS)
+                    if message is not None:
+                        _deliver(message.get("data"), received)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the store is down or the connection dropped
+                log.info("router pods' messages: no subscription (%s); again in 1 s", exc)
+                await asyncio.sleep(RESUBSCRIBE_SECONDS)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+
+def _deliver(data: Any, received: Callable[[dict[str, Any]], None]) -> None:
+    if not isinstance(data, str) or len(data) > MAX_MESSAGE_BYTES:
+        return
+    try:
+        message = json.loads(data)
+    except ValueError:
+        return
+    if isinstance(message, dict):
+        received(message)
 
 
 # --- The breaker between them -------------------------------------------------------------------
