@@ -717,11 +717,15 @@ class Bus:
     ) -> None:
         """Hand every message to `received`, until cancelled; `subscribed` is called after
         each (re)subscription, as messages may have been lost while there was none."""
+        down = False
         while True:
             pubsub = self.redis.client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.channel)
                 subscribed()
+                if down:
+                    down = False
+                    log.info("router pods' messages: subscribed again")
                 while True:
                     message = await pubsub.get_message(timeout=RESUBSCRIBE_SECONDS)
                     if message is not None:
@@ -729,7 +733,9 @@ class Bus:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the store is down or the connection dropped
-                log.info("router pods' messages: no subscription (%s); again in 1 s", exc)
+                if not down:  # once an outage: the breaker's warning says the rest
+                    down = True
+                    log.info("router pods' messages: no subscription (%s); trying every 1 s", exc)
                 await asyncio.sleep(RESUBSCRIBE_SECONDS)
             finally:
                 with contextlib.suppress(Exception):
