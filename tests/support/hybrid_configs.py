@@ -63,6 +63,33 @@ QWEN3_NEXT_TINY: dict[str, Any] = {
 """A tiny Qwen3-Next: 3 gated-delta-net layers (conv (32 x 2 x 2 + 32 x 4) x 3, temporal
 4 x 32 x 32) and every 4th layer full attention (2 KV heads of 64)."""
 
+NEMOTRON_H_TINY: dict[str, Any] = {
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "hidden_size": 128,
+    "num_hidden_layers": 8,
+    "hybrid_override_pattern": "M*M-M*M-",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 64,
+    "ssm_state_size": 64,
+    "n_groups": 2,
+    "conv_kernel": 4,
+    "expand": 2,
+    "chunk_size": 64,
+    "intermediate_size": 256,
+    "mlp_hidden_act": "relu2",
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+"""A tiny Nemotron-H: 4 Mamba-2 layers (conv (256 + 2 x 2 x 64) x 3, SSM 4 x 64 x 64; the SSM
+state float32, vLLM's default for the family), 2 attention layers (2 KV heads of 64) and 2 MLP
+layers, which hold no cache."""
+
 GRANITE_H_SHAPE: dict[str, Any] = {
     "model_type": "granitemoehybrid",
     "hidden_size": 1536,
@@ -84,3 +111,24 @@ GRANITE_H_SHAPE: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 """A hybrid of Granite 4.0-H's kind at a GPU's size: 4 attention and 36 Mamba-2 layers."""
+
+NEMOTRON_H_SHAPE: dict[str, Any] = {
+    "model_type": "nemotron_h",
+    "hidden_size": 4096,
+    "num_hidden_layers": 52,
+    "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "mamba_num_heads": 128,
+    "mamba_head_dim": 64,
+    "ssm_state_size": 128,
+    "n_groups": 8,
+    "conv_kernel": 4,
+    "intermediate_size": 21504,
+    "vocab_size": 131072,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+}
+"""A hybrid of Nemotron-H 8B's kind at a GPU's size: 24 Mamba-2 layers, 4 attention layers and
+24 MLP layers (`hybrid_override_pattern`'s M, * and -)."""

@@ -71,6 +71,9 @@ class StateShape:
     """Mamba-2: ``n_groups``; gated delta net: key heads."""
     intermediate: int = 0
     """Mamba-2 only: the mixer's inner size (``mamba_expand x hidden_size``)."""
+    temporal_bytes: float | None = None
+    """Bytes of a temporal (SSM) state element when the model sets its own (Nemotron-H:
+    float32 by default); None: the caller's (the model's dtype)."""
 
     @property
     def checkpoint_blocks(self) -> int:
@@ -124,7 +127,10 @@ class AttentionLayer:
         if self.state is None:
             return 0
         conv, temporal = self.state.elements(tensor_parallel_size)
-        return int(conv * state_element_bytes[0] + temporal * state_element_bytes[1])
+        # The model's own SSM dtype where it sets one, unless the caller's is wider: the CPU
+        # build keeps SSM states in float32 (cpu.py), and the wider errs on the safe side.
+        temporal_bytes = max(self.state.temporal_bytes or 0.0, state_element_bytes[1])
+        return int(conv * state_element_bytes[0] + temporal * temporal_bytes)
 
     def kv_heads_per_rank(self, tensor_parallel_size: int) -> int:
         """vLLM keeps at least one KV head per rank (replicates when TP > heads); MLA's latent

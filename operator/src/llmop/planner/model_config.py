@@ -97,10 +97,15 @@ _SUPPORTED = frozenset(
 )
 
 # Mamba-2 / gated-delta-net hybrids the planner sizes (vLLM 0.32: granitemoehybrid.py,
-# qwen3_next.py): their state layers and full-attention layers, by `layer_types`.
-_STATE_HYBRIDS = frozenset({"granitemoehybrid", "qwen3_next"})
+# qwen3_next.py, nemotron_h.py): their state layers and full-attention layers, by
+# `layer_types` (Nemotron-H: `layers_block_type`, or `hybrid_override_pattern`'s letters).
+_STATE_HYBRIDS = frozenset({"granitemoehybrid", "qwen3_next", "nemotron_h"})
 _STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba"})
 _FULL_LAYER_TYPES = frozenset({"full_attention", "attention"})
+_CACHELESS_LAYER_TYPES = frozenset({"mlp", "moe"})
+"""Nemotron-H's MLP and MoE layers: no KV cache, no state (vLLM gives them no cache spec)."""
+_NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+"""`hybrid_override_pattern`'s letters (vLLM nemotron_h.py `ALL_DECODER_LAYER_TYPES`)."""
 
 # Layer types of Mamba / linear-attention hybrids, and config keys that only they carry.
 _HYBRID_KEYS = (
@@ -138,6 +143,21 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
     },
     "gemma": {"head_dim": 256, "tie_word_embeddings": True},
+    # transformers' NemotronHConfig (head_dim is its own default, not hidden / heads).
+    "nemotron_h": {
+        "vocab_size": 131072,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 4096,
+        "ssm_state_size": 128,
+        "mamba_num_heads": 128,
+        "mamba_head_dim": 64,
+        "n_groups": 8,
+        "conv_kernel": 4,
+        "mamba_ssm_cache_dtype": "float32",
+    },
     "llama4_text": {
         "vocab_size": 202048,
         "hidden_size": 5120,
@@ -289,6 +309,21 @@ def _state_shape(text: Mapping[str, Any], text_type: str, where: str) -> StateSh
             conv_kernel=_need(text, where, "linear_conv_kernel_dim"),
             groups=_need(text, where, "linear_num_key_heads"),
         )
+    if text_type == "nemotron_h":
+        heads, head_dim = (
+            _need(text, where, "mamba_num_heads"),
+            _need(text, where, "mamba_head_dim"),
+        )
+        return StateShape(
+            MAMBA2,
+            heads=heads,
+            head_dim=head_dim,
+            state_size=_need(text, where, "ssm_state_size"),
+            conv_kernel=_need(text, where, "conv_kernel", "mamba_d_conv"),
+            groups=_need(text, where, "n_groups", "mamba_n_groups"),
+            intermediate=heads * head_dim,
+            temporal_bytes=_ssm_cache_bytes(text, where),
+        )
     hidden = _need(text, where, "hidden_size")
     intermediate = (_int(text, "mamba_expand") or 2) * hidden
     heads = _int(text, "mamba_n_heads") or 128
@@ -310,14 +345,57 @@ def _state_shape(text: Mapping[str, Any], text_type: str, where: str) -> StateSh
     )
 
 
+def _ssm_cache_bytes(text: Mapping[str, Any], where: str) -> float | None:
+    """Nemotron-H's SSM state element: vLLM 0.32 sets `mamba_ssm_cache_dtype` from the config
+    (float32 when it says none: `NemotronHForCausalLMConfig`); None: the model's dtype."""
+    value = str(text.get("mamba_ssm_cache_dtype") or "float32")
+    if value == "auto":
+        return None
+    if value not in _TORCH_DTYPE_BYTES:
+        raise _err(f"{where}mamba_ssm_cache_dtype", f"{value!r} is not a dtype vLLM takes")
+    return float(_TORCH_DTYPE_BYTES[value])
+
+
+def _nemotron_h_types(text: Mapping[str, Any], where: str) -> list[str] | None:
+    """Nemotron-H's layers from `hybrid_override_pattern` (transformers reads the pattern, and
+    the layer count from it, when `layers_block_type` is not given)."""
+    pattern = text.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or not pattern:
+        return None
+    unknown = sorted(set(pattern) - set(_NEMOTRON_H_PATTERN))
+    if unknown:
+        raise _err(
+            f"{where}hybrid_override_pattern",
+            f"layer letter {unknown[0]!r} is not one the planner knows how vLLM sizes",
+        )
+    return [_NEMOTRON_H_PATTERN[letter] for letter in pattern]
+
+
+def _layer_count(text: Mapping[str, Any], text_type: str, where: str) -> int:
+    """The decoder layers: Nemotron-H's are its layer list's (transformers ignores
+    `num_hidden_layers` there), every other model's `num_hidden_layers`."""
+    if text_type == "nemotron_h":
+        given = text.get("layers_block_type") or text.get("layer_types")
+        types = given if isinstance(given, list) and given else _nemotron_h_types(text, where)
+        if types:
+            return len(types)
+    return _need(text, where, "num_hidden_layers", "n_layer", "num_layers")
+
+
 def _state_hybrid_layers(
     text: Mapping[str, Any], text_type: str, where: str, *, layers: int, kv_heads: int, head: int
 ) -> tuple[AttentionLayer, ...]:
-    """A Mamba-2 or gated-delta-net hybrid's layers (transformers' default `layer_types`:
-    Qwen3-Next every 4th layer full attention, Granite 4.0 every layer a state layer)."""
+    """A Mamba-2 or gated-delta-net hybrid's layers with a cache (transformers' default
+    `layer_types`: Qwen3-Next every 4th layer full attention, Granite 4.0 every layer a state
+    layer; Nemotron-H's pattern). Nemotron-H's MLP and MoE layers hold none: left out."""
     given = text.get("layer_types") or text.get("layers_block_type")
     if isinstance(given, list) and given:
         types = [str(value) for value in given]
+    elif text_type == "nemotron_h":
+        pattern = _nemotron_h_types(text, where)
+        if pattern is None:
+            raise _err(f"{where}hybrid_override_pattern", "missing (and no layers_block_type)")
+        types = pattern
     elif text_type == "qwen3_next":
         interval = _int(text, "full_attention_interval") or 4
         types = [
@@ -335,6 +413,8 @@ def _state_hybrid_layers(
     state = _state_shape(text, text_type, where)
     out: list[AttentionLayer] = []
     for value in types:
+        if value in _CACHELESS_LAYER_TYPES and text_type == "nemotron_h":
+            continue
         if value in _STATE_LAYER_TYPES:
             out.append(AttentionLayer(STATE, 0, 0, 0, state=state))
         elif value in _FULL_LAYER_TYPES:
@@ -529,7 +609,7 @@ def facts_from_config(
         raise _err("(top level)", "not a JSON object", "is this the model's config.json?")
     text, text_type, where = text_config(config)
     _refuse_unknown(text, text_type, where)
-    layers = _need(text, where, "num_hidden_layers", "n_layer", "num_layers")
+    layers = _layer_count(text, text_type, where)
     heads = _need(text, where, "num_attention_heads", "n_head")
     hidden = _need(text, where, "hidden_size", "n_embd", "d_model")
     kv_heads = (
