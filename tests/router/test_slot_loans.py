@@ -108,7 +108,7 @@ async def interactive_first(url: str) -> None:
         # B's slot freed at ~0.4 s went to A's interactive request (~0.2 s more), not to B's
         # own batch request, and long before A's own slot freed (~2 s).
         assert chat_end < b_end, "the interactive request before B's batch"
-        assert chat_end - started < 1.2, f"waited for A's own slot: {chat_end - started:.2f} s"
+        assert chat_end - started < 1.6, f"waited for A's own slot: {chat_end - started:.2f} s"
         assert chat_end < long_end
         assert b.metric("llmop_gateway_slot_loans_total", kind="lend") == 1
         assert a.metric("llmop_gateway_slot_loans_total", kind="return") == 1

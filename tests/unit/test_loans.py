@@ -113,44 +113,32 @@ def test_a_peers_message_is_read_only_where_well_formed() -> None:
     assert len(_adverts([["t", f"m{n}", 0, 1] for n in range(5000)])) == 1000
 
 
-def _queue_with(*waiting: PriorityClass, running: PriorityClass | None = None) -> FairQueues:
-    queues = FairQueues(max_requests=100, max_bytes=1 << 20)
-    for n, terms in enumerate((running, *waiting) if running else waiting):
-        verdict = queues.admit(
-            MODEL,
-            tenant=f"t{n}",
-            terms=terms,
-            weight=1,
-            cost=1.0,
-            size=0,
-            now=0.0,
-            wait_seconds=5.0,
-            slots=1,
-        )
-        assert verdict.go == (running is not None and n == 0) or verdict.waiting is not None
-    return queues
+def _admit(queues: FairQueues, terms: PriorityClass, n: int, slots: int, share: int) -> bool:
+    """Request n of `terms` for MODEL; whether it went at once."""
+    verdict = queues.admit(
+        MODEL,
+        tenant=f"t{n}",
+        terms=terms,
+        weight=1,
+        cost=1.0,
+        size=0,
+        now=float(n),
+        wait_seconds=5.0,
+        slots=slots,
+        share=share,
+    )
+    return verdict.go
 
 
 def test_what_waits_is_advertised_only_where_one_more_slot_would_serve_it() -> None:
-    queues = _queue_with(BATCH, BATCH, INTERACTIVE, running=BATCH)
+    queues = FairQueues(max_requests=100, max_bytes=1 << 20)
+    went = [_admit(queues, terms, n, 1, 1) for n, terms in enumerate((BATCH, BATCH, INTERACTIVE))]
+    assert went == [True, False, False]
     assert queues.best(MODEL, 1) == (100, 1), "the highest class, and how many of it"
     assert queues.best(OTHER, 1) is None
     # A class held to 75 % of the pod's own 4 slots, 3 of them running, waits for its own.
     capped = FairQueues(max_requests=100, max_bytes=1 << 20)
-    for n in range(5):
-        capped.admit(
-            MODEL,
-            tenant="t",
-            terms=CAPPED,
-            weight=1,
-            cost=1.0,
-            size=0,
-            now=float(n),
-            wait_seconds=5.0,
-            slots=4,
-            share=4,
-        )
-    assert capped.running(MODEL) == 3
+    assert [_admit(capped, CAPPED, n, 4, 4) for n in range(5)] == [True] * 3 + [False] * 2
     assert capped.best(MODEL, 4) is None, "a lent slot could not serve it"
     assert capped.dispatch(MODEL, 5, share=4) == [], "nor does a borrowed slot"
     assert capped.best(MODEL, 8) == (0, 2), "of 8 own slots it may hold 6"

@@ -136,6 +136,7 @@ class Loans:
         for peer_key in [pk for pk in self.adverts if pk[0] == peer]:
             if peer_key[1] not in adverts:
                 del self.adverts[peer_key]
+                self.lent_since.pop(peer_key, None)
                 changed.add(peer_key[1])
         for key, advert in adverts.items():
             if self.adverts.get((peer, key)) != advert:
