@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 from aiohttp.test_utils import TestServer
 
 from llmop_engine.simulator.sim_config import SimConfig
@@ -237,3 +238,31 @@ def test_a_stopping_pod_tells_its_peers_to_take_back_what_it_borrowed() -> None:
         sharing.close()
 
     asyncio.run(run())
+
+
+def test_a_dropped_subscription_forgets_every_loan_on_both_routers(
+    redis_server: RedisServer,
+) -> None:
+    """Messages sent while a pod was not subscribed are lost: when the store drops the pods'
+    subscriptions (`CLIENT KILL TYPE pubsub`; nothing else fails), each pod must notice the
+    gap, where redis-py would subscribe again without a word, and start a new epoch,
+    forgetting its loans, so that the two sides cannot disagree about a slot for good."""
+
+    async def run() -> None:
+        async with two_routers(redis_server.url) as (a, b):
+            key = ("team", "llama")
+            long_batch = asyncio.create_task(timed(a, KEY, 40))
+            await until(lambda: a.router.sharing.queues.running(key) == 1)
+            a_waiting = asyncio.create_task(timed(a, KEY, 30))
+            await until(lambda: b.router.sharing.loans.net(key) == -1)
+            admin: Any = aioredis.Redis.from_url(redis_server.url)
+            try:
+                assert await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub") == 2
+            finally:
+                await admin.aclose()
+            await until(lambda: a.router.sharing.epoch >= 1 and b.router.sharing.epoch >= 1)
+            assert b.router.sharing.loans.net(key) == 0, "B forgot what it lent"
+            assert a.router.sharing.loans.net(key) == 0, "A forgot what it borrowed"
+            await asyncio.gather(long_batch, a_waiting)
+
+    synchronous(run)()

@@ -582,8 +582,10 @@ class Redis:
     def __init__(self, url: str, *, timeout: float, password: str | None = None) -> None:
         import redis.asyncio as aioredis
 
+        self.options = url_options(url, password)
+        """How to reach the store (`url_options`): the pods' messages subscribe with it."""
         pool = aioredis.BlockingConnectionPool(
-            **url_options(url, password),
+            **self.options,
             max_connections=MAX_CONNECTIONS,
             timeout=None,
             socket_timeout=timeout,
@@ -700,6 +702,24 @@ class Bus:
         self.redis = redis
         self.channel = channel
 
+    def _subscriber(self) -> Any:
+        """A client of its own for the subscription (not one of the pool's), that never
+        reconnects by itself: redis-py's retry reconnects and subscribes again inside a call,
+        and the messages sent meanwhile would be lost unnoticed; `listen` must see every gap."""
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        pool = aioredis.ConnectionPool(
+            **self.redis.options,
+            max_connections=1,
+            retry=Retry(NoBackoff(), 0),
+            socket_connect_timeout=RESUBSCRIBE_SECONDS,
+            decode_responses=True,
+            health_check_interval=0,
+        )
+        return aioredis.Redis(connection_pool=pool)
+
     def publish(self, message: dict[str, Any], failed: Callable[[], None]) -> None:
         """Send `message` to every subscribed pod (this one too); `failed` is called if the
         store did not take it (it may or may not have reached the others)."""
@@ -719,7 +739,8 @@ class Bus:
         each (re)subscription, as messages may have been lost while there was none."""
         down = False
         while True:
-            pubsub = self.redis.client.pubsub(ignore_subscribe_messages=True)
+            client = self._subscriber()
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.channel)
                 subscribed()
@@ -740,6 +761,8 @@ class Bus:
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
+                with contextlib.suppress(Exception):
+                    await client.aclose()
 
 
 def _deliver(data: Any, received: Callable[[dict[str, Any]], None]) -> None:
@@ -750,7 +773,10 @@ def _deliver(data: Any, received: Callable[[dict[str, Any]], None]) -> None:
     except ValueError:
         return
     if isinstance(message, dict):
-        received(message)
+        try:
+            received(message)
+        except Exception:  # a bug here must not end the subscription, nor pass for an outage
+            log.exception("a router pod's message could not be handled: %.200s", data)
 
 
 # --- The breaker between them -------------------------------------------------------------------
