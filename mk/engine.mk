@@ -33,7 +33,7 @@ bench-gateway: install ## The gateway over 2 routers sharing Redis: limit accura
 bench: bench-gateway
 
 .PHONY: bench-fairness
-bench-fairness: install ## Priority and fair sharing at saturated engines: interactive TTFT beside batch at 2x capacity (before / strict / capped), Jain's index, weights, a light tenant beside a heavy one; fallback to an external API (tables, ~30 min; SCALE=0.5: ~16).
+bench-fairness: install ## Priority and fair sharing at saturated engines: interactive TTFT beside batch at 2x capacity (before / strict / capped / a plan past what the engines run), Jain's index, weights, a light tenant beside a heavy one; fallback to an external API (tables, ~34 min; SCALE=0.5: ~18).
 	$(PY) bench/fairness_bench.py $(if $(SCALE),--scale $(SCALE))
 
 bench: bench-fairness

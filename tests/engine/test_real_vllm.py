@@ -51,6 +51,7 @@ from engine.real_vllm import (
 from engine.real_vllm import LIVEZ_TIMEOUT as LIVEZ
 from engine.real_vllm import READYZ_TIMEOUT as READYZ
 from llmop_engine import contract
+from llmop_router.engine_load import Reading, parse
 from support.harness.replicas import Replica
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine]
@@ -278,6 +279,9 @@ class TestServing:
                     waiting = metric_values(text, "vllm:num_requests_waiting")
                     running = metric_values(text, "vllm:num_requests_running")
                     vllm = (sum(waiting), sum(running)) if waiting and running else None
+                    if vllm is not None:
+                        # The router's fair queue reads the same page (`engine_load`).
+                        assert parse(text) == Reading(int(vllm[1]), int(vllm[0])), text
                     agent = (s["queueDepth"], s["running"])
                     reads.append(Read(at, sent, vllm, agent, s["kvCacheCapacityTokens"]))
                     for path, timeout, codes in (

@@ -215,6 +215,7 @@ ROUTER_PURE = {
     "hold.py",
     "fairqueue.py",
     "loans.py",
+    "engine_load.py",
     "priorities.py",
     "externals.py",
     "body.py",
@@ -229,6 +230,7 @@ ROUTER_OWNERS = {
     "aiohttp": {
         *("app.py", "answers.py", "proxy.py", "scale_to_zero.py", "cli.py", "kube.py"),
         *("intake.py", "edge.py", "gateway.py", "migrating.py", "sharing.py"),
+        "engine_readings.py",
     },
     "yaml": {"kube.py", "cli.py"},  # cli.py: --static-tenants
     "multidict": {"answers.py", "proxy.py", "app.py", "gateway.py", "migrating.py"},  # headers

@@ -360,3 +360,29 @@ def test_prefix_caching_can_be_turned_off() -> None:
     assert cfg.enable_prefix_caching is False
     assert parse(["m"]).enable_prefix_caching is True
     assert engine(cfg).prefix_cache is None
+
+
+def test_the_waiting_gauge_counts_what_a_step_passed_over_as_vllm_does() -> None:
+    """vLLM makes `num_requests_waiting` after each step: a request that arrived since goes in
+    the next step and is not counted; one the scheduler had no room for is."""
+
+    async def scenario() -> None:
+        now = [100.0]
+        e = BatchEngine(FAST, SimMetrics(FAST), FaultState(), clock=lambda: now[0])
+        e.scheduled_at = 99.99  # a step just before
+        e.submit(10, 20)
+        assert len(e.waiting) == 1
+        assert e.reported_waiting() == 0, "arrived after the last step: goes in the next"
+        now[0] += 0.3
+        assert e.reported_waiting() == 1, "no step for a while: a hung engine's queue shows"
+        task = asyncio.create_task(e.run())
+        for _ in range(3):
+            e.submit(10, 20)
+        await asyncio.sleep(0.01)
+        # One step ran (the clock stands still): 2 running, the other 2 passed over.
+        assert len(e.running) == 2
+        assert e.reported_waiting() == 2
+        e.stop()
+        await task
+
+    asyncio.run(scenario())

@@ -61,7 +61,11 @@ def sample(router: Router, model: str, currency: str = "USD") -> float | None:
 
 def gateway_args(price: Decimal | None, currency: str = "USD") -> argparse.Namespace:
     return argparse.Namespace(
-        store="", replicas=1, gpu_hour_price=price, gpu_hour_currency=currency
+        store="",
+        replicas=1,
+        gpu_hour_price=price,
+        gpu_hour_currency=currency,
+        engine_readings_seconds=0.5,
     )
 
 

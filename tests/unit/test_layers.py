@@ -155,6 +155,7 @@ ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_router.hold",
         "llmop_router.fairqueue",
         "llmop_router.loans",
+        "llmop_router.engine_load",
         "llmop_router.priorities",
         "llmop_router.externals",
         "llmop_router.metrics",
@@ -167,6 +168,7 @@ ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_router.answers",
         "llmop_router.store",
         "llmop_router.migrating",
+        "llmop_router.engine_readings",
     ),
     (
         "llmop_router.proxy",

@@ -164,6 +164,8 @@ class Router:
     async def _on_cleanup(self, _app: web.Application) -> None:
         self.holder.close()
         self.sharing.close()
+        if self.sharing.readings is not None:
+            await self.sharing.readings.close()
         self.intake.close()
         await self.proxy.close()
         if self.gateway is not None:

@@ -29,6 +29,8 @@ from llmop_router.app import (
     static_table,
 )
 from llmop_router.discovery import Catalog, list_key
+from llmop_router.engine_load import POLL_SECONDS
+from llmop_router.engine_readings import Readings
 from llmop_router.externals import (
     READY,
     ExternalModelError,
@@ -545,6 +547,16 @@ def _gateway_arguments(serving: argparse.ArgumentParser) -> None:
         help="the currency of --gpu-hour-price",
     )
     group.add_argument(
+        "--engine-readings-seconds",
+        type=float,
+        default=POLL_SECONDS,
+        metavar="SECONDS",
+        help="how often the engines this router has requests at are asked for their running "
+        "and waiting counts (their /metrics): an engine that queues requests gets fewer "
+        "than the plan's slots until it has room, so the queue stays in the router, where "
+        "priority holds; 0: the plan's slots only",
+    )
+    group.add_argument(
         "--replicas",
         type=int,
         default=1,
@@ -594,6 +606,8 @@ def _gateway(args: argparse.Namespace, router: Router) -> Gateway:
     else:
         store = Local()
     router.sharing.replicas = max(1, args.replicas)
+    if args.engine_readings_seconds > 0:
+        router.sharing.readings = Readings(max(0.1, args.engine_readings_seconds))
     if isinstance(store, Guarded) and args.replicas > 1:
         router.sharing.bus = Bus(store.shared)
     if args.gpu_hour_price is not None:

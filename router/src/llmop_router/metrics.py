@@ -180,6 +180,13 @@ class QueueMetrics:
             buckets=QUEUE_WAIT_BUCKETS,
             registry=registry,
         )
+        self.withheld = Gauge(
+            "llmop_gateway_engine_slots_withheld",
+            "Slots of the plan's (status.plan.maxNumSeqs, this pod's share) held back because "
+            "the engines' own readings show requests waiting in them: engines that run fewer "
+            "than the plan says, or take requests past the router",
+            registry=registry,
+        )
         self.loans = Counter(
             "llmop_gateway_slot_loans",
             "Slots of a saturated model this router pod passed to another (--replicas with a "

@@ -13,6 +13,11 @@ of the slots and lends a freed one to a pod whose waiting work outranks its own 
 messages on the store's pub/sub: `store.Bus`), so priority holds across the pods and a request
 waits for the first of all the model's slots to free, not of its own pod's.
 
+The slots are the plan's guess until the engines say otherwise: every `--engine-readings-seconds`
+this pod reads the running and waiting counts of the engines it has requests at
+(`engine_readings`), and an engine that queues requests gets fewer until it has room again
+(`engine_load`), so the queue, and priority, stays here rather than in the engine.
+
 Refusals: 429 with `Retry-After` when the model has endpoints but none for this request now
 (sheddable while saturated, queue full, displaced by a higher priority, waited past its class's
 bound or `--queue-wait-seconds`); 503 when the wait ended with no endpoint, or this pod stops.
@@ -31,6 +36,8 @@ from aiohttp import web
 
 from llmop_router.answers import error
 from llmop_router.contract import PRIORITY_CLASS_HEADER
+from llmop_router.engine_load import EngineLoad, Reading
+from llmop_router.engine_readings import MAX_ENGINES, Readings
 from llmop_router.fairqueue import (
     DISPLACED,
     FULL,
@@ -111,12 +118,21 @@ class Sharing:
         self._reset = False
         """A new epoch no peer has heard of yet: said on the next beat."""
         self._tasks: list[asyncio.Task[None]] = []
+        self.readings: Readings | None = None
+        """Set: the engines' own counts correct their slots (`engine_load`)."""
+        self.load = EngineLoad()
+        self.metrics.withheld.set_function(self._withheld_all)
 
     def start(self) -> None:
-        """Listen to the other router pods (with a bus)."""
-        if self.bus is not None and not self._tasks:
+        """Listen to the other router pods (with a bus), and read the engines (with
+        `readings`)."""
+        if self._tasks:
+            return
+        if self.bus is not None:
             listening = self.bus.listen(self._received, self._lost)
             self._tasks = [asyncio.ensure_future(listening), asyncio.ensure_future(self._beat())]
+        if self.readings is not None:
+            self._tasks.append(asyncio.ensure_future(self._read_engines()))
 
     def _own(self, backend: Backend | None) -> int:
         """The model's slots this pod owns: its ready endpoints x the engine's batch, this
@@ -127,11 +143,40 @@ class Sharing:
 
     def slots(self, backend: Backend | None) -> int:
         """The model's slots through this pod: its own, and those other pods lent it less
-        those it lent them."""
+        those it lent them, less what its engines' readings take away."""
         own = self._own(backend)
         if not own or backend is None:
             return 0
-        return max(0, own + self.loans.net((backend.namespace, backend.name)))
+        key = (backend.namespace, backend.name)
+        return max(0, own + self.loans.net(key) - self._withheld(key, backend))
+
+    def _measured(self, backend: Backend | None) -> int:
+        """This pod's own slots less what the engines' readings take away: what a class's
+        `maxSharePercent` is a share of."""
+        own = self._own(backend)
+        if not own or backend is None:
+            return 0
+        return max(0, own - self._withheld((backend.namespace, backend.name), backend))
+
+    def _entitled(self, key: Key, endpoint: str, share: int) -> int:
+        """The requests this pod may have at `endpoint`: its share of the engine's batch and
+        the slots lent there, less what the engine's readings cut."""
+        nominal = share + self.loans.at(key, endpoint)
+        return max(0, nominal - self.load.cut(key, endpoint)) if self.load.limits else nominal
+
+    def _withheld(self, key: Key, backend: Backend) -> int:
+        if not self.load.limits:
+            return 0  # the common case, on every turn: no engine queues
+        share = self._share(backend.wake.concurrency)
+        cuts = self.load.cuts(key).items()
+        return sum(min(cut, max(0, share + self.loans.at(key, e))) for e, cut in cuts)
+
+    def _withheld_all(self) -> int:
+        return sum(
+            self._withheld(key, backend)
+            for key in list(self.load.limits)
+            if (backend := self._backend_of(key)) is not None
+        )
 
     def _share(self, slots: int) -> int:
         """This pod's share of `slots`, rounded up."""
@@ -146,7 +191,7 @@ class Sharing:
         key = (choice.backend.namespace, choice.backend.name)
         order = sorted(
             choice.pick.order,
-            key=lambda e: in_flight.get(e, 0) >= share + self.loans.at(key, e),
+            key=lambda e: in_flight.get(e, 0) >= self._entitled(key, e, share),
         )
         if order == list(choice.pick.order):
             return choice
@@ -184,7 +229,7 @@ class Sharing:
             now=started,
             wait_seconds=wait,
             slots=self.slots(backend),
-            share=self._own(backend),
+            share=self._measured(backend),
         )
         if verdict.displaced is not None:
             self._resolve(verdict.displaced, DISPLACED)
@@ -275,7 +320,7 @@ class Sharing:
 
     def _hand_out(self, key: Key, backend: Backend | None, *, lent: bool = False) -> None:
         """Free slots of `key` to whom they are for (`lent`: one was just lent to this pod)."""
-        own = self._own(backend)
+        own = self._measured(backend)
         if self.bus is not None and backend is not None:
             self._lend_or_give_back(key, backend, own)
         for item in self.queues.dispatch(key, self.slots(backend), own):
@@ -316,7 +361,7 @@ class Sharing:
         in_flight = self.table.in_flight
         return max(
             backend.ring.endpoints,
-            key=lambda e: share + self.loans.at(key, e) - in_flight.get(e, 0),
+            key=lambda e: self._entitled(key, e, share) - in_flight.get(e, 0),
         )
 
     def _advertise(self, key: Key, own: int, *, again: bool = False) -> None:
@@ -427,6 +472,65 @@ class Sharing:
                 self._reset = False
                 self._publish_state()
 
+    # -- the engines' own counts (`engine_load`) ------------------------------------------------
+
+    async def _read_engines(self) -> None:
+        """Every `readings.every` seconds: read the engines this pod has requests at (all of
+        a model's while it has requests waiting here), and hand out the slots a cut that
+        ended or eased gives back."""
+        assert self.readings is not None
+        while True:
+            await asyncio.sleep(self.readings.every)
+            try:
+                await self._read_round(self.readings)
+            except Exception:  # a bad round must not end the readings: the next one may do
+                log.exception("reading the engines' running and waiting counts failed")
+
+    async def _read_round(self, readings: Readings) -> None:
+        loop = asyncio.get_running_loop()
+        grown = self.load.expire(loop.time())
+        busy = self._busy_engines()
+        if busy:
+            found = await readings.read([endpoint for _, _, endpoint in busy])
+            now = loop.time()
+            for (key, backend, endpoint), reading in zip(busy, found, strict=True):
+                if reading is None:
+                    continue  # unread: its cut, if any, runs out
+                share = self._share(backend.wake.concurrency)
+                before = self.load.cut(key, endpoint)
+                if self.load.read(
+                    key,
+                    endpoint,
+                    reading,
+                    mine=self.table.in_flight.get(endpoint, 0),
+                    entitled=share + self.loans.at(key, endpoint),
+                    now=now,
+                ):
+                    grown.add(key)
+                after = self.load.cut(key, endpoint)
+                _log_change(key, endpoint, (before, after), share, reading)
+        for key in grown:
+            self._hand_out(key, self._backend_of(key))
+
+    def _busy_engines(self) -> list[tuple[Key, Backend, str]]:
+        """(model, its backend, endpoint) for each engine with requests from this pod, and
+        every engine of a model with requests waiting here (at most `MAX_ENGINES`)."""
+        in_flight = self.table.in_flight
+        found: list[tuple[Key, Backend, str]] = []
+        seen: set[Key] = set()
+        for backend in list(self.table.backends.values()):
+            key = (backend.namespace, backend.name)
+            if key in seen:
+                continue  # a CR's adapters are models of their own on the same engines
+            seen.add(key)
+            waiting = self.queues.waiting(key)
+            found.extend(
+                (key, backend, e) for e in backend.ring.endpoints if waiting or in_flight.get(e)
+            )
+            if len(found) >= MAX_ENGINES:
+                return found[:MAX_ENGINES]
+        return found
+
     def _resolve(self, item: Waiting, outcome: str) -> None:
         future = self._waiters.get(item.ticket)
         if future is not None and not future.done():
@@ -507,6 +611,27 @@ class Sharing:
             return Refusal(kind, error(503, message, "ServiceUnavailableError", retry))
         message = f"this router pod is stopping while the request waited for {cr}; retry"
         return Refusal(STOPPING, error(503, message, "ServiceUnavailableError", retry))
+
+
+def _log_change(
+    key: Key, endpoint: str, cuts: tuple[int, int], share: int, reading: Reading
+) -> None:
+    """A cut that began or ended, said once (not each reading)."""
+    cr = f"LLMDeployment {key[0]}/{key[1]}"
+    before, after = cuts
+    if not before and after:
+        log.info(
+            "the engine at %s (%s) queues %d requests beside %d running: this router pod "
+            "sends it %d fewer than its share of %d until it has room (the rest wait here)",
+            endpoint,
+            cr,
+            reading.waiting,
+            reading.running,
+            after,
+            share,
+        )
+    elif before and not after:
+        log.info("the engine at %s (%s) has room again: the plan's slots", endpoint, cr)
 
 
 def _adverts(raw: Any) -> dict[Key, Advert]:

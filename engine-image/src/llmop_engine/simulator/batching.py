@@ -63,6 +63,10 @@ class SimRequest:
         return self.finish_reason is not None
 
 
+UNSCHEDULED_SECONDS = 0.25
+"""A waiting request no step has passed over yet counts as waiting after this long."""
+
+
 class BatchEngine:
     def __init__(
         self,
@@ -87,6 +91,8 @@ class BatchEngine:
         self.prefix_cache = (
             PrefixCache(max(1, cfg.num_gpu_blocks - 1)) if cfg.enable_prefix_caching else None
         )
+        self.scheduled_at = -math.inf
+        """When the scheduler last admitted what fit (`reported_waiting`)."""
         self.late_stages: set[int] = set()
         """Pipeline stages (ranks of a multi-node group) that answer late: no step completes
         until they answer (`simulator.group`)."""
@@ -146,6 +152,19 @@ class BatchEngine:
     @property
     def kv_usage(self) -> float:
         return self.used_blocks / self.cfg.num_gpu_blocks
+
+    def reported_waiting(self) -> int:
+        """`vllm:num_requests_waiting` as vLLM reports it: the requests its last step's
+        scheduler passed over (vLLM makes the gauge after a step, and adds what arrived
+        meanwhile only before the next one), not one that arrived since and goes in the next
+        step. One that waited past `UNSCHEDULED_SECONDS` counts too, so a hung engine's queue
+        shows (the agent's stall check needs pending work; vLLM's gauge would freeze)."""
+        now = self.clock()
+        return sum(
+            1
+            for r in self.waiting
+            if r.arrival <= self.scheduled_at or now - r.arrival > UNSCHEDULED_SECONDS
+        )
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -282,6 +301,7 @@ class BatchEngine:
                 continue
             now = self.clock()
             prefill = self._admit(now)
+            self.scheduled_at = now
             batch = len(self.running)
             if batch == 0:
                 # Waiting requests that cannot be admitted and nothing running cannot happen with

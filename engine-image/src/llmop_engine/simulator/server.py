@@ -242,7 +242,7 @@ class SimServer:
         if self.cfg.disable_log_stats:
             return web.Response(body=b"", content_type="text/plain")
         body = self.metrics.render(
-            len(self.engine.running), len(self.engine.waiting), self.engine.kv_usage
+            len(self.engine.running), self.engine.reported_waiting(), self.engine.kv_usage
         )
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
