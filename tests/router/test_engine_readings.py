@@ -17,16 +17,10 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from llmop_engine.simulator.sim_config import SimConfig
-from llmop_router.app import Router
 from llmop_router.engine_load import STALE_SECONDS
 from llmop_router.engine_readings import Readings
-from llmop_router.gateway import Gateway
-from llmop_router.metrics import GatewayMetrics
-from llmop_router.priorities import parse_priority_class
 from llmop_router.routes import RouteTable, Wake
-from llmop_router.store import Local
-from llmop_router.tenants import parse_tenant
-from router.test_fair_sharing import CLASSES, TENANTS, timed
+from router.test_fair_sharing import gateway_router, timed
 from router.test_gateway import KEY, OTHER_KEY, Rig, synchronous
 from router.test_slot_loans import until
 from support.migration_rig import replica
@@ -41,12 +35,7 @@ async def rig(*, readings: bool) -> AsyncIterator[Rig]:
     async with replica(SIM) as found, aiohttp.ClientSession() as http:
         table = RouteTable()
         table.set("llama", "team", "llama", [found.address], Wake(concurrency=4))
-        router = Router(table)
-        router.ready = True
-        gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
-        gateway.set_tenants([parse_tenant(t) for t in TENANTS])
-        gateway.set_classes([parse_priority_class(c) for c in CLASSES])
-        router.gateway = gateway
+        router, gateway = gateway_router(table)
         if readings:
             router.sharing.readings = Readings(0.1)
         site = TestServer(router.app(), host="127.0.0.1")

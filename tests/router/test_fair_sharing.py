@@ -53,15 +53,22 @@ CLASSES = (
 )
 
 
-@contextlib.asynccontextmanager
-async def served(table: RouteTable, sim: Replica, limits: Limits) -> AsyncIterator[Rig]:
-    """A gateway router over `table`, with the tenants and classes above."""
+def gateway_router(table: RouteTable, limits: Limits = DEFAULT_LIMITS) -> tuple[Router, Gateway]:
+    """A ready router over `table` with the gateway on: the tenants and classes above, counted
+    alone (no store)."""
     router = Router(table, limits=limits)
     router.ready = True
     gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
     gateway.set_tenants([parse_tenant(t) for t in TENANTS])
     gateway.set_classes([parse_priority_class(c) for c in CLASSES])
     router.gateway = gateway
+    return router, gateway
+
+
+@contextlib.asynccontextmanager
+async def served(table: RouteTable, sim: Replica, limits: Limits) -> AsyncIterator[Rig]:
+    """A gateway router over `table`, with the tenants and classes above."""
+    router, gateway = gateway_router(table, limits)
     site = TestServer(router.app(), host="127.0.0.1")
     await site.start_server()
     try:

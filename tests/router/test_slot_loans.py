@@ -22,15 +22,12 @@ from aiohttp.test_utils import TestServer
 
 from llmop_engine.simulator.sim_config import SimConfig
 from llmop_router.app import Router
-from llmop_router.gateway import Gateway
 from llmop_router.loans import BEAT_SECONDS, SILENT_SECONDS
-from llmop_router.metrics import GatewayMetrics
-from llmop_router.priorities import PriorityClass, parse_priority_class
+from llmop_router.priorities import PriorityClass
 from llmop_router.routes import RouteTable, Wake
 from llmop_router.sharing import Refusal, Turn
-from llmop_router.store import Bus, Local, Redis
-from llmop_router.tenants import parse_tenant
-from router.test_fair_sharing import CLASSES, TENANTS, timed
+from llmop_router.store import Bus, Redis
+from router.test_fair_sharing import gateway_router, timed
 from router.test_gateway import KEY, OTHER_KEY, Rig, synchronous
 from support.migration_rig import replica
 from support.redis import RedisServer
@@ -55,12 +52,7 @@ async def two_routers(url: str) -> AsyncIterator[tuple[Rig, Rig]]:
             for _ in range(2):
                 table = RouteTable()
                 table.set("llama", "team", "llama", [found.address], Wake(concurrency=2))
-                router = Router(table)
-                router.ready = True
-                gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
-                gateway.set_tenants([parse_tenant(t) for t in TENANTS])
-                gateway.set_classes([parse_priority_class(c) for c in CLASSES])
-                router.gateway = gateway
+                router, gateway = gateway_router(table)
                 router.sharing.replicas = 2
                 store = Redis(url, timeout=1.0)
                 router.sharing.bus = Bus(store)
