@@ -61,6 +61,7 @@ def test_one_reading_with_requests_waiting_is_a_request_between_steps_not_a_queu
     load = EngineLoad()
     assert not read(load, Reading(8, 1), 0.0, mine=8)
     assert load.cut(KEY, E) == 0
+    assert not load.limits, "the fair queue's fast path: no model with a cut"
     read(load, Reading(8, 0), 0.5, mine=8)
     read(load, Reading(8, 1), 1.0, mine=8)
     assert load.cut(KEY, E) == 0, "not two in a row"

@@ -35,7 +35,7 @@ POLL_SECONDS = 0.5
 STALE_SECONDS = 2.0
 """A correction not confirmed by a reading for this long ends."""
 PROBE_SECONDS = 5.0
-"""How often a limit grows while its engine runs as many as when it queued, and no queue:
+"""How often a cut eases while its engine runs as many as when it queued, and no queue:
 at first, and again after a probe that held."""
 MAX_PROBE_SECONDS = 60.0
 """Each probe that made the engine queue doubles the wait for the next, up to this."""
@@ -76,7 +76,7 @@ def parse(text: str) -> Reading | None:
 
 
 @dataclass
-class _Limit:
+class _Cut:
     cut: int
     """Of the slots this pod may have at the engine (its share and loans), how many it does
     not send it now."""
@@ -84,10 +84,10 @@ class _Limit:
     full: int
     """What the engine ran when it last queued: fewer is room."""
     grown_at: float
-    """When the limit was last set, cut or grown."""
+    """When the cut was last made, deepened or eased."""
     probe_every: float = PROBE_SECONDS
     probed: bool = False
-    """The last growth was a probe, and no queue has followed it yet."""
+    """The last easing was a probe, and no queue has followed it yet."""
     roomy: bool = False
     """The last reading showed room."""
 
@@ -96,7 +96,8 @@ class _Limit:
 class EngineLoad:
     """Per model and endpoint: the cut its engine's readings put on this pod's slots."""
 
-    limits: dict[Key, dict[str, _Limit]] = field(default_factory=dict)
+    limits: dict[Key, dict[str, _Cut]] = field(default_factory=dict)
+    """Model → endpoint → its cut (only models with one: empty when no engine queues)."""
     queued: dict[str, float] = field(default_factory=dict)
     """Endpoint → when a reading last showed requests waiting in its engine."""
 
@@ -117,6 +118,7 @@ class EngineLoad:
         limit = limits.get(endpoint)
         if reading.waiting > 0:
             self._queued(key, endpoint, reading, mine=mine, entitled=entitled, now=now)
+            self._tidy(key)
             return False
         self.queued.pop(endpoint, None)
         if limit is None:
@@ -160,7 +162,7 @@ class EngineLoad:
         cut = entitled - max(FLOOR, min(mine, entitled) - part)
         if limit is None:
             if cut > 0:
-                limits[endpoint] = _Limit(cut, now, reading.running, now)
+                limits[endpoint] = _Cut(cut, now, reading.running, now)
             return
         if limit.probed:
             # The probe queued: probe half as often, up to MAX_PROBE_SECONDS.
@@ -179,8 +181,8 @@ class EngineLoad:
         return {e: limit.cut for e, limit in self.limits.get(key, {}).items()}
 
     def expire(self, now: float) -> set[Key]:
-        """End the corrections no reading confirmed within `STALE_SECONDS`; the models whose
-        slots grew."""
+        """End the cuts no reading confirmed within `STALE_SECONDS`; the models whose slots
+        grew."""
         grown: set[Key] = set()
         for key, limits in list(self.limits.items()):
             for endpoint, limit in list(limits.items()):
