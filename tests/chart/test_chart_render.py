@@ -675,7 +675,13 @@ def _dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
 
 
 def test_alerts_and_dashboards_only_use_metrics_that_exist() -> None:
-    from llmop_router.metrics import GatewayMetrics, GpuCost, QueueMetrics, RouterMetrics
+    from llmop_router.metrics import (
+        GatewayMetrics,
+        GpuCost,
+        QueueMetrics,
+        RouterMetrics,
+        SuggestedShares,
+    )
 
     exported = _engine_metric_names()
     docs = render(MATRIX["monitoring-all"])
@@ -698,6 +704,7 @@ def test_alerts_and_dashboards_only_use_metrics_that_exist() -> None:
     }
     collectors = {c._name: c for c in members.values() if hasattr(c, "_name")}
     collectors[GpuCost.NAME] = SimpleNamespace(_labelnames=GpuCost.LABELS)
+    collectors[SuggestedShares.NAME] = SimpleNamespace(_labelnames=SuggestedShares.LABELS)
     router_exprs = _dashboard_exprs(json.loads(data["llmop-router.json"]))
     for expr in router_exprs:
         series = {SAMPLE_SUFFIX.sub("", m) for m in METRIC_RE.findall(expr)}

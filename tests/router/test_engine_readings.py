@@ -96,3 +96,18 @@ async def test_without_the_readings_the_engine_queues_the_interactive_request_be
         # The fourth batch request went into the engine's queue before it: the interactive
         # one starts only when the third batch one ends (~4 s).
         assert chat_end > third_end, (chat_end, third_end)
+
+
+@synchronous
+async def test_the_share_suggested_for_batch_comes_from_the_interactive_load_in_flight() -> None:
+    async with rig(readings=False) as r:
+        chat = asyncio.create_task(timed(r, OTHER_KEY, 40))  # interactive, ~2 s in flight
+        batch = asyncio.create_task(timed(r, KEY, 40))
+        await until(lambda: r.router.table.total_in_flight() == 2)
+        name = "llmop_gateway_suggested_max_share_percent"
+        labels = {"llmdeployment": "team/llama", "priority_class": "standard"}
+        await until(lambda: r.metric(name, **labels) > 0, seconds=3.0)
+        # 4 slots; a little interactive load measured so far: 1 held back, 75 %.
+        assert r.metric(name, **labels) == 75
+        assert r.metric(name, llmdeployment="team/llama", priority_class="interactive") == 0
+        assert [s for s, _, _ in await asyncio.gather(chat, batch)] == [200, 200]

@@ -216,6 +216,7 @@ ROUTER_PURE = {
     "fairqueue.py",
     "loans.py",
     "engine_load.py",
+    "share_advice.py",
     "priorities.py",
     "externals.py",
     "body.py",

@@ -156,6 +156,7 @@ ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_router.fairqueue",
         "llmop_router.loans",
         "llmop_router.engine_load",
+        "llmop_router.share_advice",
         "llmop_router.priorities",
         "llmop_router.externals",
         "llmop_router.metrics",

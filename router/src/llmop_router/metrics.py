@@ -180,6 +180,8 @@ class QueueMetrics:
             buckets=QUEUE_WAIT_BUCKETS,
             registry=registry,
         )
+        self.suggested = SuggestedShares()
+        registry.register(self.suggested)
         self.withheld = Gauge(
             "llmop_gateway_engine_slots_withheld",
             "Slots of the plan's (status.plan.maxNumSeqs, this pod's share) held back because "
@@ -303,4 +305,35 @@ class GpuCost:
         return (
             "Cost per hour of the GPUs behind each routed model's ready endpoints "
             "(--gpu-hour-price times spec.resources.gpus times the pods of a replica)"
+        )
+
+
+class SuggestedShares:
+    """`llmop_gateway_suggested_max_share_percent{llmdeployment, priority_class}`: the
+    `maxSharePercent` that would let the requests of the classes above a class find a slot free
+    at once 95 % of the time, from the load they brought (`share_advice`). Read at each scrape;
+    labels bounded by the routed CRs (`namespace/name`) and the declared classes."""
+
+    NAME = "llmop_gateway_suggested_max_share_percent"
+    LABELS = ("llmdeployment", "priority_class")
+
+    def __init__(self) -> None:
+        self.suggestions: Callable[[], Iterable[tuple[str, str, int]]] = list
+        """(CR, class, percent) now: set by the fair queue (`sharing`)."""
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(self.NAME, self._help(), labels=self.LABELS)]
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.NAME, self._help(), labels=self.LABELS)
+        for cr, name, percent in self.suggestions():
+            family.add_metric([cr, name], float(percent))
+        yield family
+
+    @staticmethod
+    def _help() -> str:
+        return (
+            "The LLMPriorityClass spec.maxSharePercent suggested for a class at a model: the "
+            "slots the classes above it need held back to find one free at once 95 % of the "
+            "time (Erlang C of their measured load)"
         )

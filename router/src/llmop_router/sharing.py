@@ -52,11 +52,14 @@ from llmop_router.loans import BEAT_SECONDS, Advert, Loans
 from llmop_router.metrics import QueueMetrics
 from llmop_router.priorities import Classes, PriorityClass
 from llmop_router.routes import Backend, Choice, RouteTable
+from llmop_router.share_advice import ClassLoad
 from llmop_router.store import Bus
 
 log = logging.getLogger("llmop_router.sharing")
 
 TICK_SECONDS = 0.1
+SAMPLE_SECONDS = 1.0
+"""How often each class's requests in flight are sampled (`share_advice`)."""
 RETRY_AFTER_SECONDS = "1"
 TIMEOUT = "timeout"
 STOPPING = "stopping"
@@ -122,6 +125,9 @@ class Sharing:
         """Set: the engines' own counts correct their slots (`engine_load`)."""
         self.load = EngineLoad()
         self.metrics.withheld.set_function(self._withheld_all)
+        self.class_load = ClassLoad()
+        """Each class's mean requests in flight per model: the shares to suggest."""
+        self.metrics.suggested.suggestions = self._suggestions
 
     def start(self) -> None:
         """Listen to the other router pods (with a bus), and read the engines (with
@@ -133,6 +139,7 @@ class Sharing:
             self._tasks = [asyncio.ensure_future(listening), asyncio.ensure_future(self._beat())]
         if self.readings is not None:
             self._tasks.append(asyncio.ensure_future(self._read_engines()))
+        self._tasks.append(asyncio.ensure_future(self._sample_classes()))
 
     def _own(self, backend: Backend | None) -> int:
         """The model's slots this pod owns: its ready endpoints x the engine's batch, this
@@ -219,6 +226,7 @@ class Sharing:
         loop = asyncio.get_running_loop()
         started = loop.time()
         wait = priority.max_wait_seconds or self.wait_seconds
+        self.class_load.values[priority.name] = priority.value
         verdict = self.queues.admit(
             key,
             tenant=tenant,
@@ -529,6 +537,25 @@ class Sharing:
             )
             if len(found) >= MAX_ENGINES:
                 return found[:MAX_ENGINES]
+        return found
+
+    # -- the shares to suggest (`share_advice`) -----------------------------------------------
+
+    async def _sample_classes(self) -> None:
+        """Every second: each model's requests in flight through this pod, by class."""
+        loop = asyncio.get_running_loop()
+        while True:
+            running = {k: dict(q.running) for k, q in self.queues.models.items() if q.running}
+            self.class_load.sample(running, loop.time())
+            await asyncio.sleep(SAMPLE_SECONDS)
+
+    def _suggestions(self) -> list[tuple[str, str, int]]:
+        """(CR, class, the maxSharePercent to suggest it) for `SuggestedShares`."""
+        found = []
+        for key in list(self.class_load.means):
+            slots = self._measured(self._backend_of(key))
+            for name, percent in self.class_load.suggestions(key, slots, self.replicas).items():
+                found.append((f"{key[0]}/{key[1]}", name, percent))
         return found
 
     def _resolve(self, item: Waiting, outcome: str) -> None:
