@@ -161,6 +161,7 @@ class Rig:
         self.dir = workdir
         self.engine_ports = [free_port(), free_port()]
         self.ports = [free_port(), free_port()]
+        self.admin_ports: list[int] = []
         self.routers: list[subprocess.Popen[bytes]] = []
         self.engines: list[subprocess.Popen[bytes]] = []
         self.redis = RedisServer(log_dir=workdir / "redis")
@@ -200,9 +201,10 @@ class Rig:
         table.write_text(json.dumps(document))
         tenants = self.dir / f"tenants-{config.name}.yaml"
         tenants.write_text(yaml.safe_dump_all(config.objects))
-        for port in self.ports:
+        self.admin_ports = [free_port() for _ in self.ports]
+        for port, admin in zip(self.ports, self.admin_ports, strict=True):
             argv = ["-m", "llmop_router", "serve", "--host", "127.0.0.1", "--port", str(port)]
-            argv += ["--admin-port", str(free_port()), "--static", str(table)]
+            argv += ["--admin-port", str(admin), "--static", str(table)]
             argv += ["--static-tenants", str(tenants), "--replicas", "2", "--shutdown-delay", "0"]
             if config.store:
                 argv += ["--store", self.redis.url]
@@ -345,6 +347,21 @@ async def load(
     return Run(dict(zip(rates, found, strict=True)), running, seconds)
 
 
+async def suggested_shares(admin_ports: Sequence[int]) -> list[float]:
+    """Each router's `llmop_gateway_suggested_max_share_percent` for the batch class."""
+    found = []
+    async with aiohttp.ClientSession() as session:
+        for port in admin_ports:
+            async with session.get(f"http://127.0.0.1:{port}/metrics") as answer:
+                text = await answer.text()
+            for line in text.splitlines():
+                if line.startswith("llmop_gateway_suggested_max_share_percent{") and (
+                    'priority_class="batch"' in line
+                ):
+                    found.append(float(line.rsplit(" ", 1)[1]))
+    return found
+
+
 def refused(records: Sequence[Record]) -> tuple[int, int, int]:
     """(429s with Retry-After, 429s without, other failures)."""
     with_retry = sum(1 for r in records if r.status == 429 and r.retry_after)
@@ -417,6 +434,14 @@ async def scenario_p1(
         rig.configure(config)
         run = await load(rig, rates, seconds, stream={"chat"}, varied=True)
         p1_rows(table, config.name, run)
+        if config.name == "strict":
+            suggested = await suggested_shares(rig.admin_ports)
+            table.add(
+                "strict: maxSharePercent the routers suggest for batch (each router)",
+                " / ".join(f"{v:.0f} %" for v in suggested) or "none",
+                f"≈ {CAPPED_SHARE} % (capped's, which meets p99 ≤ 250 ms)",
+                None,
+            )
     table.notes.append(
         f"capacity {measured:.1f} batch requests/s, measured ({2 * SEQS} slots, {BATCH_TOKENS} "
         f"tokens each); batch answers of {BATCH_TOKENS // 2}-{3 * BATCH_TOKENS // 2} tokens "

@@ -7,10 +7,11 @@ the lower classes (strict priority alone makes it wait for the next slot to free
 requests of every class above as one stream whose load is their mean number in flight (the
 offered load, in slots: arrivals a second x seconds each), the slots to hold back are the
 fewest `k` for which Erlang C(k, load), the chance that one of those requests finds all `k`
-busy and waits, is at most `WAIT_TARGET`; the class's share is then the rest, rounded down
-(gateway.md's reference case: 1.37 slots of interactive load waits 56 % of the time with 2 of
-16 slots held back, 6 % with 4). The load is what this router pod sent, decayed with a
-`HALF_LIFE_SECONDS` half-life, times the router pods (each sees its share of the clients).
+busy and waits, is at most `WAIT_TARGET`; the class's share is then the rest, in whole percent
+of each router pod's share (gateway.md's reference case: 1.37 slots of interactive load waits
+56 % of the time with 2 of 16 slots held back, 6 % with 4). The load is what this router pod
+sent, decayed with a `HALF_LIFE_SECONDS` half-life (over the time it was measured, while that
+is shorter), times the router pods (each sees its share of the clients).
 """
 
 from __future__ import annotations
@@ -51,13 +52,16 @@ def held_back(load: float, target: float = WAIT_TARGET) -> int:
     return servers
 
 
-def suggested_percent(slots: int, load_above: float) -> int | None:
-    """The share to suggest a class whose higher classes bring `load_above` to a model of
-    `slots` slots; None: nothing to suggest (no load above it, or no slots)."""
-    if slots <= 0 or load_above <= 0:
+def suggested_percent(share: int, load_above: float, replicas: int = 1) -> int | None:
+    """The share to suggest a class whose higher classes bring `load_above` through each of
+    `replicas` router pods, each owning `share` slots of the model; None: nothing to suggest
+    (no load above it, or no slots). A class's `maxSharePercent` applies to each pod's own
+    share, rounded down: the percent is the least that keeps the slots left to it there."""
+    if share <= 0 or load_above <= 0:
         return None
-    kept = max(1, slots - held_back(load_above))
-    return max(1, 100 * kept // slots)
+    held = -(-held_back(load_above * replicas) // replicas)
+    kept = max(1, share - held)
+    return min(100, -(-100 * kept // share))
 
 
 @dataclass
@@ -65,6 +69,9 @@ class ClassLoad:
     """Mean requests in flight per model and class, through this pod."""
 
     means: dict[Key, dict[str, float]] = field(default_factory=dict)
+    weights: dict[Key, float] = field(default_factory=dict)
+    """How much of the decayed window each model's means cover: a model first seen a minute
+    ago has a minute's mean, not a fifth of one (the means are divided by it)."""
     values: dict[str, int] = field(default_factory=dict)
     """Class name → its value (as its requests came)."""
     sampled: float | None = None
@@ -79,22 +86,29 @@ class ClassLoad:
         for key in set(self.means) | set(running):
             counts = running.get(key, {})
             means = self.means.setdefault(key, {})
+            self.weights[key] = decay * self.weights.get(key, 0.0) + (1 - decay)
             for name in set(means) | set(counts):
                 means[name] = decay * means.get(name, 0.0) + (1 - decay) * counts.get(name, 0)
             for name in [n for n, m in means.items() if m < 1e-6 and not counts.get(n)]:
                 del means[name]
             if not means:
-                del self.means[key]
+                del self.means[key], self.weights[key]
+
+    def mean(self, key: Key, name: str) -> float:
+        """The class's mean requests in flight at the model, over the decayed window."""
+        weight = self.weights.get(key, 0.0)
+        return self.means.get(key, {}).get(name, 0.0) / weight if weight > 0 else 0.0
 
     def suggestions(self, key: Key, slots: int, replicas: int) -> dict[str, int]:
-        """Class name → the share to suggest it at the model `key` of `slots` slots through
-        this pod, for every class of its requests with load above it."""
-        means = self.means.get(key, {})
+        """Class name → the share to suggest it at the model `key`, of which this pod owns
+        `slots` slots (of `replicas` pods alike), for every class of its requests with load
+        above it."""
+        means = {name: self.mean(key, name) for name in self.means.get(key, {})}
         found: dict[str, int] = {}
         for name in means:
             value = self.values.get(name, 0)
             above = sum(m for n, m in means.items() if self.values.get(n, 0) > value)
-            percent = suggested_percent(slots * replicas, above * replicas)
+            percent = suggested_percent(slots, above, replicas)
             if percent is not None:
                 found[name] = percent
         return found
