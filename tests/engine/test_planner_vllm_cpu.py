@@ -1,9 +1,9 @@
-"""The CPU planner against real vLLM (CPU build): the tiny test model and small Mamba-2 and
-gated-delta-net hybrids (tests/support/hybrid_configs.py) served with dummy weights under
+"""The CPU planner against real vLLM (CPU build): the tiny test model and small Mamba-1, Mamba-2
+and gated-delta-net hybrids (tests/support/hybrid_configs.py) served with dummy weights under
 `--dtype auto`, `VLLM_CPU_KVCACHE_SPACE=1` and `--max-model-len 512`: does the plan give the
 "CPU KV cache size: N tokens, Maximum concurrency ...: Cx" that vLLM logs?
 
-Four vLLM starts take ~2 min on the project's 2-core machine, so this is opt-in
+Six vLLM starts take ~3 min on the project's 2-core machine, so this is opt-in
 (`LLMOP_VLLM_PLANNER=1 pytest tests/engine/test_planner_vllm_cpu.py`); the figures it checks
 are kept as a unit test (tests/unit/test_planner_hybrids.py), which runs in `make test`.
 """
@@ -27,10 +27,16 @@ from llmop.planner.cpu import CpuPlanRequest, plan_cpu_capacity
 from llmop.planner.model_config import facts_from_config
 from support import tiny_model
 from support.harness.replicas import free_port
-from support.hybrid_configs import GRANITE_TINY, NEMOTRON_H_TINY, QWEN3_NEXT_TINY
+from support.hybrid_configs import (
+    FALCON_H1_TINY,
+    GRANITE_TINY,
+    JAMBA_TINY,
+    NEMOTRON_H_TINY,
+    QWEN3_NEXT_TINY,
+)
 
 OPT_IN = "LLMOP_VLLM_PLANNER"
-pytestmark = real_vllm.opt_in(OPT_IN, "four vLLM starts, ~2 min")
+pytestmark = real_vllm.opt_in(OPT_IN, "six vLLM starts, ~3 min")
 
 LOGGED = re.compile(
     r"CPU KV cache size: ([0-9,]+) tokens, Maximum concurrency for 512 tokens per request: "
@@ -62,7 +68,10 @@ def logged_capacity(venv: Path, model: Path, log: Path) -> tuple[int, float]:
         proc.wait()
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "granite-4.0-hybrid", "qwen3-next", "nemotron-h"])
+@pytest.mark.parametrize(
+    "name",
+    ["tiny-llama", "granite-4.0-hybrid", "qwen3-next", "nemotron-h", "falcon-h1", "jamba"],
+)
 def test_the_cpu_plan_gives_what_vllm_logs(name: str, tmp_path: Path) -> None:
     venv = real_vllm.venv()
     tiny = Path(tiny_model.ensure(str(venv / "bin" / "python")))
@@ -71,6 +80,8 @@ def test_the_cpu_plan_gives_what_vllm_logs(name: str, tmp_path: Path) -> None:
         "granite-4.0-hybrid": GRANITE_TINY,
         "qwen3-next": QWEN3_NEXT_TINY,
         "nemotron-h": NEMOTRON_H_TINY,
+        "falcon-h1": FALCON_H1_TINY,
+        "jamba": JAMBA_TINY,
     }
     config = configs[name]
     model = tmp_path / "model"

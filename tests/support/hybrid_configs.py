@@ -90,6 +90,63 @@ NEMOTRON_H_TINY: dict[str, Any] = {
 state float32, vLLM's default for the family), 2 attention layers (2 KV heads of 64) and 2 MLP
 layers, which hold no cache."""
 
+FALCON_H1_TINY: dict[str, Any] = {
+    "architectures": ["FalconH1ForCausalLM"],
+    "model_type": "falcon_h1",
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "mamba_d_ssm": 256,
+    "mamba_n_heads": 4,
+    "mamba_d_head": 64,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 64,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 64,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "mamba_rms_norm": True,
+    "mamba_norm_before_gate": False,
+    "intermediate_size": 256,
+    "rope_theta": 100000000000.0,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+"""A tiny Falcon-H1: 4 decoder layers, each an attention block (2 KV heads of 64) and a Mamba-2
+mixer (conv (256 + 2 x 64) x 3, SSM 4 x 64 x 64) side by side: 4 attention and 4 state
+layers."""
+
+JAMBA_TINY: dict[str, Any] = {
+    "architectures": ["JambaForCausalLM"],
+    "model_type": "jamba",
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attn_layer_period": 4,
+    "attn_layer_offset": 2,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+    "num_experts": 2,
+    "num_experts_per_tok": 1,
+    "mamba_d_state": 64,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_dt_rank": 8,
+    "intermediate_size": 256,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+"""A tiny Jamba: 3 Mamba-1 layers (conv 256 x 3, SSM 256 x 64) and its third layer attention
+(2 KV heads of hidden / heads = 32), an MoE MLP every second layer."""
+
 GRANITE_H_SHAPE: dict[str, Any] = {
     "model_type": "granitemoehybrid",
     "hidden_size": 1536,
@@ -132,3 +189,48 @@ NEMOTRON_H_SHAPE: dict[str, Any] = {
 }
 """A hybrid of Nemotron-H 8B's kind at a GPU's size: 24 Mamba-2 layers, 4 attention layers and
 24 MLP layers (`hybrid_override_pattern`'s M, * and -)."""
+
+FALCON_H1_SHAPE: dict[str, Any] = {
+    "model_type": "falcon_h1",
+    "hidden_size": 3072,
+    "num_hidden_layers": 44,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "attn_layer_indices": None,
+    "mamba_d_ssm": 3072,
+    "mamba_n_heads": 24,
+    "mamba_d_head": 128,
+    "mamba_d_state": 256,
+    "mamba_n_groups": 1,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "intermediate_size": 12288,
+    "vocab_size": 130048,
+    "max_position_embeddings": 262144,
+    "torch_dtype": "bfloat16",
+}
+"""A hybrid of Falcon-H1 7B's kind at a GPU's size: 44 decoder layers, each an attention block
+(2 KV heads of 128) and a Mamba-2 mixer (24 heads of 128, state 256, one group)."""
+
+JAMBA_SHAPE: dict[str, Any] = {
+    "model_type": "jamba",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "attn_layer_period": 8,
+    "attn_layer_offset": 4,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+    "num_experts": 16,
+    "num_experts_per_tok": 2,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "intermediate_size": 14336,
+    "vocab_size": 65536,
+    "max_position_embeddings": 262144,
+    "torch_dtype": "bfloat16",
+}
+"""A hybrid of Jamba v0.1's kind at a GPU's size: 4 attention and 28 Mamba-1 layers."""

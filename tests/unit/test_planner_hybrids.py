@@ -1,10 +1,10 @@
-"""The planner on Mamba-2 and gated-delta-net hybrids (Granite 4.0, Qwen3-Next, Nemotron-H), read
-from their config.json: each state layer's bytes as vLLM 0.32's `MambaStateShapeCalculator`
-gives them, the attention block grown until a page holds a state (`_align_hybrid_block_size`),
-state pages padded to it, the groups, and the pages a request holds per state group (2 in prefix
-caching's `align` mode, vLLM's default for hybrids, and a Mamba-2 prefill checkpoint's third).
-The CPU cases are checked against vLLM 0.32's CPU build serving the same configs (dummy
-weights): its own "CPU KV cache size" log lines."""
+"""The planner on Mamba-1, Mamba-2 and gated-delta-net hybrids (Granite 4.0, Qwen3-Next,
+Nemotron-H, Falcon-H1, Jamba), read from their config.json: each state layer's bytes as vLLM
+0.32's `MambaStateShapeCalculator` gives them, the attention block grown until a page holds a
+state (`_align_hybrid_block_size`), state pages padded to it, the groups, and the pages a request
+holds per state group (2 in prefix caching's `align` mode, vLLM's default for hybrids, and a
+Mamba-2 prefill checkpoint's third). The CPU cases are checked against vLLM 0.32's CPU build
+serving the same configs (dummy weights): its own "CPU KV cache size" log lines."""
 
 from __future__ import annotations
 
@@ -15,11 +15,15 @@ import pytest
 from llmop.planner import PlanRequest, plan_capacity
 from llmop.planner.capacity import GIB, REASON_INVALID_TP
 from llmop.planner.cpu import CpuPlanRequest, plan_cpu_capacity
-from llmop.planner.kv_layout import FULL, MAMBA2, STATE, StateShape, build_layout
+from llmop.planner.kv_layout import FULL, MAMBA1, MAMBA2, STATE, StateShape, build_layout
 from llmop.planner.model_config import ModelConfigError, facts_from_config
 from support.hybrid_configs import (
+    FALCON_H1_SHAPE,
+    FALCON_H1_TINY,
     GRANITE_H_SHAPE,
     GRANITE_TINY,
+    JAMBA_SHAPE,
+    JAMBA_TINY,
     NEMOTRON_H_SHAPE,
     NEMOTRON_H_TINY,
     QWEN3_NEXT_TINY,
@@ -138,9 +142,112 @@ def test_a_nemotron_h_config_the_planner_cannot_read_is_refused_naming_the_field
         _facts(config)
 
 
-def test_other_hybrids_are_still_refused() -> None:
-    config = {"model_type": "jamba", "mamba_d_state": 16, "num_hidden_layers": 2}
-    with pytest.raises(ModelConfigError, match="has Mamba or linear-attention layers"):
+def test_falcon_h1_has_an_attention_and_a_state_layer_in_every_decoder_layer() -> None:
+    """Falcon-H1 (vLLM 0.32 falcon_h1.py): every decoder layer is a `FalconH1ParallelHybrid`, an
+    `Attention` and a `MambaMixer2` side by side, so 44 layers hold 44 attention and 44 state
+    caches; the mixer's inner size is `mamba_d_ssm` and its SSM state is at the model's dtype
+    (`mamba2_state_dtype`, `mamba_ssm_cache_dtype` auto). GPU, bfloat16, TP 1: a state is
+    (3,072 + 2 x 256) x 3 x 2 + 24 x 128 x 256 x 2 = 1,594,368 bytes, an attention token 2 x
+    256 x 2 = 1,024 a layer, so the block grows to 16 x ceil(1,594,368 / 16,384) = 1,568 tokens;
+    44 and 44 layers: groups of 44, one of each; 8,192 tokens hold 6 attention blocks and 3 in
+    the state group. TP 4 divides the attention heads but not 6 Mamba heads: refused."""
+    facts = _facts(FALCON_H1_SHAPE)
+    assert facts.layers == 44
+    kinds = [x.kind for x in facts.attention_layers]
+    assert (kinds.count(FULL), kinds.count(STATE)) == (44, 44)
+    layout = build_layout(
+        facts.attention_layers, tensor_parallel_size=1, element_bytes=2, block_size=16
+    )
+    assert (layout.block_size, layout.page_bytes, layout.group_size) == (1568, 1_605_632, 44)
+    assert [g.kind for g in layout.groups] == [FULL, STATE]
+    assert layout.blocks_per_request(8192, 0) == 6 + 3
+    plan = plan_capacity(
+        PlanRequest(facts, 79.19, 1, max_model_len=8192, gpu_memory_utilization=0.9)
+    )
+    assert plan.fits, plan.message
+    assert plan.kv_groups == 2
+    blocks = int(plan.kv_cache_gib_per_gpu * GIB // 1_605_632 // 44)
+    assert plan.max_concurrency == pytest.approx(blocks / 9)
+    refused = plan_capacity(
+        PlanRequest(
+            _facts(FALCON_H1_SHAPE | {"mamba_n_heads": 6, "mamba_d_head": 512}),
+            79.19,
+            4,
+            max_model_len=8192,
+        )
+    )
+    assert refused.reason == REASON_INVALID_TP
+    assert "mamba heads 6" in refused.message
+
+
+def test_falcon_h1_takes_transformers_defaults_for_the_mixer() -> None:
+    """transformers' FalconH1Config: `mamba_d_ssm` 1,024 when a config omits it, `mamba_expand`
+    x hidden_size only when it is null; `mamba_d_head` "auto" is the inner size over the
+    heads."""
+    omitted = {k: v for k, v in FALCON_H1_TINY.items() if k not in ("mamba_d_ssm", "mamba_d_head")}
+    state = _facts(omitted).state_layers[0]
+    assert (state.intermediate, state.heads, state.head_dim) == (1024, 4, 256)
+    state = _facts(FALCON_H1_TINY | {"mamba_d_ssm": None, "mamba_d_head": "auto"}).state_layers[0]
+    assert (state.intermediate, state.head_dim) == (256, 64)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [FALCON_H1_TINY | {"mamba_d_head": 32}, FALCON_H1_TINY | {"mamba_d_head": None}],
+    ids=["heads-do-not-make-d-ssm", "no-head-size"],
+)
+def test_a_falcon_h1_mixer_transformers_would_not_load_is_refused_naming_the_field(
+    config: dict[str, Any],
+) -> None:
+    with pytest.raises(ModelConfigError, match="mamba_d_head"):
+        _facts(config)
+
+
+def test_jamba_has_mamba_1_layers_and_an_attention_layer_every_period() -> None:
+    """Jamba (vLLM 0.32 jamba.py): attention where `i % attn_layer_period ==
+    attn_layer_offset` (transformers' `layers_block_type`), Mamba-1 elsewhere
+    (`mamba1_state_shape`: conv mamba_expand x hidden / TP x (kernel - 1), SSM mamba_expand x
+    hidden / TP x d_state), the attention head hidden / heads whatever `head_dim` says, no
+    prefill checkpoint (2 pages a state group). GPU, bfloat16, TP 1: a state is 8,192 x 3 x 2
+    + 8,192 x 16 x 2 = 311,296 bytes, an attention token 8 x 256 x 2 = 4,096, so the block
+    grows to 16 x ceil(311,296 / 65,536) = 80 tokens; 4 attention and 28 Mamba layers: groups
+    of 4, 1 + 7; 8,192 tokens hold 103 attention blocks and 2 per state group."""
+    facts = _facts(JAMBA_SHAPE | {"head_dim": 64})
+    kinds = [x.kind for x in facts.attention_layers]
+    assert [i for i, kind in enumerate(kinds) if kind == FULL] == [4, 12, 20, 28]
+    assert facts.head_dim == 128
+    assert facts.state_layers[0].family == MAMBA1
+    assert facts.state_layers[0].elements(2) == (4096 * 3, 4096 * 16)
+    layout = build_layout(
+        facts.attention_layers, tensor_parallel_size=1, element_bytes=2, block_size=16
+    )
+    assert (layout.block_size, layout.page_bytes, layout.group_size) == (80, 327_680, 4)
+    assert layout.blocks_per_request(8192, 0) == 103 + 7 * 2
+    plan = plan_capacity(
+        PlanRequest(facts, 79.19, 1, max_model_len=8192, gpu_memory_utilization=0.9)
+    )
+    assert plan.fits, plan.message
+    assert plan.kv_groups == 8
+    with pytest.raises(ModelConfigError, match="attn_layer_offset"):
+        _facts(JAMBA_TINY | {"attn_layer_offset": 4})
+    # Experts only every `expert_layer_period` layers (transformers' `layers_num_experts`): a
+    # token reads more of Jamba than of a model whose every layer holds experts.
+    every = _facts(JAMBA_SHAPE | {"expert_layer_period": 1, "expert_layer_offset": 0})
+    assert facts.active_parameters is not None
+    assert every.active_parameters is not None
+    assert facts.active_parameters / facts.parameters > every.active_parameters / every.parameters
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "bamba", "mamba_d_state": 128, "num_hidden_layers": 2},
+        {"model_type": "zamba2", "mamba_d_state": 64, "num_hidden_layers": 2},
+    ],
+    ids=["bamba", "zamba2"],
+)
+def test_other_hybrids_are_still_refused(config: dict[str, Any]) -> None:
+    with pytest.raises(ModelConfigError, match=r"mamba_d_state: .* has Mamba or linear-attention"):
         _facts(config)
 
 
@@ -150,8 +257,10 @@ def test_other_hybrids_are_still_refused() -> None:
         (GRANITE_TINY, 254_184, 496.45),
         (QWEN3_NEXT_TINY, 838_860, 1638.40),
         (NEMOTRON_H_TINY, 262_144, 512.00),
+        (FALCON_H1_TINY, 209_715, 409.60),
+        (JAMBA_TINY, 699_008, 1365.25),
     ],
-    ids=["granite-4.0-hybrid", "qwen3-next", "nemotron-h"],
+    ids=["granite-4.0-hybrid", "qwen3-next", "nemotron-h", "falcon-h1", "jamba"],
 )
 def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
     config: dict[str, Any], tokens: int, concurrency: float
@@ -165,7 +274,13 @@ def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
     2 + 4,096 x 4 = 17,920 bytes, padded by 265.71 % to 65,536 (block 128 holds it); 16,384
     blocks / (4 + 3 x 2). Nemotron-H: "Updating mamba_ssm_cache_dtype to 'float32'", state
     1,536 x 2 + 16,384 x 4 = 68,608 bytes; "Setting attention block size to 256 tokens",
-    "Padding mamba page size by 91.04%" (131,072 / 68,608); its 2 MLP layers hold nothing."""
+    "Padding mamba page size by 91.04%" (131,072 / 68,608); its 2 MLP layers hold nothing.
+    Falcon-H1: "Reset SSM cache type to float32", state 1,152 x 2 + 16,384 x 4 = 67,840 bytes;
+    "Setting attention block size to 256 tokens", "Padding mamba page size by 93.21%" (131,072
+    / 67,840); 4 attention and 4 state layers in 2 groups: 2,048 blocks / (2 + 3). Jamba: state
+    (Mamba-1) 768 x 2 + 16,384 x 4 = 67,072 bytes; "Setting attention block size to 384
+    tokens", "Padding mamba page size by 46.56%" (98,304 / 67,072); 1 attention and 3 Mamba
+    layers in groups of 1: 10,922 blocks / (2 + 3 x 2)."""
     plan = plan_cpu_capacity(
         CpuPlanRequest(_facts(config), memory_gib=8, kv_cache_gib=1, max_model_len=512)
     )

@@ -144,9 +144,9 @@ def test_a_hub_that_does_not_answer_is_retried_with_backoff() -> None:
         (HubFailure("access_denied", "403"), "ModelAccessDenied", "Secret hf/token"),
         (ModelFiles(None, revision=COMMIT), "ModelConfigUnsupported", "config.json: no such file"),
         (
-            ModelFiles(json.dumps({"model_type": "jamba", "mamba_d_state": 16}), revision=COMMIT),
+            ModelFiles(json.dumps({"model_type": "bamba", "mamba_d_state": 16}), revision=COMMIT),
             "ModelConfigUnsupported",
-            "config.json: mamba_d_state: model_type 'jamba' has Mamba",
+            "config.json: mamba_d_state: model_type 'bamba' has Mamba",
         ),
         (
             ModelFiles(

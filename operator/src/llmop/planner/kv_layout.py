@@ -24,8 +24,8 @@ size (16 on GPU, the CPU backend's 128) whose page holds the largest state, and 
 pages to it (``Platform._align_hybrid_block_size``): then every page is one size and the groups
 form as above. With prefix caching on (vLLM's default for hybrids: ``mamba_cache_mode``
 ``align``) a state group reserves 2 pages per request, and a Mamba-2 one a third for its
-prefill checkpoint (``MambaMixer2.get_kv_cache_spec``: ``num_prefill_checkpoint_blocks=1``);
-without, 1 page.
+prefill checkpoint (``MambaMixer2.get_kv_cache_spec``: ``num_prefill_checkpoint_blocks=1``;
+Mamba-1's ``MambaMixer`` keeps ``MambaSpec``'s 0); without, 1 page.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ MLA = "mla"
 STATE = "state"
 KINDS = (FULL, SLIDING, CHUNKED, MLA, STATE)
 
+MAMBA1 = "mamba1"
 MAMBA2 = "mamba2"
 GATED_DELTA_NET = "gated_delta_net"
 
@@ -55,22 +56,24 @@ def _divide(total: int, parts: int, what: str) -> int:
 
 @dataclass(frozen=True)
 class StateShape:
-    """A Mamba-2 or gated-delta-net layer's state per request, before tensor parallelism (vLLM
-    0.32 ``MambaStateShapeCalculator.mamba2_state_shape`` / ``gated_delta_net_state_shape``):
-    a convolution state of ``conv_kernel - 1`` steps and a temporal (SSM) state."""
+    """A Mamba-1, Mamba-2 or gated-delta-net layer's state per request, before tensor
+    parallelism (vLLM 0.32 ``MambaStateShapeCalculator.mamba1_state_shape`` /
+    ``mamba2_state_shape`` / ``gated_delta_net_state_shape``): a convolution state of
+    ``conv_kernel - 1`` steps and a temporal (SSM) state."""
 
     family: str
     heads: int
-    """Mamba-2: SSM heads; gated delta net: value heads."""
+    """Mamba-2: SSM heads; gated delta net: value heads; Mamba-1: 1 (it has none)."""
     head_dim: int
-    """Mamba-2: head dimension; gated delta net: value head dimension."""
+    """Mamba-2: head dimension; gated delta net: value head dimension; Mamba-1: 1."""
     state_size: int
-    """Mamba-2: SSM state size; gated delta net: key head dimension."""
+    """Mamba-1 and -2: SSM state size; gated delta net: key head dimension."""
     conv_kernel: int
     groups: int
-    """Mamba-2: ``n_groups``; gated delta net: key heads."""
+    """Mamba-2: ``n_groups``; gated delta net: key heads; Mamba-1: 1."""
     intermediate: int = 0
-    """Mamba-2 only: the mixer's inner size (``mamba_expand x hidden_size``)."""
+    """Mamba-1 and -2: the mixer's inner size (``mamba_expand x hidden_size``; Falcon-H1's
+    ``mamba_d_ssm``)."""
     temporal_bytes: float | None = None
     """Bytes of a temporal (SSM) state element when the model sets its own (Nemotron-H:
     float32 by default); None: the caller's (the model's dtype)."""
@@ -85,6 +88,10 @@ class StateShape:
         """(conv state, temporal state) elements on one rank."""
         tp = tensor_parallel_size
         steps = self.conv_kernel - 1
+        if self.family == MAMBA1:
+            # Mamba-1 splits its inner channels, conv and SSM state alike, over the ranks.
+            inner = _divide(self.intermediate, tp, "mamba inner size")
+            return inner * steps, inner * self.state_size
         if self.family == MAMBA2:
             # vLLM's `extra_groups_for_head_shards`: groups TP does not divide are extended to
             # TP of them, so that every rank holds the groups of its heads.

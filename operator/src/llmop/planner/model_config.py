@@ -35,6 +35,7 @@ from llmop.planner.kv_layout import (
     CHUNKED,
     FULL,
     GATED_DELTA_NET,
+    MAMBA1,
     MAMBA2,
     MLA,
     SLIDING,
@@ -96,10 +97,12 @@ _SUPPORTED = frozenset(
     }
 )
 
-# Mamba-2 / gated-delta-net hybrids the planner sizes (vLLM 0.32: granitemoehybrid.py,
-# qwen3_next.py, nemotron_h.py): their state layers and full-attention layers, by
-# `layer_types` (Nemotron-H: `layers_block_type`, or `hybrid_override_pattern`'s letters).
-_STATE_HYBRIDS = frozenset({"granitemoehybrid", "qwen3_next", "nemotron_h"})
+# Mamba / gated-delta-net hybrids the planner sizes (vLLM 0.32: granitemoehybrid.py,
+# qwen3_next.py, nemotron_h.py, falcon_h1.py, jamba.py): their state layers and full-attention
+# layers, by `layer_types` (Nemotron-H: `layers_block_type`, or `hybrid_override_pattern`'s
+# letters; Falcon-H1: every decoder layer both, side by side; Jamba: Mamba-1 layers and an
+# attention layer every `attn_layer_period`).
+_STATE_HYBRIDS = frozenset({"granitemoehybrid", "qwen3_next", "nemotron_h", "falcon_h1", "jamba"})
 _STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba"})
 _FULL_LAYER_TYPES = frozenset({"full_attention", "attention"})
 _CACHELESS_LAYER_TYPES = frozenset({"mlp", "moe"})
@@ -157,6 +160,41 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "n_groups": 8,
         "conv_kernel": 4,
         "mamba_ssm_cache_dtype": "float32",
+    },
+    # transformers' FalconH1Config: `mamba_d_ssm` 1024 when a config omits it (only an explicit
+    # null falls back to mamba_expand x hidden_size), `mamba_d_head` "auto" (d_ssm / heads).
+    "falcon_h1": {
+        "vocab_size": 128000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 8192,
+        "mamba_d_ssm": 1024,
+        "mamba_n_heads": 128,
+        "mamba_d_head": "auto",
+        "mamba_n_groups": 1,
+        "mamba_d_state": 256,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+    },
+    # transformers' JambaConfig (its layer kinds come from the period and offset only).
+    "jamba": {
+        "vocab_size": 65536,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 262144,
+        "num_experts": 16,
+        "num_experts_per_tok": 2,
+        "attn_layer_period": 8,
+        "attn_layer_offset": 4,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
     },
     "llama4_text": {
         "vocab_size": 202048,
@@ -324,6 +362,21 @@ def _state_shape(text: Mapping[str, Any], text_type: str, where: str) -> StateSh
             intermediate=heads * head_dim,
             temporal_bytes=_ssm_cache_bytes(text, where),
         )
+    if text_type == "falcon_h1":
+        return _falcon_h1_state(text, where)
+    if text_type == "jamba":
+        # vLLM 0.32 jamba.py `get_mamba_state_shape_from_config`: Mamba-1, inner size
+        # mamba_expand x hidden_size; its SSM state at the model's dtype (mamba1_state_dtype).
+        inner = _need(text, where, "mamba_expand") * _need(text, where, "hidden_size")
+        return StateShape(
+            MAMBA1,
+            heads=1,
+            head_dim=1,
+            state_size=_need(text, where, "mamba_d_state"),
+            conv_kernel=_need(text, where, "mamba_d_conv"),
+            groups=1,
+            intermediate=inner,
+        )
     hidden = _need(text, where, "hidden_size")
     intermediate = (_int(text, "mamba_expand") or 2) * hidden
     heads = _int(text, "mamba_n_heads") or 128
@@ -343,6 +396,58 @@ def _state_shape(text: Mapping[str, Any], text_type: str, where: str) -> StateSh
         groups=_int(text, "mamba_n_groups") or 1,
         intermediate=intermediate,
     )
+
+
+def _falcon_h1_state(text: Mapping[str, Any], where: str) -> StateShape:
+    """Falcon-H1's Mamba-2 mixer (vLLM 0.32 falcon_h1.py `get_mamba_state_shape_from_config`):
+    its inner size is `mamba_d_ssm`, or `mamba_expand x hidden_size` when that is null. The SSM
+    state follows the model's dtype (no per-model `mamba_ssm_cache_dtype` in vLLM's config.py)."""
+    intermediate = _int(text, "mamba_d_ssm")
+    if intermediate is None:
+        intermediate = _need(text, where, "mamba_expand") * _need(text, where, "hidden_size")
+    heads = _need(text, where, "mamba_n_heads")
+    head_dim = _int(text, "mamba_d_head")
+    if head_dim is None and text.get("mamba_d_head") == "auto" and intermediate % heads == 0:
+        head_dim = intermediate // heads
+    # transformers refuses such a config (`validate_architecture`), so vLLM never loads it.
+    if head_dim is None or heads * head_dim != intermediate:
+        raise _err(
+            f"{where}mamba_d_head",
+            f"{heads} heads of {text.get('mamba_d_head')!r} do not make the Mamba inner size "
+            f"{intermediate} (mamba_d_ssm, or mamba_expand x hidden_size)",
+            "fix the config",
+        )
+    return StateShape(
+        MAMBA2,
+        heads=heads,
+        head_dim=head_dim,
+        state_size=_need(text, where, "mamba_d_state"),
+        conv_kernel=_need(text, where, "mamba_d_conv"),
+        groups=_need(text, where, "mamba_n_groups"),
+        intermediate=intermediate,
+    )
+
+
+def _jamba_layers(
+    text: Mapping[str, Any], where: str, *, layers: int, kv_heads: int
+) -> tuple[AttentionLayer, ...]:
+    """Jamba's layers as transformers' `layers_block_type` property gives them (a config cannot
+    set it): attention where `i % attn_layer_period == attn_layer_offset`, Mamba-1 elsewhere.
+    vLLM's attention there takes hidden_size / heads as its head size, whatever `head_dim`
+    says."""
+    period = _need(text, where, "attn_layer_period")
+    offset = _int(text, "attn_layer_offset")
+    if offset is None or not 0 <= offset < period:
+        raise _err(
+            f"{where}attn_layer_offset",
+            f"must be from 0 to attn_layer_period - 1 ({period - 1})",
+            "fix the config (transformers refuses it)",
+        )
+    hidden, heads = _need(text, where, "hidden_size"), _need(text, where, "num_attention_heads")
+    state = _state_shape(text, "jamba", where)
+    full = AttentionLayer(FULL, kv_heads, hidden // heads, hidden // heads)
+    mamba = AttentionLayer(STATE, 0, 0, 0, state=state)
+    return tuple(full if i % period == offset else mamba for i in range(layers))
 
 
 def _ssm_cache_bytes(text: Mapping[str, Any], where: str) -> float | None:
@@ -385,9 +490,29 @@ def _layer_count(text: Mapping[str, Any], text_type: str, where: str) -> int:
 def _state_hybrid_layers(
     text: Mapping[str, Any], text_type: str, where: str, *, layers: int, kv_heads: int, head: int
 ) -> tuple[AttentionLayer, ...]:
-    """A Mamba-2 or gated-delta-net hybrid's layers with a cache (transformers' default
+    """A Mamba or gated-delta-net hybrid's layers with a cache (transformers' default
     `layer_types`: Qwen3-Next every 4th layer full attention, Granite 4.0 every layer a state
-    layer; Nemotron-H's pattern). Nemotron-H's MLP and MoE layers hold none: left out."""
+    layer; Nemotron-H's pattern; Falcon-H1 an attention and a state layer per decoder layer;
+    Jamba's period). Nemotron-H's MLP and MoE layers hold none: left out."""
+    if text_type == "falcon_h1":
+        # vLLM builds every layer as `FalconH1ParallelHybrid` (an `Attention` and a
+        # `MambaMixer2`), whatever a layer list says; transformers' `layers_block_type` is a
+        # property that says "hybrid" for each.
+        state = _state_shape(text, text_type, where)
+        full = AttentionLayer(FULL, kv_heads, head, head)
+        return (full, AttentionLayer(STATE, 0, 0, 0, state=state)) * layers
+    if text_type == "jamba":
+        return _jamba_layers(text, where, layers=layers, kv_heads=kv_heads)
+    return _listed_hybrid_layers(
+        text, text_type, where, layers=layers, kv_heads=kv_heads, head=head
+    )
+
+
+def _listed_hybrid_layers(
+    text: Mapping[str, Any], text_type: str, where: str, *, layers: int, kv_heads: int, head: int
+) -> tuple[AttentionLayer, ...]:
+    """Granite 4.0, Qwen3-Next and Nemotron-H: one kind a layer, from a list, a pattern or
+    transformers' rule for the model type."""
     given = text.get("layer_types") or text.get("layers_block_type")
     if isinstance(given, list) and given:
         types = [str(value) for value in given]
@@ -555,6 +680,12 @@ def _parameters(
     attention = _attention_params(text, hidden, heads, kv, head)
     mlp_all, mlp_active, moe = _mlp_params(text, text_type, hidden)
     dense_layers = min(layers, _int(text, "first_k_dense_replace") or 0) if moe else 0
+    if moe and text_type == "jamba":
+        # transformers' `layers_num_experts`: experts only where i % period == offset.
+        period = _int(text, "expert_layer_period") or 2
+        offset = _int(text, "expert_layer_offset")
+        offset = 1 if offset is None else offset
+        dense_layers = layers - sum(1 for i in range(layers) if i % period == offset)
     dense_mlp = (
         (2 if text_type in _TWO_MATRIX_MLP else 3)
         * hidden
