@@ -22,6 +22,7 @@ from decimal import Decimal
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -29,8 +30,10 @@ from llmop_engine.simulator.server import SimServer
 from llmop_engine.simulator.sim_config import SimConfig
 from llmop_router.app import Router
 from llmop_router.contract import api_key_hash
-from llmop_router.gateway import Gateway
+from llmop_router.gateway import Gateway, GpuHourPrice
+from llmop_router.gpu_price import GpuTime, plan_facts
 from llmop_router.metrics import GatewayMetrics
+from llmop_router.quota import Usage
 from llmop_router.routes import RouteTable
 from llmop_router.store import Local
 from llmop_router.tenants import parse_tenant
@@ -83,7 +86,12 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(*tenants: dict[str, Any], pricing: Any = None) -> AsyncIterator[Rig]:
+async def rig(
+    *tenants: dict[str, Any],
+    pricing: Any = None,
+    gpu_hour: GpuHourPrice | None = None,
+    status: dict[str, Any] | None = None,
+) -> AsyncIterator[Rig]:
     async with simulator() as (sim, address):
         table = RouteTable()
         table.set("llama", "team", "llama", [address])
@@ -91,8 +99,9 @@ async def rig(*tenants: dict[str, Any], pricing: Any = None) -> AsyncIterator[Ri
         router.ready = True
         gateway = Gateway(Local(), GatewayMetrics(router.metrics.registry))
         gateway.set_tenants([parse_tenant(t) for t in tenants])
-        if pricing is not None:
-            gateway.set_price(("team", "llama"), pricing)
+        gateway.gpu_hour = gpu_hour
+        if pricing is not None or gpu_hour is not None:
+            gateway.set_price(("team", "llama"), pricing, gpus=2, status=status)
         router.gateway = gateway
         site = TestServer(router.app(), host="127.0.0.1")
         await site.start_server()
@@ -237,6 +246,51 @@ async def test_usage_is_metered_in_streams_and_hidden_when_not_asked_for() -> No
         spent = await r.gateway.store.usage("a", time.strftime("%Y-%m", time.gmtime()))
         assert spent["llama:out"] == output
         assert Decimal(spent["total:picos"]) / 10**12 == expected
+
+
+PLAN = {
+    "memoryBandwidthGBs": 3350,
+    "activeWeightsGiBPerGPU": 7.48,
+    "kvBytesPerToken": 65536,
+    "maxNumSeqs": 1024,
+    "kvCacheTokens": 900_000,
+    "maxNumBatchedTokens": 8192,
+}
+
+
+@synchronous
+async def test_a_model_without_prices_is_charged_its_gpu_time_at_a_gpu_hour_price() -> None:
+    """No `spec.router.pricing`, a GPU-hour price: each request is charged the GPU time its
+    tokens take at the plan (two GPUs at 2.49 USD an hour), in the access log's figure, the
+    cost counter and the tenant's usage in the store alike; a model's own prices still win."""
+    async with rig(
+        tenant("a", KEY), gpu_hour=GpuHourPrice(Decimal("2.49"), "USD"), status={"plan": PLAN}
+    ) as r:
+        answers = [json.loads((await r.post(completion(n)))[2]) for n in (3, 9)]
+        await settled(r.gateway)
+        facts = plan_facts({"plan": PLAN})
+        price = GpuTime.of(Decimal("2.49"), 2, facts)
+        assert price is not None
+        expected = sum(
+            price.cost_picos(Usage(a["usage"]["prompt_tokens"], a["usage"]["completion_tokens"]))
+            for a in answers
+        )
+        assert expected > 0
+        cost = r.metric("llmop_gateway_cost_total", tenant="a", model="llama", currency="USD")
+        assert cost == pytest.approx(expected / 10**12, rel=1e-9)
+        spent = await r.gateway.store.usage("a", time.strftime("%Y-%m", time.gmtime()))
+        assert int(spent["total:picos"]) == expected
+    pricing = {"currency": "EUR", "inputPerMillion": "0", "outputPerMillion": "1"}
+    async with rig(
+        tenant("a", KEY),
+        pricing=pricing,
+        gpu_hour=GpuHourPrice(Decimal("2.49"), "USD"),
+        status={"plan": PLAN},
+    ) as r:
+        answer = json.loads((await r.post(completion(4)))[2])
+        await settled(r.gateway)
+        cost = r.metric("llmop_gateway_cost_total", tenant="a", model="llama", currency="EUR")
+        assert cost == pytest.approx(answer["usage"]["completion_tokens"] / 10**6)
 
 
 async def engine_headers(request: web.Request) -> web.Response:

@@ -4,13 +4,16 @@ as DELETED, only as missing from the next list)."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from llmop_router.cli import prices_of
-from llmop_router.gateway import Gateway
+from llmop_router.gateway import Gateway, GpuHourPrice
+from llmop_router.gpu_price import GpuTime
 from llmop_router.metrics import GatewayMetrics
+from llmop_router.quota import Price
 from llmop_router.store import Local
 
 
@@ -55,3 +58,38 @@ def test_a_relist_of_llmdeployments_keeps_the_external_models_prices() -> None:
     prices_of(gateway, "SYNC", listed(None, cr("a", "x", "1")))
     prices_of(gateway, "SYNC", listed("llmop-system", cr("llmop-system", "y", "2")))
     assert set(gateway.prices) == {external, ("a", "x"), ("llmop-system", "y")}
+
+
+def test_with_a_gpu_hour_price_a_cr_without_prices_is_priced_from_its_plan() -> None:
+    """The watch carries the CR's status: a plan with its GPU's bandwidth prices the CR in GPU
+    time (of `spec.resources.gpus`), a plan without one (or none yet) leaves it free, a later
+    status gives it a price, and `spec.router.pricing` always wins."""
+    plan = {
+        "memoryBandwidthGBs": 3350,
+        "activeWeightsGiBPerGPU": 14.96,
+        "kvBytesPerToken": 131072,
+        "maxNumSeqs": 1024,
+        "kvCacheTokens": 433744,
+        "maxNumBatchedTokens": 8192,
+    }
+    gateway = Gateway(Local(), GatewayMetrics(CollectorRegistry()))
+    gateway.gpu_hour = GpuHourPrice(Decimal("2.49"), "USD")
+    planned = {**cr("a", "x", None), "status": {"plan": plan}}
+    planned["spec"]["resources"] = {"gpus": 4}
+    prices_of(gateway, "SYNC", listed("a", planned, cr("a", "y", None), cr("a", "z", "1")))
+    price, currency = gateway.prices[("a", "x")]
+    assert isinstance(price, GpuTime)
+    assert currency == "USD"
+    assert price.picos_per_second == Decimal("2.49") * 4 * 10**12 / 3600
+    assert ("a", "y") not in gateway.prices, "no plan yet: free"
+    assert isinstance(gateway.prices[("a", "z")][0], Price)
+
+    prices_of(gateway, "MODIFIED", {**cr("a", "y", None), "status": {"plan": plan}})
+    assert isinstance(gateway.prices[("a", "y")][0], GpuTime)
+    no_bandwidth = {**plan, "memoryBandwidthGBs": None}
+    prices_of(gateway, "MODIFIED", {**cr("a", "y", None), "status": {"plan": no_bandwidth}})
+    assert ("a", "y") not in gateway.prices
+
+    gateway.gpu_hour = None
+    prices_of(gateway, "MODIFIED", planned)
+    assert ("a", "x") not in gateway.prices, "no GPU-hour price: free, as before"

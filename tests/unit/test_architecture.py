@@ -223,6 +223,7 @@ ROUTER_PURE = {
     "limits.py",
     "tenants.py",
     "quota.py",
+    "gpu_price.py",
     "metering.py",
     "tenant_status.py",
     "migration.py",

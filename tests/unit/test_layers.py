@@ -163,7 +163,12 @@ ROUTER_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop_router.tenants",
     ),
     ("llmop_router.ring", "llmop_router.body", "llmop_router.quota", "llmop_router.migration"),
-    ("llmop_router.routes", "llmop_router.metering", "llmop_router.tenant_status"),
+    (
+        "llmop_router.routes",
+        "llmop_router.metering",
+        "llmop_router.tenant_status",
+        "llmop_router.gpu_price",
+    ),
     (
         "llmop_router.discovery",
         "llmop_router.answers",

@@ -10,6 +10,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,10 @@ from llmop.sizing import plan_for
 from llmop.status import Observed, derive_status, dump
 from llmop_router import contract
 from llmop_router.app import Router
-from llmop_router.discovery import Catalog, claim_of
+from llmop_router.discovery import Catalog, claim_of, gpus_of
+from llmop_router.gpu_price import GpuTime, plan_facts
 from llmop_router.hold import ScaleToZero
+from llmop_router.quota import Usage
 from llmop_router.routes import RouteTable
 from support.manifests import workload_status
 
@@ -361,3 +364,30 @@ def test_the_router_pins_an_adapters_streams_to_the_adapter_revision_the_operato
     assert adapter == {}
     assert base is not None
     assert len(base) == 2
+
+
+def test_the_router_prices_gpu_time_from_the_plan_the_operator_wrote() -> None:
+    """With `--gpu-hour-price` and no `spec.router.pricing`, the router charges the GPU time a
+    request takes at the plan's bandwidth: the keys it reads are the ones the operator writes."""
+    resource = _resource({"model": MODEL, "resources": {**H100, "gpus": 2}})
+    status = _at_zero(resource)
+    served = _as_served(resource, status)
+    plan = status.plan
+    assert plan is not None
+    assert plan.memory_bandwidth_gbs == 3350
+    assert plan.active_weights_gib_per_gpu == pytest.approx(plan.weights_gib_per_gpu, abs=0.01)
+    facts = plan_facts(served["status"])
+    assert facts is not None
+    assert (facts.batch, facts.kv_tokens, facts.batch_tokens) == (
+        plan.max_num_seqs,
+        plan.kv_cache_tokens,
+        plan.max_num_batched_tokens,
+    )
+    assert plan.kv_bytes_per_token is not None
+    assert facts.kv_seconds_per_token == pytest.approx(plan.kv_bytes_per_token / 3350e9)
+    assert gpus_of(served["spec"]) == 2
+    price = GpuTime.of(Decimal("2.50"), gpus_of(served["spec"]), facts)
+    assert price is not None
+    # Two GPUs at 2.50 an hour: 5 / 3600 of the currency a second.
+    seconds = price.seconds(Usage(1000, 200))
+    assert price.cost_picos(Usage(1000, 200)) == pytest.approx(seconds * 5 / 3600 * 1e12)

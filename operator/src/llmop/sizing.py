@@ -99,6 +99,12 @@ class SizingResult:
                 if plan.decode_ceiling_tokens_per_s is None
                 else round(plan.decode_ceiling_tokens_per_s)
             ),
+            active_weights_gib_per_gpu=(
+                None
+                if plan.memory_bandwidth_gbs is None
+                else round(plan.active_weights_gib_per_gpu, 3)
+            ),
+            memory_bandwidth_gbs=plan.memory_bandwidth_gbs,
         )
 
 

@@ -28,7 +28,8 @@ from llmop_router.app import (
     static_externals,
     static_table,
 )
-from llmop_router.discovery import Catalog, list_key
+from llmop_router.contract import Spec, Status
+from llmop_router.discovery import Catalog, gpus_of, list_key
 from llmop_router.engine_load import POLL_SECONDS
 from llmop_router.engine_readings import Readings
 from llmop_router.externals import (
@@ -38,7 +39,7 @@ from llmop_router.externals import (
     parse_external_model,
     secret_problem,
 )
-from llmop_router.gateway import Gateway, store_health
+from llmop_router.gateway import Gateway, GpuHourPrice, store_health
 from llmop_router.kube import (
     ENDPOINT_SLICES,
     LLMDEPLOYMENTS,
@@ -184,8 +185,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             tenants, classes = static_tenants(args.static_tenants)
             router.gateway.set_tenants(tenants)
             router.gateway.set_classes(classes)
-            for cr, pricing in static_prices(args.static).items():
-                router.gateway.set_price(cr, pricing)
+            for cr, entry in static_entries(args.static).items():
+                router.gateway.set_price(
+                    cr,
+                    entry.get("pricing"),
+                    gpus=gpus_of({Spec.RESOURCES: {Spec.GPUS: entry.get("gpus", 1)}}),
+                    status={Status.PLAN: entry.get("plan")},
+                )
             for external, key in static_externals(args.static):
                 router.externals.put(external)
                 router.externals.key_read(external.name, key, None)
@@ -539,7 +545,8 @@ def _gateway_arguments(serving: argparse.ArgumentParser) -> None:
         metavar="AMOUNT",
         help="what one GPU costs per hour (a decimal, in --gpu-hour-currency): reported per "
         "routed model as llmop_gateway_gpu_cost_per_hour, so a dashboard shows what a token "
-        "costs in GPU time; unset: not reported",
+        "costs in GPU time, and a model without spec.router.pricing is charged the GPU time "
+        "its requests take at its status.plan; unset: neither",
     )
     group.add_argument(
         "--gpu-hour-currency",
@@ -619,7 +626,10 @@ def _gateway(args: argparse.Namespace, router: Router) -> Gateway:
                 lambda: [(m, b.gpus * len(b.ring.endpoints)) for m, b in table.backends.items()],
             )
         )
-    return Gateway(store, metrics)
+    gateway = Gateway(store, metrics)
+    if args.gpu_hour_price is not None:
+        gateway.gpu_hour = GpuHourPrice(args.gpu_hour_price, args.gpu_hour_currency)
+    return gateway
 
 
 TENANT_STATUS_SECONDS = 30.0
@@ -664,14 +674,13 @@ def static_tenants(path: str) -> tuple[list[Tenant], list[PriorityClass]]:
     return tenants, classes
 
 
-def static_prices(path: str) -> dict[tuple[str, str], object]:
-    """The `pricing` of each entry of a static table (as `spec.router.pricing`)."""
+def static_entries(path: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """Each CR of a static table: its entry, whose `pricing` is as `spec.router.pricing`,
+    `gpus` as `spec.resources.gpus` and `plan` as `status.plan` (for the GPU-time price)."""
     with open(path, encoding="utf-8") as handle:
         document: Any = json.load(handle)
     return {
-        (entry["namespace"], entry["name"]): entry["pricing"]
-        for entry in document.get("models", {}).values()
-        if "pricing" in entry
+        (entry["namespace"], entry["name"]): entry for entry in document.get("models", {}).values()
     }
 
 
@@ -693,8 +702,14 @@ def prices_of(gateway: Gateway, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
             gateway.prices.pop(cr, None)
             continue
-        router_spec = (item.get("spec") or {}).get(contract.Spec.ROUTER) or {}
-        gateway.set_price(cr, router_spec.get(contract.Pricing.PRICING))
+        spec = item.get("spec") or {}
+        router_spec = spec.get(contract.Spec.ROUTER) or {}
+        gateway.set_price(
+            cr,
+            router_spec.get(contract.Pricing.PRICING),
+            gpus=gpus_of(spec),
+            status=item.get("status"),
+        )
 
 
 if __name__ == "__main__":

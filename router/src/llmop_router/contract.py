@@ -87,6 +87,18 @@ class Status:
     """`status.plan.maxNumSeqs`: the sequences the engine runs at once (`--max-num-seqs` as the
     engine really gets it: set, or vLLM's default for the GPU); the router releases held
     requests to each pod up to it."""
+    MEMORY_BANDWIDTH: Final = "memoryBandwidthGBs"
+    """`status.plan.memoryBandwidthGBs`: the GPU's nameplate bandwidth. With it and the keys
+    below, and the router's `--gpu-hour-price`, a CR without `spec.router.pricing` is charged
+    the GPU time its requests take (`llmop_router.gpu_price`)."""
+    ACTIVE_WEIGHTS: Final = "activeWeightsGiBPerGPU"
+    """`status.plan.activeWeightsGiBPerGPU`: the weights each GPU reads per decode step."""
+    KV_BYTES_PER_TOKEN: Final = "kvBytesPerToken"
+    """`status.plan.kvBytesPerToken`: one token's KV cache on each GPU."""
+    KV_CACHE_TOKENS: Final = "kvCacheTokens"
+    """`status.plan.kvCacheTokens`: the tokens a replica's KV cache holds."""
+    MAX_NUM_BATCHED_TOKENS: Final = "maxNumBatchedTokens"
+    """`status.plan.maxNumBatchedTokens`: the scheduler's token budget per step."""
     ROUTING: Final = "routing"
     SERVED_NAMES: Final = "servedNames"
     """`status.routing.servedNames`: the model names the operator decided this CR owns

@@ -24,13 +24,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from llmop_router import contract
 from llmop_router.answers import error
+from llmop_router.gpu_price import GpuTime, plan_facts
 from llmop_router.metering import Tap
 from llmop_router.metrics import GatewayMetrics
 from llmop_router.priorities import Classes, PriorityClass, PriorityClassError, parse_priority_class
@@ -107,6 +108,21 @@ def price_of(pricing: object) -> tuple[Price, str] | None:
     return price, str(pricing.get(PRICING.CURRENCY) or "USD")
 
 
+class Pricer(Protocol):
+    """What a request cost, in picos of the price's currency: per token (`quota.Price`, from
+    `spec.router.pricing`) or in GPU time (`gpu_price.GpuTime`, from the GPU-hour price)."""
+
+    def cost_picos(self, usage: Usage) -> int: ...
+
+
+@dataclass(frozen=True)
+class GpuHourPrice:
+    """The router's `--gpu-hour-price` and its currency."""
+
+    price: Decimal
+    currency: str
+
+
 def store_health(metrics: GatewayMetrics) -> Health:
     """What the shared store's breaker reports, as the gateway's metrics."""
     return Health(
@@ -136,8 +152,10 @@ class Gateway:
     store: Store
     metrics: GatewayMetrics
     directory: Directory = field(default_factory=Directory)
-    prices: dict[tuple[str, str], tuple[Price, str]] = field(default_factory=dict)
-    """CR (namespace, name) → its price per token and currency."""
+    prices: dict[tuple[str, str], tuple[Pricer, str]] = field(default_factory=dict)
+    """CR (namespace, name) → its price and currency."""
+    gpu_hour: GpuHourPrice | None = None
+    """Prices a CR without `spec.router.pricing` in GPU time (from its `status.plan`)."""
     clock: Callable[[], float] = time.time
     running: dict[str, Ticket] = field(default_factory=dict)
     _settling: set[asyncio.Task[None]] = field(default_factory=set)
@@ -239,8 +257,15 @@ class Gateway:
             patches[name] = status_patch(conditions, previous, usage, now)
         return patches
 
-    def set_price(self, cr: tuple[str, str], pricing: object) -> None:
-        found = price_of(pricing)
+    def set_price(
+        self, cr: tuple[str, str], pricing: object, *, gpus: int = 0, status: object = None
+    ) -> None:
+        """The CR's price: its `spec.router.pricing`; without one, with a GPU-hour price, the
+        GPU time of its `gpus` (a replica's) at its plan in `status`; else free."""
+        found: tuple[Pricer, str] | None = price_of(pricing)
+        if pricing is None and self.gpu_hour is not None:
+            by_time = GpuTime.of(self.gpu_hour.price, gpus, plan_facts(status))
+            found = None if by_time is None else (by_time, self.gpu_hour.currency)
         if found is None:
             self.prices.pop(cr, None)
         else:

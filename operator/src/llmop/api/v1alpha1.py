@@ -1019,6 +1019,12 @@ class PlanStatus(ApiModel):
     decode_ceiling_tokens_per_second: int | None = None
     """Output tokens/s one replica cannot exceed at its largest batch, from memory bandwidth
     (weights + KV read per decode step): a ceiling, not a forecast."""
+    active_weights_gib_per_gpu: float | None = Field(default=None, alias="activeWeightsGiBPerGPU")
+    """Weights each GPU reads per decode step (an MoE reads its active experts only)."""
+    memory_bandwidth_gbs: float | None = Field(default=None, alias="memoryBandwidthGBs")
+    """The GPU's nameplate memory bandwidth (GB/s) behind the decode ceiling; with the
+    router's `--gpu-hour-price`, a CR without `spec.router.pricing` is charged the GPU time
+    its requests take at it (docs/gateway.md, "Cost in GPU time")."""
     actual: ActualCapacity | None = None
     """What the running engine reported."""
 

@@ -178,6 +178,11 @@ class CapacityPlan:
     forecast; None when the GPU's bandwidth is unknown or it does not fit."""
     decode_batch: int = 0
     """The batch the ceiling is computed at: min(max_num_seqs, max concurrency)."""
+    active_weights_gib_per_gpu: float = 0.0
+    """Weights each GPU reads per decode step (an MoE's active experts' share of its own)."""
+    memory_bandwidth_gbs: float | None = None
+    """The GPU's nameplate memory bandwidth (GB/s) the ceiling used (None: unknown, or it does
+    not fit)."""
 
 
 def _batch_defaults(request: PlanRequest) -> tuple[int, int]:
@@ -430,10 +435,19 @@ def _decode_ceiling(
     batch = min(max_num_seqs, int(concurrency))
     if gpu is None or not gpu.bandwidth_gbs or batch < 1:
         return None, max(batch, 0)
-    arch = request.architecture
-    active_share = (arch.active_parameters or arch.parameters) / arch.parameters
-    step_bytes = (weights_per_gpu * active_share + batch * request_kv_gib) * GIB
+    step_bytes = (_active_weights(request, weights_per_gpu) + batch * request_kv_gib) * GIB
     return batch * gpu.bandwidth_gbs * 1e9 / step_bytes, batch
+
+
+def _active_weights(request: PlanRequest, weights_per_gpu: float) -> float:
+    """GiB of weights each GPU reads per decode step: an MoE reads its active experts only."""
+    arch = request.architecture
+    return weights_per_gpu * (arch.active_parameters or arch.parameters) / arch.parameters
+
+
+def _bandwidth(request: PlanRequest) -> float | None:
+    gpu = lookup_gpu(request.gpu_product) if request.gpu_product else None
+    return gpu.bandwidth_gbs if gpu is not None and gpu.bandwidth_gbs else None
 
 
 def cost_per_million_tokens(
@@ -583,6 +597,8 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
         vllm_profile=profile.name,
         decode_ceiling_tokens_per_s=ceiling if reason == REASON_FITS else None,
         decode_batch=batch if reason == REASON_FITS else 0,
+        active_weights_gib_per_gpu=_active_weights(request, weights_per_gpu),
+        memory_bandwidth_gbs=_bandwidth(request) if reason == REASON_FITS else None,
     )
 
 
