@@ -29,7 +29,7 @@ from chart_helpers import (
     render_files,
 )
 
-from llmop import cli, config, idle, name_owners, names
+from llmop import cli, config, idle, model_files_record, name_owners, names
 from llmop import kinds as registry
 from llmop.api.v1alpha1 import LLMDeployment
 from llmop.render import RenderSettings, render_children
@@ -570,6 +570,7 @@ def test_rbac_grants_exactly_what_the_operator_uses() -> None:
     assert [(r["resourceNames"], sorted(r["verbs"])) for r in named] == [
         (["llmop-operator"], ["get", "update"]),
         ([name_owners.CONFIG_MAP_NAME], ["get", "patch"]),
+        ([model_files_record.CONFIG_MAP_NAME], ["get", "patch"]),
     ]
     binding = find(docs, "RoleBinding", "llmop-leader-election")
     assert binding["roleRef"]["name"] == "llmop-leader-election"

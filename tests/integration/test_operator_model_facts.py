@@ -4,7 +4,8 @@ hub's `config.json` (status.plan.factsSource, factsRevision), a model too big fo
 Stalled with the planner's reason and gets no pods, a revision without `config.json` is Stalled
 naming the file; with the stand-in stopped, a CR already planned is never stalled (a new
 generation is planned from the facts in memory) and a CR never planned waits with a condition
-naming the model, revision and error, then is planned once the Hub answers again."""
+naming the model, revision and error, then is planned once the Hub answers again; an operator
+restarted during an outage plans a CR it planned before from the files it recorded."""
 
 from __future__ import annotations
 
@@ -205,3 +206,37 @@ def test_a_hub_outage_never_stalls_a_planned_cr_and_a_new_one_waits_for_it(
     again = kit.wait_condition(namespace, "late", "CapacityPlanned", "True", timeout=30)
     assert again["status"]["plan"]["factsRevision"] == hub.sha(LATE)
     wait_until(lambda: kit.deployment(namespace, "late"), timeout=30, what="the late Deployment")
+
+
+def test_an_operator_restarted_during_an_outage_plans_from_the_recorded_files(
+    operator: OperatorProcess, kit: Kit, namespace: str, hub: Hub
+) -> None:
+    """The files read are recorded in the llmop-model-files ConfigMap (through the operator's
+    own RBAC), so an operator restarted while the Hub is down plans a new generation of a CR it
+    planned before, instead of holding it until the Hub answers."""
+    kit.apply_llmd(namespace, "kept", spec(FITS))
+    planned(kit, namespace, "kept")
+    record = wait_until(
+        lambda: kit.kube.read("v1", "ConfigMap", operator.namespace, "llmop-model-files"),
+        timeout=30,
+        what="the record of model files",
+    )
+    entries = [json.loads(text) for text in record["data"].values()]
+    assert any(e["model"] == FITS and e["commit"] == hub.sha(FITS) for e in entries)
+
+    hub.stop()
+    operator.stop()
+    operator.start()
+    try:
+        kit.apply_llmd(namespace, "kept", spec(FITS, replicas=2))
+        wait_until(
+            lambda: (kit.deployment(namespace, "kept") or {}).get("spec", {}).get("replicas") == 2,
+            timeout=60,
+            what="the Deployment scaled to 2 by the restarted operator",
+        )
+        kept = planned(kit, namespace, "kept")
+        assert kept["status"]["plan"]["factsRevision"] == hub.sha(FITS)
+        assert kept["status"]["plan"]["factsSource"] == "hub"
+        assert "planned from the files recorded" in operator.log_path.read_text(errors="replace")
+    finally:
+        hub.start()

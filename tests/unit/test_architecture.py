@@ -41,6 +41,7 @@ PURE = (
     "crdgen.py",
     "preflight.py",
     "model_facts.py",
+    "model_files_record.py",
     "pods.py",
     "group_restarts.py",
     "agents.py",

@@ -63,6 +63,7 @@ OPERATOR_LAYERS: tuple[tuple[str, ...], ...] = (
         "llmop.pool_view",
         "llmop.idle",
         "llmop.periodic",
+        "llmop.model_files_record",
     ),
     ("llmop.sizing", "llmop.render"),
     ("llmop.desired",),

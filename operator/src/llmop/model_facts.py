@@ -14,8 +14,10 @@ plan gets (`sizing.FactsVerdict`):
 - `Unavailable` (the Hub did not answer: network, 5xx, rate limit): wait
   (`ModelFilesUnavailable`, naming the model, the revision and the error) and try again with
   backoff (`retry_after`). A CR this process planned before keeps its facts in memory, so an
-  outage never reaches it; one planned before a restart keeps its running engines and its last
-  `status.plan` (`held`) until the files are read again;
+  outage never reaches it; files an earlier process read are recorded
+  (`llmop.model_files_record`, used by `llmop.facts_check` in place of the Hub's answer); one
+  whose files were never recorded keeps its running engines and its last `status.plan`
+  (`held`) until the files are read again;
 - `Refused` (no such model or revision, a gated model without access, no `config.json`, a
   layer type, dtype or quantization the planner cannot size): stall, the message naming the
   file, the field and the fix.
