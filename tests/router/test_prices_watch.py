@@ -15,6 +15,7 @@ from llmop_router.gpu_price import GpuTime
 from llmop_router.metrics import GatewayMetrics
 from llmop_router.quota import Price
 from llmop_router.store import Local
+from support.manifests import PLAN_8B_ON_H100
 
 
 def cr(namespace: str, name: str, per_million: str | None) -> dict[str, Any]:
@@ -64,14 +65,7 @@ def test_with_a_gpu_hour_price_a_cr_without_prices_is_priced_from_its_plan() -> 
     """The watch carries the CR's status: a plan with its GPU's bandwidth prices the CR in GPU
     time (of `spec.resources.gpus`), a plan without one (or none yet) leaves it free, a later
     status gives it a price, and `spec.router.pricing` always wins."""
-    plan = {
-        "memoryBandwidthGBs": 3350,
-        "activeWeightsGiBPerGPU": 14.96,
-        "kvBytesPerToken": 131072,
-        "maxNumSeqs": 1024,
-        "kvCacheTokens": 433744,
-        "maxNumBatchedTokens": 8192,
-    }
+    plan = PLAN_8B_ON_H100
     gateway = Gateway(Local(), GatewayMetrics(CollectorRegistry()))
     gateway.gpu_hour = GpuHourPrice(Decimal("2.49"), "USD")
     planned = {**cr("a", "x", None), "status": {"plan": plan}}

@@ -8,6 +8,16 @@ from typing import Any
 from llmop.api.v1alpha1 import API_VERSION, KIND
 
 H100 = "NVIDIA-H100-80GB-HBM3"
+PLAN_8B_ON_H100: dict[str, Any] = {
+    "memoryBandwidthGBs": 3350,
+    "activeWeightsGiBPerGPU": 14.96,
+    "kvBytesPerToken": 131072,
+    "maxNumSeqs": 1024,
+    "kvCacheTokens": 433744,
+    "maxNumBatchedTokens": 8192,
+}
+"""`status.plan`'s keys the GPU-time price reads, as the operator writes them for an 8B model in
+bfloat16 on one H100 (~15 GiB of weights, 128 KiB of KV a token)."""
 SMALL_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 
 

@@ -10,17 +10,10 @@ import pytest
 
 from llmop_router.gpu_price import GpuTime, PlanFacts, plan_facts
 from llmop_router.quota import Usage
+from support.manifests import PLAN_8B_ON_H100
 
 GIB = 2**30
-# An 8B model in bfloat16 on one H100: ~15 GiB of weights, 128 KiB of KV a token.
-PLAN: dict[str, Any] = {
-    "memoryBandwidthGBs": 3350,
-    "activeWeightsGiBPerGPU": 14.96,
-    "kvBytesPerToken": 131072,
-    "maxNumSeqs": 1024,
-    "kvCacheTokens": 433744,
-    "maxNumBatchedTokens": 8192,
-}
+PLAN = PLAN_8B_ON_H100
 
 
 def facts(**changed: Any) -> PlanFacts:
