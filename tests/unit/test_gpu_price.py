@@ -40,6 +40,7 @@ def test_the_plan_gives_the_times_to_read_weights_and_kv() -> None:
         {"plan": {**PLAN, "maxNumSeqs": 0}},
         {"plan": {**PLAN, "maxNumSeqs": True}},
         {"plan": {**PLAN, "kvBytesPerToken": "131072"}},
+        {"plan": {**PLAN, "kvBytesPerToken": 0}},  # a pure Mamba model: its state not planned
         {"plan": {**PLAN, "activeWeightsGiBPerGPU": float("inf")}},
         {"plan": {**PLAN, "memoryBandwidthGBs": float("nan")}},
     ],
