@@ -1,9 +1,10 @@
-"""The CPU planner against real vLLM (CPU build): the tiny test model and small Mamba-1, Mamba-2
-and gated-delta-net hybrids (tests/support/hybrid_configs.py) served with dummy weights under
-`--dtype auto`, `VLLM_CPU_KVCACHE_SPACE=1` and `--max-model-len 512`: does the plan give the
-"CPU KV cache size: N tokens, Maximum concurrency ...: Cx" that vLLM logs?
+"""The CPU planner against real vLLM (CPU build): the tiny test model, small Mamba-1, Mamba-2
+and gated-delta-net hybrids and small pure Mamba models (tests/support/hybrid_configs.py)
+served with dummy weights under `--dtype auto`, `VLLM_CPU_KVCACHE_SPACE=1` and
+`--max-model-len 512`: does the plan give the "CPU KV cache size: N tokens, Maximum
+concurrency ...: Cx" that vLLM logs?
 
-Six vLLM starts take ~3 min on the project's 2-core machine, so this is opt-in
+Nine vLLM starts take ~5 min on the project's 2-core machine, so this is opt-in
 (`LLMOP_VLLM_PLANNER=1 pytest tests/engine/test_planner_vllm_cpu.py`); the figures it checks
 are kept as a unit test (tests/unit/test_planner_hybrids.py), which runs in `make test`.
 """
@@ -29,14 +30,17 @@ from support import tiny_model
 from support.harness.replicas import free_port
 from support.hybrid_configs import (
     FALCON_H1_TINY,
+    FALCON_MAMBA_TINY,
     GRANITE_TINY,
     JAMBA_TINY,
+    MAMBA2_TINY,
+    MAMBA_TINY,
     NEMOTRON_H_TINY,
     QWEN3_NEXT_TINY,
 )
 
 OPT_IN = "LLMOP_VLLM_PLANNER"
-pytestmark = real_vllm.opt_in(OPT_IN, "six vLLM starts, ~3 min")
+pytestmark = real_vllm.opt_in(OPT_IN, "nine vLLM starts, ~5 min")
 
 LOGGED = re.compile(
     r"CPU KV cache size: ([0-9,]+) tokens, Maximum concurrency for 512 tokens per request: "
@@ -70,7 +74,17 @@ def logged_capacity(venv: Path, model: Path, log: Path) -> tuple[int, float]:
 
 @pytest.mark.parametrize(
     "name",
-    ["tiny-llama", "granite-4.0-hybrid", "qwen3-next", "nemotron-h", "falcon-h1", "jamba"],
+    [
+        "tiny-llama",
+        "granite-4.0-hybrid",
+        "qwen3-next",
+        "nemotron-h",
+        "falcon-h1",
+        "jamba",
+        "mamba",
+        "falcon-mamba",
+        "mamba2",
+    ],
 )
 def test_the_cpu_plan_gives_what_vllm_logs(name: str, tmp_path: Path) -> None:
     venv = real_vllm.venv()
@@ -82,6 +96,9 @@ def test_the_cpu_plan_gives_what_vllm_logs(name: str, tmp_path: Path) -> None:
         "nemotron-h": NEMOTRON_H_TINY,
         "falcon-h1": FALCON_H1_TINY,
         "jamba": JAMBA_TINY,
+        "mamba": MAMBA_TINY,
+        "falcon-mamba": FALCON_MAMBA_TINY,
+        "mamba2": MAMBA2_TINY,
     }
     config = configs[name]
     model = tmp_path / "model"

@@ -190,12 +190,15 @@ def test_plan_without_a_reachable_hub_says_it_could_not_plan(standin: HubStandin
 def test_a_config_it_cannot_size_names_file_and_field(tmp_path: Path, command: str) -> None:
     directory = tmp_path / "hybrid"
     directory.mkdir()
-    config = {"model_type": "bamba", "num_hidden_layers": 4}
+    config = {"architectures": ["BambaForCausalLM"], "model_type": "bamba", "num_hidden_layers": 4}
     (directory / "config.json").write_text(json.dumps(config))
     manifest = _manifest("ibm-ai-platform/Bamba-9B")
     result = _llmop(command, "-f", "-", "--model-files", str(directory), stdin=manifest)
     assert result.returncode == 2
-    assert "config.json: model_type: 'bamba'" in result.stderr
+    assert "config.json: architectures: BambaForCausalLM was served by vLLM up to 0.23.0" in (
+        result.stderr
+    )
+    assert "vLLM 0.23.0 or earlier (spec.engine.image)" in result.stderr
 
 
 def test_render_plans_from_model_files_as_the_operator_does(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
-"""Configs of Mamba-2 and gated-delta-net hybrids for the planner's tests: small ones that
-vLLM's CPU build serves with dummy weights (tests/unit/test_planner_hybrids.py checks the plan
-against its log lines), and one of Granite 4.0-H's kind at a GPU's size. Made for the tests,
-in the published configs' key spellings; not copies of published files."""
+"""Configs of Mamba and gated-delta-net hybrids and of pure Mamba models for the planner's
+tests: small ones that vLLM's CPU build serves with dummy weights (tests/unit/
+test_planner_hybrids.py checks the plan against its log lines), and some at a GPU's size
+(Granite 4.0-H's kind, ...). Made for the tests, in the published configs' key spellings; not
+copies of published files."""
 
 from __future__ import annotations
 
@@ -147,6 +148,69 @@ JAMBA_TINY: dict[str, Any] = {
 """A tiny Jamba: 3 Mamba-1 layers (conv 256 x 3, SSM 256 x 64) and its third layer attention
 (2 KV heads of hidden / heads = 32), an MoE MLP every second layer."""
 
+MAMBA_TINY: dict[str, Any] = {
+    "architectures": ["MambaForCausalLM"],
+    "model_type": "mamba",
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "state_size": 16,
+    "expand": 2,
+    "conv_kernel": 4,
+    "intermediate_size": 256,
+    "time_step_rank": 8,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "layer_norm_epsilon": 1e-05,
+    "vocab_size": 2048,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+"""A tiny Mamba (Mamba-1, no attention): 4 layers, each a state of conv 256 x 3 and SSM 256 x
+16; no length key, so vLLM assumes 2,048 tokens."""
+
+FALCON_MAMBA_TINY: dict[str, Any] = {
+    "architectures": ["FalconMambaForCausalLM"],
+    "model_type": "falcon_mamba",
+    "hidden_size": 128,
+    "num_hidden_layers": 3,
+    "state_size": 32,
+    "expand": 2,
+    "conv_kernel": 4,
+    "time_step_rank": 8,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "layer_norm_epsilon": 1e-05,
+    "mixer_rms_eps": 1e-06,
+    "vocab_size": 2048,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+"""A tiny Falcon-Mamba (vLLM serves it as a Mamba-1 model with RMS-normed B, C and dt): 3
+layers, each a state of conv 256 x 3 and SSM 256 x 32."""
+
+MAMBA2_TINY: dict[str, Any] = {
+    "architectures": ["Mamba2ForCausalLM"],
+    "model_type": "mamba2",
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_heads": 8,
+    "head_dim": 32,
+    "n_groups": 1,
+    "state_size": 64,
+    "expand": 2,
+    "conv_kernel": 4,
+    "chunk_size": 64,
+    "time_step_rank": 8,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "layer_norm_epsilon": 1e-05,
+    "vocab_size": 2048,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+"""A tiny Mamba-2 (no attention): 4 layers, each a state of conv (256 + 2 x 64) x 3 and SSM 8 x
+32 x 64."""
+
 GRANITE_H_SHAPE: dict[str, Any] = {
     "model_type": "granitemoehybrid",
     "hidden_size": 1536,
@@ -234,3 +298,22 @@ JAMBA_SHAPE: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 """A hybrid of Jamba v0.1's kind at a GPU's size: 4 attention and 28 Mamba-1 layers."""
+
+MAMBA2_SHAPE: dict[str, Any] = {
+    "architectures": ["Mamba2ForCausalLM"],
+    "model_type": "mamba2",
+    "hidden_size": 4096,
+    "num_hidden_layers": 64,
+    "num_heads": 128,
+    "head_dim": 64,
+    "n_groups": 8,
+    "state_size": 128,
+    "expand": 2,
+    "conv_kernel": 4,
+    "chunk_size": 256,
+    "vocab_size": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+"""A Mamba-2 of Mamba-Codestral 7B's kind at a GPU's size: 64 layers, 128 heads of 64, 8
+groups, state 128, no attention and no length key (vLLM assumes 2,048 tokens)."""

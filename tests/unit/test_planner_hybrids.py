@@ -3,7 +3,9 @@ Nemotron-H, Falcon-H1, Jamba), read from their config.json: each state layer's b
 0.32's `MambaStateShapeCalculator` gives them, the attention block grown until a page holds a
 state (`_align_hybrid_block_size`), state pages padded to it, the groups, and the pages a request
 holds per state group (2 in prefix caching's `align` mode, vLLM's default for hybrids, and a
-Mamba-2 prefill checkpoint's third). The CPU cases are checked against vLLM 0.32's CPU build
+Mamba-2 prefill checkpoint's third); pure Mamba models (Mamba, Falcon-Mamba, Mamba-2), which
+have no attention and hold 1 unpadded state page a layer per request; the refusal of
+architectures vLLM no longer serves. The CPU cases are checked against vLLM 0.32's CPU build
 serving the same configs (dummy weights): its own "CPU KV cache size" log lines."""
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ from llmop.planner.capacity import GIB, REASON_INVALID_TP
 from llmop.planner.cpu import CpuPlanRequest, plan_cpu_capacity
 from llmop.planner.kv_layout import FULL, MAMBA1, MAMBA2, STATE, StateShape, build_layout
 from llmop.planner.model_config import ModelConfigError, facts_from_config
+from llmop.planner.models import ModelArchitecture
+from llmop.planner.vllm_profile import ENGINE_VLLM_VERSION
 from support.hybrid_configs import (
     FALCON_H1_SHAPE,
     FALCON_H1_TINY,
+    FALCON_MAMBA_TINY,
     GRANITE_H_SHAPE,
     GRANITE_TINY,
     JAMBA_SHAPE,
     JAMBA_TINY,
+    MAMBA2_SHAPE,
+    MAMBA2_TINY,
+    MAMBA_TINY,
     NEMOTRON_H_SHAPE,
     NEMOTRON_H_TINY,
     QWEN3_NEXT_TINY,
@@ -238,17 +246,122 @@ def test_jamba_has_mamba_1_layers_and_an_attention_layer_every_period() -> None:
     assert facts.active_parameters / facts.parameters > every.active_parameters / every.parameters
 
 
-@pytest.mark.parametrize(
-    "config",
-    [
-        {"model_type": "bamba", "mamba_d_state": 128, "num_hidden_layers": 2},
-        {"model_type": "zamba2", "mamba_d_state": 64, "num_hidden_layers": 2},
-    ],
-    ids=["bamba", "zamba2"],
-)
-def test_other_hybrids_are_still_refused(config: dict[str, Any]) -> None:
-    with pytest.raises(ModelConfigError, match=r"mamba_d_state: .* has Mamba or linear-attention"):
+def test_a_hybrid_vllm_serves_but_the_planner_does_not_size_is_still_refused() -> None:
+    """Zamba2 (vLLM 0.32 registry.py serves `Zamba2ForCausalLM`): refused naming the field."""
+    config = {
+        "architectures": ["Zamba2ForCausalLM"],
+        "model_type": "zamba2",
+        "mamba_d_state": 64,
+        "num_hidden_layers": 2,
+    }
+    with pytest.raises(
+        ModelConfigError,
+        match=r"mamba_d_state: model_type 'zamba2' has Mamba or linear-attention layers, which "
+        r"the planner does not size; set spec.model.architecture",
+    ):
         _facts(config)
+
+
+@pytest.mark.parametrize(
+    ("config", "version"),
+    [
+        (
+            {
+                "architectures": ["BambaForCausalLM"],
+                "model_type": "bamba",
+                "mamba_d_state": 128,
+                "num_hidden_layers": 2,
+            },
+            "0.23.0",
+        ),
+        (
+            {"architectures": ["Plamo2ForCausalLM"], "model_type": "plamo2", "mamba_d_state": 64},
+            "0.26.0",
+        ),
+        ({"architectures": ["MPTForCausalLM"], "model_type": "mpt", "n_layers": 2}, "0.28.0"),
+    ],
+    ids=["bamba", "plamo2", "mpt"],
+)
+def test_an_architecture_vllm_no_longer_serves_is_refused_saying_so(
+    config: dict[str, Any], version: str
+) -> None:
+    """vLLM 0.32 registry.py `_PREVIOUSLY_SUPPORTED_MODELS`: vLLM refuses these at start ("was
+    supported in vLLM until v0.23.0"); the planner says so, with the last release that served
+    it, whatever else the config holds."""
+    arch = config["architectures"][0]
+    with pytest.raises(ModelConfigError) as refused:
+        _facts(config)
+    message = str(refused.value)
+    assert message.startswith(
+        f"config.json: architectures: {arch} was served by vLLM up to {version}, not by the "
+        f"engine's vLLM {ENGINE_VLLM_VERSION}"
+    )
+    assert f"run it on an engine image with vLLM {version} or earlier (spec.engine.image)" in (
+        message
+    )
+    assert "spec.model.architecture" in message
+
+
+def test_pure_mamba_models_have_only_state_layers() -> None:
+    """Mamba, Falcon-Mamba and Mamba-2 (vLLM 0.32 mamba.py, mamba2.py: `IsAttentionFree`):
+    every layer a state layer, no attention heads, the context vLLM assumes without a length
+    key (2,048), the parameters from the checkpoint. Mamba-1's inner size is expand x hidden
+    whatever `intermediate_size` says (transformers' MambaConfig sets it so); Mamba-2's is the
+    config's `intermediate_size`, else expand x hidden (`Mamba2DecoderLayer`)."""
+    for config, family in (
+        (MAMBA_TINY, MAMBA1),
+        (FALCON_MAMBA_TINY, MAMBA1),
+        (MAMBA2_TINY, MAMBA2),
+    ):
+        facts = facts_from_config(config, name="ssm", checkpoint_bytes=8 * 1024**2)
+        assert {x.kind for x in facts.attention_layers} == {STATE}
+        assert len(facts.attention_layers) == config["num_hidden_layers"]
+        assert (facts.kv_heads, facts.head_dim, facts.attention_heads) == (0, 0, None)
+        assert facts.max_position_embeddings == 2048
+        assert facts.parameters == 8 * 1024**2 // 4
+        assert facts.state_layers[0].family == family
+    state = _facts(MAMBA_TINY | {"intermediate_size": 999}).state_layers[0]
+    assert state.elements(1) == (256 * 3, 256 * 16)
+    assert _facts(MAMBA_TINY | {"max_position_embeddings": 4096}).max_position_embeddings == 4096
+    assert _facts(FALCON_MAMBA_TINY).state_layers[0].elements(2) == (128 * 3, 128 * 32)
+    assert _facts(MAMBA2_TINY).state_layers[0].elements(1) == ((256 + 2 * 64) * 3, 8 * 32 * 64)
+    with pytest.raises(ModelConfigError, match="head_dim: 8 heads of 16"):
+        _facts(MAMBA2_TINY | {"head_dim": 16})
+    with pytest.raises(ModelConfigError, match=r"safetensors\.index\.json: missing"):
+        facts_from_config(MAMBA_TINY, name="ssm")
+    # No heads is for models without attention only.
+    with pytest.raises(ValueError, match="kv_heads must be positive"):
+        ModelArchitecture(parameters=1, layers=2, kv_heads=0, head_dim=0, max_position_embeddings=8)
+
+
+def test_a_mamba_2_model_on_a_gpu_holds_one_state_page_a_request() -> None:
+    """A Mamba-2 of Mamba-Codestral 7B's kind on one H100, bfloat16: no attention, so no block
+    to grow and no padding (`update_block_size_for_backend` aligns hybrids only); prefix caching
+    off (vLLM's default for attention-free models), so `mamba_cache_mode` none: a request holds
+    1 page (`MambaSpec.max_memory_usage_bytes`). A state is (8,192 + 2 x 8 x 128) x 3 x 2 +
+    128 x 64 x 128 x 2 = 2,158,592 bytes, one group of 64 layers: num_blocks = KV bytes //
+    (64 x 2,158,592), max concurrency = num_blocks, tokens = num_blocks x max_model_len. TP 2
+    halves the state (8 groups split, 64 heads a rank); TP 3 divides neither: refused."""
+    facts = _facts(MAMBA2_SHAPE)
+    assert facts.max_position_embeddings == 2048
+    layout = build_layout(
+        facts.attention_layers, tensor_parallel_size=1, element_bytes=2, block_size=16
+    )
+    assert (layout.page_bytes, layout.group_size, len(layout.groups)) == (2_158_592, 64, 1)
+    assert layout.bytes_per_token == 0
+    assert layout.blocks_per_request(2048, 0) == 1
+    plan = plan_capacity(PlanRequest(facts, 79.19, 1, gpu_memory_utilization=0.9))
+    assert plan.fits, plan.message
+    blocks = int(plan.kv_cache_gib_per_gpu * GIB // 2_158_592 // 64)
+    assert (plan.kv_blocks, plan.kv_groups) == (blocks, 1)
+    assert plan.max_concurrency == blocks
+    assert plan.kv_cache_tokens == blocks * 2048
+    half = build_layout(
+        facts.attention_layers, tensor_parallel_size=2, element_bytes=2, block_size=16
+    )
+    assert half.page_bytes == 2_158_592 // 2
+    refused = plan_capacity(PlanRequest(facts, 79.19, 3))
+    assert refused.reason == REASON_INVALID_TP
 
 
 @pytest.mark.parametrize(
@@ -281,6 +394,34 @@ def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
     (Mamba-1) 768 x 2 + 16,384 x 4 = 67,072 bytes; "Setting attention block size to 384
     tokens", "Padding mamba page size by 46.56%" (98,304 / 67,072); 1 attention and 3 Mamba
     layers in groups of 1: 10,922 blocks / (2 + 3 x 2)."""
+    plan = plan_cpu_capacity(
+        CpuPlanRequest(_facts(config), memory_gib=8, kv_cache_gib=1, max_model_len=512)
+    )
+    assert plan.kv_cache_tokens == tokens
+    assert round(plan.max_concurrency, 2) == concurrency
+
+
+@pytest.mark.parametrize(
+    ("config", "tokens", "concurrency"),
+    [
+        (MAMBA_TINY, 7_669_248, 14979.00),
+        (FALCON_MAMBA_TINY, 5_341_696, 10433.00),
+        (MAMBA2_TINY, 2_025_472, 3956.00),
+    ],
+    ids=["mamba", "falcon-mamba", "mamba2"],
+)
+def test_cpu_plan_of_tiny_mamba_models_matches_the_vllm_cpu_log(
+    config: dict[str, Any], tokens: int, concurrency: float
+) -> None:
+    """vLLM 0.32's CPU build as above serving the pure Mamba models ("Resolved architecture:
+    MambaForCausalLM" / FalconMambaForCausalLM / Mamba2ForCausalLM): no attention, so no
+    "Setting attention block size" and no "Padding mamba page size" line; its engine config
+    says enable_prefix_caching=False (attention-free), so one group of every layer and 1 page
+    a request: max concurrency = 1 GiB // (layers x state), tokens = that x 512. "Reset SSM
+    cache type to float32 for accelerated GDN mamba backend 'mamba'" ('falcon_mamba',
+    'mamba2'). Mamba: state 768 x 2 + 4,096 x 4 = 17,920 bytes, 4 layers: 14,979 pages.
+    Falcon-Mamba: 768 x 2 + 8,192 x 4 = 34,304 bytes, 3 layers: 10,433. Mamba-2: 1,152 x 2 +
+    16,384 x 4 = 67,840 bytes (no prefill checkpoint outside `align` mode), 4 layers: 3,956."""
     plan = plan_cpu_capacity(
         CpuPlanRequest(_facts(config), memory_gib=8, kv_cache_gib=1, max_model_len=512)
     )

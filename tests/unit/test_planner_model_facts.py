@@ -144,9 +144,23 @@ def test_a_hub_that_does_not_answer_is_retried_with_backoff() -> None:
         (HubFailure("access_denied", "403"), "ModelAccessDenied", "Secret hf/token"),
         (ModelFiles(None, revision=COMMIT), "ModelConfigUnsupported", "config.json: no such file"),
         (
-            ModelFiles(json.dumps({"model_type": "bamba", "mamba_d_state": 16}), revision=COMMIT),
+            ModelFiles(json.dumps({"model_type": "zamba2", "mamba_d_state": 16}), revision=COMMIT),
             "ModelConfigUnsupported",
-            "config.json: mamba_d_state: model_type 'bamba' has Mamba",
+            "config.json: mamba_d_state: model_type 'zamba2' has Mamba",
+        ),
+        (
+            ModelFiles(
+                json.dumps(
+                    {
+                        "architectures": ["BambaForCausalLM"],
+                        "model_type": "bamba",
+                        "mamba_d_state": 16,
+                    }
+                ),
+                revision=COMMIT,
+            ),
+            "ModelConfigUnsupported",
+            "config.json: architectures: BambaForCausalLM was served by vLLM up to 0.23.0",
         ),
         (
             ModelFiles(
@@ -157,7 +171,16 @@ def test_a_hub_that_does_not_answer_is_retried_with_backoff() -> None:
             "config.json: quantization_config.quant_method: unknown quantization 'hqq'",
         ),
     ],
-    ids=["no-repo", "no-revision", "gated", "no-access", "no-config", "mamba", "quantization"],
+    ids=[
+        "no-repo",
+        "no-revision",
+        "gated",
+        "no-access",
+        "no-config",
+        "mamba",
+        "no-longer-served",
+        "quantization",
+    ],
 )
 def test_a_refusal_names_the_file_field_and_fix(
     found: ModelFiles | HubFailure, reason: str, named: str

@@ -392,7 +392,8 @@ def _kv_capacity(
     entries, vLLM's per-layer-type grouping for facts read from the model's files."""
     if layout is None:
         page_bytes = kv_per_token * BLOCK_SIZE
-        blocks = int(kv_gib * GIB // page_bytes) if kv_gib > 0 else 0
+        # (0 bytes a token: a state-space model whose TP is refused, so it has no layout.)
+        blocks = int(kv_gib * GIB // page_bytes) if kv_gib > 0 and page_bytes else 0
         tokens = blocks * BLOCK_SIZE
         per_request = -(-max_model_len // BLOCK_SIZE)
         return _KV(

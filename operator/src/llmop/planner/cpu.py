@@ -16,7 +16,8 @@ tokens" (2 layers x 4 KV heads x 32 head dim x fp32 = 2,048 bytes per token: 1 G
 exactly), and 1,048,576 under `--dtype auto`, which computes it in bfloat16; its process tree
 holds 4.2 GiB RSS (API server 1.0, EngineCore 1.0, worker 2.1 with the 1 GiB cache). A Mamba
 or linear-attention hybrid is grouped as vLLM groups it (kv_layout.py, block 128), its tokens
-those of vLLM 0.32's log line: max concurrency x maxModelLen.
+those of vLLM 0.32's log line: max concurrency x maxModelLen. A pure Mamba model (no attention)
+holds one state page per request: its tokens are the pages x maxModelLen.
 """
 
 from __future__ import annotations
@@ -91,13 +92,16 @@ def plan_cpu_capacity(request: CpuPlanRequest) -> CapacityPlan:
     kv_element = kv_cache_bytes_per_element(request.kv_cache_dtype, request.dtype, arch.dtype)
     kv_per_token = kv_bytes_per_token_per_gpu(arch, 1, kv_element)
     kv_gib = request.kv_cache_gib
-    blocks = int(kv_gib * GIB // (kv_per_token * CPU_BLOCK_SIZE)) if kv_gib > 0 else 0
+    # (A state-space model has no per-token KV at all: sized by its layout below.)
+    blocks = (
+        int(kv_gib * GIB // (kv_per_token * CPU_BLOCK_SIZE)) if kv_gib > 0 and kv_per_token else 0
+    )
     kv_tokens = blocks * CPU_BLOCK_SIZE
     concurrency = kv_tokens / max_model_len
     request_bytes = max_model_len * kv_per_token
     if arch.state_layers:
-        # A Mamba or linear-attention hybrid: vLLM's groups (kv_layout), and its 0.32 log
-        # line's tokens (max concurrency x max_model_len).
+        # A Mamba or linear-attention hybrid, or a pure Mamba model: vLLM's groups (kv_layout),
+        # and its 0.32 log line's tokens (max concurrency x max_model_len).
         # The conv state at the model's dtype; the SSM state in float32, which the CPU build
         # sets on every CPU with AVX512-BF16 ("Reset SSM cache type to float32"; elsewhere it
         # follows the model's dtype, so float32 errs on the safe side).

@@ -26,6 +26,14 @@ form as above. With prefix caching on (vLLM's default for hybrids: ``mamba_cache
 ``align``) a state group reserves 2 pages per request, and a Mamba-2 one a third for its
 prefill checkpoint (``MambaMixer2.get_kv_cache_spec``: ``num_prefill_checkpoint_blocks=1``;
 Mamba-1's ``MambaMixer`` keeps ``MambaSpec``'s 0); without, 1 page.
+
+A pure state-space model (Mamba-1, Falcon-Mamba, Mamba-2: ``IsAttentionFree``) has no attention
+block to grow: vLLM leaves the state pages unpadded (``update_block_size_for_backend`` aligns
+hybrids only), puts all layers, one spec, in one group (``is_kv_cache_spec_uniform``), and with
+prefix caching off (its default for attention-free models: ``is_prefix_caching_supported``;
+``MambaModelConfig`` then sets ``mamba_cache_mode`` ``none`` and the Mamba block to
+``max_model_len``) a request holds 1 page: ``num_blocks = available // state // layers``, max
+concurrency = num_blocks, and the logged tokens num_blocks x max_model_len.
 """
 
 from __future__ import annotations
@@ -246,7 +254,9 @@ def _state_layout(
     largest_state = max(states)
     extra = max(shape.checkpoint_blocks for shape in shapes)
     state_blocks = 2 + extra if prefix_caching and attention else 1
-    if not attention:  # attention-free: vLLM has no prefix caching for it
+    if not attention:
+        # Attention-free (module docstring): one group, unpadded state pages, 1 page a request
+        # (vLLM's default keeps prefix caching off for these models).
         group = KVGroup(STATE, None, len(layers))
         return KVLayout(block_size, largest_state, len(layers), (group,), (block_size,), 0, 1)
     if any(layer.kind != FULL for layer in attention):

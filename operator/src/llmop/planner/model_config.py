@@ -16,9 +16,14 @@ counts), the way vLLM and transformers interpret them
 * per layer: full attention, sliding window (``layer_types``, Gemma 2/3, gpt-oss), chunked
   local attention (Llama 4), MLA.
 
+Pure state-space models (Mamba, Falcon-Mamba, Mamba-2) are every layer a state layer and no
+attention heads (``kv_heads`` and ``head_dim`` 0), their context vLLM's 2,048 when the config
+has no length key.
+
 Anything the planner cannot size is refused, never guessed: an unknown ``model_type``, a layer
-type it does not know (linear attention, Mamba, ...), a config that contradicts itself. The error
-names the file, the field and the fix.
+type it does not know (linear attention, Mamba, ...), a config that contradicts itself; an
+``architectures`` entry vLLM no longer serves is refused saying up to which release it did. The
+error names the file, the field and the fix.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from llmop.planner.kv_layout import (
     StateShape,
 )
 from llmop.planner.models import ATTENTION_GQA, ATTENTION_MLA, ModelArchitecture
+from llmop.planner.vllm_profile import ENGINE_VLLM_VERSION
 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -103,6 +109,68 @@ _SUPPORTED = frozenset(
 # letters; Falcon-H1: every decoder layer both, side by side; Jamba: Mamba-1 layers and an
 # attention layer every `attn_layer_period`).
 _STATE_HYBRIDS = frozenset({"granitemoehybrid", "qwen3_next", "nemotron_h", "falcon_h1", "jamba"})
+# Pure state-space models (vLLM 0.32 mamba.py, mamba2.py: `IsAttentionFree`): every layer a
+# Mamba-1 (`mamba`, `falcon_mamba`: one MambaMixer class) or Mamba-2 mixer, no attention at all.
+_STATE_MODELS = frozenset({"mamba", "falcon_mamba", "mamba2"})
+DEFAULT_MAX_MODEL_LEN = 2048
+"""vLLM's context for a config with none of the length keys (config/model.py
+`_get_and_verify_max_len`: "Assuming the model's maximum length is 2048"): Mamba configs."""
+
+# Architectures vLLM served once and no longer does, with the last release that did (vLLM 0.32
+# vllm/model_executor/models/registry.py `_PREVIOUSLY_SUPPORTED_MODELS`; vLLM then refuses them
+# at start: "Model architecture X was supported in vLLM until vY"). Keyed by `architectures`.
+_PREVIOUSLY_SERVED: dict[str, str] = {
+    "MotifForCausalLM": "0.10.2",
+    "Phi3SmallForCausalLM": "0.9.2",
+    "Phi4FlashForCausalLM": "0.10.2",
+    "Phi4MultimodalForCausalLM": "0.12.0",
+    "JAISLMHeadModel": "0.22.0",
+    "ErnieModel": "0.23.0",
+    "ErnieForSequenceClassification": "0.23.0",
+    "ErnieForTokenClassification": "0.23.0",
+    "InternLM2VEForCausalLM": "0.23.0",
+    "QWenLMHeadModel": "0.23.0",
+    "QwenVLForConditionalGeneration": "0.23.0",
+    "InternLMForCausalLM": "0.23.0",
+    "DonutForConditionalGeneration": "0.10.2",
+    "MllamaForConditionalGeneration": "0.10.2",
+    "XverseForCausalLM": "0.23.0",
+    "Dots1ForCausalLM": "0.23.0",
+    "BambaForCausalLM": "0.23.0",
+    "MiniMaxForCausalLM": "0.23.0",
+    "MiniMaxText01ForCausalLM": "0.23.0",
+    "MiniMaxM1ForCausalLM": "0.23.0",
+    "MiniMaxVL01ForConditionalGeneration": "0.23.0",
+    "BaiChuanForCausalLM": "0.23.0",
+    "BaichuanForCausalLM": "0.23.0",
+    "AquilaModel": "0.24.0",
+    "AquilaForCausalLM": "0.24.0",
+    "Grok1ModelForCausalLM": "0.24.0",
+    "Grok1ForCausalLM": "0.24.0",
+    "TarsierForConditionalGeneration": "0.24.0",
+    "Tarsier2ForConditionalGeneration": "0.23.0",
+    "MantisForConditionalGeneration": "0.24.0",
+    "MusicFlamingoForConditionalGeneration": "0.24.0",
+    "AyaVisionForConditionalGeneration": "0.24.0",
+    "TeleChatForCausalLM": "0.25.0",
+    "PersimmonForCausalLM": "0.25.0",
+    "FuyuForCausalLM": "0.25.0",
+    "Plamo2ForCausalLM": "0.26.0",
+    "OuroForCausalLM": "0.26.0",
+    "ArcticForCausalLM": "0.28.0",
+    "ChameleonForConditionalGeneration": "0.28.0",
+    "Cheers": "0.28.0",
+    "CheersForConditionalGeneration": "0.28.0",
+    "Fairseq2LlamaForCausalLM": "0.28.0",
+    "FireRedLIDForConditionalGeneration": "0.28.0",
+    "GritLM": "0.28.0",
+    "HCXVisionForCausalLM": "0.28.0",
+    "MPTForCausalLM": "0.28.0",
+    "MptForCausalLM": "0.28.0",
+    "RWForCausalLM": "0.28.0",
+    "StableLMEpochForCausalLM": "0.28.0",
+    "PrithviGeoSpatialMAE": "0.28.0",
+}
 _STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba"})
 _FULL_LAYER_TYPES = frozenset({"full_attention", "attention"})
 _CACHELESS_LAYER_TYPES = frozenset({"mlp", "moe"})
@@ -196,6 +264,39 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "mamba_d_conv": 4,
         "mamba_expand": 2,
     },
+    # transformers' MambaConfig / FalconMambaConfig: the mixer's inner size is always
+    # expand x hidden_size (`__post_init__` overwrites any `intermediate_size` a config gives).
+    "mamba": {
+        "vocab_size": 50280,
+        "hidden_size": 768,
+        "state_size": 16,
+        "num_hidden_layers": 32,
+        "expand": 2,
+        "conv_kernel": 4,
+        "tie_word_embeddings": True,
+    },
+    "falcon_mamba": {
+        "vocab_size": 50280,
+        "hidden_size": 768,
+        "state_size": 16,
+        "num_hidden_layers": 32,
+        "expand": 2,
+        "conv_kernel": 4,
+        "tie_word_embeddings": True,
+    },
+    # transformers' Mamba2Config.
+    "mamba2": {
+        "vocab_size": 32768,
+        "hidden_size": 4096,
+        "num_heads": 128,
+        "head_dim": 64,
+        "state_size": 128,
+        "num_hidden_layers": 64,
+        "expand": 2,
+        "conv_kernel": 4,
+        "n_groups": 8,
+        "tie_word_embeddings": False,
+    },
     "llama4_text": {
         "vocab_size": 202048,
         "hidden_size": 5120,
@@ -288,8 +389,25 @@ def text_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], str, str]:
     return {**_DEFAULTS.get(top_type, {}), **config}, top_type, ""
 
 
+def _refuse_retired(config: Mapping[str, Any]) -> None:
+    """An architecture vLLM no longer serves (``_PREVIOUSLY_SERVED``) is refused saying so."""
+    architectures = config.get("architectures")
+    if not isinstance(architectures, list):
+        return
+    for architecture in architectures:
+        version = _PREVIOUSLY_SERVED.get(str(architecture))
+        if version is not None:
+            raise _err(
+                "architectures",
+                f"{architecture} was served by vLLM up to {version}, not by the engine's vLLM "
+                f"{ENGINE_VLLM_VERSION} (vLLM refuses it at start)",
+                f"run it on an engine image with vLLM {version} or earlier (spec.engine.image) "
+                "and set spec.model.architecture to plan it by hand, or serve another model",
+            )
+
+
 def _refuse_unknown(text: Mapping[str, Any], text_type: str, where: str) -> None:
-    if text_type in _STATE_HYBRIDS:
+    if text_type in _STATE_HYBRIDS or text_type in _STATE_MODELS:
         return
     for key in _HYBRID_KEYS:
         if key in text:
@@ -377,6 +495,20 @@ def _state_shape(text: Mapping[str, Any], text_type: str, where: str) -> StateSh
             groups=1,
             intermediate=inner,
         )
+    if text_type in ("mamba", "falcon_mamba"):
+        # vLLM 0.32 mamba.py (`MambaForCausalLM` serves both): `MambaMixer`'s
+        # `mamba1_state_shape` with transformers' intermediate_size, expand x hidden_size.
+        return StateShape(
+            MAMBA1,
+            heads=1,
+            head_dim=1,
+            state_size=_need(text, where, "state_size"),
+            conv_kernel=_need(text, where, "conv_kernel"),
+            groups=1,
+            intermediate=_need(text, where, "expand") * _need(text, where, "hidden_size"),
+        )
+    if text_type == "mamba2":
+        return _mamba2_state(text, where)
     hidden = _need(text, where, "hidden_size")
     intermediate = (_int(text, "mamba_expand") or 2) * hidden
     heads = _int(text, "mamba_n_heads") or 128
@@ -395,6 +527,29 @@ def _state_shape(text: Mapping[str, Any], text_type: str, where: str) -> StateSh
         conv_kernel=_int(text, "mamba_d_conv") or 4,
         groups=_int(text, "mamba_n_groups") or 1,
         intermediate=intermediate,
+    )
+
+
+def _mamba2_state(text: Mapping[str, Any], where: str) -> StateShape:
+    """Mamba2ForCausalLM's mixer (vLLM 0.32 mamba2.py `Mamba2DecoderLayer`: `MambaMixer2` of
+    the config's `intermediate_size`, else expand x hidden_size); transformers refuses a
+    config whose heads x head_dim is not expand x hidden_size (`validate_architecture`)."""
+    hidden, expand = _need(text, where, "hidden_size"), _need(text, where, "expand")
+    heads, head_dim = _need(text, where, "num_heads"), _need(text, where, "head_dim")
+    if heads * head_dim != expand * hidden:
+        raise _err(
+            f"{where}head_dim",
+            f"{heads} heads of {head_dim} do not make expand x hidden_size {expand * hidden}",
+            "fix the config (transformers refuses it)",
+        )
+    return StateShape(
+        MAMBA2,
+        heads=heads,
+        head_dim=head_dim,
+        state_size=_need(text, where, "state_size"),
+        conv_kernel=_need(text, where, "conv_kernel"),
+        groups=_need(text, where, "n_groups"),
+        intermediate=_int(text, "intermediate_size") or expand * hidden,
     )
 
 
@@ -720,11 +875,63 @@ def total_size_from_index(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def max_length(text: Mapping[str, Any], where: str) -> int:
+def max_length(text: Mapping[str, Any], where: str, *, default: int | None = None) -> int:
     lengths = [v for v in (_int(text, key) for key in _LENGTH_KEYS) if v and v > 0]
     if not lengths:
+        if default is not None:
+            return default
         raise _err(f"{where}max_position_embeddings", "missing")
     return min(lengths)
+
+
+def _state_model_facts(
+    config: Mapping[str, Any],
+    text: Mapping[str, Any],
+    text_type: str,
+    where: str,
+    *,
+    name: str,
+    checkpoint_bytes: int | None,
+    source: str,
+) -> ModelArchitecture:
+    """A pure state-space model (`_STATE_MODELS`): every layer a state layer, no attention
+    heads (kv_heads and head_dim 0), its parameters from the checkpoint's size."""
+    layers = _layer_count(text, text_type, where)
+    hidden = _need(text, where, "hidden_size")
+    state = _state_shape(text, text_type, where)
+    dtype = _dtype(config, text)
+    quantization = quantization_of(config, text)
+    _check_sizes(dtype, quantization)
+    if checkpoint_bytes is None:
+        raise ModelConfigError(
+            f"{INDEX_FILE}: missing; the weights of a state-space model ({text_type}) are "
+            f"sized from its checkpoint, not its config; {FIX}"
+        )
+    if checkpoint_bytes <= 0:
+        raise ModelConfigError(f"{INDEX_FILE}: metadata.total_size: not a positive size")
+    # Unquantized: the checkpoint's bytes at its dtype; quantized: at the bytes per parameter
+    # the planner has for the method (weights are sized from the bytes either way).
+    element = (
+        _TORCH_DTYPE_BYTES.get(dtype, 2)
+        if quantization is None
+        else weight_bytes_per_param("auto", quantization, dtype)
+    )
+    parameters = math.ceil(checkpoint_bytes / element)
+    return ModelArchitecture(
+        name=name,
+        parameters=max(1, parameters),
+        layers=layers,
+        kv_heads=0,
+        head_dim=0,
+        max_position_embeddings=max_length(text, where, default=DEFAULT_MAX_MODEL_LEN),
+        dtype=dtype,
+        vocab_size=_int(text, "vocab_size"),
+        default_quantization=quantization,
+        attention_layers=(AttentionLayer(STATE, 0, 0, 0, state=state),) * layers,
+        checkpoint_bytes=checkpoint_bytes,
+        hidden_size=hidden,
+        source=source,
+    )
 
 
 def facts_from_config(
@@ -738,8 +945,19 @@ def facts_from_config(
     of its checkpoint. Raises ModelConfigError (file, field, fix) when it cannot be planned."""
     if not isinstance(config, Mapping):
         raise _err("(top level)", "not a JSON object", "is this the model's config.json?")
+    _refuse_retired(config)
     text, text_type, where = text_config(config)
     _refuse_unknown(text, text_type, where)
+    if text_type in _STATE_MODELS:
+        return _state_model_facts(
+            config,
+            text,
+            text_type,
+            where,
+            name=name,
+            checkpoint_bytes=checkpoint_bytes,
+            source=source,
+        )
     layers = _layer_count(text, text_type, where)
     heads = _need(text, where, "num_attention_heads", "n_head")
     hidden = _need(text, where, "hidden_size", "n_embd", "d_model")

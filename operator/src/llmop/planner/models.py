@@ -44,9 +44,10 @@ class ModelArchitecture:
     layers: int
     """``num_hidden_layers``."""
     kv_heads: int
-    """``num_key_value_heads`` (== attention heads for MHA; 1 for MLA)."""
+    """``num_key_value_heads`` (== attention heads for MHA; 1 for MLA; 0 for a state-space
+    model, which has no attention)."""
     head_dim: int
-    """``head_dim``, else ``hidden_size // num_attention_heads``."""
+    """``head_dim``, else ``hidden_size // num_attention_heads`` (0 for a state-space model)."""
     max_position_embeddings: int
     """Context length vLLM uses when ``--max-model-len`` is not given."""
     dtype: str = "bfloat16"
@@ -82,8 +83,14 @@ class ModelArchitecture:
     (a directory) or ``hub`` (the model's files at a revision)."""
 
     def __post_init__(self) -> None:
+        # A state-space model (Mamba) has no attention heads: kv_heads and head_dim are 0, and
+        # its every layer is a state layer (the planner sizes it from attention_layers).
+        attention_free = bool(self.attention_layers) and all(
+            layer.state is not None for layer in self.attention_layers
+        )
         for field in ("parameters", "layers", "kv_heads", "head_dim", "max_position_embeddings"):
-            if getattr(self, field) <= 0:
+            value = getattr(self, field)
+            if value <= 0 and not (attention_free and value == 0 and "head" in field):
                 raise ValueError(f"ModelArchitecture.{field} must be positive")
         if self.attention not in (ATTENTION_GQA, ATTENTION_MLA):
             raise ValueError(f"attention must be {ATTENTION_GQA!r} or {ATTENTION_MLA!r}")
