@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from llmop.planner import PlanRequest, plan_capacity
-from llmop.planner.capacity import GIB, REASON_INVALID_TP
+from llmop.planner.capacity import GIB, REASON_INVALID_PP, REASON_INVALID_TP
 from llmop.planner.cpu import CpuPlanRequest, plan_cpu_capacity
 from llmop.planner.kv_layout import FULL, MAMBA1, MAMBA2, STATE, StateShape, build_layout
 from llmop.planner.model_config import ModelConfigError, facts_from_config
@@ -362,6 +362,14 @@ def test_a_mamba_2_model_on_a_gpu_holds_one_state_page_a_request() -> None:
     assert half.page_bytes == 2_158_592 // 2
     refused = plan_capacity(PlanRequest(facts, 79.19, 3))
     assert refused.reason == REASON_INVALID_TP
+    # vLLM's Mamba2ForCausalLM has no `SupportsPP`: pipeline stages are refused, naming it
+    # (MambaForCausalLM has it, and a Mamba-1 model may take them).
+    staged = plan_capacity(PlanRequest(facts, 79.19, 1, pipeline_parallel_size=2))
+    assert staged.reason == REASON_INVALID_PP
+    assert not staged.fits
+    assert "Mamba2ForCausalLM" in staged.message
+    assert "pipelineParallelSize 1" in staged.message
+    assert _facts(MAMBA_TINY).pipeline_parallel is None
 
 
 @pytest.mark.parametrize(

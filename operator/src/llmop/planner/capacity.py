@@ -547,6 +547,14 @@ def _plan_core(request: PlanRequest) -> CapacityPlan:  # noqa: C901, PLR0915
             f"pipelineParallelSize {pp} exceeds the {arch.layers} layers of {model}; each "
             "pipeline stage needs at least one layer."
         )
+    elif pp > 1 and arch.pipeline_parallel is not None:
+        reason = REASON_INVALID_PP
+        fits = False
+        message = (
+            f"vLLM's {arch.pipeline_parallel} ({model}) does not support pipeline parallelism "
+            f"(pipelineParallelSize {pp}); vLLM refuses to start. Set pipelineParallelSize 1 "
+            "and spread the model with tensorParallelSize instead."
+        )
     elif (tp_problem := tensor_parallel_problem(arch, tp)) is not None:
         reason = REASON_INVALID_TP
         fits = False

@@ -112,6 +112,10 @@ _STATE_HYBRIDS = frozenset({"granitemoehybrid", "qwen3_next", "nemotron_h", "fal
 # Pure state-space models (vLLM 0.32 mamba.py, mamba2.py: `IsAttentionFree`): every layer a
 # Mamba-1 (`mamba`, `falcon_mamba`: one MambaMixer class) or Mamba-2 mixer, no attention at all.
 _STATE_MODELS = frozenset({"mamba", "falcon_mamba", "mamba2"})
+_NO_PIPELINE_STAGES = {"mamba2": "Mamba2ForCausalLM"}
+"""State models whose vLLM 0.32 class does not implement `SupportsPP` (mamba2.py; mamba.py's
+`MambaForCausalLM` does): vLLM refuses pipeline stages for them (config/model.py
+`verify_with_parallel_config`)."""
 DEFAULT_MAX_MODEL_LEN = 2048
 """vLLM's context for a config with none of the length keys (config/model.py
 `_get_and_verify_max_len`: "Assuming the model's maximum length is 2048"): Mamba configs."""
@@ -931,6 +935,7 @@ def _state_model_facts(
         checkpoint_bytes=checkpoint_bytes,
         hidden_size=hidden,
         source=source,
+        pipeline_parallel=_NO_PIPELINE_STAGES.get(text_type),
     )
 
 

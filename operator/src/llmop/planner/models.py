@@ -81,6 +81,9 @@ class ModelArchitecture:
     source: str = "catalog"
     """Where the facts came from: ``catalog``, ``spec`` (model.architecture), ``files``
     (a directory) or ``hub`` (the model's files at a revision)."""
+    pipeline_parallel: str | None = None
+    """vLLM's model class that does not implement ``SupportsPP`` (vLLM refuses pipeline stages
+    for it: "Pipeline parallelism is not supported for this model"); None: it does."""
 
     def __post_init__(self) -> None:
         # A state-space model (Mamba) has no attention heads: kv_heads and head_dim are 0, and
