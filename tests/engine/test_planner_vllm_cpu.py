@@ -4,7 +4,7 @@ served with dummy weights under `--dtype auto`, `VLLM_CPU_KVCACHE_SPACE=1` and
 `--max-model-len 512`: does the plan give the "CPU KV cache size: N tokens, Maximum
 concurrency ...: Cx" that vLLM logs?
 
-Nine vLLM starts take ~5 min on the project's 2-core machine, so this is opt-in
+Twelve vLLM starts take ~7 min on the project's 2-core machine, so this is opt-in
 (`LLMOP_VLLM_PLANNER=1 pytest tests/engine/test_planner_vllm_cpu.py`); the figures it checks
 are kept as a unit test (tests/unit/test_planner_hybrids.py), which runs in `make test`.
 """
@@ -36,11 +36,14 @@ from support.hybrid_configs import (
     MAMBA2_TINY,
     MAMBA_TINY,
     NEMOTRON_H_TINY,
+    QWEN3_5_MOE_TINY,
+    QWEN3_5_TINY,
+    QWEN3_5_VL_TINY,
     QWEN3_NEXT_TINY,
 )
 
 OPT_IN = "LLMOP_VLLM_PLANNER"
-pytestmark = real_vllm.opt_in(OPT_IN, "nine vLLM starts, ~5 min")
+pytestmark = real_vllm.opt_in(OPT_IN, "twelve vLLM starts, ~7 min")
 
 LOGGED = re.compile(
     r"CPU KV cache size: ([0-9,]+) tokens, Maximum concurrency for 512 tokens per request: "
@@ -49,12 +52,14 @@ LOGGED = re.compile(
 START_TIMEOUT = 240.0
 
 
-def logged_capacity(venv: Path, model: Path, log: Path) -> tuple[int, float]:
+def logged_capacity(
+    venv: Path, model: Path, log: Path, extra: tuple[str, ...] = ()
+) -> tuple[int, float]:
     """Start `vllm serve` on `model` until it logs its KV cache; its tokens and concurrency."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
     env["HF_HUB_OFFLINE"] = "1"
     argv = [str(venv / "bin" / "vllm"), "serve", str(model), "--load-format", "dummy"]
-    argv += ["--max-model-len", "512", "-O0", "--port", str(free_port())]
+    argv += ["--max-model-len", "512", "-O0", "--port", str(free_port()), *extra]
     with log.open("wb") as out:
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -78,6 +83,9 @@ def logged_capacity(venv: Path, model: Path, log: Path) -> tuple[int, float]:
         "tiny-llama",
         "granite-4.0-hybrid",
         "qwen3-next",
+        "qwen3.5",
+        "qwen3.5-moe",
+        "qwen3.5-vl",
         "nemotron-h",
         "falcon-h1",
         "jamba",
@@ -93,6 +101,9 @@ def test_the_cpu_plan_gives_what_vllm_logs(name: str, tmp_path: Path) -> None:
         "tiny-llama": json.loads((tiny / "config.json").read_text()),
         "granite-4.0-hybrid": GRANITE_TINY,
         "qwen3-next": QWEN3_NEXT_TINY,
+        "qwen3.5": QWEN3_5_TINY,
+        "qwen3.5-moe": QWEN3_5_MOE_TINY,
+        "qwen3.5-vl": QWEN3_5_VL_TINY,
         "nemotron-h": NEMOTRON_H_TINY,
         "falcon-h1": FALCON_H1_TINY,
         "jamba": JAMBA_TINY,
@@ -107,7 +118,10 @@ def test_the_cpu_plan_gives_what_vllm_logs(name: str, tmp_path: Path) -> None:
         if path.name.startswith("tokenizer") or path.name == "special_tokens_map.json":
             shutil.copy(path, model / path.name)
     (model / "config.json").write_text(json.dumps(config))
-    tokens, concurrency = logged_capacity(venv, model, tmp_path / "vllm.log")
+    # The multimodal wrapper's tower is loaded but never fed: the tiny tokenizer has no image
+    # tokens, and the text model's cache is what is sized.
+    extra = ("--limit-mm-per-prompt", '{"image": 0, "video": 0}') if "text_config" in config else ()
+    tokens, concurrency = logged_capacity(venv, model, tmp_path / "vllm.log", extra)
     facts = facts_from_config(config, name=name, checkpoint_bytes=8 * 1024**2)
     plan = plan_cpu_capacity(CpuPlanRequest(facts, memory_gib=8, kv_cache_gib=1, max_model_len=512))
     assert (plan.kv_cache_tokens, round(plan.max_concurrency, 2)) == (tokens, concurrency)

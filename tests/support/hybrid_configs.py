@@ -64,6 +64,95 @@ QWEN3_NEXT_TINY: dict[str, Any] = {
 """A tiny Qwen3-Next: 3 gated-delta-net layers (conv (32 x 2 x 2 + 32 x 4) x 3, temporal
 4 x 32 x 32) and every 4th layer full attention (2 KV heads of 64)."""
 
+QWEN3_5_TINY: dict[str, Any] = {
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "model_type": "qwen3_5_text",
+    "hidden_size": 128,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "layer_types": [
+        "linear_attention",
+        "full_attention",
+        "linear_attention",
+        "linear_attention",
+        "linear_attention",
+        "full_attention",
+    ],
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 64,
+    "linear_conv_kernel_dim": 4,
+    "intermediate_size": 256,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+"""A tiny Qwen3.5 (text only): 4 gated-delta-net layers (conv (32 x 2 x 2 + 64 x 4) x 3,
+temporal 4 x 32 x 64) and 2 attention layers (1 KV head of 64), from its `layer_types`."""
+
+QWEN3_5_MOE_TINY: dict[str, Any] = {
+    "architectures": ["Qwen3_5MoeForCausalLM"],
+    "model_type": "qwen3_5_moe_text",
+    "hidden_size": 128,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "full_attention_interval": 4,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+"""A tiny Qwen3.5 MoE (text only) with no `layer_types`: transformers makes every 4th of its 8
+layers full attention (2 KV heads of 32) from `full_attention_interval`, the other 6
+gated-delta-net layers (conv (32 x 2 x 2 + 32 x 2) x 3, temporal 2 x 32 x 32)."""
+
+QWEN3_5_VL_TINY: dict[str, Any] = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "text_config": {
+        key: value
+        for key, value in QWEN3_5_TINY.items()
+        if key not in ("architectures", "torch_dtype")
+    },
+    "vision_config": {
+        "model_type": "qwen3_5_vision",
+        "depth": 1,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_heads": 2,
+        "out_hidden_size": 128,
+        "num_position_embeddings": 64,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "deepstack_visual_indexes": [],
+    },
+    "image_token_id": 2040,
+    "video_token_id": 2041,
+    "vision_start_token_id": 2042,
+    "vision_end_token_id": 2043,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+"""The tiny Qwen3.5 under the multimodal wrapper the published Qwen3.5 checkpoints use: the
+language model under `text_config`, a one-block vision tower vLLM loads beside it (served with
+images and videos off: `--limit-mm-per-prompt`, the tiny tokenizer has no image tokens)."""
+
 NEMOTRON_H_TINY: dict[str, Any] = {
     "architectures": ["NemotronHForCausalLM"],
     "model_type": "nemotron_h",

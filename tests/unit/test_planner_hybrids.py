@@ -1,8 +1,8 @@
 """The planner on Mamba-1, Mamba-2 and gated-delta-net hybrids (Granite 4.0, Qwen3-Next,
-Nemotron-H, Falcon-H1, Jamba), read from their config.json: each state layer's bytes as vLLM
-0.32's `MambaStateShapeCalculator` gives them, the attention block grown until a page holds a
-state (`_align_hybrid_block_size`), state pages padded to it, the groups, and the pages a request
-holds per state group (2 in prefix caching's `align` mode, vLLM's default for hybrids, and a
+Qwen3.5, Nemotron-H, Falcon-H1, Jamba), read from their config.json: each state layer's bytes
+as vLLM 0.32's `MambaStateShapeCalculator` gives them, the attention block grown until a page
+holds a state (`_align_hybrid_block_size`), state pages padded to it, the groups, and the pages a
+request holds per state group (2 in prefix caching's `align` mode, vLLM's default for hybrids, and a
 Mamba-2 prefill checkpoint's third); pure Mamba models (Mamba, Falcon-Mamba, Mamba-2), which
 have no attention and hold 1 unpadded state page a layer per request; the refusal of
 architectures vLLM no longer serves. The CPU cases are checked against vLLM 0.32's CPU build
@@ -34,6 +34,9 @@ from support.hybrid_configs import (
     MAMBA_TINY,
     NEMOTRON_H_SHAPE,
     NEMOTRON_H_TINY,
+    QWEN3_5_MOE_TINY,
+    QWEN3_5_TINY,
+    QWEN3_5_VL_TINY,
     QWEN3_NEXT_TINY,
 )
 
@@ -148,6 +151,48 @@ def test_a_nemotron_h_config_the_planner_cannot_read_is_refused_naming_the_field
 ) -> None:
     with pytest.raises(ModelConfigError, match=field):
         _facts(config)
+
+
+def test_qwen3_5_is_read_from_its_text_config_with_transformers_defaults() -> None:
+    """Qwen3.5 (vLLM 0.32 qwen3_5.py) as published: `Qwen3_5ForConditionalGeneration` with the
+    language model under `text_config`. Keys it omits take transformers' `Qwen3_5TextConfig`
+    defaults: 32 layers, every 4th full attention (`full_attention_interval` 4; 4 KV heads of
+    256), the others gated-delta-net layers of 16 key heads and 32 value heads of 128, sized
+    from the same keys as Qwen3-Next's: conv (128 x 16 x 2 + 128 x 32) x 3, temporal 32 x 128
+    x 128, each split across TP ranks; TP must divide the 16 attention heads. The MoE wrapper
+    (`qwen3_5_moe`) takes `Qwen3_5MoeTextConfig`'s: 40 layers, 256 experts, 8 a token."""
+    dense = facts_from_config(
+        {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5"}
+        | {"text_config": {"model_type": "qwen3_5_text"}},
+        name="qwen3.5",
+        checkpoint_bytes=18 * 1024**3,
+    )
+    kinds = [x.kind for x in dense.attention_layers]
+    assert (dense.layers, kinds.count(STATE), kinds.count(FULL)) == (32, 24, 8)
+    assert kinds[:4] == [STATE, STATE, STATE, FULL]
+    assert (dense.kv_heads, dense.head_dim, dense.max_position_embeddings) == (4, 256, 32768)
+    state = dense.attention_layers[0].state
+    assert state is not None
+    assert state.elements(1) == ((128 * 16 * 2 + 128 * 32) * 3, 32 * 128 * 128)
+    assert state.elements(2) == ((128 * 16 * 2 + 128 * 32) // 2 * 3, 16 * 128 * 128)
+    for tp in (1, 2):
+        plan = plan_capacity(
+            PlanRequest(dense, 79.19, tp, max_model_len=32768, gpu_memory_utilization=0.9)
+        )
+        assert plan.fits, plan.message
+    three = plan_capacity(PlanRequest(dense, 79.19, 3, max_model_len=32768))
+    assert three.reason == REASON_INVALID_TP
+    moe = facts_from_config(
+        {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}
+        | {"text_config": {}},
+        name="qwen3.5-moe",
+        checkpoint_bytes=60 * 1024**3,
+    )
+    kinds = [x.kind for x in moe.attention_layers]
+    assert (moe.layers, kinds.count(STATE), kinds.count(FULL)) == (40, 30, 10)
+    assert moe.moe
+    assert moe.active_parameters is not None
+    assert moe.active_parameters < moe.parameters / 5
 
 
 def test_falcon_h1_has_an_attention_and_a_state_layer_in_every_decoder_layer() -> None:
@@ -377,11 +422,23 @@ def test_a_mamba_2_model_on_a_gpu_holds_one_state_page_a_request() -> None:
     [
         (GRANITE_TINY, 254_184, 496.45),
         (QWEN3_NEXT_TINY, 838_860, 1638.40),
+        (QWEN3_5_TINY, 699_050, 1365.33),
+        (QWEN3_5_MOE_TINY, 838_860, 1638.40),
+        (QWEN3_5_VL_TINY, 699_050, 1365.33),
         (NEMOTRON_H_TINY, 262_144, 512.00),
         (FALCON_H1_TINY, 209_715, 409.60),
         (JAMBA_TINY, 699_008, 1365.25),
     ],
-    ids=["granite-4.0-hybrid", "qwen3-next", "nemotron-h", "falcon-h1", "jamba"],
+    ids=[
+        "granite-4.0-hybrid",
+        "qwen3-next",
+        "qwen3.5",
+        "qwen3.5-moe",
+        "qwen3.5-vl",
+        "nemotron-h",
+        "falcon-h1",
+        "jamba",
+    ],
 )
 def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
     config: dict[str, Any], tokens: int, concurrency: float
@@ -393,9 +450,16 @@ def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
     block size to 384 tokens" (128 x ceil(134,144 / 65,536)), "Padding mamba page size by
     46.56%" (196,608 / 134,144); 5,461 blocks / (2 + 3 x 3) a request. Qwen3-Next: state 768 x
     2 + 4,096 x 4 = 17,920 bytes, padded by 265.71 % to 65,536 (block 128 holds it); 16,384
-    blocks / (4 + 3 x 2). Nemotron-H: "Updating mamba_ssm_cache_dtype to 'float32'", state
-    1,536 x 2 + 16,384 x 4 = 68,608 bytes; "Setting attention block size to 256 tokens",
-    "Padding mamba page size by 91.04%" (131,072 / 68,608); its 2 MLP layers hold nothing.
+    blocks / (4 + 3 x 2). Qwen3.5 ("Reset SSM cache type to float32 for accelerated GDN mamba
+    backend 'qwen3_5_text'"): state 1,152 x 2 + 8,192 x 4 = 35,072 bytes; "Setting attention
+    block size to 256 tokens", "Padding mamba page size by 86.86%" (65,536 / 35,072); 2
+    attention and 4 state layers in groups of 2: 8,192 blocks / (2 + 2 x 2); the same under
+    the multimodal wrapper (`Qwen3_5ForConditionalGeneration`, images and videos off). Qwen3.5
+    MoE: state 576 x 2 + 2,048 x 4 = 9,344 bytes, padded to the 32,768 of a 128-token block; 2
+    attention and 6 state layers in groups of 2: 16,384 blocks / (4 + 3 x 2). Nemotron-H:
+    "Updating mamba_ssm_cache_dtype to 'float32'", state 1,536 x 2 + 16,384 x 4 = 68,608
+    bytes; "Setting attention block size to 256 tokens", "Padding mamba page size by 91.04%"
+    (131,072 / 68,608); its 2 MLP layers hold nothing.
     Falcon-H1: "Reset SSM cache type to float32", state 1,152 x 2 + 16,384 x 4 = 67,840 bytes;
     "Setting attention block size to 256 tokens", "Padding mamba page size by 93.21%" (131,072
     / 67,840); 4 attention and 4 state layers in 2 groups: 2,048 blocks / (2 + 3). Jamba: state

@@ -71,6 +71,8 @@ _TEXT_TYPE_OF: dict[str, str] = {
     "llava": "llama",
     "llava_next": "llama",
     "kimi_vl": "deepseek_v3",
+    "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
 }
 
 # vLLM's MLA models (model_arch_config_convertor.py L215-234) that are plain MLA decoders.
@@ -104,11 +106,18 @@ _SUPPORTED = frozenset(
 )
 
 # Mamba / gated-delta-net hybrids the planner sizes (vLLM 0.32: granitemoehybrid.py,
-# qwen3_next.py, nemotron_h.py, falcon_h1.py, jamba.py): their state layers and full-attention
-# layers, by `layer_types` (Nemotron-H: `layers_block_type`, or `hybrid_override_pattern`'s
-# letters; Falcon-H1: every decoder layer both, side by side; Jamba: Mamba-1 layers and an
-# attention layer every `attn_layer_period`).
-_STATE_HYBRIDS = frozenset({"granitemoehybrid", "qwen3_next", "nemotron_h", "falcon_h1", "jamba"})
+# qwen3_next.py, qwen3_5.py, nemotron_h.py, falcon_h1.py, jamba.py): their state layers and
+# full-attention layers, by `layer_types` (Nemotron-H: `layers_block_type`, or
+# `hybrid_override_pattern`'s letters; Falcon-H1: every decoder layer both, side by side; Jamba:
+# Mamba-1 layers and an attention layer every `attn_layer_period`).
+_GATED_DELTA_NET_HYBRIDS = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+"""Qwen3-Next and Qwen3.5 (dense and MoE, text-only or under a multimodal wrapper's
+text_config): vLLM 0.32 qwen3_5.py sizes their gated-delta-net state from the same keys as
+qwen3_next.py, and transformers derives both families' layer kinds from
+`full_attention_interval`."""
+_STATE_HYBRIDS = frozenset(
+    {"granitemoehybrid", "nemotron_h", "falcon_h1", "jamba", *_GATED_DELTA_NET_HYBRIDS}
+)
 # Pure state-space models (vLLM 0.32 mamba.py, mamba2.py: `IsAttentionFree`): every layer a
 # Mamba-1 (`mamba`, `falcon_mamba`: one MambaMixer class) or Mamba-2 mixer, no attention at all.
 _STATE_MODELS = frozenset({"mamba", "falcon_mamba", "mamba2"})
@@ -301,6 +310,40 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "n_groups": 8,
         "tie_word_embeddings": False,
     },
+    # transformers' Qwen3_5TextConfig and Qwen3_5MoeTextConfig (head_dim is its own default).
+    "qwen3_5_text": {
+        "vocab_size": 248320,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 32768,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+    },
+    "qwen3_5_moe_text": {
+        "vocab_size": 248320,
+        "hidden_size": 2048,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "max_position_embeddings": 32768,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "num_experts_per_tok": 8,
+        "num_experts": 256,
+    },
     "llama4_text": {
         "vocab_size": 202048,
         "hidden_size": 5120,
@@ -460,7 +503,7 @@ def _layer_types(text: Mapping[str, Any], text_type: str, layers: int) -> list[s
 
 def _state_shape(text: Mapping[str, Any], text_type: str, where: str) -> StateShape:
     """A hybrid's state layer shape, from the keys vLLM reads for it."""
-    if text_type == "qwen3_next":
+    if text_type in _GATED_DELTA_NET_HYBRIDS:
         return StateShape(
             GATED_DELTA_NET,
             heads=_need(text, where, "linear_num_value_heads"),
@@ -670,7 +713,7 @@ def _state_hybrid_layers(
 def _listed_hybrid_layers(
     text: Mapping[str, Any], text_type: str, where: str, *, layers: int, kv_heads: int, head: int
 ) -> tuple[AttentionLayer, ...]:
-    """Granite 4.0, Qwen3-Next and Nemotron-H: one kind a layer, from a list, a pattern or
+    """Granite 4.0, Qwen3-Next, Qwen3.5 and Nemotron-H: one kind a layer, from a list, a pattern or
     transformers' rule for the model type."""
     given = text.get("layer_types") or text.get("layers_block_type")
     if isinstance(given, list) and given:
@@ -680,7 +723,7 @@ def _listed_hybrid_layers(
         if pattern is None:
             raise _err(f"{where}hybrid_override_pattern", "missing (and no layers_block_type)")
         types = pattern
-    elif text_type == "qwen3_next":
+    elif text_type in _GATED_DELTA_NET_HYBRIDS:
         interval = _int(text, "full_attention_interval") or 4
         types = [
             "full_attention" if (i + 1) % interval == 0 else "linear_attention"
