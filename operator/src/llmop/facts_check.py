@@ -30,7 +30,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from llmop import hub, kinds, model_facts, model_files_record
+from llmop import hub, kinds, model_facts, model_files_record, names
 from llmop.kube import KubeError
 from llmop.model_facts import Answer, FactsRequest, Read, Unavailable
 from llmop.model_files_record import Entry
@@ -43,7 +43,6 @@ READERS = 4
 """Models whose files are read at once."""
 IDLE_SECONDS = 1.0
 """The longest the thread sleeps between two looks (a new read wakes it at once)."""
-FIELD_MANAGER = "llmop-operator"
 
 
 class Record:
@@ -81,7 +80,9 @@ class Record:
                     return
                 kept = model_files_record.with_entry(entries, entry)
                 manifest = model_files_record.config_map(self.namespace, kept)
-                ctx.kube.apply(manifest, field_manager=FIELD_MANAGER, want_result=False)
+                ctx.kube.apply(
+                    manifest, field_manager=names.RECORDS_FIELD_MANAGER, want_result=False
+                )
                 self._entries = kept
             except KubeError as error:
                 log.warning("the files of %s not recorded: %s", request.at, error)

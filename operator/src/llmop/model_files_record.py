@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmop.names import record_config_map
 from llmop.planner.model_config import ModelFiles, total_size_from_index
 
 CONFIG_MAP_NAME = "llmop-model-files"
@@ -130,13 +131,5 @@ def _size(entries: Mapping[str, Entry]) -> int:
 
 def config_map(namespace: str, entries: Mapping[str, Entry]) -> dict[str, Any]:
     """The ConfigMap holding `entries`, for a server-side apply."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": CONFIG_MAP_NAME,
-            "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": "llmop"},
-        },
-        "data": {key: entry.encode() for key, entry in sorted(entries.items())},
-    }
+    data = {key: entry.encode() for key, entry in sorted(entries.items())}
+    return record_config_map(CONFIG_MAP_NAME, namespace, data)

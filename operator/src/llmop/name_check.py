@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from llmop import name_owners
+from llmop import name_owners, names
 from llmop.kube import KubeError
 from llmop.name_owners import Owner
 from llmop.periodic import run_rounds
@@ -35,7 +35,6 @@ CHECK_SECONDS = 2.0
 EXTERNALS_SECONDS = 10.0
 """Between two lists of the router's LLMExternalModels, made only while some CR's fallback
 names one: how soon a created (or deleted) external model shows in the CRs' status."""
-FIELD_MANAGER = "llmop-operator"
 
 
 @dataclass
@@ -126,7 +125,7 @@ def check(
         try:
             ctx.kube.apply(
                 name_owners.config_map(namespace, decision.record),
-                field_manager=FIELD_MANAGER,
+                field_manager=names.RECORDS_FIELD_MANAGER,
                 want_result=False,
             )
             keeper.written = dict(decision.record)

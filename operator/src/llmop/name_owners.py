@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from llmop import conditions
+from llmop.names import record_config_map
 from llmop.pods import PodIssue
 from llmop_router import contract as router_contract
 
@@ -281,16 +282,7 @@ def decode(text: str | None) -> dict[str, Owner]:
 
 def config_map(namespace: str, record: Record) -> dict[str, Any]:
     """The ConfigMap that keeps the record."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": CONFIG_MAP_NAME,
-            "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": "llmop"},
-        },
-        "data": {DATA_KEY: encode(record)},
-    }
+    return record_config_map(CONFIG_MAP_NAME, namespace, {DATA_KEY: encode(record)})
 
 
 def conflict_message(lost: Iterable[tuple[str, Owner]], *, now: datetime, grace: timedelta) -> str:

@@ -1,15 +1,21 @@
-"""Every name, label, annotation and port the operator puts on children, in one place."""
+"""Every name, label, annotation and port the operator puts on children and on its own records,
+in one place."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from llmop.api.v1alpha1 import GROUP
 from llmop_engine import contract
 from llmop_router import contract as router_contract
 
 FIELD_MANAGER = "llmop"
-"""Server-side apply field manager for everything the operator owns."""
+"""Server-side apply field manager for everything the operator owns (its records aside)."""
 HANDOVER_FIELD_MANAGER = "llmop-handover"
 """Field manager that hands `spec.replicas` over to the HPA when autoscaling turns on."""
+RECORDS_FIELD_MANAGER = "llmop-operator"
+"""Of the leader's own records, not a CR's children (FIELD_MANAGER): named after its Lease."""
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -82,6 +88,23 @@ def selector_labels(name: str) -> dict[str, str]:
 def child_labels(name: str) -> dict[str, str]:
     """Labels on every child: ours only, never copied from the parent (GitOps tracks by those)."""
     return {**selector_labels(name), LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: COMPONENT}
+
+
+def record_config_map(name: str, namespace: str, data: Mapping[str, str]) -> dict[str, Any]:
+    """The ConfigMap `name` holding `data`, one of the leader's records in the operator's own
+    namespace (`llmop.name_owners`, `llmop.model_files_record`), for a server-side apply as
+    RECORDS_FIELD_MANAGER. Labelled managed-by only: a record is no LLMDeployment's child, so it
+    carries none of `child_labels`' selector labels."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY},
+        },
+        "data": dict(data),
+    }
 
 
 def selector_string(name: str) -> str:
