@@ -19,13 +19,14 @@ vLLM 0.19.0 ``v1/kv_cache_interface.py`` and ``v1/core/kv_cache_utils.py``):
 
 Mamba, linear-attention (gated delta net) and short-convolution (LFM2) layers keep a state per
 request instead of a page per token (vLLM 0.32 ``MambaSpec``; shapes from
-``MambaStateShapeCalculator``). In a hybrid, vLLM raises the attention block size to the smallest multiple of the kernel block
-size (16 on GPU, the CPU backend's 128) whose page holds the largest state, and pads the state
-pages to it (``Platform._align_hybrid_block_size``): then every page is one size and the groups
-form as above. With prefix caching on (vLLM's default for hybrids: ``mamba_cache_mode``
-``align``) a state group reserves 2 pages per request, and a Mamba-2 one a third for its
-prefill checkpoint (``MambaMixer2.get_kv_cache_spec``: ``num_prefill_checkpoint_blocks=1``;
-Mamba-1's ``MambaMixer`` keeps ``MambaSpec``'s 0); without, 1 page.
+``MambaStateShapeCalculator``). In a hybrid, vLLM raises the attention block size to the
+smallest multiple of the kernel block size (16 on GPU, the CPU backend's 128) whose page holds
+the largest state, and pads the state pages to it (``Platform._align_hybrid_block_size``): then
+every page is one size and the groups form as above. With prefix caching on (vLLM's default for
+hybrids: ``mamba_cache_mode`` ``align``) a state group reserves 2 pages per request, and a
+Mamba-2 one a third for its prefill checkpoint (``MambaMixer2.get_kv_cache_spec``:
+``num_prefill_checkpoint_blocks=1``; Mamba-1's ``MambaMixer`` keeps ``MambaSpec``'s 0); without,
+1 page.
 
 A pure state-space model (Mamba-1, Falcon-Mamba, Mamba-2: ``IsAttentionFree``) has no attention
 block to grow: vLLM leaves the state pages unpadded (``update_block_size_for_backend`` aligns
