@@ -4,7 +4,7 @@ served with dummy weights under `--dtype auto`, `VLLM_CPU_KVCACHE_SPACE=1` and
 `--max-model-len 512`: does the plan give the "CPU KV cache size: N tokens, Maximum
 concurrency ...: Cx" that vLLM logs?
 
-Sixteen vLLM starts take ~9 min on the project's 2-core machine, so this is opt-in
+Seventeen vLLM starts take ~10 min on the project's 2-core machine, so this is opt-in
 (`LLMOP_VLLM_PLANNER=1 pytest tests/engine/test_planner_vllm_cpu.py`); the figures it checks
 are kept as a unit test (tests/unit/test_planner_hybrids.py), which runs in `make test`.
 """
@@ -35,6 +35,7 @@ from support.hybrid_configs import (
     JAMBA_TINY,
     LFM2_MOE_TINY,
     LFM2_TINY,
+    LFM2_VL_TINY,
     MAMBA2_TINY,
     MAMBA_TINY,
     NEMOTRON_H_TINY,
@@ -47,7 +48,7 @@ from support.hybrid_configs import (
 )
 
 OPT_IN = "LLMOP_VLLM_PLANNER"
-pytestmark = real_vllm.opt_in(OPT_IN, "sixteen vLLM starts, ~9 min")
+pytestmark = real_vllm.opt_in(OPT_IN, "seventeen vLLM starts, ~10 min")
 
 LOGGED = re.compile(
     r"CPU KV cache size: ([0-9,]+) tokens, Maximum concurrency for 512 tokens per request: "
@@ -96,6 +97,7 @@ def logged_capacity(
         "zamba2",
         "lfm2",
         "lfm2-moe",
+        "lfm2-vl",
         "mamba",
         "falcon-mamba",
         "mamba2",
@@ -117,6 +119,7 @@ def test_the_cpu_plan_gives_what_vllm_logs(name: str, tmp_path: Path) -> None:
         "zamba2": ZAMBA2_TINY,
         "lfm2": LFM2_TINY,
         "lfm2-moe": LFM2_MOE_TINY,
+        "lfm2-vl": LFM2_VL_TINY,
         "mamba": MAMBA_TINY,
         "falcon-mamba": FALCON_MAMBA_TINY,
         "mamba2": MAMBA2_TINY,

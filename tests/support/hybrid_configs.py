@@ -253,6 +253,35 @@ LFM2_MOE_TINY: dict[str, Any] = {
 """A tiny LFM2-MoE: layer 1 attention, 3 short convolutions of hidden_size channels (LFM2-MoE
 has no `conv_dim`), experts from the second layer on (`num_dense_layers` 1)."""
 
+LFM2_VL_TINY: dict[str, Any] = {
+    "architectures": ["Lfm2VlForConditionalGeneration"],
+    "model_type": "lfm2_vl",
+    "text_config": {
+        key: value
+        for key, value in LFM2_TINY.items()
+        if key not in ("architectures", "torch_dtype")
+    },
+    "vision_config": {
+        "model_type": "siglip2_vision_model",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_channels": 3,
+        "patch_size": 16,
+        "num_patches": 64,
+    },
+    "downsample_factor": 2,
+    "projector_hidden_size": 128,
+    "image_token_id": 2040,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+"""The tiny LFM2 under LFM2-VL's multimodal wrapper: the language model under `text_config`, a
+one-layer SigLIP2 tower vLLM loads beside it (served with images off: `--limit-mm-per-prompt`).
+vLLM's wrapper sizes the conv state from the text config's hidden_size, not its `conv_dim`:
+the two are equal here, as in the published LFM2-VL checkpoints."""
+
 NEMOTRON_H_TINY: dict[str, Any] = {
     "architectures": ["NemotronHForCausalLM"],
     "model_type": "nemotron_h",
@@ -279,6 +308,31 @@ NEMOTRON_H_TINY: dict[str, Any] = {
 """A tiny Nemotron-H: 4 Mamba-2 layers (conv (256 + 2 x 2 x 64) x 3, SSM 4 x 64 x 64; the SSM
 state float32, vLLM's default for the family), 2 attention layers (2 KV heads of 64) and 2 MLP
 layers, which hold no cache."""
+
+NEMOTRON_NANO_VL_TINY: dict[str, Any] = {
+    "architectures": ["NemotronH_Nano_VL_V2"],
+    "model_type": "NemotronH_Nano_VL_V2",
+    "llm_config": dict(NEMOTRON_H_TINY),
+    "vision_config": {
+        "args": {"model": "vit_small_patch16_224"},
+        "patch_size": 16,
+        "max_resolution": 2048,
+        "preferred_resolution": [224, 224],
+    },
+    "force_image_size": 224,
+    "patch_size": 16,
+    "downsample_ratio": 0.5,
+    "ps_version": "v2",
+    "image_tag_type": "internvl",
+    "vit_hidden_size": 384,
+    "projector_hidden_size": 128,
+    "img_context_token_id": 2040,
+    "torch_dtype": "float32",
+}
+"""The tiny Nemotron-H under Nemotron Nano VL's wrapper (vLLM 0.32 nano_nemotron_vl.py
+`NemotronH_Nano_VL_V2`): the language model under `llm_config`, beside the smallest RADIO tower
+vLLM builds (`vit_small_patch16_224`). The published checkpoints' config classes are remote
+code (`--trust-remote-code`), so vLLM's CPU build cannot start from this file alone."""
 
 FALCON_H1_TINY: dict[str, Any] = {
     "architectures": ["FalconH1ForCausalLM"],

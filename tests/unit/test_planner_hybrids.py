@@ -39,11 +39,13 @@ from support.hybrid_configs import (
     JAMBA_TINY,
     LFM2_MOE_TINY,
     LFM2_TINY,
+    LFM2_VL_TINY,
     MAMBA2_SHAPE,
     MAMBA2_TINY,
     MAMBA_TINY,
     NEMOTRON_H_SHAPE,
     NEMOTRON_H_TINY,
+    NEMOTRON_NANO_VL_TINY,
     OLMO_HYBRID_TINY,
     QWEN3_5_MOE_TINY,
     QWEN3_5_TINY,
@@ -395,6 +397,42 @@ def test_lfm2_has_short_convolutions_beside_its_attention_layers() -> None:
         _facts(LFM2_MOE_TINY | {"layer_types": ["conv", "full_attention", "mamba", "conv"]})
 
 
+def test_multimodal_wrappers_of_lfm2_and_nemotron_h_are_sized_from_their_language_model() -> None:
+    """LFM2-VL (vLLM 0.32 lfm2_vl.py) keeps LFM2 under `text_config`, which `Lfm2VlConfig`
+    makes an LFM2 config when it names no `model_type`; Nemotron Nano VL (nano_nemotron_vl.py,
+    `NemotronH_Nano_VL_V2`) keeps Nemotron-H under `llm_config`, which its remote-code config
+    class builds as a `NemotronHConfig`. Both are their language model's layers, whether or not
+    the wrapped config names its type."""
+    for wrapper, key, text in (
+        (LFM2_VL_TINY, "text_config", LFM2_TINY),
+        (NEMOTRON_NANO_VL_TINY, "llm_config", NEMOTRON_H_TINY),
+    ):
+        untyped = {k: v for k, v in wrapper[key].items() if k != "model_type"}
+        expected = _facts(text)
+        for config in (wrapper, wrapper | {key: untyped}):
+            facts = _facts(config)
+            assert facts.attention_layers == expected.attention_layers
+            assert (facts.kv_heads, facts.head_dim) == (expected.kv_heads, expected.head_dim)
+
+
+def test_nemotron_nano_vl_plans_as_nemotron_h_on_cpu_though_no_vllm_log_checks_it() -> None:
+    """Nemotron Nano VL: vLLM 0.32 takes the state shape and dtype from
+    `NemotronHForCausalLM` on the `llm_config` (`get_mamba_state_shape_from_config`,
+    `NemotronHNanoVLV2Config` sets the same float32 SSM cache), so the CPU plan is the tiny
+    Nemotron-H's (262,144 tokens, 512.00x). Not in the vLLM CPU check: the published config
+    class is remote code (`--trust-remote-code`), and vLLM refuses the model_type without it
+    ("Transformers does not recognize this architecture"); with a stand-in for that class its
+    CPU build logged the same "Setting attention block size to 256 tokens", "Padding mamba page
+    size by 91.04%" and 262,144 tokens, 512.00x."""
+    plan = plan_cpu_capacity(
+        CpuPlanRequest(
+            _facts(NEMOTRON_NANO_VL_TINY), memory_gib=8, kv_cache_gib=1, max_model_len=512
+        )
+    )
+    assert plan.kv_cache_tokens == 262_144
+    assert round(plan.max_concurrency, 2) == 512.00
+
+
 def test_a_hybrid_vllm_serves_but_the_planner_does_not_size_is_still_refused() -> None:
     """Kimi Linear (vLLM 0.32 registry.py serves `KimiLinearForCausalLM`: KDA linear attention
     beside MLA layers, listed in `linear_attn_config`): refused naming the field."""
@@ -536,6 +574,7 @@ def test_a_mamba_2_model_on_a_gpu_holds_one_state_page_a_request() -> None:
         (ZAMBA2_TINY, 161_319, 315.08),
         (LFM2_TINY, 1_048_576, 2048.00),
         (LFM2_MOE_TINY, 1_677_721, 3276.80),
+        (LFM2_VL_TINY, 1_048_576, 2048.00),
     ],
     ids=[
         "granite-4.0-hybrid",
@@ -549,6 +588,7 @@ def test_a_mamba_2_model_on_a_gpu_holds_one_state_page_a_request() -> None:
         "zamba2",
         "lfm2",
         "lfm2-moe",
+        "lfm2-vl",
     ],
 )
 def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
@@ -582,7 +622,9 @@ def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
     blocks / (4 + 3 x 3). LFM2: a conv state of 128 x 2 x 2 = 512 bytes (bfloat16, the model's
     dtype; no SSM state), "Padding mamba page size by 6300.00%" (32,768 / 512); 2 attention and
     4 conv layers in groups of 2: 16,384 blocks / (4 + 2 x 2). LFM2-MoE: the same state, 1
-    attention and 3 conv layers in groups of 1: 32,768 blocks / (4 + 3 x 2)."""
+    attention and 3 conv layers in groups of 1: 32,768 blocks / (4 + 3 x 2). LFM2-VL
+    (`Lfm2VlForConditionalGeneration`, images off: "running in text-only mode"): the LFM2's
+    figures and its "Padding mamba page size by 6300.00%"."""
     plan = plan_cpu_capacity(
         CpuPlanRequest(_facts(config), memory_gib=8, kv_cache_gib=1, max_model_len=512)
     )

@@ -74,6 +74,9 @@ _TEXT_TYPE_OF: dict[str, str] = {
     "kimi_vl": "deepseek_v3",
     "qwen3_5": "qwen3_5_text",
     "qwen3_5_moe": "qwen3_5_moe_text",
+    "lfm2_vl": "lfm2",
+    # Nemotron Nano VL's remote-code config builds its `llm_config` as a NemotronHConfig.
+    "NemotronH_Nano_VL_V2": "nemotron_h",
 }
 
 # vLLM's MLA models (model_arch_config_convertor.py L215-234) that are plain MLA decoders.
