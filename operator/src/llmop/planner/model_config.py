@@ -21,9 +21,9 @@ attention heads (``kv_heads`` and ``head_dim`` 0), their context vLLM's 2,048 wh
 has no length key.
 
 Anything the planner cannot size is refused, never guessed: an unknown ``model_type``, a layer
-type it does not know (linear attention, Mamba, ...), a config that contradicts itself; an
-``architectures`` entry vLLM no longer serves is refused saying up to which release it did. The
-error names the file, the field and the fix.
+type it does not know (a hybrid's it does not size, e.g. Kimi Linear's KDA), a config that
+contradicts itself; an ``architectures`` entry vLLM no longer serves is refused saying up to
+which release it did. The error names the file, the field and the fix.
 """
 
 from __future__ import annotations
