@@ -28,24 +28,7 @@ from llmop.planner.cpu import REASON_CPU_UNSUPPORTED, CpuPlanRequest, plan_cpu_c
 from llmop.planner.model_config import facts_from_config
 from support import tiny_model
 from support.harness.replicas import free_port
-from support.hybrid_configs import (
-    FALCON_H1_TINY,
-    FALCON_MAMBA_TINY,
-    GRANITE_TINY,
-    JAMBA_TINY,
-    LFM2_MOE_TINY,
-    LFM2_TINY,
-    LFM2_VL_TINY,
-    MAMBA2_TINY,
-    MAMBA_TINY,
-    NEMOTRON_H_TINY,
-    OLMO_HYBRID_TINY,
-    QWEN3_5_MOE_TINY,
-    QWEN3_5_TINY,
-    QWEN3_5_VL_TINY,
-    QWEN3_NEXT_TINY,
-    ZAMBA2_TINY,
-)
+from support.hybrid_configs import HYBRIDS_LOGGED, OLMO_HYBRID_TINY, STATE_MODELS_LOGGED
 
 OPT_IN = "LLMOP_VLLM_PLANNER"
 pytestmark = real_vllm.opt_in(OPT_IN, "seventeen vLLM starts, ~10 min")
@@ -82,55 +65,26 @@ def logged_capacity(
         proc.wait()
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "tiny-llama",
-        "granite-4.0-hybrid",
-        "qwen3-next",
-        "qwen3.5",
-        "qwen3.5-moe",
-        "qwen3.5-vl",
-        "nemotron-h",
-        "falcon-h1",
-        "jamba",
-        "zamba2",
-        "lfm2",
-        "lfm2-moe",
-        "lfm2-vl",
-        "mamba",
-        "falcon-mamba",
-        "mamba2",
-    ],
-)
-def test_the_cpu_plan_gives_what_vllm_logs(name: str, tmp_path: Path) -> None:
-    venv = real_vllm.venv()
-    tiny = Path(tiny_model.ensure(str(venv / "bin" / "python")))
-    configs: dict[str, dict[str, Any]] = {
-        "tiny-llama": json.loads((tiny / "config.json").read_text()),
-        "granite-4.0-hybrid": GRANITE_TINY,
-        "qwen3-next": QWEN3_NEXT_TINY,
-        "qwen3.5": QWEN3_5_TINY,
-        "qwen3.5-moe": QWEN3_5_MOE_TINY,
-        "qwen3.5-vl": QWEN3_5_VL_TINY,
-        "nemotron-h": NEMOTRON_H_TINY,
-        "falcon-h1": FALCON_H1_TINY,
-        "jamba": JAMBA_TINY,
-        "zamba2": ZAMBA2_TINY,
-        "lfm2": LFM2_TINY,
-        "lfm2-moe": LFM2_MOE_TINY,
-        "lfm2-vl": LFM2_VL_TINY,
-        "mamba": MAMBA_TINY,
-        "falcon-mamba": FALCON_MAMBA_TINY,
-        "mamba2": MAMBA2_TINY,
-    }
-    config = configs[name]
+def model_dir(tmp_path: Path, tiny: Path, config: dict[str, Any]) -> Path:
+    """A model directory of `config` with the tiny model's tokenizer (weights: vLLM's dummy)."""
     model = tmp_path / "model"
     model.mkdir()
     for path in tiny.iterdir():
         if path.name.startswith("tokenizer") or path.name == "special_tokens_map.json":
             shutil.copy(path, model / path.name)
     (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", *HYBRIDS_LOGGED, *STATE_MODELS_LOGGED])
+def test_the_cpu_plan_gives_what_vllm_logs(name: str, tmp_path: Path) -> None:
+    """The plan against a fresh vLLM start, and the figures the unit tests keep
+    (support.hybrid_configs) against the same start."""
+    venv = real_vllm.venv()
+    tiny = Path(tiny_model.ensure(str(venv / "bin" / "python")))
+    kept = {**HYBRIDS_LOGGED, **STATE_MODELS_LOGGED}.get(name)
+    config = kept[0] if kept else json.loads((tiny / "config.json").read_text())
+    model = model_dir(tmp_path, tiny, config)
     # The multimodal wrapper's tower is loaded but never fed: the tiny tokenizer has no image
     # tokens, and the text model's cache is what is sized.
     extra = ("--limit-mm-per-prompt", '{"image": 0, "video": 0}') if "text_config" in config else ()
@@ -138,6 +92,8 @@ def test_the_cpu_plan_gives_what_vllm_logs(name: str, tmp_path: Path) -> None:
     facts = facts_from_config(config, name=name, checkpoint_bytes=8 * 1024**2)
     plan = plan_cpu_capacity(CpuPlanRequest(facts, memory_gib=8, kv_cache_gib=1, max_model_len=512))
     assert (plan.kv_cache_tokens, round(plan.max_concurrency, 2)) == (tokens, concurrency)
+    if kept:
+        assert kept[1:] == (tokens, concurrency)
 
 
 def test_vllm_cpu_cannot_load_olmo_hybrid_as_the_cpu_plan_says(tmp_path: Path) -> None:
@@ -145,13 +101,9 @@ def test_vllm_cpu_cannot_load_olmo_hybrid_as_the_cpu_plan_says(tmp_path: Path) -
     allocator its Triton lacks), so the CPU plan refuses it; should a later CPU build load
     it, this fails and the refusal goes."""
     venv = real_vllm.venv()
-    tiny = Path(tiny_model.ensure(str(venv / "bin" / "python")))
-    model = tmp_path / "model"
-    model.mkdir()
-    for path in tiny.iterdir():
-        if path.name.startswith("tokenizer") or path.name == "special_tokens_map.json":
-            shutil.copy(path, model / path.name)
-    (model / "config.json").write_text(json.dumps(OLMO_HYBRID_TINY))
+    model = model_dir(
+        tmp_path, Path(tiny_model.ensure(str(venv / "bin" / "python"))), OLMO_HYBRID_TINY
+    )
     log = tmp_path / "vllm.log"
     with pytest.raises(AssertionError, match="logged no KV cache size"):
         logged_capacity(venv, model, log)

@@ -560,3 +560,33 @@ MAMBA2_SHAPE: dict[str, Any] = {
 }
 """A Mamba-2 of Mamba-Codestral 7B's kind at a GPU's size: 64 layers, 128 heads of 64, 8
 groups, state 128, no attention and no length key (vLLM assumes 2,048 tokens)."""
+
+
+Logged = tuple[dict[str, Any], int, float]
+"""A tiny config and what vLLM 0.32's CPU build logged serving it (dummy weights,
+VLLM_CPU_KVCACHE_SPACE=1, --max-model-len 512, --dtype auto): "CPU KV cache size: N tokens" and
+"Maximum concurrency for 512 tokens per request: Cx"."""
+
+HYBRIDS_LOGGED: dict[str, Logged] = {
+    "granite-4.0-hybrid": (GRANITE_TINY, 254_184, 496.45),
+    "qwen3-next": (QWEN3_NEXT_TINY, 838_860, 1638.40),
+    "qwen3.5": (QWEN3_5_TINY, 699_050, 1365.33),
+    "qwen3.5-moe": (QWEN3_5_MOE_TINY, 838_860, 1638.40),
+    "qwen3.5-vl": (QWEN3_5_VL_TINY, 699_050, 1365.33),
+    "nemotron-h": (NEMOTRON_H_TINY, 262_144, 512.00),
+    "falcon-h1": (FALCON_H1_TINY, 209_715, 409.60),
+    "jamba": (JAMBA_TINY, 699_008, 1365.25),
+    "zamba2": (ZAMBA2_TINY, 161_319, 315.08),
+    "lfm2": (LFM2_TINY, 1_048_576, 2048.00),
+    "lfm2-moe": (LFM2_MOE_TINY, 1_677_721, 3276.80),
+    "lfm2-vl": (LFM2_VL_TINY, 1_048_576, 2048.00),
+}
+"""The hybrids' figures (tests/unit/test_planner_hybrids.py plans against them; the opt-in
+tests/engine/test_planner_vllm_cpu.py checks them against a fresh vLLM start)."""
+
+STATE_MODELS_LOGGED: dict[str, Logged] = {
+    "mamba": (MAMBA_TINY, 7_669_248, 14979.00),
+    "falcon-mamba": (FALCON_MAMBA_TINY, 5_341_696, 10433.00),
+    "mamba2": (MAMBA2_TINY, 2_025_472, 3956.00),
+}
+"""The pure state-space models' figures, as HYBRIDS_LOGGED."""

@@ -35,6 +35,7 @@ from support.hybrid_configs import (
     FALCON_MAMBA_TINY,
     GRANITE_H_SHAPE,
     GRANITE_TINY,
+    HYBRIDS_LOGGED,
     JAMBA_SHAPE,
     JAMBA_TINY,
     LFM2_MOE_TINY,
@@ -47,10 +48,7 @@ from support.hybrid_configs import (
     NEMOTRON_H_TINY,
     NEMOTRON_NANO_VL_TINY,
     OLMO_HYBRID_TINY,
-    QWEN3_5_MOE_TINY,
-    QWEN3_5_TINY,
-    QWEN3_5_VL_TINY,
-    QWEN3_NEXT_TINY,
+    STATE_MODELS_LOGGED,
     ZAMBA2_TINY,
 )
 
@@ -560,40 +558,8 @@ def test_a_mamba_2_model_on_a_gpu_holds_one_state_page_a_request() -> None:
     assert _facts(MAMBA_TINY).pipeline_parallel is None
 
 
-@pytest.mark.parametrize(
-    ("config", "tokens", "concurrency"),
-    [
-        (GRANITE_TINY, 254_184, 496.45),
-        (QWEN3_NEXT_TINY, 838_860, 1638.40),
-        (QWEN3_5_TINY, 699_050, 1365.33),
-        (QWEN3_5_MOE_TINY, 838_860, 1638.40),
-        (QWEN3_5_VL_TINY, 699_050, 1365.33),
-        (NEMOTRON_H_TINY, 262_144, 512.00),
-        (FALCON_H1_TINY, 209_715, 409.60),
-        (JAMBA_TINY, 699_008, 1365.25),
-        (ZAMBA2_TINY, 161_319, 315.08),
-        (LFM2_TINY, 1_048_576, 2048.00),
-        (LFM2_MOE_TINY, 1_677_721, 3276.80),
-        (LFM2_VL_TINY, 1_048_576, 2048.00),
-    ],
-    ids=[
-        "granite-4.0-hybrid",
-        "qwen3-next",
-        "qwen3.5",
-        "qwen3.5-moe",
-        "qwen3.5-vl",
-        "nemotron-h",
-        "falcon-h1",
-        "jamba",
-        "zamba2",
-        "lfm2",
-        "lfm2-moe",
-        "lfm2-vl",
-    ],
-)
-def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
-    config: dict[str, Any], tokens: int, concurrency: float
-) -> None:
+@pytest.mark.parametrize("name", list(HYBRIDS_LOGGED))
+def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(name: str) -> None:
     """vLLM 0.32's CPU build (x86 with AVX512-BF16), VLLM_CPU_KVCACHE_SPACE=1, --max-model-len
     512, --dtype auto (bfloat16), the config with dummy weights, logged "CPU KV cache size: N
     tokens, Maximum concurrency for 512 tokens per request: Cx". Granite: "Reset SSM cache type
@@ -625,6 +591,7 @@ def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
     attention and 3 conv layers in groups of 1: 32,768 blocks / (4 + 3 x 2). LFM2-VL
     (`Lfm2VlForConditionalGeneration`, images off: "running in text-only mode"): the LFM2's
     figures and its "Padding mamba page size by 6300.00%"."""
+    config, tokens, concurrency = HYBRIDS_LOGGED[name]
     plan = plan_cpu_capacity(
         CpuPlanRequest(_facts(config), memory_gib=8, kv_cache_gib=1, max_model_len=512)
     )
@@ -632,18 +599,8 @@ def test_cpu_plan_of_tiny_hybrids_matches_the_vllm_cpu_log(
     assert round(plan.max_concurrency, 2) == concurrency
 
 
-@pytest.mark.parametrize(
-    ("config", "tokens", "concurrency"),
-    [
-        (MAMBA_TINY, 7_669_248, 14979.00),
-        (FALCON_MAMBA_TINY, 5_341_696, 10433.00),
-        (MAMBA2_TINY, 2_025_472, 3956.00),
-    ],
-    ids=["mamba", "falcon-mamba", "mamba2"],
-)
-def test_cpu_plan_of_tiny_mamba_models_matches_the_vllm_cpu_log(
-    config: dict[str, Any], tokens: int, concurrency: float
-) -> None:
+@pytest.mark.parametrize("name", list(STATE_MODELS_LOGGED))
+def test_cpu_plan_of_tiny_mamba_models_matches_the_vllm_cpu_log(name: str) -> None:
     """vLLM 0.32's CPU build as above serving the pure Mamba models ("Resolved architecture:
     MambaForCausalLM" / FalconMambaForCausalLM / Mamba2ForCausalLM): no attention, so no
     "Setting attention block size" and no "Padding mamba page size" line; its engine config
@@ -653,6 +610,7 @@ def test_cpu_plan_of_tiny_mamba_models_matches_the_vllm_cpu_log(
     'mamba2'). Mamba: state 768 x 2 + 4,096 x 4 = 17,920 bytes, 4 layers: 14,979 pages.
     Falcon-Mamba: 768 x 2 + 8,192 x 4 = 34,304 bytes, 3 layers: 10,433. Mamba-2: 1,152 x 2 +
     16,384 x 4 = 67,840 bytes (no prefill checkpoint outside `align` mode), 4 layers: 3,956."""
+    config, tokens, concurrency = STATE_MODELS_LOGGED[name]
     plan = plan_cpu_capacity(
         CpuPlanRequest(_facts(config), memory_gib=8, kv_cache_gib=1, max_model_len=512)
     )

@@ -238,6 +238,19 @@ _HYBRID_KEYS = (
     "linear_attn_config",
 )
 
+_QWEN3_5_SHARED: dict[str, Any] = {
+    "vocab_size": 248320,
+    "num_attention_heads": 16,
+    "head_dim": 256,
+    "max_position_embeddings": 32768,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+}
+"""The defaults Qwen3.5's dense and MoE text configs share in transformers."""
+
 # transformers' configuration-class defaults for keys published configs omit.
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {
@@ -375,33 +388,17 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     },
     # transformers' Qwen3_5TextConfig and Qwen3_5MoeTextConfig (head_dim is its own default).
     "qwen3_5_text": {
-        "vocab_size": 248320,
+        **_QWEN3_5_SHARED,
         "hidden_size": 4096,
         "intermediate_size": 12288,
         "num_hidden_layers": 32,
-        "num_attention_heads": 16,
         "num_key_value_heads": 4,
-        "head_dim": 256,
-        "max_position_embeddings": 32768,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32,
     },
     "qwen3_5_moe_text": {
-        "vocab_size": 248320,
+        **_QWEN3_5_SHARED,
         "hidden_size": 2048,
         "num_hidden_layers": 40,
-        "num_attention_heads": 16,
         "num_key_value_heads": 2,
-        "head_dim": 256,
-        "max_position_embeddings": 32768,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32,
         "moe_intermediate_size": 512,
         "shared_expert_intermediate_size": 512,
         "num_experts_per_tok": 8,
